@@ -1,0 +1,203 @@
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// EnvBrokers is the environment variable naming real Kafka brokers
+// (comma-separated host:port list). When it is set, [Start] uses those
+// brokers instead of an embedded kfake cluster.
+const EnvBrokers = "OUTBOX_TEST_KAFKA_BROKERS"
+
+// adminTimeout bounds every administrative request made by this package.
+const adminTimeout = 30 * time.Second
+
+// Env is a running Kafka backend for one test.
+type Env struct {
+	// Seeds are the bootstrap brokers (host:port) to give to kgo.SeedBrokers.
+	Seeds []string
+	// Real reports whether the brokers come from OUTBOX_TEST_KAFKA_BROKERS.
+	Real bool
+	// Cluster is the embedded kfake cluster, for fault injection
+	// (ControlKey, SleepControl, Fault). It is nil against real brokers.
+	Cluster *kfake.Cluster
+
+	admin *kadm.Client
+}
+
+// Option configures [Start].
+type Option func(*config)
+
+type config struct {
+	numBrokers int
+	seeds      []seedTopic
+	kfakeOpts  []kfake.Opt
+}
+
+type seedTopic struct {
+	partitions int32
+	topics     []string
+}
+
+// NumBrokers sets the number of brokers of the embedded cluster. It is
+// ignored against real brokers. Defaults to 1.
+func NumBrokers(n int) Option {
+	return func(c *config) { c.numBrokers = n }
+}
+
+// SeedTopics creates the given topics with the given number of partitions
+// before Start returns. Against real brokers, topics that already exist are
+// kept as they are.
+func SeedTopics(partitions int32, topics ...string) Option {
+	return func(c *config) {
+		c.seeds = append(c.seeds, seedTopic{partitions: partitions, topics: topics})
+	}
+}
+
+// ClusterOptions passes extra options to kfake.NewCluster (for example
+// kfake.GroupMinSessionTimeout). They are ignored against real brokers.
+func ClusterOptions(opts ...kfake.Opt) Option {
+	return func(c *config) { c.kfakeOpts = append(c.kfakeOpts, opts...) }
+}
+
+// Start returns a Kafka backend for t: real brokers when OUTBOX_TEST_KAFKA_BROKERS
+// is set, otherwise a new embedded kfake cluster closed in t.Cleanup.
+func Start(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	cfg := config{numBrokers: 1}
+	for _, o := range opts {
+		o(&cfg)
+	}
+
+	env := &Env{}
+	if brokers := os.Getenv(EnvBrokers); strings.TrimSpace(brokers) != "" {
+		for _, b := range strings.Split(brokers, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				env.Seeds = append(env.Seeds, b)
+			}
+		}
+		env.Real = true
+	} else {
+		kopts := []kfake.Opt{kfake.NumBrokers(cfg.numBrokers)}
+		kopts = append(kopts, cfg.kfakeOpts...)
+		c, err := kfake.NewCluster(kopts...)
+		if err != nil {
+			t.Fatalf("kafkatest: start kfake cluster: %v", err)
+		}
+		t.Cleanup(c.Close)
+		env.Cluster = c
+		env.Seeds = c.ListenAddrs()
+	}
+
+	admin, err := kadm.NewOptClient(kgo.SeedBrokers(env.Seeds...))
+	if err != nil {
+		t.Fatalf("kafkatest: admin client for %v: %v", env.Seeds, err)
+	}
+	t.Cleanup(admin.Close)
+	env.admin = admin
+
+	for _, s := range cfg.seeds {
+		for _, topic := range s.topics {
+			env.CreateTopic(t, s.partitions, topic)
+		}
+	}
+	return env
+}
+
+// Admin returns an admin client connected to the backend. It is closed in the
+// cleanup of the test given to [Start].
+func (e *Env) Admin() *kadm.Client { return e.admin }
+
+// CreateTopic creates topic with the given number of partitions and waits
+// until its metadata is visible. A topic that already exists is accepted.
+// The topic is not deleted afterwards; use [Env.Topic] for a throwaway topic.
+func (e *Env) CreateTopic(t testing.TB, partitions int32, topic string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	_, err := e.admin.CreateTopic(ctx, partitions, -1, nil, topic)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		t.Fatalf("kafkatest: create topic %q with %d partitions: %v", topic, partitions, err)
+	}
+	// Wait until every partition has a leader so that the first produce
+	// does not race the topic's creation on real clusters.
+	for {
+		md, err := e.admin.Metadata(ctx, topic)
+		if err == nil {
+			if td, ok := md.Topics[topic]; ok && td.Err == nil && len(td.Partitions) > 0 {
+				ready := true
+				for _, p := range td.Partitions {
+					if p.Err != nil || p.Leader < 0 {
+						ready = false
+					}
+				}
+				if ready {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("kafkatest: topic %q not ready after %v (last error: %v)", topic, adminTimeout, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Topic creates a topic with a unique name derived from the test's name and
+// the given number of partitions, deletes it in t.Cleanup, and returns its
+// name.
+func (e *Env) Topic(t testing.TB, partitions int32) string {
+	t.Helper()
+	topic := UniqueName(t)
+	e.CreateTopic(t, partitions, topic)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer cancel()
+		if _, err := e.admin.DeleteTopics(ctx, topic); err != nil {
+			t.Logf("kafkatest: delete topic %q: %v", topic, err)
+		}
+	})
+	return topic
+}
+
+// Client returns a kgo client for the backend's seeds with the extra options
+// appended, closed in t.Cleanup.
+func (e *Env) Client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	all := append([]kgo.Opt{kgo.SeedBrokers(e.Seeds...)}, opts...)
+	cl, err := kgo.NewClient(all...)
+	if err != nil {
+		t.Fatalf("kafkatest: new client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
+
+// UniqueName returns a name unique to this call, derived from the test's
+// name: letters, digits, '-' and '_' only, at most 60 characters. It suits
+// topic and consumer group names.
+func UniqueName(t testing.TB) string {
+	base := unsafeName.ReplaceAllString(t.Name(), "_")
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.Trim(base, "_") + "-" + hex.EncodeToString(b[:])
+}
