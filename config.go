@@ -1,0 +1,160 @@
+package outbox
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// Config wires a Client. Required fields are marked; every other field's
+// comment ends with its default.
+type Config struct {
+	// Mongo is a connected MongoDB client; the deployment must be a replica
+	// set (transactions and change streams need one). Required.
+	Mongo *mongo.Client
+	// Database holds the outbox and inbox collections. Required.
+	Database string
+	// OutboxCollection is the outbox collection's name. Defaults to "outbox".
+	OutboxCollection string
+	// InboxCollection is the inbox collection's name. Defaults to "inbox".
+	InboxCollection string
+
+	// Brokers are the Kafka seed brokers. Required.
+	Brokers []string
+	// KafkaOptions are added to every Kafka client the framework creates
+	// (TLS, SASL, client id...). Options that the framework sets itself
+	// (groups, topics, commit and rebalance behaviour) are overridden.
+	// Defaults to none.
+	KafkaOptions []kgo.Opt
+
+	// Service names this service. Kafka group names derive from it.
+	// Required.
+	Service string
+	// ConsumerGroup is the Kafka consumer group that receives the events of
+	// registered handlers. Defaults to Service.
+	ConsumerGroup string
+	// PublisherGroup is the Kafka consumer group whose partition assignment
+	// decides which replica publishes which partition. Its members never
+	// fetch records. Defaults to Service + ".outbox-publisher".
+	PublisherGroup string
+	// PublishTopics lists the topics this service records events for. An
+	// event for any other topic is refused when it is recorded, so that no
+	// event can sit unpublished forever. Defaults to none (recording
+	// refused; a consume-only service).
+	PublishTopics []string
+
+	// OutboxRetention is how long published outbox documents are kept before
+	// the TTL index deletes them. Defaults to 7 days.
+	OutboxRetention time.Duration
+	// InboxRetention is how long handled inbox documents are kept. It must
+	// outlast the longest time a record can be redelivered (the topics'
+	// retention plus the longest consumer downtime you tolerate): an event
+	// replayed after its inbox document expired is handled again. Defaults
+	// to 30 days, four times Kafka's default topic retention of 7 days.
+	InboxRetention time.Duration
+
+	// MaxAttempts is how many times a failing handler runs before its event
+	// is parked. Defaults to 10.
+	MaxAttempts int
+	// RetryMinBackoff is the first retry delay of a failing handler; each
+	// retry doubles it, with jitter, up to RetryMaxBackoff. Defaults to
+	// 100 ms.
+	RetryMinBackoff time.Duration
+	// RetryMaxBackoff caps handler retry delays and the backoff of loops
+	// that talk to MongoDB or Kafka. Defaults to 10 s.
+	RetryMaxBackoff time.Duration
+
+	// PublishBatchSize caps the events published and marked in one round.
+	// Defaults to 500.
+	PublishBatchSize int
+	// SessionTimeout is the Kafka group session timeout of both groups. A
+	// replica that stops heartbeating loses its partitions after it, and
+	// the publisher stops publishing a partition once its lease (renewed by
+	// successful heartbeats) is older than SessionTimeout minus
+	// FenceMargin. Shorter means faster failover and more rebalances on
+	// slow networks. Defaults to 10 s.
+	SessionTimeout time.Duration
+	// HeartbeatInterval is the Kafka group heartbeat interval. Defaults to
+	// 1 s.
+	HeartbeatInterval time.Duration
+	// FenceMargin is the safety margin of the publisher's lease. Defaults
+	// to 3 s.
+	FenceMargin time.Duration
+
+	// Logger receives the framework's logs. Defaults to a logger that
+	// discards everything.
+	Logger *slog.Logger
+}
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("outbox: invalid config")
+
+func (c Config) withDefaults() Config {
+	c.OutboxCollection = cmp.Or(c.OutboxCollection, "outbox")
+	c.InboxCollection = cmp.Or(c.InboxCollection, "inbox")
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, c.Service)
+	if c.PublisherGroup == "" && c.Service != "" {
+		c.PublisherGroup = c.Service + ".outbox-publisher"
+	}
+	c.OutboxRetention = cmp.Or(c.OutboxRetention, 7*24*time.Hour)
+	c.InboxRetention = cmp.Or(c.InboxRetention, 30*24*time.Hour)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.RetryMinBackoff = cmp.Or(c.RetryMinBackoff, 100*time.Millisecond)
+	c.RetryMaxBackoff = cmp.Or(c.RetryMaxBackoff, 10*time.Second)
+	c.PublishBatchSize = cmp.Or(c.PublishBatchSize, 500)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, 10*time.Second)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, time.Second)
+	c.FenceMargin = cmp.Or(c.FenceMargin, 3*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field, why string) error { return fmt.Errorf("%w: %s %s", ErrConfig, field, why) }
+	switch {
+	case c.Mongo == nil:
+		return bad("Mongo", "is required")
+	case c.Database == "":
+		return bad("Database", "is required")
+	case len(c.Brokers) == 0:
+		return bad("Brokers", "is required")
+	case c.Service == "":
+		return bad("Service", "is required")
+	case c.OutboxCollection == c.InboxCollection:
+		return bad("InboxCollection", "must differ from OutboxCollection")
+	case c.OutboxRetention < time.Second:
+		return bad("OutboxRetention", "must be at least 1s")
+	case c.InboxRetention < time.Second:
+		return bad("InboxRetention", "must be at least 1s")
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts", "must be at least 1")
+	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:
+		return bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
+	case c.PublishBatchSize < 1:
+		return bad("PublishBatchSize", "must be at least 1")
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
+		return bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
+	case c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval:
+		return bad("FenceMargin", "must be positive and shorter than SessionTimeout minus HeartbeatInterval")
+	case c.ConsumerGroup == c.PublisherGroup:
+		return bad("PublisherGroup", "must differ from ConsumerGroup")
+	}
+	seen := map[string]bool{}
+	for _, t := range c.PublishTopics {
+		if err := checkName("topic", t); err != nil {
+			return bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
+		}
+		if seen[t] {
+			return bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
+		}
+		seen[t] = true
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/event-outbox/outbox/kafkax"
+)
+
+// ErrNoTransaction is returned by Record when its context does not come
+// from Client.Transact or from a handler: an event recorded outside a
+// transaction could be published for a change that never commits.
+var ErrNoTransaction = errors.New("outbox: Record needs the context of Client.Transact or of a handler")
+
+// ErrUnknownTopic is returned by Record for an event whose topic is not in
+// Config.PublishTopics: no publisher would ever publish it.
+var ErrUnknownTopic = errors.New("outbox: topic is not in Config.PublishTopics")
+
+// outboxDoc is the stored form of a recorded event. Field names are part of
+// the storage format (indexes, the publisher's queries, outboxctl).
+type outboxDoc struct {
+	ID             bson.ObjectID `bson:"_id"`
+	Topic          string        `bson:"topic"`
+	Partition      int32         `bson:"partition"`
+	Key            string        `bson:"key"`
+	Schema         string        `bson:"schema"`
+	IdempotencyKey string        `bson:"idempotency_key"`
+	OccurredAt     time.Time     `bson:"occurred_at"`
+	Payload        string        `bson:"payload"` // the event's JSON
+	TraceParent    string        `bson:"traceparent,omitempty"`
+	TraceState     string        `bson:"tracestate,omitempty"`
+	// Seq orders events for publishing. It is stored as an empty timestamp,
+	// which MongoDB replaces at insert with a fresh tick of its cluster
+	// clock: a transaction that starts after another committed always gets
+	// larger values, whichever process records it.
+	Seq         bson.Timestamp `bson:"seq"`
+	CreatedAt   time.Time      `bson:"created_at"`
+	Published   bool           `bson:"published"`
+	PublishedAt *time.Time     `bson:"published_at,omitempty"`
+	// Failed marks an event Kafka refused permanently (for example larger
+	// than the topic's maximum message size). It stays unpublished, is not
+	// retried, and is visible to operators with its Error.
+	Failed   bool       `bson:"failed"`
+	FailedAt *time.Time `bson:"failed_at,omitempty"`
+	Error    string     `bson:"error,omitempty"`
+	Attempts int32      `bson:"attempts,omitempty"`
+}
+
+func (d *outboxDoc) envelope() Envelope {
+	return Envelope{
+		Topic:          d.Topic,
+		ContentSchema:  d.Schema,
+		IdempotencyKey: d.IdempotencyKey,
+		PartitionKey:   d.Key,
+		Partition:      d.Partition,
+		OccurredAt:     d.OccurredAt,
+		TraceParent:    d.TraceParent,
+		TraceState:     d.TraceState,
+	}
+}
+
+// txKey is the context key of the transaction state.
+type txKey struct{}
+
+// txState collects the events recorded during one attempt of a transaction.
+// A new one is made for every attempt, so a retried callback never
+// publishes the events of an aborted attempt.
+type txState struct {
+	client *Client
+	docs   []any
+}
+
+func txFrom(ctx context.Context) *txState {
+	tx, _ := ctx.Value(txKey{}).(*txState)
+	return tx
+}
+
+// Transact runs fn in a MongoDB transaction. Business writes that use the
+// context fn receives join the transaction; events recorded with Record are
+// inserted into the outbox (one insertMany) just before the commit, so both
+// commit or neither does.
+//
+// fn may run more than once: the driver retries the whole transaction on
+// TransientTransactionError and the commit on UnknownTransactionCommitResult
+// (see mongo.Session.WithTransaction). Events recorded by an attempt that
+// did not commit are discarded. fn must return the errors of the operations
+// it runs; a non-nil error aborts the transaction and is returned as is.
+//
+// Called with the context of a handler or of another Transact, it joins that
+// transaction instead of starting one.
+func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
+	if txFrom(ctx) != nil {
+		return fn(ctx)
+	}
+	sess, err := c.cfg.Mongo.StartSession()
+	if err != nil {
+		return fmt.Errorf("outbox: start session: %w", err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		tx := &txState{client: c}
+		tctx := context.WithValue(sctx, txKey{}, tx)
+		if err := fn(tctx); err != nil {
+			return nil, err
+		}
+		return nil, tx.flush(tctx)
+	}, txnOptions())
+	return err
+}
+
+func txnOptions() *options.TransactionOptionsBuilder {
+	return options.Transaction().SetWriteConcern(writeconcern.Majority())
+}
+
+// flush inserts the recorded events into the outbox in one insertMany.
+func (tx *txState) flush(ctx context.Context) error {
+	if len(tx.docs) == 0 {
+		return nil
+	}
+	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
+		return fmt.Errorf("outbox: insert %d events: %w", len(tx.docs), err)
+	}
+	tx.docs = tx.docs[:0]
+	return nil
+}
+
+var traceContext = propagation.TraceContext{}
+
+// Record records an event in the transaction of ctx, which must come from
+// Client.Transact or from a handler (else ErrNoTransaction). The event is
+// validated now: an invalid event returns an error that wraps
+// ErrInvalidEvent (a *ValidationError names the field), and the caller
+// returning it aborts the transaction. The trace context of ctx, if any, is
+// captured now and travels with the event.
+func Record(ctx context.Context, e Event, opts ...RecordOption) error {
+	tx := txFrom(ctx)
+	if tx == nil {
+		return ErrNoTransaction
+	}
+	doc, err := tx.client.newOutboxDoc(ctx, e, opts...)
+	if err != nil {
+		return err
+	}
+	tx.docs = append(tx.docs, doc)
+	return nil
+}
+
+func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+	if e == nil {
+		return nil, fmt.Errorf("%w: nil event", ErrInvalidEvent)
+	}
+	var o recordOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	topic, schema, key := e.Topic(), e.ContentSchema(), e.PartitionKey()
+	if err := checkName("topic", topic); err != nil {
+		return nil, err
+	}
+	if err := checkName("content schema", schema); err != nil {
+		return nil, err
+	}
+	if len(key) > maxKeyLen {
+		return nil, fmt.Errorf("%w: %s: partition key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
+	}
+	if !c.publishTopics[topic] {
+		return nil, fmt.Errorf("%w: %q (event %s)", ErrUnknownTopic, topic, schema)
+	}
+	if err := c.validateEvent(schema, e); err != nil {
+		return nil, err
+	}
+	if o.idempotencyKey == "" {
+		o.idempotencyKey = NewIdempotencyKey()
+	} else if len(o.idempotencyKey) > maxKeyLen {
+		return nil, fmt.Errorf("%w: %s: idempotency key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	if o.occurredAt.IsZero() {
+		o.occurredAt = now
+	}
+	payload, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: encode JSON: %v", ErrInvalidEvent, schema, err)
+	}
+	partitions, err := c.topics.partitions(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	return &outboxDoc{
+		ID:             bson.NewObjectID(),
+		Topic:          topic,
+		Partition:      kafkax.Partition([]byte(key), partitions),
+		Key:            key,
+		Schema:         schema,
+		IdempotencyKey: o.idempotencyKey,
+		OccurredAt:     o.occurredAt.UTC().Truncate(time.Millisecond),
+		Payload:        string(payload),
+		TraceParent:    carrier.Get(HeaderTraceParent),
+		TraceState:     carrier.Get(HeaderTraceState),
+		CreatedAt:      now,
+	}, nil
+}
+
+// outboxCollection returns the outbox collection (for tests and tools).
+func (c *Client) outboxCollection() *mongo.Collection { return c.outbox }

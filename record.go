@@ -1,0 +1,120 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Wire format, version 1.
+//
+// A Kafka record written by the publisher has:
+//
+//   - Key: the event's partition key (UTF-8 bytes), so tools and consumers
+//     outside the framework see ordinary keyed records.
+//   - Value: the event's JSON payload, exactly as encoding/json produced it
+//     when the event was recorded.
+//   - Headers (values are UTF-8 strings):
+//     outbox-version   "1", the wire format version.
+//     content-schema   the event's ContentSchema, e.g. "OrderCreated.v1".
+//     idempotency-key  the event's idempotency key.
+//     occurred-at      RFC 3339 time with milliseconds, UTC.
+//     content-type     "application/json".
+//     traceparent      W3C trace context, when the event was recorded under one.
+//     tracestate       W3C trace state, when present.
+//
+// Consumers accept any record with a known outbox-version and the required
+// headers; headers they do not know are ignored, so later versions may add
+// headers without breaking older consumers.
+const (
+	WireVersion = "1"
+
+	HeaderVersion        = "outbox-version"
+	HeaderContentSchema  = "content-schema"
+	HeaderIdempotencyKey = "idempotency-key"
+	HeaderOccurredAt     = "occurred-at"
+	HeaderContentType    = "content-type"
+	HeaderTraceParent    = "traceparent"
+	HeaderTraceState     = "tracestate"
+
+	contentTypeJSON = "application/json"
+	timeLayout      = "2006-01-02T15:04:05.000Z07:00"
+)
+
+// ErrMalformedRecord wraps every reason a Kafka record cannot be decoded
+// into an event envelope. The consumer parks such records at once.
+var ErrMalformedRecord = errors.New("outbox: malformed record")
+
+// encodeRecord builds the Kafka record of an event.
+func encodeRecord(env *Envelope, payload []byte) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, 7)
+	headers = append(headers,
+		kgo.RecordHeader{Key: HeaderVersion, Value: []byte(WireVersion)},
+		kgo.RecordHeader{Key: HeaderContentSchema, Value: []byte(env.ContentSchema)},
+		kgo.RecordHeader{Key: HeaderIdempotencyKey, Value: []byte(env.IdempotencyKey)},
+		kgo.RecordHeader{Key: HeaderOccurredAt, Value: []byte(env.OccurredAt.UTC().Format(timeLayout))},
+		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(contentTypeJSON)},
+	)
+	if env.TraceParent != "" {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderTraceParent, Value: []byte(env.TraceParent)})
+	}
+	if env.TraceState != "" {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderTraceState, Value: []byte(env.TraceState)})
+	}
+	return &kgo.Record{
+		Topic:     env.Topic,
+		Partition: env.Partition,
+		Key:       []byte(env.PartitionKey),
+		Value:     payload,
+		Headers:   headers,
+	}
+}
+
+// decodeRecord reads the envelope of a Kafka record. It never panics; every
+// failure wraps ErrMalformedRecord and names what is wrong.
+func decodeRecord(r *kgo.Record) (Envelope, error) {
+	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key)}
+	var version, occurred string
+	var seen [3]bool
+	for _, h := range r.Headers {
+		switch h.Key {
+		case HeaderVersion:
+			version = string(h.Value)
+		case HeaderContentSchema:
+			env.ContentSchema, seen[0] = string(h.Value), true
+		case HeaderIdempotencyKey:
+			env.IdempotencyKey, seen[1] = string(h.Value), true
+		case HeaderOccurredAt:
+			occurred, seen[2] = string(h.Value), true
+		case HeaderTraceParent:
+			env.TraceParent = string(h.Value)
+		case HeaderTraceState:
+			env.TraceState = string(h.Value)
+		}
+	}
+	switch {
+	case version == "":
+		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderVersion)
+	case version != WireVersion:
+		return env, fmt.Errorf("%w: unsupported %s %s", ErrMalformedRecord, HeaderVersion, strconv.Quote(version))
+	case !seen[0] || env.ContentSchema == "":
+		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderContentSchema)
+	case !seen[1] || env.IdempotencyKey == "":
+		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderIdempotencyKey)
+	case len(env.ContentSchema) > maxNameLen:
+		return env, fmt.Errorf("%w: header %s longer than %d bytes", ErrMalformedRecord, HeaderContentSchema, maxNameLen)
+	case len(env.IdempotencyKey) > maxKeyLen:
+		return env, fmt.Errorf("%w: header %s longer than %d bytes", ErrMalformedRecord, HeaderIdempotencyKey, maxKeyLen)
+	}
+	if seen[2] {
+		t, err := time.Parse(time.RFC3339Nano, occurred)
+		if err != nil {
+			return env, fmt.Errorf("%w: header %s: %v", ErrMalformedRecord, HeaderOccurredAt, err)
+		}
+		env.OccurredAt = t.UTC()
+	}
+	return env, nil
+}
