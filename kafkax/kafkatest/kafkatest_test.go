@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/goleak"
@@ -50,11 +51,25 @@ func TestFaultInjection(t *testing.T) {
 	}
 	topic := env.Topic(t, 1)
 	failed := make(chan struct{}, 1)
-	env.Cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+	// Fail the first produce request with a retriable error; kgo retries.
+	env.Cluster.ControlKey(int16(kmsg.Produce), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		failed <- struct{}{}
-		return nil, context.DeadlineExceeded, true // drops the connection once
+		req := r.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
 	})
-	prod := env.Client(t, kgo.DefaultProduceTopic(topic))
+	prod := env.Client(t, kgo.DefaultProduceTopic(topic), kgo.MetadataMinAge(10*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, prod.ProduceSync(ctx, &kgo.Record{Value: []byte("v")}).FirstErr(), "kgo retries after the injected failure")
