@@ -3,11 +3,44 @@
 // snapshot reads and write-conflict detection, transactions, the bounded
 // oplog that feeds change streams, the TTL monitor, and the one logical
 // clock every timestamp comes from. Only the engine holds locks; the
-// packages it uses (bsonkit, query, update) are pure.
+// packages it uses (bsonkit, query) are pure.
+//
+// # Model
+//
+// One mutex guards all state. Every document key (the bsonkit.Key of its
+// _id) has a version chain: committed versions with their commit timestamps
+// (a deleted document is a tombstone version). A reader at snapshot ts sees
+// the newest version whose timestamp is ≤ ts. Versions no open snapshot can
+// see are pruned.
+//
+// All data access goes through a View, obtained with Engine.Read or
+// Engine.Write. A View belongs either to a transaction (Txn: snapshot taken
+// at its first operation, writes buffered until Commit) or to one
+// auto-committed statement (snapshot = latest, committed when the callback
+// returns nil).
+//
+// # Conflicts
+//
+// A transaction writing a document (or a unique index key) that another
+// open transaction has written, or that was committed after its snapshot,
+// gets a WriteConflict error and is aborted (first writer wins). An
+// auto-committed statement that meets a document held by an open
+// transaction waits until that transaction ends and then runs again from
+// the start (the Write callback may therefore run more than once), bounded
+// by its context (maxTimeMS).
+//
+// # Ownership of documents
+//
+// Documents passed to Insert and Update become the engine's and must not be
+// modified afterwards; documents returned by the engine are shared and must
+// not be modified either (copy them first).
 package engine
 
 import (
+	"context"
+	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -30,19 +63,152 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// NS is a namespace: a database and a collection name.
+type NS struct {
+	DB   string
+	Coll string
+}
+
+// String returns "db.coll".
+func (n NS) String() string { return n.DB + "." + n.Coll }
+
 // Engine is the storage core. It is safe for concurrent use.
 type Engine struct {
 	opts Options
-	// TODO(engine helper): catalog, versions, oplog, clock, TTL monitor.
+
+	mu      sync.Mutex
+	dbs     map[string]*database
+	last    bson.Timestamp // newest timestamp issued
+	nextRID uint64
+	txns    map[*Txn]struct{} // open transactions
+	nextTxn uint64
+	dirty   map[*chain]struct{} // chains holding prunable history
+	oplog   oplog
+
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 // New starts an engine (and its TTL monitor). Close stops it.
 func New(opts Options) *Engine {
-	return &Engine{opts: opts}
+	if opts.OplogSize <= 0 {
+		opts.OplogSize = 100000
+	}
+	if opts.TTLInterval <= 0 {
+		opts.TTLInterval = 60 * time.Second
+	}
+	if opts.TransactionLifetime <= 0 {
+		opts.TransactionLifetime = 60 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	e := &Engine{
+		opts:  opts,
+		dbs:   map[string]*database{},
+		txns:  map[*Txn]struct{}{},
+		dirty: map[*chain]struct{}{},
+		stop:  make(chan struct{}),
+	}
+	e.oplog.init(opts.OplogSize)
+	e.wg.Add(1)
+	go e.monitor()
+	return e
 }
 
-// Close stops the engine's background goroutines and waits for them.
-func (e *Engine) Close() {}
+// Close stops the engine's background goroutines and waits for them. Open
+// transactions are aborted.
+func (e *Engine) Close() {
+	select {
+	case <-e.stop:
+		return
+	default:
+	}
+	close(e.stop)
+	e.wg.Wait()
+	e.mu.Lock()
+	for t := range e.txns {
+		e.abortLocked(t, "engine closed")
+	}
+	e.mu.Unlock()
+}
 
 // ClusterTime returns the newest timestamp the logical clock has issued.
-func (e *Engine) ClusterTime() bson.Timestamp { return bson.Timestamp{} }
+func (e *Engine) ClusterTime() bson.Timestamp {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.last
+}
+
+// Now returns the engine's wall clock.
+func (e *Engine) Now() time.Time { return e.opts.Now() }
+
+// tick issues the next timestamp: seconds of the wall clock, and a counter
+// within the second. Strictly increasing. Caller holds e.mu.
+func (e *Engine) tick() bson.Timestamp {
+	s := uint32(e.opts.Now().Unix())
+	if s > e.last.T {
+		e.last = bson.Timestamp{T: s, I: 1}
+	} else {
+		e.last.I++
+		if e.last.I == 0 { // counter overflow: borrow the next second
+			e.last.T++
+			e.last.I = 1
+		}
+	}
+	return e.last
+}
+
+// monitor runs the TTL passes and aborts expired transactions.
+func (e *Engine) monitor() {
+	defer e.wg.Done()
+	ttl := time.NewTicker(e.opts.TTLInterval)
+	defer ttl.Stop()
+	reapEvery := min(e.opts.TransactionLifetime/4, time.Second)
+	reapEvery = max(reapEvery, 10*time.Millisecond)
+	reap := time.NewTicker(reapEvery)
+	defer reap.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-ttl.C:
+			n := e.RunTTL()
+			if n > 0 {
+				e.opts.Logger.Debug("ttl pass", "deleted", n)
+			}
+		case <-reap.C:
+			e.reapExpired()
+		}
+	}
+}
+
+// reapExpired aborts transactions older than the transaction lifetime.
+func (e *Engine) reapExpired() {
+	now := e.opts.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for t := range e.txns {
+		if now.Sub(t.started) > e.opts.TransactionLifetime {
+			e.opts.Logger.Info("aborting expired transaction", "txn", t.id)
+			e.abortLocked(t, "transaction exceeded its lifetime")
+		}
+	}
+}
+
+// waitCtx waits for ch to close or ctx to end; it maps a deadline to
+// MaxTimeMSExpired.
+func waitCtx(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		if ctx.Err() == context.DeadlineExceeded {
+			return errMaxTime()
+		}
+		return &Error{Code: 11601, Name: "Interrupted", Msg: "operation was interrupted: " + ctx.Err().Error()}
+	}
+}
