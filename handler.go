@@ -1,11 +1,132 @@
 package outbox
 
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+)
+
+// HandlerFunc handles one event of type T. Its context carries the
+// handler's MongoDB transaction: pass it to every MongoDB operation that must
+// commit together with the handling (they join the transaction) and to
+// Record for the events the handling causes. Returning an error aborts the
+// transaction; the event is retried with backoff and parked after
+// Config.MaxAttempts attempts. A panic is treated as an error.
+//
+// A handler may run more than once for the same event (a retried
+// transaction, a redelivery before the first run committed), but at most one
+// run commits: only the effects written through ctx are exactly-once.
+type HandlerFunc[T Event] func(ctx context.Context, event T, meta Metadata) error
+
+// Metadata describes the delivery of an event to a handler.
+type Metadata struct {
+	Envelope
+	// Offset is the Kafka offset of the record.
+	Offset int64
+	// Attempt counts the runs of the handler for this event in this
+	// process, starting at 1.
+	Attempt int
+}
+
 // handlerKey identifies a handler: one per (topic, content schema).
 type handlerKey struct {
 	topic, schema string
 }
 
-// handler is a registered handler, type-erased.
+// handler is a registered handler with its type erased.
 type handler struct {
 	key handlerKey
+	// decode unmarshals and validates a payload into the handler's type.
+	decode func(c *Client, payload []byte) (Event, error)
+	// run calls the user's function.
+	run func(ctx context.Context, e Event, meta Metadata) error
+}
+
+// ErrDuplicateHandler is returned by Handle when a handler for the same
+// topic and content schema is already registered.
+var ErrDuplicateHandler = errors.New("outbox: a handler is already registered for this topic and content schema")
+
+// ErrRunning is returned when a Client is changed or run while Run runs.
+var ErrRunning = errors.New("outbox: client is running")
+
+// Handle registers fn as the handler of events of type T (one handler per
+// topic and content schema). The consumer subscribes to the topics of all
+// registered handlers. Register before Run; registering while Run runs
+// returns ErrRunning.
+func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil handler function", ErrConfig)
+	}
+	var sample T
+	switch t := reflect.TypeFor[T](); t.Kind() {
+	case reflect.Interface:
+		return fmt.Errorf("%w: Handle needs a concrete event type, not an interface", ErrConfig)
+	case reflect.Pointer:
+		// Call Topic and ContentSchema on a non-nil value.
+		sample = reflect.New(t.Elem()).Interface().(T)
+	}
+	key := handlerKey{topic: sample.Topic(), schema: sample.ContentSchema()}
+	if err := checkName("topic", key.topic); err != nil {
+		return err
+	}
+	if err := checkName("content schema", key.schema); err != nil {
+		return err
+	}
+	h := &handler{
+		key: key,
+		decode: func(c *Client, payload []byte) (Event, error) {
+			var v T
+			if err := json.Unmarshal(payload, &v); err != nil {
+				return nil, fmt.Errorf("%w: decode %s payload: %v", ErrMalformedRecord, key.schema, err)
+			}
+			if err := c.validateEvent(key.schema, v); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrMalformedRecord, err)
+			}
+			return v, nil
+		},
+		run: func(ctx context.Context, e Event, meta Metadata) error {
+			return fn(ctx, e.(T), meta)
+		},
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return ErrRunning
+	}
+	if _, dup := c.handlers[key]; dup {
+		return fmt.Errorf("%w: topic %q, content schema %q", ErrDuplicateHandler, key.topic, key.schema)
+	}
+	c.handlers[key] = h
+	return nil
+}
+
+// MustHandle is Handle that panics on error, for registration at start-up
+// where an error is a programming mistake.
+func MustHandle[T Event](c *Client, fn HandlerFunc[T]) {
+	if err := Handle(c, fn); err != nil {
+		panic(err)
+	}
+}
+
+// subscribedTopics returns the topics of the registered handlers.
+func (c *Client) subscribedTopics() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[string]bool{}
+	var topics []string
+	for k := range c.handlers {
+		if !seen[k.topic] {
+			seen[k.topic] = true
+			topics = append(topics, k.topic)
+		}
+	}
+	return topics
+}
+
+func (c *Client) handlerFor(topic, schema string) *handler {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.handlers[handlerKey{topic: topic, schema: schema}]
 }

@@ -1,0 +1,473 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// The consumer.
+//
+// One kgo client in Config.ConsumerGroup polls the topics of the registered
+// handlers with automatic commits off. Each assigned partition gets a worker
+// goroutine with a queue: the poll loop appends records, the worker handles
+// them in order, each in its own MongoDB transaction, and commits the offset
+// after the last record of a drained batch, never before the transactions
+// of the records it covers have committed. A worker whose queue grows past
+// maxQueue has its partition's fetching paused, so one slow or failing
+// partition never holds back the others or grows memory without bound.
+//
+// Goroutines: Run owns the poll loop; the poll loop's client callbacks start
+// and stop workers. OnPartitionsRevoked stops the revoked partitions'
+// workers and waits for them (each finishes the record in hand and commits);
+// OnPartitionsLost stops them without committing, since another member may
+// own the partitions already. When Run's context ends, the poll loop stops,
+// every worker finishes its record in hand and commits, then the client
+// leaves the group.
+
+const (
+	maxQueue     = 1000 // records queued per partition before fetching pauses
+	drainTimeout = 30 * time.Second
+)
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+type consumer struct {
+	c   *Client
+	cl  *kgo.Client
+	log *slog.Logger
+	// work is the context handlers run under. It outlives Run's context by
+	// drainTimeout so in-flight handling can finish and commit.
+	work context.Context
+
+	mu      sync.Mutex
+	workers map[topicPartition]*partitionWorker
+}
+
+type partitionWorker struct {
+	tp     topicPartition
+	cons   *consumer
+	wake   chan struct{} // capacity 1: "the queue has records"
+	stop   chan struct{} // closed to stop after the record in hand
+	done   chan struct{} // closed when the worker goroutine returns
+	mu     sync.Mutex    // guards queue, paused, lost
+	queue  []*kgo.Record
+	next   int64 // offset after the last queued record: older records are stale
+	paused bool
+	lost   bool // the partition was lost: do not commit
+}
+
+// runConsumer runs the consumer until ctx ends. It returns nil after a clean
+// drain, or a fatal error.
+func (c *Client) runConsumer(ctx context.Context) error {
+	topics := c.subscribedTopics()
+	if len(topics) == 0 {
+		return nil
+	}
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	cons := &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), work: work,
+		workers: map[topicPartition]*partitionWorker{}}
+	opts := append([]kgo.Opt{}, c.cfg.KafkaOptions...)
+	opts = append(opts,
+		kgo.SeedBrokers(c.cfg.Brokers...),
+		kgo.ConsumerGroup(c.cfg.ConsumerGroup),
+		kgo.ConsumeTopics(topics...),
+		kgo.DisableAutoCommit(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.SessionTimeout(c.cfg.SessionTimeout),
+		kgo.HeartbeatInterval(c.cfg.HeartbeatInterval),
+		kgo.OnPartitionsAssigned(cons.assigned),
+		kgo.OnPartitionsRevoked(cons.revoked),
+		kgo.OnPartitionsLost(cons.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("outbox: consumer: %w", err)
+	}
+	cons.cl = cl
+	defer func() {
+		// Leave the group with a bounded wait: Close alone can block for a
+		// minute when the coordinator is unreachable. Leaving revokes every
+		// partition, which stops and drains the workers.
+		leaveCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		defer cancel()
+		stopTimer := time.AfterFunc(drainTimeout, cancelWork)
+		defer stopTimer.Stop()
+		_ = cl.LeaveGroupContext(leaveCtx)
+		cons.stopAll(false)
+		cl.Close()
+	}()
+	for {
+		fetches := cl.PollRecords(ctx, maxQueue)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if fetches.IsClientClosed() {
+			return nil
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				cons.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) > 0 {
+				cons.enqueue(topicPartition{p.Topic, p.Partition}, p.Records)
+			}
+		})
+	}
+}
+
+func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
+	cons.mu.Lock()
+	w := cons.workers[tp]
+	cons.mu.Unlock()
+	if w == nil {
+		return // not owned any more; the next owner fetches from the committed offset
+	}
+	w.mu.Lock()
+	for _, r := range recs {
+		// A poll that raced with a revoke and a new assignment of the same
+		// partition may hand over records older than those already queued;
+		// they are fetched again from the committed offset, so drop them
+		// rather than break the partition's order.
+		if r.Offset >= w.next {
+			w.queue = append(w.queue, r)
+			w.next = r.Offset + 1
+		}
+	}
+	pause := len(w.queue) >= maxQueue && !w.paused
+	if pause {
+		w.paused = true
+	}
+	w.mu.Unlock()
+	if pause {
+		cons.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	cons.mu.Lock()
+	defer cons.mu.Unlock()
+	for t, ps := range assigned {
+		for _, p := range ps {
+			tp := topicPartition{t, p}
+			if cons.workers[tp] != nil {
+				continue
+			}
+			w := &partitionWorker{tp: tp, cons: cons, wake: make(chan struct{}, 1),
+				stop: make(chan struct{}), done: make(chan struct{})}
+			cons.workers[tp] = w
+			go w.run()
+		}
+	}
+}
+
+func (cons *consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	cons.stopPartitions(revoked, false)
+}
+
+func (cons *consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	cons.stopPartitions(lost, true)
+}
+
+// stopPartitions stops the workers of the given partitions and waits for
+// them. Lost partitions do not commit.
+func (cons *consumer) stopPartitions(parts map[string][]int32, lost bool) {
+	var stopping []*partitionWorker
+	cons.mu.Lock()
+	for t, ps := range parts {
+		for _, p := range ps {
+			tp := topicPartition{t, p}
+			if w := cons.workers[tp]; w != nil {
+				delete(cons.workers, tp)
+				stopping = append(stopping, w)
+			}
+		}
+	}
+	cons.mu.Unlock()
+	cons.stopWorkers(stopping, lost)
+}
+
+func (cons *consumer) stopAll(lost bool) {
+	cons.mu.Lock()
+	stopping := make([]*partitionWorker, 0, len(cons.workers))
+	for tp, w := range cons.workers {
+		delete(cons.workers, tp)
+		stopping = append(stopping, w)
+	}
+	cons.mu.Unlock()
+	cons.stopWorkers(stopping, lost)
+}
+
+func (cons *consumer) stopWorkers(ws []*partitionWorker, lost bool) {
+	resume := map[string][]int32{}
+	for _, w := range ws {
+		w.mu.Lock()
+		w.lost = w.lost || lost
+		if w.paused {
+			resume[w.tp.topic] = append(resume[w.tp.topic], w.tp.partition)
+		}
+		w.mu.Unlock()
+		close(w.stop)
+	}
+	for _, w := range ws {
+		<-w.done
+	}
+	if len(resume) > 0 && cons.cl != nil {
+		// Paused partitions stay paused across assignments: resume them so a
+		// later assignment of the same partition fetches.
+		cons.cl.ResumeFetchPartitions(resume)
+	}
+}
+
+// run is the worker goroutine. It returns when stop is closed (after the
+// record in hand and its commit) or when the work context ends.
+func (w *partitionWorker) run() {
+	defer close(w.done)
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.cons.work.Done():
+			return
+		case <-w.wake:
+		}
+		for {
+			w.mu.Lock()
+			batch := w.queue
+			w.queue = nil
+			resume := w.paused
+			w.paused = false
+			w.mu.Unlock()
+			if resume {
+				w.cons.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			}
+			if len(batch) == 0 {
+				break
+			}
+			var last *kgo.Record
+			stopped := false
+			for _, rec := range batch {
+				if w.stopping() {
+					stopped = true
+					break
+				}
+				if err := w.cons.c.handleRecord(w.cons.work, w.stop, rec); err != nil {
+					stopped = true // interrupted: this record is not done
+					break
+				}
+				last = rec
+			}
+			if last != nil {
+				w.commit(last)
+			}
+			if stopped {
+				return
+			}
+		}
+	}
+}
+
+func (w *partitionWorker) stopping() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// commit commits the offset after rec, unless the partition was lost.
+func (w *partitionWorker) commit(rec *kgo.Record) {
+	w.mu.Lock()
+	lost := w.lost
+	w.mu.Unlock()
+	if lost {
+		return
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{
+		rec.Topic: {rec.Partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset + 1}},
+	}
+	w.cons.cl.CommitOffsetsSync(w.cons.work, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err == nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if p.ErrorCode != 0 {
+						err = fmt.Errorf("partition %d: error code %d", p.Partition, p.ErrorCode)
+					}
+				}
+			}
+		}
+		if err != nil {
+			// Not fatal: the records are redelivered and the inbox skips them.
+			w.cons.log.Warn("offset commit failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset+1, "err", err)
+		}
+	})
+}
+
+// handlerError marks an error that comes from the user's handler (or from
+// the events it recorded), as opposed to the framework's own MongoDB calls.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+// handleRecord handles one record to a final state: handled, skipped
+// (duplicate, parked earlier, no handler) or parked. It returns an error only
+// when it was interrupted (stop or shutdown) before reaching one, in which
+// case the record's offset must not be committed.
+func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kgo.Record) error {
+	log := c.cfg.Logger.With("topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
+	env, err := decodeRecord(rec)
+	if err != nil {
+		return c.parkMalformed(ctx, stop, &env, rec, err, log)
+	}
+	h := c.handlerFor(env.Topic, env.ContentSchema)
+	if h == nil {
+		log.Info("no handler for event; acknowledged", "schema", env.ContentSchema)
+		return nil
+	}
+	evt, err := h.decode(c, rec.Value)
+	if err != nil {
+		return c.parkMalformed(ctx, stop, &env, rec, err, log)
+	}
+	infraFailures := 0
+	for attempt := 1; ; {
+		meta := Metadata{Envelope: env, Offset: rec.Offset, Attempt: attempt}
+		err := c.handleOnce(ctx, h, evt, meta)
+		var herr *handlerError
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errAlreadyDone):
+			log.Debug("duplicate or parked event skipped", "schema", env.ContentSchema, "key", env.IdempotencyKey)
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.As(err, &herr):
+			park := attempt >= c.cfg.MaxAttempts
+			log.Warn("handler failed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "attempt", attempt, "parked", park, "err", herr.err)
+			if nerr := c.retryInfra(ctx, stop, func() error {
+				return c.noteFailure(ctx, &env, rec.Offset, rec.Value, herr.err, park)
+			}); nerr != nil {
+				return nerr
+			}
+			if park {
+				return nil
+			}
+			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+				return errInterrupted
+			}
+			attempt++
+		default:
+			// MongoDB unavailable or another failure of the framework's own
+			// calls: not the event's fault, so it does not count as an attempt.
+			infraFailures++
+			log.Warn("handling interrupted by an infrastructure error; retrying", "err", err, "failures", infraFailures)
+			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, infraFailures)) {
+				return errInterrupted
+			}
+		}
+	}
+}
+
+var errInterrupted = errors.New("outbox: interrupted")
+
+// handleOnce runs one attempt: claim, handler and the events it recorded,
+// in one transaction.
+func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Metadata) error {
+	sess, err := c.cfg.Mongo.StartSession()
+	if err != nil {
+		return err
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		tx := &txState{client: c}
+		tctx := context.WithValue(sctx, txKey{}, tx)
+		if err := c.claim(tctx, &meta.Envelope, meta.Offset, nil, time.Now().UTC()); err != nil {
+			return nil, err
+		}
+		if err := safeRun(tctx, h, evt, meta); err != nil {
+			return nil, &handlerError{err}
+		}
+		if err := tx.flush(tctx); err != nil {
+			return nil, &handlerError{err}
+		}
+		return nil, nil
+	}, txnOptions())
+	return err
+}
+
+// parkMalformed parks a record that cannot be handled. A record without an
+// idempotency key is parked under its position.
+func (c *Client) parkMalformed(ctx context.Context, stop <-chan struct{}, env *Envelope, rec *kgo.Record, cause error, log *slog.Logger) error {
+	if env.ContentSchema == "" {
+		env.ContentSchema = "unknown"
+	}
+	if env.IdempotencyKey == "" {
+		env.IdempotencyKey = fmt.Sprintf("malformed:%d:%d", rec.Partition, rec.Offset)
+	}
+	log.Warn("malformed record parked", "err", cause)
+	return c.retryInfra(ctx, stop, func() error {
+		return c.noteFailure(ctx, env, rec.Offset, rec.Value, cause, true)
+	})
+}
+
+// retryInfra retries fn with backoff until it succeeds or the worker stops.
+func (c *Client) retryInfra(ctx context.Context, stop <-chan struct{}, fn func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		c.cfg.Logger.Warn("inbox write failed; retrying", "err", err, "attempt", attempt)
+		if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+			return errInterrupted
+		}
+	}
+}
+
+// backoff returns the delay before retry n (n >= 1): min doubled n-1 times,
+// capped at max, with "equal jitter" (half fixed, half random).
+func backoff(min, max time.Duration, n int) time.Duration {
+	d := min
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// sleepCtx waits for d, returning false early if ctx ends or stop closes.
+func sleepCtx(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-stop:
+		return false
+	}
+}

@@ -1,0 +1,71 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+)
+
+// Run publishes recorded events and runs the registered handlers until ctx
+// ends, then drains and returns nil. It is meant to live for the whole
+// process, next to the HTTP server.
+//
+// On start it creates the indexes (EnsureIndexes, retried with backoff while
+// MongoDB is unreachable). The publisher runs when Config.PublishTopics is
+// not empty, the consumer when handlers are registered. MongoDB and Kafka
+// outages are retried with backoff and never end Run. When ctx ends, the
+// consumer finishes the events in hand (at most 30 s), commits their
+// offsets and leaves its group; the publisher finishes its batches in
+// flight and leaves its group. A fatal error (for example a Kafka client
+// that cannot be created from the configuration) stops both and is
+// returned. Run may be called once at a time; a second concurrent call
+// returns ErrRunning.
+func (c *Client) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return ErrRunning
+	}
+	c.running = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.running = false
+		c.mu.Unlock()
+	}()
+
+	for attempt := 1; ; attempt++ {
+		err := c.EnsureIndexes(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.cfg.Logger.Warn("outbox: ensure indexes failed; retrying", "err", err, "attempt", attempt)
+		if !sleepCtx(ctx, nil, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+			return nil
+		}
+	}
+
+	// One group of goroutines: the first fatal error cancels the others.
+	gctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	start := func(fn func(context.Context) error) {
+		wg.Go(func() {
+			if err := fn(gctx); err != nil {
+				once.Do(func() { first = err })
+				cancel(err)
+			}
+		})
+	}
+	if len(c.cfg.PublishTopics) > 0 {
+		start(c.runPublisher)
+	}
+	start(c.runConsumer)
+	wg.Wait()
+	return first
+}
+
