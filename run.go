@@ -68,4 +68,3 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Wait()
 	return first
 }
-
