@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -472,5 +473,15 @@ func TestEqualities(t *testing.T) {
 			continue
 		}
 		require.Equal(t, want, got, c.filter)
+	}
+}
+
+func TestCompareNumbersFastPath(t *testing.T) {
+	t.Parallel()
+	vals := []any{int32(-3), int32(0), int32(7), int64(7), int64(1 << 60), int64(-(1 << 60)), 7.0, 6.5, -3.0, math.Inf(1), math.Inf(-1), math.NaN(), int64(1<<53 + 1), float64(1 << 53)}
+	for _, a := range vals {
+		for _, b := range vals {
+			require.Equal(t, bsonkit.CompareNumbers(a, b), compareNumbers(a, b), "%v vs %v", a, b)
+		}
 	}
 }

@@ -51,9 +51,7 @@ type eqPred struct {
 }
 
 func newEqPred(v any) *eqPred {
-	if m, ok := v.(bson.M); ok {
-		v = docFromM(m)
-	}
+	v = normValue(v)
 	return &eqPred{v: v, rank: bsonkit.Rank(v), null: isNullValue(v), nan: isNaN(v)}
 }
 
@@ -81,6 +79,9 @@ func (p *eqPred) test(x any) bool {
 	if isMissing(x) || bsonkit.Rank(x) != p.rank {
 		return false
 	}
+	if p.rank == bsonkit.RankNumber {
+		return compareNumbers(x, p.v) == 0
+	}
 	return bsonkit.Compare(x, p.v) == 0
 }
 
@@ -102,9 +103,7 @@ type cmpPred struct {
 }
 
 func newCmpPred(name string, v any) *cmpPred {
-	if m, ok := v.(bson.M); ok {
-		v = docFromM(m)
-	}
+	v = normValue(v)
 	p := &cmpPred{v: v, rank: bsonkit.Rank(v), nan: isNaN(v)}
 	switch name {
 	case "$lt":
@@ -135,7 +134,12 @@ func (p *cmpPred) test(x any) bool {
 			}
 		}
 	}
-	c := bsonkit.Compare(x, p.v)
+	var c int
+	if !p.anyType && p.rank == bsonkit.RankNumber {
+		c = compareNumbers(x, p.v)
+	} else {
+		c = bsonkit.Compare(x, p.v)
+	}
 	switch p.op {
 	case cmpLT:
 		return c < 0
