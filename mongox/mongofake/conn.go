@@ -1,0 +1,157 @@
+package mongofake
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/wire"
+)
+
+// conn is one client connection. Its goroutine reads one message at a time
+// and answers it before reading the next, as mongod does; id and appName are
+// only written by that goroutine.
+type conn struct {
+	id      int64  // increasing, from 1
+	appName string // client.application.name of the handshake, "" if none
+
+	srv    *Server
+	nc     net.Conn
+	remote string
+	ctx    context.Context // ends when the connection closes or the server stops
+	cancel context.CancelFunc
+
+	gotMetadata bool // the handshake's client document was seen
+}
+
+// newConn wraps an accepted connection.
+func (s *Server) newConn(nc net.Conn) *conn {
+	c := &conn{
+		id:     s.nextConnID.Add(1),
+		srv:    s,
+		nc:     nc,
+		remote: nc.RemoteAddr().String(),
+	}
+	c.ctx, c.cancel = context.WithCancel(s.ctx)
+	return c
+}
+
+// serve reads and answers messages until the connection ends, the client
+// sends something it cannot answer, or the server closes.
+func (c *conn) serve() {
+	s := c.srv
+	log := s.logger.With("conn", c.id, "remote", c.remote)
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("mongofake: connection goroutine panicked; closing connection",
+				"panic", p, "stack", string(debug.Stack()))
+		}
+		c.cancel()
+		_ = c.nc.Close()
+		s.removeConn(c)
+		s.wg.Done()
+		log.Debug("mongofake: connection closed")
+	}()
+	log.Debug("mongofake: connection accepted")
+
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	for {
+		m, err := wire.ReadMessage(br, s.cfg.maxMessageSize)
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.ctx.Err() != nil:
+				// Client hung up, DropConnections or Close.
+			case errors.Is(err, wire.ErrCompressed):
+				log.Warn("mongofake: client sent OP_COMPRESSED although no compressor was negotiated; closing connection", "err", err)
+			default:
+				log.Warn("mongofake: cannot read message; closing connection", "err", err)
+			}
+			return
+		}
+		if !c.handle(m, log) {
+			return
+		}
+	}
+}
+
+// handle answers one message. It returns false when the connection must be
+// closed.
+func (c *conn) handle(m *wire.Message, log *slog.Logger) bool {
+	s := c.srv
+	switch {
+	case m.Msg != nil:
+		body, err := m.Msg.Body()
+		if err != nil {
+			log.Warn("mongofake: malformed OP_MSG; closing connection", "err", err)
+			return false
+		}
+		reply, drop := s.dispatch(c, body, "")
+		if drop {
+			return false
+		}
+		if m.Msg.MoreToCome() {
+			// w:0 / unacknowledged: the client does not read a reply.
+			return true
+		}
+		raw, err := bson.Marshal(reply)
+		if err != nil {
+			log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
+			return false
+		}
+		if err := wire.WriteMsg(c.nc, s.nextReqID.Add(1), m.Header.RequestID, 0, raw); err != nil {
+			return false
+		}
+		return true
+
+	case m.Query != nil:
+		reply, drop := c.legacyQuery(m.Query)
+		if drop {
+			return false
+		}
+		raw, err := bson.Marshal(reply)
+		if err != nil {
+			log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
+			return false
+		}
+		if err := wire.WriteReply(c.nc, s.nextReqID.Add(1), m.Header.RequestID, raw); err != nil {
+			return false
+		}
+		return true
+	}
+	log.Warn("mongofake: message without payload; closing connection", "opCode", m.Header.OpCode)
+	return false
+}
+
+// legacyQuery answers an OP_QUERY. Drivers use it for the first hello
+// (isMaster) of a connection; any other command sent to "<db>.$cmd" goes
+// through the dispatcher too, with $db taken from the namespace.
+func (c *conn) legacyQuery(q *wire.Query) (bson.D, bool) {
+	s := c.srv
+	db, coll, _ := strings.Cut(q.FullCollectionName, ".")
+	if coll != "$cmd" || db == "" {
+		return s.errorReply(nil, &cmdError{
+			Code:     352,
+			CodeName: "UnsupportedOpQueryCommand",
+			Msg: "mongofake: OP_QUERY is only supported for commands sent to <db>.$cmd, not for queries on " +
+				q.FullCollectionName + "; use OP_MSG (any driver released since 2018 does)",
+		}, nil), false
+	}
+	var body bson.D
+	if err := bson.Unmarshal(q.Query, &body); err != nil {
+		return s.errorReply(nil, errorf(9, "FailedToParse", "mongofake: cannot decode OP_QUERY command: "+err.Error()), nil), false
+	}
+	// Old drivers and mongos wrap the command: {$query: {...}, $readPreference: ...}.
+	if len(body) > 0 && (body[0].Key == "$query" || body[0].Key == "query") {
+		if inner, ok := body[0].Value.(bson.D); ok {
+			body = inner
+		}
+	}
+	return s.dispatch(c, body, db)
+}

@@ -1,0 +1,429 @@
+package mongofake
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// dispatch runs one command and builds its reply. legacyDB is the database
+// of an OP_QUERY namespace ("" for OP_MSG, whose body carries $db). drop
+// reports that the connection must be closed without a reply (the
+// closeConnection fail point).
+func (s *Server) dispatch(c *conn, body bson.D, legacyDB string) (reply bson.D, drop bool) {
+	if len(body) == 0 {
+		return s.errorReply(nil, errorf(59, "CommandNotFound", "no such command: ''; the command document is empty"), nil), false
+	}
+	r := &request{ctx: c.ctx, srv: s, conn: c, name: body[0].Key, cmd: body}
+	if err := r.lift(legacyDB); err != nil {
+		return s.errorReply(r, err, nil), false
+	}
+	spec := commands[r.name]
+	if spec == nil {
+		return s.errorReply(r, errorf(59, "CommandNotFound", "no such command: '"+r.name+"'"), nil), false
+	}
+	if spec.adminOnly && r.db != "admin" {
+		return s.errorReply(r, errorf(13, "Unauthorized", r.name+" may only be run against the admin database."), nil), false
+	}
+
+	fp := s.fp.match(r.name, c.appName)
+	if fp != nil {
+		if fp.block > 0 {
+			t := time.NewTimer(fp.block)
+			select {
+			case <-t.C:
+			case <-r.ctx.Done():
+				t.Stop()
+				return nil, true
+			}
+		}
+		if fp.closeConnection {
+			s.logger.Debug("mongofake: failCommand closes the connection", "conn", c.id, "command", r.name)
+			return nil, true
+		}
+		if fp.errorCode != 0 {
+			e := &cmdError{Code: fp.errorCode, CodeName: codeName(fp.errorCode), Msg: fp.errmsg}
+			var labels []string
+			if fp.labelsSet {
+				labels = fp.labels
+			} else {
+				labels = r.errorLabels(e.Code, 0, false)
+			}
+			return s.errorReply(r, e, labels), false
+		}
+	}
+
+	out, err := s.run(spec, r)
+	if err != nil {
+		return s.errorReply(r, err, nil), false
+	}
+	if fp != nil && fp.wce != nil {
+		out = append(removeKey(out, "writeConcernError"), bson.E{Key: "writeConcernError", Value: fp.wce})
+		if fp.labelsSet {
+			out = setLabels(out, fp.labels)
+		}
+	}
+	return s.okReply(r, out), false
+}
+
+// run calls the handler, turning a panic into an InternalError.
+func (s *Server) run(spec *commandSpec, r *request) (out bson.D, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.logger.Error("mongofake: command handler panicked",
+				"command", r.name, "db", r.db, "conn", r.conn.id, "panic", p, "stack", string(debug.Stack()))
+			out = nil
+			err = errorf(1, "InternalError", fmt.Sprintf("mongofake: internal error in command %s: %v", r.name, p))
+		}
+	}()
+	return spec.handler(r)
+}
+
+// lift copies the generic command fields into the request.
+func (r *request) lift(legacyDB string) error {
+	var hasDB bool
+	for _, e := range r.cmd {
+		switch e.Key {
+		case "$db":
+			db, ok := e.Value.(string)
+			if !ok {
+				return wrongType("$db", e.Value, "string")
+			}
+			r.db, hasDB = db, true
+		case "lsid":
+			d, ok := e.Value.(bson.D)
+			if !ok {
+				return wrongType("lsid", e.Value, "object")
+			}
+			r.lsid = d
+		case "txnNumber":
+			switch n := e.Value.(type) {
+			case int64:
+				r.txnNumber = &n
+			case int32:
+				v := int64(n)
+				r.txnNumber = &v
+			default:
+				return wrongType("txnNumber", e.Value, "long")
+			}
+		case "autocommit":
+			b, ok := e.Value.(bool)
+			if !ok {
+				return wrongType("autocommit", e.Value, "bool")
+			}
+			r.autocommit = &b
+		case "startTransaction":
+			b, ok := e.Value.(bool)
+			if !ok {
+				return wrongType("startTransaction", e.Value, "bool")
+			}
+			r.startTransaction = b
+		case "readConcern":
+			d, ok := e.Value.(bson.D)
+			if !ok {
+				return wrongType("readConcern", e.Value, "object")
+			}
+			r.readConcern = d
+		case "writeConcern":
+			d, ok := e.Value.(bson.D)
+			if !ok {
+				return wrongType("writeConcern", e.Value, "object")
+			}
+			r.writeConcern = d
+		}
+	}
+	if legacyDB != "" {
+		r.db = legacyDB
+	} else if !hasDB {
+		return errorf(40571, "Location40571", "OP_MSG requests require a $db argument")
+	}
+	if r.db == "" {
+		return errorf(73, "InvalidNamespace", "Invalid database name: ''")
+	}
+	if r.txnNumber != nil && r.lsid == nil {
+		return errorf(50768, "Location50768", "Transaction number requires a session ID to also be specified")
+	}
+	if r.autocommit != nil && r.txnNumber == nil {
+		return errorf(50768, "Location50768", "'autocommit' field requires a transaction number to also be specified")
+	}
+	return nil
+}
+
+func wrongType(field string, v any, want string) *cmdError {
+	return errorf(14, "TypeMismatch", fmt.Sprintf("BSON field '%s' is the wrong type '%s', expected type '%s'", field, typeName(v), want))
+}
+
+// typeName is MongoDB's $type alias of a decoded value.
+func typeName(v any) string {
+	switch v.(type) {
+	case float64:
+		return "double"
+	case string:
+		return "string"
+	case bson.D, bson.M:
+		return "object"
+	case bson.A:
+		return "array"
+	case bson.Binary:
+		return "binData"
+	case bson.ObjectID:
+		return "objectId"
+	case bool:
+		return "bool"
+	case bson.DateTime:
+		return "date"
+	case nil:
+		return "null"
+	case bson.Regex:
+		return "regex"
+	case int32:
+		return "int"
+	case bson.Timestamp:
+		return "timestamp"
+	case int64:
+		return "long"
+	case bson.Decimal128:
+		return "decimal"
+	case bson.Undefined:
+		return "undefined"
+	case bson.MinKey:
+		return "minKey"
+	case bson.MaxKey:
+		return "maxKey"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// okReply appends the generic success fields to a handler's reply body.
+func (s *Server) okReply(r *request, body bson.D) bson.D {
+	body = removeKey(body, "ok")
+	if r != nil && !hasKey(body, "errorLabels") {
+		if code, ok := wceCode(body); ok {
+			if labels := r.errorLabels(0, code, true); len(labels) > 0 {
+				body = append(body, bson.E{Key: "errorLabels", Value: stringsToA(labels)})
+			}
+		}
+	}
+	out := make(bson.D, 0, len(body)+3)
+	out = append(out, body...)
+	out = append(out, bson.E{Key: "ok", Value: 1.0})
+	return s.appendClusterTime(out)
+}
+
+// errorReply builds {ok: 0, errmsg, code, codeName, errorLabels?, extra...}.
+// labels, when non-nil, replace the labels computed from the error; err
+// may be any error (a non-*cmdError becomes InternalError).
+func (s *Server) errorReply(r *request, err error, labels []string) bson.D {
+	var ce *cmdError
+	if !errors.As(err, &ce) {
+		ce = errorf(1, "InternalError", err.Error())
+	}
+	name := ce.CodeName
+	if name == "" {
+		name = codeName(ce.Code)
+	}
+	if labels == nil {
+		labels = append([]string(nil), ce.Labels...)
+		if r != nil {
+			for _, l := range r.errorLabels(ce.Code, 0, false) {
+				labels = addLabel(labels, l)
+			}
+		}
+	}
+	out := bson.D{
+		{Key: "ok", Value: 0.0},
+		{Key: "errmsg", Value: ce.Msg},
+		{Key: "code", Value: ce.Code},
+		{Key: "codeName", Value: name},
+	}
+	if len(labels) > 0 {
+		out = append(out, bson.E{Key: "errorLabels", Value: stringsToA(labels)})
+	}
+	for _, e := range ce.Extra {
+		switch e.Key {
+		case "ok", "errmsg", "code", "codeName", "errorLabels", "$clusterTime", "operationTime":
+			continue
+		}
+		out = append(out, e)
+	}
+	return s.appendClusterTime(out)
+}
+
+// appendClusterTime adds $clusterTime and operationTime, as a replica set
+// member does on every reply. The signature is a dummy: the server has no
+// keys, and drivers only echo it back.
+func (s *Server) appendClusterTime(d bson.D) bson.D {
+	ts := s.engine.ClusterTime()
+	return append(d,
+		bson.E{Key: "$clusterTime", Value: bson.D{
+			{Key: "clusterTime", Value: ts},
+			{Key: "signature", Value: bson.D{
+				{Key: "hash", Value: bson.Binary{Subtype: 0, Data: make([]byte, 20)}},
+				{Key: "keyId", Value: int64(0)},
+			}},
+		}},
+		bson.E{Key: "operationTime", Value: ts},
+	)
+}
+
+// Error labels, as mongod 4.4+ computes them.
+const (
+	labelRetryableWrite       = "RetryableWriteError"
+	labelTransientTransaction = "TransientTransactionError"
+)
+
+// retryableCodes are the codes mongod treats as retriable
+// (ErrorCodes::isRetriableError): network, not-primary and shutdown errors.
+var retryableCodes = map[int32]bool{
+	6: true, 7: true, 89: true, 91: true, 189: true, 262: true, 9001: true,
+	10107: true, 11600: true, 11602: true, 13435: true, 13436: true,
+	63: true, 150: true, 134: true,
+}
+
+// retryableWriteCommands accept a txnNumber outside a transaction.
+var retryableWriteCommands = map[string]bool{
+	"insert": true, "update": true, "delete": true,
+	"findAndModify": true, "findandmodify": true, "bulkWrite": true,
+}
+
+// errorLabels computes the labels of an error with the given code (0 for
+// none) and write concern error code (hasWCE false for none).
+func (r *request) errorLabels(code, wcCode int32, hasWCE bool) []string {
+	var labels []string
+	inTxn := r.autocommit != nil
+	txnCmd := r.name == "commitTransaction" || r.name == "abortTransaction"
+	retryableWrite := r.txnNumber != nil && !inTxn && retryableWriteCommands[r.name]
+	if (retryableWrite || txnCmd) && (retryableCodes[code] || (hasWCE && retryableCodes[wcCode])) {
+		labels = append(labels, labelRetryableWrite)
+	}
+	if inTxn && code != 0 && transientTxnError(code, hasWCE, txnCmd) {
+		labels = append(labels, labelTransientTransaction)
+	}
+	return labels
+}
+
+// transientTxnError mirrors mongod's isTransientTransactionError.
+func transientTxnError(code int32, hasWCE, commitOrAbort bool) bool {
+	switch code {
+	case 112, // WriteConflict
+		24,  // LockTimeout
+		267, // PreparedTransactionInProgress
+		239, // SnapshotTooOld
+		246: // SnapshotUnavailable
+		return true
+	}
+	if commitOrAbort {
+		return code == 251 && !hasWCE // NoSuchTransaction
+	}
+	return retryableCodes[code] || code == 251
+}
+
+// wceCode returns the code of a reply's writeConcernError.
+func wceCode(body bson.D) (int32, bool) {
+	for _, e := range body {
+		if e.Key != "writeConcernError" {
+			continue
+		}
+		wce, ok := e.Value.(bson.D)
+		if !ok {
+			return 0, false
+		}
+		for _, f := range wce {
+			if f.Key == "code" {
+				switch n := f.Value.(type) {
+				case int32:
+					return n, true
+				case int64:
+					return int32(n), true
+				case float64:
+					return int32(n), true
+				}
+			}
+		}
+		return 0, true
+	}
+	return 0, false
+}
+
+func addLabel(labels []string, l string) []string {
+	for _, x := range labels {
+		if x == l {
+			return labels
+		}
+	}
+	return append(labels, l)
+}
+
+func stringsToA(ss []string) bson.A {
+	a := make(bson.A, len(ss))
+	for i, s := range ss {
+		a[i] = s
+	}
+	return a
+}
+
+func setLabels(d bson.D, labels []string) bson.D {
+	d = removeKey(d, "errorLabels")
+	if len(labels) > 0 {
+		d = append(d, bson.E{Key: "errorLabels", Value: stringsToA(labels)})
+	}
+	return d
+}
+
+func removeKey(d bson.D, key string) bson.D {
+	out := d[:0:0]
+	for _, e := range d {
+		if e.Key != key {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func hasKey(d bson.D, key string) bool {
+	for _, e := range d {
+		if e.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// codeNames maps mongod error codes to their names.
+var codeNames = map[int32]string{
+	1: "InternalError", 2: "BadValue", 6: "HostUnreachable", 7: "HostNotFound",
+	8: "UnknownError", 9: "FailedToParse", 11: "UserNotFound", 13: "Unauthorized",
+	14: "TypeMismatch", 18: "AuthenticationFailed", 20: "IllegalOperation",
+	24: "LockTimeout", 26: "NamespaceNotFound", 27: "IndexNotFound",
+	43: "CursorNotFound", 48: "NamespaceExists", 50: "MaxTimeMSExpired",
+	59: "CommandNotFound", 63: "StaleShardVersion", 64: "WriteConcernFailed",
+	67: "CannotCreateIndex", 72: "InvalidOptions", 73: "InvalidNamespace",
+	79: "UnknownReplWriteConcern", 85: "IndexOptionsConflict",
+	86: "IndexKeySpecsConflict", 89: "NetworkTimeout", 91: "ShutdownInProgress",
+	96: "OperationFailed", 100: "UnsatisfiableWriteConcern", 112: "WriteConflict",
+	115: "CommandNotSupported", 125: "CommandFailed", 134: "ReadConcernMajorityNotAvailableYet",
+	136: "CappedPositionLost", 150: "StaleEpoch", 175: "QueryPlanKilled",
+	189: "PrimarySteppedDown", 211: "KeyNotFound", 225: "TransactionTooOld",
+	237: "CursorKilled", 239: "SnapshotTooOld", 246: "SnapshotUnavailable",
+	251: "NoSuchTransaction", 256: "TransactionCommitted", 257: "TransactionTooLarge",
+	262: "ExceededTimeLimit", 263: "OperationNotSupportedInTransaction",
+	267: "PreparedTransactionInProgress", 280: "ChangeStreamFatalError",
+	286: "ChangeStreamHistoryLost", 352: "UnsupportedOpQueryCommand",
+	9001: "SocketException", 10107: "NotWritablePrimary", 11000: "DuplicateKey",
+	11600: "InterruptedAtShutdown", 11601: "Interrupted",
+	11602: "InterruptedDueToReplStateChange", 13435: "NotPrimaryNoSecondaryOk",
+	13436: "NotPrimaryOrSecondary",
+}
+
+// codeName returns the name of a code, or "Location<code>" as mongod names
+// codes without a symbolic name.
+func codeName(code int32) string {
+	if n, ok := codeNames[code]; ok {
+		return n
+	}
+	return "Location" + strconv.Itoa(int(code))
+}

@@ -1,0 +1,52 @@
+package mongofake
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/wire"
+)
+
+// FuzzConnRead writes arbitrary bytes to a live server and checks that the
+// server answers or closes that connection, and keeps serving others.
+func FuzzConnRead(f *testing.F) {
+	ping, _ := bson.Marshal(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+	msg := append(append(append(append(le32(int32(16+4+1+len(ping))), le32(1)...), le32(0)...), le32(wire.OpMsg)...), append(le32(0), 0)...)
+	f.Add(append(msg, ping...))
+	f.Add([]byte("garbage"))
+	f.Add(append(le32(16), make([]byte, 12)...))
+	f.Add(append(append(append(le32(16+9), le32(1)...), le32(0)...), append(le32(wire.OpCompressed), make([]byte, 9)...)...))
+
+	srv, err := NewServer() // no test commands: random input must not arm fail points
+	require.NoError(f, err)
+	f.Cleanup(func() { _ = srv.Close() })
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		nc, err := net.DialTimeout("tcp", srv.Addr(), 5*time.Second)
+		require.NoError(t, err)
+		defer nc.Close()
+		require.NoError(t, nc.SetDeadline(time.Now().Add(10*time.Second)))
+		_, _ = nc.Write(data)
+		_ = nc.(*net.TCPConn).CloseWrite()
+		// The server answers what it can parse and then sees EOF (or closes
+		// at once); either way the read side ends, well before the deadline.
+		_, err = io.Copy(io.Discard, nc)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("server neither answered nor closed: %v", err)
+		}
+
+		// The server still serves new connections.
+		c2, err := net.DialTimeout("tcp", srv.Addr(), 5*time.Second)
+		require.NoError(t, err)
+		defer c2.Close()
+		require.NoError(t, c2.SetDeadline(time.Now().Add(10*time.Second)))
+		rawMsg(t, c2, 1, 0, bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+		_, reply := readMsgReply(t, c2)
+		require.Equal(t, 1.0, get(reply, "ok"))
+	})
+}
