@@ -4,12 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,49 +13,15 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
 
 	"github.com/event-outbox/outbox/internal/mongo/wire"
 )
 
-// TestMain fails the run when goroutines of the server or of the driver
-// outlive the tests (the same check goleak.VerifyTestMain makes, restricted
-// to the packages that matter here).
+// TestMain fails the run when any goroutine (server, engine or driver)
+// outlives the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leaked := leakedGoroutines(5 * time.Second); leaked != "" {
-			fmt.Fprintf(os.Stderr, "goroutines leaked after tests:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// leakedGoroutines waits up to timeout for every goroutine running server or
-// driver code to end and returns the stacks of those still alive.
-func leakedGoroutines(timeout time.Duration) string {
-	deadline := time.Now().Add(timeout)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for i, g := range strings.Split(string(buf), "\n\n") {
-			if i == 0 { // this goroutine
-				continue
-			}
-			if strings.Contains(g, "mongox/mongofake.") || strings.Contains(g, "internal/mongo/") ||
-				strings.Contains(g, "go.mongodb.org/mongo-driver") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	goleak.VerifyTestMain(m)
 }
 
 // newTestServer starts a server closed at the end of the test.
