@@ -109,7 +109,7 @@ func toDec(v any) bson.Decimal128 {
 			d, _ := bson.ParseDecimal128("-Infinity")
 			return d
 		}
-		d, err := bson.ParseDecimal128(strconv.FormatFloat(x, 'g', 15, 64))
+		d, err := bson.ParseDecimal128(strconv.FormatFloat(x, 'e', 14, 64))
 		if err != nil {
 			return decNaN
 		}

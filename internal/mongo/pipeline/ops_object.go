@@ -50,14 +50,15 @@ func parseGetField(p *parser, name string, arg any) (evalFn, error) {
 	} else {
 		field = arg
 	}
+	literal := false
 	if lit, ok := field.(bson.D); ok && len(lit) == 1 && lit[0].Key == "$literal" {
-		field = lit[0].Value
+		field, literal = lit[0].Value, true
 	}
 	key, ok := field.(string)
 	if !ok {
 		return nil, errf(5654602, "$getField requires 'field' to evaluate to type String, but got %s", typeName(field))
 	}
-	if strings.HasPrefix(key, "$") {
+	if !literal && strings.HasPrefix(key, "$") {
 		return nil, errf(5654602, "$getField requires 'field' to be a constant string; use {$literal: %q} for a field starting with '$'", key)
 	}
 	return func(c *ctx) (any, error) {

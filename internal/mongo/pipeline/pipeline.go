@@ -157,4 +157,3 @@ func asPipelineError(err error) error {
 	}
 	return err
 }
-
