@@ -1,11 +1,368 @@
 package outbox
 
-import "context"
-
-// runPublisher publishes recorded events until ctx ends.
+// The publisher moves recorded events from the outbox collection to Kafka.
 //
-// STUB: the publisher (issue 4) replaces this file.
+// Ownership: a Kafka client joins Config.PublisherGroup subscribed to
+// Config.PublishTopics with fetching paused, so it never receives a record;
+// the partitions the group assigns to this process are the partitions it
+// publishes. One worker goroutine per owned partition (internal/publish)
+// reads the partition's unpublished events with an indexed query in
+// publishing order (seq, _id), produces them as one batch (idempotent
+// producer, acks=all, explicit partition) and marks the acknowledged ones
+// published in one updateMany. A change stream, filtered on the server to
+// inserts of owned partitions, only wakes workers; workers also rescan
+// periodically and after every reopen of the stream, so a lost stream
+// never loses events.
+//
+// Fencing: a lease renewed by successful group round trips (kafkax.SessionHook)
+// lasts SessionTimeout minus FenceMargin from the send time of the last
+// heartbeat. Workers produce only while it is valid and each batch is
+// cancelled when it lapses, so a member cut off from the group coordinator
+// stops publishing before the group hands its partitions to another member.
+//
+// Revocation stops a partition's worker after its batch in flight is
+// acknowledged and marked (bounded by the producer's delivery timeout);
+// loss stops it at once. Whatever remains produces duplicates only, which
+// the consumers' inbox absorbs.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/kafkax"
+)
+
+// TopicPartition names one Kafka partition.
+type TopicPartition struct {
+	// Topic is the Kafka topic.
+	Topic string
+	// Partition is the partition number.
+	Partition int32
+}
+
+// PublisherStatus is a snapshot of the publisher of a Client.
+type PublisherStatus struct {
+	// Running reports whether the publisher is running.
+	Running bool
+	// Owned lists the partitions this process publishes, sorted.
+	Owned []TopicPartition
+	// Published counts the events marked published since the publisher
+	// started.
+	Published int64
+	// Failed counts the events Kafka refused for good (marked failed).
+	Failed int64
+	// LastError is the last error met (Kafka, MongoDB), or "".
+	LastError string
+	// LeaseValid reports whether the group session is confirmed recently
+	// enough to publish (see Config.FenceMargin).
+	LeaseValid bool
+}
+
+// Publisher tuning that the Config does not expose.
+const (
+	rescanInterval   = 30 * time.Second // safety scan of every owned partition
+	streamDebounce   = 100 * time.Millisecond
+	streamMaxAwait   = 500 * time.Millisecond
+	metadataInterval = time.Minute
+	leaveTimeout     = 5 * time.Second
+	producerLinger   = time.Millisecond
+)
+
+// publisherOptions are test hooks.
+type publisherOptions struct {
+	groupOpts    []kgo.Opt // added to the group client (e.g. a dialer)
+	producerOpts []kgo.Opt // added to the producer client
+	hooks        publish.Hooks
+	rescan       time.Duration
+	streamOpened func()
+}
+
+// publisher is one run of the publisher.
+type publisher struct {
+	c     *Client
+	lease *publish.Lease
+	set   *publish.Set
+	stats *publish.Stats
+}
+
+// publishers maps a running Client to its publisher, for publisherStatus.
+var publishers sync.Map // *Client -> *publisher
+
+// publisherStatus returns a snapshot of the publisher's state.
+func (c *Client) publisherStatus() PublisherStatus {
+	v, ok := publishers.Load(c)
+	if !ok {
+		return PublisherStatus{}
+	}
+	p := v.(*publisher)
+	st := PublisherStatus{
+		Running:    true,
+		Published:  p.stats.Published(),
+		Failed:     p.stats.Failed(),
+		LastError:  p.stats.LastError(),
+		LeaseValid: p.lease.Valid(),
+	}
+	for _, tp := range p.set.Owned() {
+		st.Owned = append(st.Owned, TopicPartition{Topic: tp.Topic, Partition: tp.Partition})
+	}
+	return st
+}
+
+// runPublisher publishes recorded events until ctx ends, then finishes the
+// batches in flight, leaves the publisher group and returns nil. It returns
+// an error only when it cannot start (Kafka clients cannot be created from
+// the configuration); outages are retried forever.
 func (c *Client) runPublisher(ctx context.Context) error {
+	return c.runPublisherWith(ctx, publisherOptions{})
+}
+
+func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error {
+	cfg := &c.cfg
+	log := cfg.Logger.With("component", "publisher", "group", cfg.PublisherGroup)
+	// A batch is bounded by the producer's delivery timeout; a graceful
+	// revoke waits for it and for the mark, so the rebalance timeout must
+	// cover both with room to spare.
+	deliveryTimeout := cfg.SessionTimeout
+	markTimeout := cfg.SessionTimeout
+	rebalanceTimeout := max(60*time.Second, 4*(deliveryTimeout+markTimeout))
+
+	p := &publisher{
+		c:     c,
+		lease: publish.NewLease(cfg.SessionTimeout-cfg.FenceMargin, nil),
+		stats: &publish.Stats{},
+	}
+
+	popts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	popts = append(popts,
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(producerLinger),
+		kgo.RecordDeliveryTimeout(deliveryTimeout),
+	)
+	popts = append(popts, o.producerOpts...)
+	producer, err := kgo.NewClient(popts...)
+	if err != nil {
+		return fmt.Errorf("outbox: publisher: create Kafka producer: %w", err)
+	}
+	defer producer.Close()
+
+	wcfg := &publish.WorkerConfig{
+		Store:       outboxStore{coll: c.outbox},
+		Producer:    producer,
+		Lease:       p.lease,
+		BatchSize:   cfg.PublishBatchSize,
+		Backoff:     publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff},
+		Rescan:      cmpOrDuration(o.rescan, rescanInterval),
+		MarkTimeout: markTimeout,
+		Logger:      log,
+		Stats:       p.stats,
+		Hooks:       o.hooks,
+	}
+	p.set = publish.NewSet(func(tp publish.TopicPartition) *publish.Worker {
+		return publish.NewWorker(tp, wcfg)
+	})
+	// Stop every worker however we return; after a clean leave this is a
+	// no-op.
+	defer p.set.Close()
+
+	toTPs := func(m map[string][]int32) []publish.TopicPartition {
+		var out []publish.TopicPartition
+		for t, ps := range m {
+			for _, part := range ps {
+				out = append(out, publish.TopicPartition{Topic: t, Partition: part})
+			}
+		}
+		return out
+	}
+	hook := &kafkax.SessionHook{
+		Renewed: p.lease.Renew,
+		Ended: func(err error) {
+			log.Warn("publisher group session ended; publishing paused", "error", err)
+			p.stats.SetError(fmt.Errorf("publisher group: %w", err))
+			p.lease.Revoke()
+		},
+	}
+	gopts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	gopts = append(gopts,
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.PublisherGroup),
+		kgo.ConsumeTopics(cfg.PublishTopics...),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
+		kgo.RebalanceTimeout(rebalanceTimeout),
+		kgo.DisableAutoCommit(),
+		kgo.WithHooks(hook),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			if tps := toTPs(m); len(tps) > 0 {
+				log.Info("publisher partitions assigned", "partitions", m)
+				p.set.Assign(tps)
+			}
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			if tps := toTPs(m); len(tps) > 0 {
+				log.Info("publisher partitions revoked", "partitions", m)
+				p.set.Revoke(tps)
+			}
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			p.lease.Revoke()
+			if tps := toTPs(m); len(tps) > 0 {
+				log.Warn("publisher partitions lost", "partitions", m)
+				p.set.Lose(tps)
+			}
+		}),
+	)
+	gopts = append(gopts, o.groupOpts...)
+	group, err := kgo.NewClient(gopts...)
+	if err != nil {
+		return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
+	}
+	// The group only assigns partitions; its members never fetch.
+	group.PauseFetchTopics(cfg.PublishTopics...)
+
+	publishers.Store(c, p)
+	defer publishers.Delete(c)
+
+	// Background loops, owned here and stopped by cancelling bg.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		w := &publish.Watcher{
+			Coll:           c.outbox,
+			Set:            p.set,
+			TopicField:     "topic",
+			PartitionField: "partition",
+			Debounce:       streamDebounce,
+			MaxAwait:       streamMaxAwait,
+			Backoff:        wcfg.Backoff,
+			Logger:         log,
+			Stats:          p.stats,
+			Opened:         o.streamOpened,
+		}
+		w.Run(bg)
+	})
+	wg.Go(func() { p.refreshTopics(bg, group, log) })
+
 	<-ctx.Done()
+
+	// Drain: finish and mark the batches in flight, then leave the group
+	// (bounded: Close alone can block for a minute when the coordinator is
+	// unreachable), then stop the background loops.
+	p.set.Close()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	if err := group.LeaveGroupContext(lctx); err != nil {
+		log.Warn("publisher: leaving the group failed", "error", err)
+	}
+	cancel()
+	stopBG()
+	wg.Wait()
+	group.Close()
 	return nil
+}
+
+// refreshTopics learns the partition counts of the publish topics at start
+// and every metadataInterval, for recording.
+func (p *publisher) refreshTopics(ctx context.Context, cl *kgo.Client, log interface {
+	Warn(string, ...any)
+}) {
+	adm := kadm.NewClient(cl)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		details, err := adm.ListTopics(rctx, p.c.cfg.PublishTopics...)
+		cancel()
+		if err == nil {
+			for topic, d := range details {
+				if d.Err == nil {
+					p.c.topics.set(topic, len(d.Partitions))
+				}
+			}
+		} else if ctx.Err() == nil {
+			log.Warn("publisher: reading topic metadata failed", "error", err)
+		}
+		t := time.NewTimer(metadataInterval)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+func cmpOrDuration(a, b time.Duration) time.Duration {
+	if a > 0 {
+		return a
+	}
+	return b
+}
+
+// outboxStore implements publish.Store on the outbox collection.
+type outboxStore struct {
+	coll *mongo.Collection
+}
+
+func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int) ([]publish.Item, error) {
+	// Served by the partial index outbox_pending {topic, partition, seq, _id}
+	// where published is false.
+	filter := bson.D{
+		{Key: "published", Value: false},
+		{Key: "topic", Value: tp.Topic},
+		{Key: "partition", Value: tp.Partition},
+		{Key: "failed", Value: false},
+	}
+	opts := options.Find().
+		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
+		SetLimit(int64(limit))
+	cur, err := s.coll.Find(ctx, filter, opts)
+	if err != nil {
+		return nil, fmt.Errorf("find pending events: %w", err)
+	}
+	var docs []outboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("read pending events: %w", err)
+	}
+	items := make([]publish.Item, len(docs))
+	for i := range docs {
+		env := docs[i].envelope()
+		items[i] = publish.Item{ID: docs[i].ID, Record: encodeRecord(&env, []byte(docs[i].Payload))}
+	}
+	return items, nil
+}
+
+func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
+	_, err := s.coll.UpdateMany(ctx,
+		bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
+		bson.D{{Key: "$set", Value: bson.D{
+			{Key: "published", Value: true},
+			{Key: "published_at", Value: at.UTC()},
+		}}})
+	return err
+}
+
+func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
+	msg := cause.Error()
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	_, err := s.coll.UpdateOne(ctx,
+		bson.D{{Key: "_id", Value: id}},
+		bson.D{
+			{Key: "$set", Value: bson.D{
+				{Key: "failed", Value: true},
+				{Key: "failed_at", Value: at.UTC()},
+				{Key: "error", Value: msg},
+			}},
+			{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
+		})
+	return err
 }

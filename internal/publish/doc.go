@@ -1,0 +1,34 @@
+// Package publish holds the mechanics of the outbox publisher: one worker
+// goroutine per owned Kafka partition, the set of workers that follows the
+// group assignment, the lease that fences a member whose group session can
+// no longer be confirmed, retry backoff, and the change-stream watcher that
+// wakes workers.
+//
+// # Goroutines and how each stops
+//
+//   - Worker: one goroutine per owned partition, started by Set.Assign. It
+//     stops gracefully (Set.Revoke, Set.Close: finish the batch in flight,
+//     mark it, exit) or at once (Set.Lose: cancel the batch, do not mark).
+//     Both calls return after the goroutine has exited.
+//   - Per batch, a worker starts at most two short-lived goroutines: one that
+//     cancels the batch context when the lease is revoked and one that waits
+//     for the producer's promises. Both end when the batch ends (the promise
+//     waiter, after a hard stop, when the producer resolves or fails the
+//     records, at the latest when the producer client is closed).
+//   - Watcher: Watcher.Run runs in the caller's goroutine and returns when
+//     its context ends.
+//
+// Nothing here knows the outbox document format: the root package provides
+// a Store that reads and marks events and builds their Kafka records.
+package publish
+
+import "fmt"
+
+// TopicPartition names one Kafka partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// String returns "topic/partition".
+func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic, tp.Partition) }

@@ -1,0 +1,137 @@
+package publish
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+)
+
+// Set holds the workers of the partitions a publisher owns. It follows
+// the group's rebalance callbacks, which pass deltas (possibly empty or
+// repeating what is already known), so every method is idempotent.
+type Set struct {
+	newWorker func(TopicPartition) *Worker
+
+	mu      sync.Mutex
+	workers map[TopicPartition]*Worker
+	gen     uint64
+	changed chan struct{} // closed and replaced when the owned set changes
+	closed  bool
+}
+
+// NewSet returns an empty set; newWorker makes the worker of a newly
+// assigned partition (not started).
+func NewSet(newWorker func(TopicPartition) *Worker) *Set {
+	return &Set{newWorker: newWorker, workers: map[TopicPartition]*Worker{}, changed: make(chan struct{})}
+}
+
+func (s *Set) bump() {
+	s.gen++
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Assign starts a worker for every partition not owned yet. After Close it
+// does nothing.
+func (s *Set) Assign(tps []TopicPartition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	added := false
+	for _, tp := range tps {
+		if _, ok := s.workers[tp]; ok {
+			continue
+		}
+		w := s.newWorker(tp)
+		s.workers[tp] = w
+		w.Start()
+		added = true
+	}
+	if added {
+		s.bump()
+	}
+}
+
+func (s *Set) remove(tps []TopicPartition) []*Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ws []*Worker
+	for _, tp := range tps {
+		if w, ok := s.workers[tp]; ok {
+			delete(s.workers, tp)
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) > 0 {
+		s.bump()
+	}
+	return ws
+}
+
+// Revoke stops the workers of tps gracefully, in parallel, and returns
+// when all have exited: no record is produced for them afterwards.
+func (s *Set) Revoke(tps []TopicPartition) { stopAll(s.remove(tps), (*Worker).Stop) }
+
+// Lose stops the workers of tps at once (no mark of batches in flight) and
+// returns when all have exited.
+func (s *Set) Lose(tps []TopicPartition) { stopAll(s.remove(tps), (*Worker).Kill) }
+
+// Close stops every worker gracefully and refuses later assignments.
+func (s *Set) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.Revoke(s.Owned())
+}
+
+func stopAll(ws []*Worker, stop func(*Worker)) {
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); stop(w) }()
+	}
+	wg.Wait()
+}
+
+// Owned returns the owned partitions, sorted.
+func (s *Set) Owned() []TopicPartition {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]TopicPartition, 0, len(s.workers))
+	for tp := range s.workers {
+		out = append(out, tp)
+	}
+	slices.SortFunc(out, func(a, b TopicPartition) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// Changed returns the generation of the owned set and a channel closed at
+// its next change.
+func (s *Set) Changed() (uint64, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen, s.changed
+}
+
+// Wake wakes the worker of tp, if owned.
+func (s *Set) Wake(tp TopicPartition) {
+	s.mu.Lock()
+	w := s.workers[tp]
+	s.mu.Unlock()
+	if w != nil {
+		w.Wake()
+	}
+}
+
+// WakeAll wakes every worker.
+func (s *Set) WakeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.workers {
+		w.Wake()
+	}
+}
