@@ -1,0 +1,269 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// effects records one document per handled event in the test's database,
+// keyed by the idempotency key: a second effect for the same event fails
+// with a duplicate key, so the tests count effects, not attempts.
+func effectHandler(b *bundle, calls *atomic.Int64) HandlerFunc[orderPlaced] {
+	effects := b.db.Collection("effects")
+	return func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.Run != b.run {
+			return nil
+		}
+		calls.Add(1)
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "order", Value: e.OrderID}, {Key: "seq", Value: e.Seq}})
+		return err
+	}
+}
+
+func (b *bundle) envelope(key string) Envelope {
+	return Envelope{Topic: ordersTopic, ContentSchema: orderPlaced{}.ContentSchema(), IdempotencyKey: key, PartitionKey: "k"}
+}
+
+func (b *bundle) payload(t *testing.T, orderID string, seq int) []byte {
+	t.Helper()
+	return []byte(`{"run":"` + b.run + `","order_id":"` + orderID + `","amount":1,"seq":` + itoa(seq) + `}`)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func consumerConfig(b *bundle, service string) Config {
+	cfg := b.config(service)
+	cfg.PublishTopics = nil // consume only: these tests produce records themselves
+	return cfg
+}
+
+func TestConsumerHandlesDuplicateDeliveryOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "pay"))
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	start(t, c)
+
+	for range 3 {
+		b.produce(t, b.envelope("dup-1"), b.payload(t, "o-1", 0))
+	}
+	b.produce(t, b.envelope("other"), b.payload(t, "o-2", 0))
+	effects := b.db.Collection("effects")
+	eventually(t, "both events handled", func() bool { return count(t, effects, bson.D{}) == 2 })
+	eventually(t, "inbox documents handled", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "handled", Value: true}}) == 2
+	})
+	eventually(t, "offsets committed past all four records", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 4
+	})
+	require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: "dup-1"}}))
+}
+
+// committed returns the group's committed offset for a partition (-1 if none).
+func committed(t *testing.T, b *bundle, group, topic string, partition int32) int64 {
+	t.Helper()
+	offs, err := b.kafka.Admin().FetchOffsets(context.Background(), group)
+	if err != nil {
+		return -1
+	}
+	o, ok := offs.Lookup(topic, partition)
+	if !ok {
+		return -1
+	}
+	return o.At
+}
+
+func TestConsumerConcurrentHandlersCommitOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Two services with different consumer groups both receive every record
+	// and share one inbox: the optimistic lock lets one handling commit.
+	var calls atomic.Int64
+	effects := b.db.Collection("effects")
+	for _, name := range []string{"a", "b"} {
+		c := b.client(t, consumerConfig(b, name))
+		MustHandle(c, effectHandler(b, &calls))
+		start(t, c)
+	}
+	const n = 20
+	for i := range n {
+		b.produce(t, b.envelope("e-"+itoa(i)), b.payload(t, "o", i))
+	}
+	eventually(t, "all events handled", func() bool { return count(t, effects, bson.D{}) == n })
+	eventually(t, "both consumers passed every record", func() bool {
+		return count(t, b.db.Collection("inbox"), bson.D{{Key: "handled", Value: true}}) == n
+	})
+	require.EqualValues(t, n, count(t, effects, bson.D{}))
+}
+
+func TestConsumerRetriesThenSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "pay"))
+	var calls atomic.Int64
+	effects := b.db.Collection("effects")
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if calls.Add(1) <= 2 {
+			// Written, then the attempt fails: the write must be rolled back.
+			if _, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: "rolled-back"}}); err != nil {
+				return err
+			}
+			return errors.New("transient failure")
+		}
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "attempt", Value: m.Attempt}})
+		return err
+	})
+	start(t, c)
+	b.produce(t, b.envelope("retry-1"), b.payload(t, "o-1", 0))
+	eventually(t, "handled after retries", func() bool { return count(t, effects, bson.D{}) == 1 })
+	var inbox inboxDoc
+	require.NoError(t, c.inbox.FindOne(context.Background(), bson.D{}).Decode(&inbox))
+	require.True(t, inbox.Handled)
+	require.False(t, inbox.Parked)
+	require.EqualValues(t, 2, inbox.Attempts)
+	require.Contains(t, inbox.LastError, "transient failure")
+	require.Zero(t, count(t, effects, bson.D{{Key: "key", Value: "rolled-back"}}))
+}
+
+func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "pay")
+	cfg.MaxAttempts = 3
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	effects := b.db.Collection("effects")
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		calls.Add(1)
+		if e.OrderID == "poison" {
+			panic("cannot handle poison")
+		}
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
+		return err
+	})
+	start(t, c)
+	b.produce(t, b.envelope("p-1"), b.payload(t, "poison", 0))
+	b.produce(t, b.envelope("ok-1"), b.payload(t, "fine", 1))
+	eventually(t, "event after the poison handled", func() bool { return count(t, effects, bson.D{}) == 1 })
+
+	parked, err := c.ParkedEvents(context.Background(), 0)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "p-1", parked[0].ID.IdempotencyKey)
+	require.EqualValues(t, 3, parked[0].Attempts)
+	require.Contains(t, parked[0].LastError, "cannot handle poison")
+	require.Contains(t, parked[0].Payload, `"order_id":"poison"`)
+
+	// A redelivery of a parked event is skipped, not retried.
+	before := calls.Load()
+	b.produce(t, b.envelope("p-1"), b.payload(t, "poison", 0))
+	b.produce(t, b.envelope("ok-2"), b.payload(t, "fine", 2))
+	eventually(t, "later event handled", func() bool { return count(t, effects, bson.D{}) == 2 })
+	require.Equal(t, before+1, calls.Load(), "only ok-2 ran")
+
+	// Re-drive after a "fix": the handler now accepts it.
+	require.ErrorIs(t, c.Redrive(context.Background(), InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "nope"}), ErrNotParked)
+}
+
+func TestConsumerParksMalformedRecords(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "pay"))
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	start(t, c)
+	b.produceRaw(t, &kgo.Record{Topic: ordersTopic, Partition: 0, Value: []byte("no headers at all")})
+	b.produce(t, b.envelope("bad-json"), []byte(`{"order_id": 12`))
+	b.produce(t, b.envelope("invalid"), []byte(`{"run":"`+b.run+`","order_id":""}`))
+	b.produce(t, Envelope{Topic: ordersTopic, ContentSchema: "Unknown.v9", IdempotencyKey: "u", PartitionKey: "k"}, []byte(`{}`))
+	b.produce(t, b.envelope("good"), b.payload(t, "o-1", 0))
+	eventually(t, "good event handled", func() bool { return calls.Load() == 1 })
+	eventually(t, "three malformed records parked", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 3
+	})
+	parked, err := c.ParkedEvents(context.Background(), 0)
+	require.NoError(t, err)
+	keys := map[string]string{}
+	for _, p := range parked {
+		keys[p.ID.IdempotencyKey] = p.LastError
+	}
+	require.Contains(t, keys["malformed:0:0"], "missing header outbox-version")
+	require.Contains(t, keys["bad-json"], "decode")
+	require.Contains(t, keys["invalid"], "OrderID")
+	eventually(t, "offsets committed past every record", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 5
+	})
+}
+
+func TestConsumerCommitsOffsetOnlyAfterTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "pay")
+	c := b.client(t, cfg)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var calls atomic.Int64
+	effects := b.db.Collection("effects")
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
+		return err
+	})
+	stop := start(t, c)
+	b.produce(t, b.envelope("slow"), b.payload(t, "o-1", 0))
+	<-entered
+	// The handler is mid-transaction: nothing may be committed yet.
+	require.Never(t, func() bool { return committed(t, b, cfg.ConsumerGroup, ordersTopic, 0) >= 0 }, 300*time.Millisecond, 50*time.Millisecond)
+	close(release)
+	eventually(t, "offset committed after the transaction", func() bool {
+		return committed(t, b, cfg.ConsumerGroup, ordersTopic, 0) == 1
+	})
+	stop()
+
+	// A restarted consumer of the same group does not handle it again.
+	c2 := b.client(t, cfg)
+	var calls2 atomic.Int64
+	MustHandle(c2, effectHandler(b, &calls2))
+	start(t, c2)
+	b.produce(t, b.envelope("next"), b.payload(t, "o-2", 1))
+	eventually(t, "next event handled", func() bool { return count(t, effects, bson.D{}) == 2 })
+	require.EqualValues(t, 1, calls2.Load())
+}
+
+func TestHandlerRecordsEventsInItsTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "pay")
+	cfg.PublishTopics = []string{paymentsTopic}
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if err := Record(ctx, paymentDone{Run: e.Run, OrderID: e.OrderID}); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			return errors.New("fail after recording")
+		}
+		return nil
+	})
+	start(t, c)
+	b.produce(t, b.envelope("h-1"), b.payload(t, "o-1", 0))
+	eventually(t, "event handled", func() bool { return count(t, c.inbox, bson.D{{Key: "handled", Value: true}}) == 1 })
+	// The failed attempt's event was rolled back with it: exactly one.
+	eventually(t, "one payment event recorded", func() bool {
+		return count(t, c.outbox, bson.D{{Key: "topic", Value: paymentsTopic}}) == 1
+	})
+	require.EqualValues(t, 2, calls.Load())
+}

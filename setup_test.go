@@ -1,0 +1,149 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.uber.org/goleak"
+
+	"github.com/event-outbox/outbox/kafkax/kafkatest"
+	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Test events use fixed topics; each test gets its own Kafka cluster
+// (kfake) and its own database. Against shared real brokers, the Run field
+// keeps a test from acting on another test's events.
+const (
+	ordersTopic   = "orders"
+	paymentsTopic = "payments"
+)
+
+type orderPlaced struct {
+	Run     string `json:"run" validate:"required"`
+	OrderID string `json:"order_id" validate:"required"`
+	Amount  int    `json:"amount" validate:"gte=0"`
+	Seq     int    `json:"seq"`
+}
+
+func (orderPlaced) Topic() string          { return ordersTopic }
+func (orderPlaced) ContentSchema() string  { return "OrderPlaced.v1" }
+func (e orderPlaced) PartitionKey() string { return e.OrderID }
+
+type paymentDone struct {
+	Run     string `json:"run"`
+	OrderID string `json:"order_id" validate:"required"`
+}
+
+func (paymentDone) Topic() string          { return paymentsTopic }
+func (paymentDone) ContentSchema() string  { return "PaymentDone.v1" }
+func (e paymentDone) PartitionKey() string { return e.OrderID }
+
+// bundle is what an integration test needs.
+type bundle struct {
+	mongo *mongotest.Env
+	kafka *kafkatest.Env
+	db    *mongo.Database
+	run   string
+}
+
+func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
+	t.Helper()
+	m := mongotest.Start(t, mopts...)
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic, paymentsTopic))
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: kafkatest.UniqueName(t)}
+}
+
+func (b *bundle) config(service string) Config {
+	return Config{
+		Mongo:             b.mongo.Client,
+		Database:          b.db.Name(),
+		Brokers:           b.kafka.Seeds,
+		Service:           service + "-" + b.run,
+		PublishTopics:     []string{ordersTopic, paymentsTopic},
+		RetryMinBackoff:   10 * time.Millisecond,
+		RetryMaxBackoff:   100 * time.Millisecond,
+		SessionTimeout:    6 * time.Second,
+		HeartbeatInterval: 200 * time.Millisecond,
+		FenceMargin:       2 * time.Second,
+	}
+}
+
+func (b *bundle) client(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	c, err := New(cfg)
+	require.NoError(t, err)
+	return c
+}
+
+// start runs c until the test ends (or stop is called) and checks that Run
+// returned nil.
+func start(t *testing.T, c *Client) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(60 * time.Second):
+				t.Error("Run did not return within 60s of cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// produce writes a framework record straight to Kafka, bypassing the outbox.
+func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
+	t.Helper()
+	cl := b.kafka.Client(t)
+	if env.OccurredAt.IsZero() {
+		env.OccurredAt = time.Now()
+	}
+	rec := encodeRecord(&env, payload)
+	rec.Partition = 0
+	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
+}
+
+func (b *bundle) produceRaw(t *testing.T, rec *kgo.Record) {
+	t.Helper()
+	cl := b.kafka.Client(t)
+	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func count(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {
+	t.Helper()
+	n, err := coll.CountDocuments(context.Background(), filter)
+	require.NoError(t, err)
+	return n
+}
+
+var _ = mongofake.TTLInterval // used by TTL tests
