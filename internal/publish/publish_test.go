@@ -1,0 +1,522 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestLeaseRenewExpireRevoke(t *testing.T) {
+	t.Parallel()
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	l := NewLease(5*time.Second, clk.Now)
+	require.False(t, l.Valid(), "a new lease is lapsed")
+
+	l.Renew(clk.Now().Add(-time.Second)) // sent a second ago
+	exp, ok := l.Expiry()
+	require.True(t, ok)
+	require.Equal(t, clk.Now().Add(4*time.Second), exp)
+
+	l.Renew(clk.Now().Add(-2 * time.Second)) // older renewal: no effect
+	exp2, _ := l.Expiry()
+	require.Equal(t, exp, exp2)
+
+	clk.Add(4 * time.Second)
+	require.False(t, l.Valid(), "lapsed at sentAt+TTL")
+
+	l.Renew(clk.Now())
+	require.True(t, l.Valid())
+	sent := clk.Now()
+	clk.Add(time.Millisecond)
+	l.Revoke()
+	require.False(t, l.Valid())
+	l.Renew(sent) // sent before the revocation: must not revive
+	require.False(t, l.Valid())
+	clk.Add(time.Millisecond)
+	l.Renew(clk.Now())
+	require.True(t, l.Valid())
+}
+
+func TestLeaseWaitAndBind(t *testing.T) {
+	t.Parallel()
+	l := NewLease(time.Hour, nil)
+	got := make(chan bool)
+	go func() {
+		_, ok := l.Wait(context.Background(), nil)
+		got <- ok
+	}()
+	select {
+	case <-got:
+		t.Fatal("Wait returned before renewal")
+	case <-time.After(20 * time.Millisecond):
+	}
+	l.Renew(time.Now())
+	require.True(t, <-got)
+
+	ctx, cancel := l.Bind(context.Background())
+	defer cancel()
+	require.NoError(t, ctx.Err())
+	l.Revoke()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("bound context not cancelled by Revoke")
+	}
+
+	// Bound to a short lease: ends at expiry.
+	short := NewLease(30*time.Millisecond, nil)
+	short.Renew(time.Now())
+	sctx, scancel := short.Bind(context.Background())
+	defer scancel()
+	select {
+	case <-sctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("bound context not ended at expiry")
+	}
+
+	stop := make(chan struct{})
+	close(stop)
+	_, ok := NewLease(time.Second, nil).Wait(context.Background(), stop)
+	require.False(t, ok)
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Min: 100 * time.Millisecond, Max: time.Second}
+	for attempt := range 10 {
+		want := min(b.Min<<attempt, b.Max)
+		for range 50 {
+			d := b.Delay(attempt)
+			require.GreaterOrEqual(t, d, want/2, "attempt %d", attempt)
+			require.LessOrEqual(t, d, want, "attempt %d", attempt)
+		}
+	}
+}
+
+func TestIsPermanent(t *testing.T) {
+	t.Parallel()
+	require.True(t, IsPermanent(kerr.MessageTooLarge))
+	require.True(t, IsPermanent(fmt.Errorf("x: %w", kerr.RecordListTooLarge)))
+	require.False(t, IsPermanent(kerr.NotLeaderForPartition))
+	require.False(t, IsPermanent(context.DeadlineExceeded))
+}
+
+// memStore is an in-memory Store: events in publishing order.
+type memStore struct {
+	mu        sync.Mutex
+	events    []memEvent
+	failFind  int // fail the next n Pending calls
+	markCalls int
+}
+
+type memEvent struct {
+	id        int
+	key       string
+	published bool
+	failed    bool
+	cause     string
+}
+
+func (s *memStore) add(tp TopicPartition, n int, keys ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		id := len(s.events)
+		key := keys[id%len(keys)]
+		s.events = append(s.events, memEvent{id: id, key: key})
+	}
+}
+
+func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([]Item, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failFind > 0 {
+		s.failFind--
+		return nil, errors.New("mongo down")
+	}
+	var out []Item
+	for _, e := range s.events {
+		if e.published || e.failed {
+			continue
+		}
+		out = append(out, Item{ID: e.id, Record: &kgo.Record{
+			Topic: tp.Topic, Partition: tp.Partition, Key: []byte(e.key), Value: []byte(fmt.Sprint(e.id)),
+		}})
+		if len(out) == limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (s *memStore) MarkPublished(_ context.Context, ids []any, _ time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.markCalls++
+	for _, id := range ids {
+		s.events[id.(int)].published = true
+	}
+	return nil
+}
+
+func (s *memStore) MarkFailed(_ context.Context, id any, cause error, _ time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events[id.(int)].failed = true
+	s.events[id.(int)].cause = cause.Error()
+	return nil
+}
+
+func (s *memStore) counts() (published, failed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.events {
+		if e.published {
+			published++
+		}
+		if e.failed {
+			failed++
+		}
+	}
+	return
+}
+
+// fakeProducer delivers records asynchronously; fn decides each record's
+// fate. Like kgo's idempotent producer, once a record of a batch fails
+// transiently, every later record of the same call sequence fails too.
+type fakeProducer struct {
+	mu    sync.Mutex
+	fn    func(id int) error
+	log   []int // ids delivered, in delivery order
+	calls int
+	block chan struct{} // when set, promises wait for it
+	prev  chan struct{} // done channel of the previous record: delivery in order
+	// Like kgo, once a record fails transiently every later record in flight
+	// fails too (gapless ordering), until the worker produces it again.
+	failing  bool
+	failedAt int
+}
+
+func (p *fakeProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	var id int
+	fmt.Sscan(string(r.Value), &id)
+	p.mu.Lock()
+	p.calls++
+	if p.failing && id <= p.failedAt {
+		p.failing = false // the retry of the failed record starts
+	}
+	block := p.block
+	prev, done := p.prev, make(chan struct{})
+	p.prev = done
+	p.mu.Unlock()
+	go func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		if block != nil {
+			select {
+			case <-block:
+			case <-ctx.Done():
+				promise(r, ctx.Err())
+				return
+			}
+		}
+		p.mu.Lock()
+		var err error
+		switch {
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case p.failing:
+			err = kerr.NotLeaderForPartition
+		case p.fn != nil:
+			err = p.fn(id)
+		}
+		if err == nil {
+			p.log = append(p.log, id)
+		} else if !IsPermanent(err) && !p.failing {
+			p.failing, p.failedAt = true, id
+		}
+		p.mu.Unlock()
+		promise(r, err)
+	}()
+}
+
+func (p *fakeProducer) delivered() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.log)
+}
+
+var testTP = TopicPartition{Topic: "t", Partition: 3}
+
+func newTestWorker(store Store, prod Producer, lease *Lease, batch int) (*Worker, *Stats) {
+	stats := &Stats{}
+	cfg := &WorkerConfig{
+		Store: store, Producer: prod, Lease: lease, BatchSize: batch,
+		Backoff: Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond},
+		Rescan:  time.Hour, MarkTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Stats: stats,
+	}
+	return NewWorker(testTP, cfg), stats
+}
+
+func validLease() *Lease {
+	l := NewLease(time.Hour, nil)
+	l.Renew(time.Now())
+	return l
+}
+
+func eventually(t *testing.T, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf(msg, args...)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// firstDeliveries returns each id's first delivery, in delivery order.
+func firstDeliveries(log []int) []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, id := range log {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func TestWorkerPublishesBacklogInOrderAndWakes(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 25, "a", "b")
+	prod := &fakeProducer{}
+	w, stats := newTestWorker(store, prod, validLease(), 10)
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 25 }, "backlog not published")
+	require.Equal(t, seq(0, 25), prod.delivered())
+	require.EqualValues(t, 25, stats.Published())
+
+	store.add(testTP, 3, "a")
+	w.Wake()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 28 }, "woken events not published")
+	require.Equal(t, seq(0, 28), prod.delivered())
+}
+
+func seq(from, to int) []int {
+	var out []int
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+func TestWorkerTransientFailureRetriesWithoutReordering(t *testing.T) {
+	t.Parallel()
+	store := &memStore{failFind: 2}
+	store.add(testTP, 40, "k")
+	failures := map[int]int{0: 1, 7: 3, 23: 1} // guarded by prod.mu
+	prod := &fakeProducer{}
+	prod.fn = func(id int) error {
+		if failures[id] > 0 {
+			failures[id]--
+			return kerr.NotLeaderForPartition
+		}
+		return nil
+	}
+	w, stats := newTestWorker(store, prod, validLease(), 10)
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 40 }, "not everything published")
+	require.Equal(t, seq(0, 40), firstDeliveries(prod.delivered()), "first deliveries out of order")
+	require.NotEmpty(t, stats.LastError())
+}
+
+func TestWorkerPermanentFailureMarksFailedAndContinues(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 12, "k")
+	prod := &fakeProducer{fn: func(id int) error {
+		if id == 4 {
+			return kerr.MessageTooLarge
+		}
+		return nil
+	}}
+	w, stats := newTestWorker(store, prod, validLease(), 5)
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { p, f := store.counts(); return p == 11 && f == 1 }, "failed event blocks the partition")
+	require.True(t, store.events[4].failed)
+	require.Contains(t, store.events[4].cause, "MESSAGE_TOO_LARGE")
+	require.EqualValues(t, 1, stats.Failed())
+	require.NotContains(t, prod.delivered(), 4)
+}
+
+func TestWorkerPausesWhileLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 5, "k")
+	prod := &fakeProducer{}
+	lease := NewLease(time.Hour, nil) // lapsed
+	w, _ := newTestWorker(store, prod, lease, 10)
+	w.Start()
+	defer w.Stop()
+	time.Sleep(50 * time.Millisecond) // give it a chance to misbehave
+	prod.mu.Lock()
+	require.Zero(t, prod.calls, "produced without a lease")
+	prod.mu.Unlock()
+	lease.Renew(time.Now())
+	eventually(t, func() bool { p, _ := store.counts(); return p == 5 }, "not published after renewal")
+}
+
+func TestWorkerRevokedLeaseCancelsBatch(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 5, "k")
+	prod := &fakeProducer{block: make(chan struct{})}
+	lease := validLease()
+	w, _ := newTestWorker(store, prod, lease, 10)
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { prod.mu.Lock(); defer prod.mu.Unlock(); return prod.calls == 5 }, "batch not produced")
+	lease.Revoke()
+	// The blocked records fail with the cancelled context; nothing marked.
+	time.Sleep(20 * time.Millisecond)
+	p, _ := store.counts()
+	require.Zero(t, p)
+	require.Empty(t, prod.delivered())
+	close(prod.block)
+	lease.Renew(time.Now())
+	eventually(t, func() bool { p, _ := store.counts(); return p == 5 }, "not published after renewal")
+}
+
+func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
+	t.Parallel()
+	for _, kill := range []bool{false, true} {
+		store := &memStore{}
+		store.add(testTP, 5, "k")
+		block := make(chan struct{})
+		prod := &fakeProducer{block: block}
+		w, _ := newTestWorker(store, prod, validLease(), 10)
+		w.Start()
+		eventually(t, func() bool { prod.mu.Lock(); defer prod.mu.Unlock(); return prod.calls == 5 }, "batch not produced")
+		stopped := make(chan struct{})
+		go func() {
+			if kill {
+				w.Kill()
+			} else {
+				w.Stop()
+			}
+			close(stopped)
+		}()
+		if kill {
+			<-stopped
+			close(block)
+			p, _ := store.counts()
+			require.Zero(t, p, "killed worker marked")
+			continue
+		}
+		select {
+		case <-stopped:
+			t.Fatal("Stop returned before the batch in flight finished")
+		case <-time.After(20 * time.Millisecond):
+		}
+		close(block)
+		<-stopped
+		p, _ := store.counts()
+		require.Equal(t, 5, p, "gracefully stopped worker did not mark its batch")
+	}
+}
+
+func TestWorkerBeforeMarkHookSimulatesCrash(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 3, "k")
+	prod := &fakeProducer{}
+	w, _ := newTestWorker(store, prod, validLease(), 10)
+	w.cfg.Hooks.BeforeMark = func(TopicPartition, []any) bool { return false }
+	w.Start()
+	<-w.done // the hook stopped it
+	w.Stop()
+	p, _ := store.counts()
+	require.Zero(t, p)
+	require.Len(t, prod.delivered(), 3)
+}
+
+func TestSetOwnership(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	prod := &fakeProducer{}
+	lease := validLease()
+	var mu sync.Mutex
+	made := map[TopicPartition]int{}
+	s := NewSet(func(tp TopicPartition) *Worker {
+		mu.Lock()
+		made[tp]++
+		mu.Unlock()
+		w, _ := newTestWorker(store, prod, lease, 10)
+		w.tp = tp
+		return w
+	})
+	g0, ch := s.Changed()
+	a, b, c := TopicPartition{"x", 0}, TopicPartition{"x", 1}, TopicPartition{"a", 2}
+	s.Assign([]TopicPartition{b, a})
+	<-ch
+	s.Assign([]TopicPartition{a}) // repeated: no new worker
+	s.Assign(nil)
+	s.Assign([]TopicPartition{c})
+	require.Equal(t, []TopicPartition{c, a, b}, s.Owned())
+	g1, _ := s.Changed()
+	require.Greater(t, g1, g0)
+	s.Wake(a)
+	s.WakeAll()
+	s.Revoke([]TopicPartition{a, {"nope", 9}})
+	s.Lose([]TopicPartition{b})
+	require.Equal(t, []TopicPartition{c}, s.Owned())
+	s.Close()
+	require.Empty(t, s.Owned())
+	s.Assign([]TopicPartition{a}) // after Close: ignored
+	require.Empty(t, s.Owned())
+	mu.Lock()
+	require.Equal(t, map[TopicPartition]int{a: 1, b: 1, c: 1}, made)
+	mu.Unlock()
+}
+
+func TestWatcherPipeline(t *testing.T) {
+	t.Parallel()
+	w := &Watcher{TopicField: "topic", PartitionField: "partition"}
+	p := w.Pipeline([]TopicPartition{{"a", 1}, {"a", 3}, {"b", 0}})
+	require.Equal(t, `[{"$match":{"operationType":"insert","$or":[{"fullDocument.topic":"a","fullDocument.partition":{"$in":[1,3]}},{"fullDocument.topic":"b","fullDocument.partition":{"$in":[0]}}]}},{"$project":{"operationType":1,"fullDocument.topic":1,"fullDocument.partition":1}}]`, toJSON(t, p))
+}
