@@ -146,7 +146,9 @@ func (p *Pipeline) Run(in []bson.D) ([]bson.D, error) {
 		docs = out
 	}
 	// Never hand out (a part of) the caller's own slice.
-	return append([]bson.D(nil), docs...), nil
+	out := make([]bson.D, len(docs))
+	copy(out, docs)
+	return out, nil
 }
 
 // asPipelineError converts a query package error into an *Error.

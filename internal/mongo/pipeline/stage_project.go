@@ -230,6 +230,7 @@ func (s *projectStage) run(in []bson.D, c *ctx) ([]bson.D, error) {
 			if r, err = s.root.applyExprs(r, c); err != nil {
 				return nil, err
 			}
+			r = idFirst(r)
 		}
 		out[i] = r
 	}
@@ -447,4 +448,17 @@ func (s *unsetStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
 		out[i] = s.root.exclude(d)
 	}
 	return out, nil
+}
+
+// idFirst moves a computed _id to the front, where MongoDB keeps it.
+func idFirst(d bson.D) bson.D {
+	for i := 1; i < len(d); i++ {
+		if d[i].Key == "_id" {
+			id := d[i]
+			copy(d[1:i+1], d[:i])
+			d[0] = id
+			break
+		}
+	}
+	return d
 }
