@@ -33,6 +33,9 @@ func (u *Update) Apply(doc bson.D, opts ApplyOptions) (bson.D, error) {
 	if opts.Now.IsZero() {
 		opts.Now = time.Now()
 	}
+	if u.stages != nil {
+		return u.applyPipeline(doc, opts)
+	}
 	filters, err := u.compileFilters(opts.ArrayFilters)
 	if err != nil {
 		return nil, err
@@ -153,6 +156,9 @@ func (u *Update) compileFilters(afs []bson.D) (map[string]*query.Matcher, error)
 	}
 	return out, nil
 }
+
+// maxBackfill is how many nulls MongoDB pads an array with at most.
+const maxBackfill = 1_500_000
 
 // action is what a leaf function decided.
 type action int
@@ -286,6 +292,9 @@ func (w *walker) arr(name string, a bson.A, parts []string) (bson.A, error) {
 	if i >= len(a) {
 		if !w.create {
 			return a, nil
+		}
+		if i-len(a) > maxBackfill {
+			return nil, newErr(CodeBadValue, "can't backfill array to larger than 1,500,000 elements (path '%s')", w.path)
 		}
 		var nv any
 		if len(parts) == 1 {

@@ -1,8 +1,9 @@
 // Package update implements MongoDB's update language for the embedded
 // server: replacement documents and the update operators ($set, $unset,
 // $inc, $mul, $min, $max, $rename, $setOnInsert, $currentDate, $push,
-// $addToSet, $pull, $pullAll, $pop), the seed document of an upsert, and the
-// field-level diff a change stream reports.
+// $addToSet, $pull, $pullAll, $pop), pipeline-style updates (through the
+// pipeline package), the seed document of an upsert, and the field-level
+// diff a change stream reports.
 //
 // # Parsing and applying
 //

@@ -17,6 +17,7 @@ import (
 type Update struct {
 	replacement bson.D // set for replacement updates
 	isRepl      bool
+	stages      bson.A // set for pipeline-style updates
 	mods        []*mod // in application order
 	// identifiers lists the $[<identifier>] names used in paths.
 	identifiers map[string]bool
@@ -58,8 +59,9 @@ func (u *Update) IsReplacement() bool { return u.isRepl }
 
 // Parse parses an update: a replacement document (no top-level $-keys) or
 // an operator document ({$set: {...}, $inc: {...}}). An empty document is a
-// replacement that keeps only _id, as on MongoDB. Pipeline updates (an
-// array) are not supported.
+// replacement that keeps only _id, as on MongoDB. An array is a
+// pipeline-style update: $addFields/$set, $project/$unset and
+// $replaceRoot/$replaceWith stages.
 func Parse(u any) (*Update, error) {
 	var d bson.D
 	switch x := u.(type) {
@@ -70,8 +72,10 @@ func Parse(u any) (*Update, error) {
 		if d == nil {
 			d = bson.D{}
 		}
-	case bson.A, []any:
-		return nil, newErr(CodeNotImplemented, "pipeline-style updates (an array of stages) are not supported by this server")
+	case bson.A:
+		return parsePipeline(x)
+	case []any:
+		return parsePipeline(bson.A(x))
 	default:
 		return nil, newErr(CodeFailedToParse, "Update argument must be either an object or an array, found type %s", typeName(u))
 	}

@@ -68,6 +68,7 @@ func TestSetUnset(t *testing.T) {
 		{name: "numeric components sort numerically", doc: `{"_id": 1, "a": []}`, update: `{"$set": {"a.10": 10, "a.2": 2}}`, want: `{"_id": 1, "a": [null, null, 2, null, null, null, null, null, null, null, 10]}`},
 		{name: "set whole subdoc", doc: `{"_id": 1, "a": {"b": 1}}`, update: `{"$set": {"a": {"c": [1, 2]}}}`, want: `{"_id": 1, "a": {"c": [1, 2]}}`},
 		{name: "set same _id ok", doc: `{"_id": 1, "a": 1}`, update: `{"$set": {"_id": 1, "a": 2}}`, want: `{"_id": 1, "a": 2}`},
+		{name: "backfill limit", doc: `{"_id": 1, "a": []}`, update: `{"$set": {"a.1500001": 1}}`, code: CodeBadValue, msg: "can't backfill"},
 		{name: "set through scalar", doc: `{"_id": 1, "a": 1}`, update: `{"$set": {"a.b": 1}}`, code: CodePathNotViable, msg: "Cannot create field 'b' in element {a: 1}"},
 		{name: "set through null", doc: `{"_id": 1, "a": null}`, update: `{"$set": {"a.b": 1}}`, code: CodePathNotViable, msg: "Cannot create field 'b'"},
 		{name: "set named field in array", doc: `{"_id": 1, "a": [1]}`, update: `{"$set": {"a.b": 1}}`, code: CodePathNotViable, msg: "Cannot create field 'b'"},
@@ -203,7 +204,8 @@ func TestParseErrors(t *testing.T) {
 		{"conflict prefix reversed", bson.D{{Key: "$set", Value: bson.D{{Key: "a.b", Value: 1}}}, {Key: "$unset", Value: bson.D{{Key: "a", Value: 1}}}}, CodeConflictingUpdateOperators, "Updating the path 'a' would create a conflict at 'a'"},
 		{"empty field name", bson.D{{Key: "$set", Value: bson.D{{Key: "a..b", Value: 1}}}}, CodeEmptyFieldName, "empty field name"},
 		{"dollar field", bson.D{{Key: "$set", Value: bson.D{{Key: "$x", Value: 1}}}}, CodeDollarPrefixedFieldName, "$x"},
-		{"pipeline", bson.A{bson.D{{Key: "$set", Value: bson.D{{Key: "a", Value: 1}}}}}, CodeNotImplemented, "pipeline"},
+		{"pipeline stage not allowed", bson.A{bson.D{{Key: "$match", Value: bson.D{}}}}, CodeInvalidOptions, "$match is not allowed to be used within an update"},
+		{"pipeline element not a stage", bson.A{int32(1)}, CodeFailedToParse, "exactly one field"},
 		{"wrong type", "x", CodeFailedToParse, "Update argument must be either an object or an array"},
 		{"currentDate bad type", bson.D{{Key: "$currentDate", Value: bson.D{{Key: "a", Value: bson.D{{Key: "$type", Value: "x"}}}}}}, CodeBadValue, "'date' or 'timestamp'"},
 		{"currentDate bad value", bson.D{{Key: "$currentDate", Value: bson.D{{Key: "a", Value: 1}}}}, CodeBadValue, "$currentDate"},
@@ -334,4 +336,31 @@ func TestDiff(t *testing.T) {
 	require.NotNil(t, updated)
 	require.Empty(t, removed)
 	require.NotNil(t, removed)
+}
+
+func TestPipelineUpdate(t *testing.T) {
+	t.Parallel()
+	u, err := Parse(bson.A{
+		j(t, `{"$set": {"total": {"$add": ["$a", "$b"]}, "at": "$$NOW"}}`),
+		j(t, `{"$unset": "b"}`),
+	})
+	require.NoError(t, err)
+	require.False(t, u.IsReplacement())
+	doc := j(t, `{"_id": 1, "a": 2, "b": 3}`)
+	got, err := u.Apply(doc, ApplyOptions{Now: fixedNow})
+	require.NoError(t, err)
+	requireSame(t, j(t, `{"_id": 1, "a": 2, "total": 5, "at": {"$date": "2024-05-06T07:08:09Z"}}`), got)
+	requireSame(t, j(t, `{"_id": 1, "a": 2, "b": 3}`), doc)
+
+	// $replaceWith without _id keeps the original _id.
+	u, err = Parse(bson.A{j(t, `{"$replaceWith": {"x": "$a"}}`)})
+	require.NoError(t, err)
+	got, err = u.Apply(doc, ApplyOptions{})
+	require.NoError(t, err)
+	requireSame(t, j(t, `{"_id": 1, "x": 2}`), got)
+
+	u, err = Parse(bson.A{j(t, `{"$set": {"_id": 9}}`)})
+	require.NoError(t, err)
+	_, err = u.Apply(doc, ApplyOptions{})
+	requireCode(t, err, CodeImmutableField, "_id")
 }
