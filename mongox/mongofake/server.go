@@ -187,6 +187,7 @@ func (s *Server) DropConnections() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range s.conns {
+		c.cancel() // ends a command blocked in an await or a fail point
 		_ = c.nc.Close()
 	}
 }

@@ -330,3 +330,15 @@ func keys(d bson.D) []string {
 	}
 	return out
 }
+
+func TestDropConnectionsEndsBlockedCommand(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t)
+	defer srv.FailCommand(FailPoint{Commands: []string{"ping"}, BlockTime: time.Hour})()
+	nc := rawDial(t, srv)
+	rawMsg(t, nc, 1, 0, bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+	waitFor(t, "connection registered", func() bool { return srv.ConnectionCount() == 1 })
+	srv.DropConnections()
+	expectClosed(t, nc)
+	waitFor(t, "connection goroutine ended", func() bool { return srv.ConnectionCount() == 0 })
+}
