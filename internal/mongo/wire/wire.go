@@ -138,6 +138,28 @@ func (m *Msg) Body() (bson.D, error) {
 	return body, nil
 }
 
+// Body decodes the command the message carries: for OP_MSG, Msg.Body; for
+// OP_QUERY, the query document, unwrapped from the legacy {$query: ...}
+// form when a driver sent it that way.
+func (m *Message) Body() (bson.D, error) {
+	switch {
+	case m.Msg != nil:
+		return m.Msg.Body()
+	case m.Query != nil:
+		var q bson.D
+		if err := bson.Unmarshal(m.Query.Query, &q); err != nil {
+			return nil, fmt.Errorf("%w: OP_QUERY query: %v", ErrMalformed, err)
+		}
+		if len(q) > 0 && q[0].Key == "$query" {
+			if inner, ok := q[0].Value.(bson.D); ok {
+				return inner, nil
+			}
+		}
+		return q, nil
+	}
+	return nil, fmt.Errorf("%w: message has no payload", ErrMalformed)
+}
+
 // OpCodeError reports a well-framed message whose opcode this package does
 // not decode. It wraps ErrCompressed for OP_COMPRESSED and
 // ErrUnsupportedOpCode otherwise; the message has been consumed.

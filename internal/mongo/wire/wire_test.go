@@ -361,3 +361,26 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 type failWriter struct{ err error }
 
 func (w failWriter) Write([]byte) (int, error) { return 0, w.err }
+
+func TestMessageBody(t *testing.T) {
+	t.Parallel()
+	plain := mustDoc(t, bson.D{{Key: "isMaster", Value: int32(1)}})
+	wrapped := mustDoc(t, bson.D{
+		{Key: "$query", Value: bson.D{{Key: "isMaster", Value: int32(1)}}},
+		{Key: "$readPreference", Value: bson.D{{Key: "mode", Value: "primaryPreferred"}}},
+	})
+	for _, q := range [][]byte{plain, wrapped} {
+		m, err := ReadMessage(bytes.NewReader(opQuery(t, "admin.$cmd", q)), 0)
+		require.NoError(t, err)
+		body, err := m.Body()
+		require.NoError(t, err)
+		require.Equal(t, bson.D{{Key: "isMaster", Value: int32(1)}}, body)
+	}
+	m, err := ReadMessage(bytes.NewReader(opMsg(0, section0(plain), section1("d", plain))), 0)
+	require.NoError(t, err)
+	body, err := m.Body()
+	require.NoError(t, err)
+	require.Equal(t, bson.D{{Key: "isMaster", Value: int32(1)}, {Key: "d", Value: bson.A{bson.D{{Key: "isMaster", Value: int32(1)}}}}}, body)
+	_, err = (&Message{}).Body()
+	require.ErrorIs(t, err, ErrMalformed)
+}
