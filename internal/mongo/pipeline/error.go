@@ -26,6 +26,7 @@ const (
 	codeConversionFailure       = 241
 	codeNotImplemented          = 238
 	codeOverflow                = 15
+	codeIllegalOperation        = 20
 )
 
 var codeNames = map[int32]string{
@@ -36,6 +37,7 @@ var codeNames = map[int32]string{
 	codeConversionFailure:       "ConversionFailure",
 	codeNotImplemented:          "NotImplemented",
 	codeOverflow:                "Overflow",
+	codeIllegalOperation:        "IllegalOperation",
 }
 
 // errf builds an *Error; codes without a name get "Location<code>".

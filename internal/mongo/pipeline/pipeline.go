@@ -112,6 +112,11 @@ func Compile(stages bson.A, env Env) (*Pipeline, error) {
 		if err != nil {
 			return nil, err
 		}
+		if l, ok := st.(*limitStage); ok && len(p.stages) > 0 {
+			if srt, ok := p.stages[len(p.stages)-1].(*sortStage); ok && srt.limit == 0 {
+				srt.limit = l.n
+			}
+		}
 		p.stages = append(p.stages, st)
 		p.names = append(p.names, name)
 	}
@@ -127,7 +132,7 @@ func (p *Pipeline) Stages() []string { return append([]string(nil), p.names...) 
 func (p *Pipeline) ChangeStreamSafe() error {
 	for _, n := range p.names {
 		if !changeStreamStages[n] {
-			return errf(codeBadValue, "Stage not supported in a $changeStream pipeline: %s", n)
+			return errf(codeIllegalOperation, "%s is not permitted in a $changeStream pipeline", n)
 		}
 	}
 	return nil

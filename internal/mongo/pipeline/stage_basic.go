@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"container/heap"
 	"math"
 	"slices"
 
@@ -36,7 +37,12 @@ func (s *matchStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
 
 // --- $sort ---
 
-type sortStage struct{ s *query.Sort }
+type sortStage struct {
+	s *query.Sort
+	// limit, when positive, is the $limit that directly follows: only the
+	// first limit documents are kept (top-k instead of a full sort).
+	limit int64
+}
 
 func parseSort(arg any) (stage, error) {
 	d, ok := arg.(bson.D)
@@ -53,16 +59,60 @@ func parseSort(arg any) (stage, error) {
 	return &sortStage{s: s}, nil
 }
 
+type sortKeyed struct {
+	key []any
+	pos int
+	doc bson.D
+}
+
+// topK is a max-heap (worst document on top) holding the best k documents.
+type topK struct {
+	s     *query.Sort
+	items []sortKeyed
+}
+
+func (h *topK) less(a, b sortKeyed) int {
+	if c := h.s.CompareKeys(a.key, b.key); c != 0 {
+		return c
+	}
+	return a.pos - b.pos
+}
+func (h *topK) Len() int           { return len(h.items) }
+func (h *topK) Less(i, j int) bool { return h.less(h.items[i], h.items[j]) > 0 }
+func (h *topK) Swap(i, j int)      { h.items[i], h.items[j] = h.items[j], h.items[i] }
+func (h *topK) Push(x any)         { h.items = append(h.items, x.(sortKeyed)) }
+func (h *topK) Pop() any {
+	x := h.items[len(h.items)-1]
+	h.items = h.items[:len(h.items)-1]
+	return x
+}
+
 func (s *sortStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
-	type keyed struct {
-		key []any
-		doc bson.D
+	var ks []sortKeyed
+	if s.limit > 0 && s.limit < int64(len(in)) {
+		h := &topK{s: s.s, items: make([]sortKeyed, 0, s.limit)}
+		for i, d := range in {
+			k := sortKeyed{s.s.Key(d), i, d}
+			if int64(h.Len()) < s.limit {
+				heap.Push(h, k)
+			} else if h.less(k, h.items[0]) < 0 {
+				h.items[0] = k
+				heap.Fix(h, 0)
+			}
+		}
+		ks = h.items
+	} else {
+		ks = make([]sortKeyed, len(in))
+		for i, d := range in {
+			ks[i] = sortKeyed{s.s.Key(d), i, d}
+		}
 	}
-	ks := make([]keyed, len(in))
-	for i, d := range in {
-		ks[i] = keyed{s.s.Key(d), d}
-	}
-	slices.SortStableFunc(ks, func(a, b keyed) int { return s.s.CompareKeys(a.key, b.key) })
+	slices.SortFunc(ks, func(a, b sortKeyed) int {
+		if c := s.s.CompareKeys(a.key, b.key); c != 0 {
+			return c
+		}
+		return a.pos - b.pos
+	})
 	out := make([]bson.D, len(ks))
 	for i, k := range ks {
 		out[i] = k.doc

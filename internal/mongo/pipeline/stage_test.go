@@ -281,3 +281,19 @@ func TestNowIsStableAcrossDocuments(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, out[0][1].Value, out[1][1].Value)
 }
+
+func TestSortLimitMatchesFullSort(t *testing.T) {
+	t.Parallel()
+	in := benchDocs(2000)
+	full, err := Compile(val(t, `[{"$sort": {"v": -1}}]`).(bson.A), Env{})
+	require.NoError(t, err)
+	want, err := full.Run(in)
+	require.NoError(t, err)
+	for _, k := range []int{1, 7, 100, 1999, 2000, 5000} {
+		p, err := Compile(bson.A{bson.D{{Key: "$sort", Value: bson.D{{Key: "v", Value: -1}}}}, bson.D{{Key: "$limit", Value: k}}}, Env{})
+		require.NoError(t, err)
+		got, err := p.Run(in)
+		require.NoError(t, err)
+		require.Equal(t, want[:min(k, len(want))], got, "k=%d", k)
+	}
+}
