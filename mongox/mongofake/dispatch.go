@@ -3,6 +3,7 @@ package mongofake
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -15,6 +16,19 @@ import (
 // reports that the connection must be closed without a reply (the
 // closeConnection fail point).
 func (s *Server) dispatch(c *conn, body bson.D, legacyDB string) (reply bson.D, drop bool) {
+	reply, drop = s.dispatchCommand(c, body, legacyDB)
+	if s.logger.Enabled(c.ctx, slog.LevelDebug) {
+		name := ""
+		if len(body) > 0 {
+			name = body[0].Key
+		}
+		s.logger.Debug("mongofake: command", "conn", c.id, "command", name,
+			"ok", lookupD(reply, "ok"), "code", lookupD(reply, "code"), "dropped", drop)
+	}
+	return reply, drop
+}
+
+func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply bson.D, drop bool) {
 	if len(body) == 0 {
 		return s.errorReply(nil, errorf(59, "CommandNotFound", "no such command: ''; the command document is empty"), nil), false
 	}
