@@ -1,16 +1,523 @@
 package mongofake
 
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
+	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/internal/mongo/pipeline"
+	"github.com/event-outbox/outbox/internal/mongo/query"
+	"github.com/event-outbox/outbox/internal/mongo/update"
+)
+
+// Idle limits, as mongod's defaults.
+const (
+	cursorIdleTimeout  = 10 * time.Minute
+	sessionIdleTimeout = 30 * time.Minute
+	maxBSONSize        = 16 * 1024 * 1024
+)
+
 // dataState is the state of the data command families: sessions and their
 // transactions, retryable-write records, open cursors.
-//
-// STUB: the "engine" helper owns this file and fills it in.
 type dataState struct {
 	srv *Server
+
+	mu         sync.Mutex
+	sessions   map[string]*session
+	cursors    map[int64]*cursor
+	nextCursor int64
+
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 // newDataState is called by NewServer once the engine exists.
-func newDataState(srv *Server) *dataState { return &dataState{srv: srv} }
+func newDataState(srv *Server) *dataState {
+	d := &dataState{
+		srv:      srv,
+		sessions: map[string]*session{},
+		cursors:  map[int64]*cursor{},
+		stop:     make(chan struct{}),
+	}
+	d.wg.Add(1)
+	go d.reaper()
+	return d
+}
 
 // close is called by Server.Close before the engine closes: it aborts open
 // transactions, closes cursors and stops the state's goroutines.
-func (d *dataState) close() {}
+func (d *dataState) close() {
+	select {
+	case <-d.stop:
+		return
+	default:
+	}
+	close(d.stop)
+	d.wg.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k, s := range d.sessions {
+		s.abortTxn("server shutting down")
+		delete(d.sessions, k)
+	}
+	clear(d.cursors)
+}
+
+// reaper closes idle cursors and forgets idle sessions.
+func (d *dataState) reaper() {
+	defer d.wg.Done()
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+			d.reap(time.Now())
+		}
+	}
+}
+
+func (d *dataState) reap(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, c := range d.cursors {
+		if now.Sub(c.lastUse) > cursorIdleTimeout {
+			delete(d.cursors, id)
+		}
+	}
+	for k, s := range d.sessions {
+		s.mu.Lock()
+		idle := now.Sub(s.lastUse) > sessionIdleTimeout && !s.busy
+		s.mu.Unlock()
+		if idle {
+			s.abortTxn("session expired")
+			delete(d.sessions, k)
+		}
+	}
+}
+
+// session is a logical session: its newest txnNumber, the transaction of
+// that number, and the recorded results of its retryable writes.
+type session struct {
+	mu        sync.Mutex // serializes the session's commands
+	busy      bool
+	key       string
+	lsid      bson.D
+	txnNumber int64
+	hasNumber bool
+	txn       *engine.Txn // transaction of txnNumber, nil for a retryable write
+	retry     *retryRecord
+	lastUse   time.Time
+}
+
+// retryRecord is the result of the retryable write with a txnNumber.
+type retryRecord struct {
+	txnNumber int64
+	reply     bson.D
+}
+
+func (s *session) abortTxn(reason string) {
+	if s.txn != nil {
+		s.txn.AbortWithReason(reason)
+	}
+}
+
+// sessionKey identifies a session by its lsid id.
+func sessionKey(lsid bson.D) string {
+	id, ok := bsonkit.Get(lsid, "id")
+	if !ok {
+		return bsonkit.Key(lsid)
+	}
+	return bsonkit.Key(id)
+}
+
+// session returns the session of lsid, creating it.
+func (d *dataState) session(lsid bson.D) *session {
+	k := sessionKey(lsid)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sessions[k]
+	if s == nil {
+		s = &session{key: k, lsid: lsid}
+		d.sessions[k] = s
+	}
+	return s
+}
+
+// endSession aborts a session's transaction and forgets it, with its cursors.
+func (d *dataState) endSession(lsid bson.D) {
+	k := sessionKey(lsid)
+	d.mu.Lock()
+	s := d.sessions[k]
+	delete(d.sessions, k)
+	for id, c := range d.cursors {
+		if c.session == k {
+			delete(d.cursors, id)
+		}
+	}
+	d.mu.Unlock()
+	if s != nil {
+		s.mu.Lock()
+		s.abortTxn("session ended")
+		s.mu.Unlock()
+	}
+}
+
+// txnCtx is what a data command learns about its session and transaction.
+type txnCtx struct {
+	sess *session
+	txn  *engine.Txn // non-nil inside a multi-document transaction
+	// retryable is set for a retryable write (lsid + txnNumber, no autocommit).
+	retryable bool
+}
+
+// begin resolves the request's session and transaction and locks the
+// session for the duration of the command: call the returned release.
+func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
+	tc := &txnCtx{}
+	if r.lsid == nil {
+		if r.autocommit != nil || r.startTransaction {
+			return nil, nil, errorf(50768, "Location50768", "transaction requires a session")
+		}
+		return tc, func() {}, nil
+	}
+	s := d.session(r.lsid)
+	s.mu.Lock()
+	s.busy = true
+	s.lastUse = time.Now()
+	tc.sess = s
+	release := func() {
+		s.busy = false
+		s.lastUse = time.Now()
+		s.mu.Unlock()
+	}
+	if r.txnNumber == nil {
+		return tc, release, nil
+	}
+	n := *r.txnNumber
+	if s.hasNumber && n < s.txnNumber {
+		release()
+		return nil, nil, errorf(225, "TransactionTooOld",
+			fmt.Sprintf("Cannot start transaction %d on session because a newer transaction %d has already started", n, s.txnNumber))
+	}
+	if r.autocommit == nil {
+		if r.startTransaction {
+			release()
+			return nil, nil, errorf(50768, "Location50768", "startTransaction requires autocommit: false")
+		}
+		if !s.hasNumber || n > s.txnNumber {
+			s.abortTxn("a newer transaction number was used")
+			s.txnNumber, s.hasNumber, s.txn, s.retry = n, true, nil, nil
+		} else if s.txn != nil {
+			release()
+			return nil, nil, errorf(50768, "IncompleteTransactionHistory",
+				fmt.Sprintf("Cannot run a retryable write with txnNumber %d: it was used for a transaction", n))
+		}
+		tc.retryable = true
+		return tc, release, nil
+	}
+	if *r.autocommit {
+		release()
+		return nil, nil, errorf(50768, "Location50768", "autocommit must be false when present")
+	}
+	if r.startTransaction {
+		if s.hasNumber && n == s.txnNumber && (s.txn != nil || s.retry != nil) {
+			release()
+			return nil, nil, errorf(251, "NoSuchTransaction",
+				fmt.Sprintf("Given transaction number %d does not match any in-progress transactions", n))
+		}
+		if err := checkTxnReadConcern(r.readConcern); err != nil {
+			release()
+			return nil, nil, err
+		}
+		s.abortTxn("a newer transaction was started")
+		s.txnNumber, s.hasNumber, s.retry = n, true, nil
+		s.txn = d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n})
+		tc.txn = s.txn
+		return tc, release, nil
+	}
+	if !s.hasNumber || n != s.txnNumber || s.txn == nil {
+		release()
+		return nil, nil, errorf(251, "NoSuchTransaction",
+			fmt.Sprintf("Given transaction number %d does not match any in-progress transactions.", n))
+	}
+	tc.txn = s.txn
+	return tc, release, nil
+}
+
+func checkTxnReadConcern(rc bson.D) error {
+	if rc == nil {
+		return nil
+	}
+	lvl, _ := bsonkit.Get(rc, "level")
+	switch lvl {
+	case nil, "snapshot", "majority", "local":
+		return nil
+	}
+	return errorf(72, "InvalidOptions", fmt.Sprintf("The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run in a transaction: %v", lvl))
+}
+
+// ---- helpers shared by the command families ----
+
+// dataCommand wraps a data handler: it resolves the session and
+// transaction, replays recorded retryable writes and records new ones.
+func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
+	return func(r *request) (bson.D, error) {
+		tc, release, err := r.srv.data.begin(r)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		if tc.retryable && tc.sess.retry != nil && tc.sess.retry.txnNumber == *r.txnNumber {
+			return tc.sess.retry.reply, nil
+		}
+		out, err := h(r, tc)
+		if err != nil {
+			return nil, convertErr(err)
+		}
+		if tc.retryable && retryableWriteCommands[r.name] {
+			tc.sess.retry = &retryRecord{txnNumber: *r.txnNumber, reply: out}
+		}
+		return out, nil
+	}
+}
+
+// convertErr turns engine and package errors into command errors.
+func convertErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *cmdError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	if ee, ok := engine.AsError(err); ok {
+		c := &cmdError{Code: ee.Code, CodeName: ee.Name, Msg: ee.Msg, Labels: ee.Labels}
+		if ee.KeyPattern != nil {
+			c.Extra = bson.D{{Key: "keyPattern", Value: ee.KeyPattern}, {Key: "keyValue", Value: ee.KeyValue}}
+		}
+		return c
+	}
+	var qe *query.Error
+	if errors.As(err, &qe) {
+		return &cmdError{Code: qe.Code, CodeName: qe.CodeName, Msg: qe.Msg}
+	}
+	var ue *update.Error
+	if errors.As(err, &ue) {
+		return &cmdError{Code: ue.Code, CodeName: ue.CodeName, Msg: ue.Msg}
+	}
+	var pe *pipeline.Error
+	if errors.As(err, &pe) {
+		return &cmdError{Code: pe.Code, CodeName: pe.CodeName, Msg: pe.Msg}
+	}
+	return err
+}
+
+// writeError renders an error as a writeErrors entry.
+func writeError(index int, err error) bson.D {
+	ce, ok := convertErr(err).(*cmdError)
+	if !ok {
+		ce = errorf(1, "InternalError", err.Error())
+	}
+	d := bson.D{{Key: "index", Value: int32(index)}, {Key: "code", Value: ce.Code}}
+	if ce.CodeName != "" {
+		d = append(d, bson.E{Key: "codeName", Value: ce.CodeName})
+	}
+	d = append(d, bson.E{Key: "errmsg", Value: ce.Msg})
+	d = append(d, ce.Extra...)
+	return d
+}
+
+// isCommandLevel reports errors that fail the whole write command rather
+// than one statement.
+func isCommandLevel(err error) bool {
+	if ee, ok := engine.AsError(err); ok {
+		switch ee.Code {
+		case engine.CodeMaxTimeMSExpired, 11601, engine.CodeNoSuchTransaction, engine.CodeTransactionCommitted, engine.CodeWriteConflict:
+			return true
+		}
+	}
+	return false
+}
+
+// genericFields may appear in every command.
+var genericFields = map[string]bool{
+	"$db": true, "lsid": true, "txnNumber": true, "autocommit": true, "startTransaction": true,
+	"readConcern": true, "writeConcern": true, "$clusterTime": true, "$readPreference": true,
+	"maxTimeMS": true, "comment": true, "apiVersion": true, "apiStrict": true,
+	"apiDeprecationErrors": true, "$audit": true, "$client": true, "mayBypassWriteBlocking": true,
+	"$configServerState": true, "$topologyTime": true, "$configTime": true, "$queryOptions": true,
+}
+
+// checkFields rejects fields the command does not know, as mongod does.
+func checkFields(r *request, known ...string) error {
+	for i, e := range r.cmd {
+		if i == 0 || genericFields[e.Key] {
+			continue
+		}
+		found := false
+		for _, k := range known {
+			if k == e.Key {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return errorf(40415, "Location40415", fmt.Sprintf("BSON field '%s.%s' is an unknown field.", r.name, e.Key))
+		}
+	}
+	return nil
+}
+
+func (r *request) get(key string) (any, bool) { return bsonkit.Get(r.cmd, key) }
+
+// collName returns the collection named by the command's first field.
+func (r *request) collName() (string, error) {
+	s, ok := r.cmd[0].Value.(string)
+	if !ok || s == "" {
+		return "", errorf(73, "InvalidNamespace", fmt.Sprintf("collection name has invalid type %s", typeName(r.cmd[0].Value)))
+	}
+	return s, nil
+}
+
+func (r *request) ns() (engine.NS, error) {
+	c, err := r.collName()
+	return engine.NS{DB: r.db, Coll: c}, err
+}
+
+// docArg returns an optional document argument.
+func (r *request) docArg(key string) (bson.D, error) {
+	v, ok := r.get(key)
+	if !ok || v == nil {
+		return nil, nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return nil, wrongType(r.name+"."+key, v, "object")
+	}
+	return d, nil
+}
+
+// intArg returns an optional whole-number argument.
+func (r *request) intArg(key string) (int64, bool, error) {
+	v, ok := r.get(key)
+	if !ok || v == nil {
+		return 0, false, nil
+	}
+	n, ok := bsonkit.ToInt64(v)
+	if !ok {
+		if f, isF := v.(float64); isF && !math.IsNaN(f) {
+			return int64(f), true, nil
+		}
+		return 0, false, wrongType(r.name+"."+key, v, "long")
+	}
+	return n, true, nil
+}
+
+// boolArg returns an optional boolean argument (numbers count as booleans).
+func (r *request) boolArg(key string, def bool) (bool, error) {
+	v, ok := r.get(key)
+	if !ok || v == nil {
+		return def, nil
+	}
+	return truthy(v, r.name+"."+key)
+}
+
+func truthy(v any, field string) (bool, error) {
+	switch x := v.(type) {
+	case bool:
+		return x, nil
+	case int32, int64, float64, bson.Decimal128:
+		f, _ := bsonkit.ToFloat64(x)
+		return f != 0, nil
+	}
+	return false, wrongType(field, v, "bool")
+}
+
+// opCtx returns the context of a command: the connection's, bounded by
+// maxTimeMS when given.
+func (r *request) opCtx() (context.Context, context.CancelFunc, error) {
+	ms, ok, err := r.intArg("maxTimeMS")
+	if err != nil {
+		return nil, nil, err
+	}
+	if ms < 0 {
+		return nil, nil, errorf(2, "BadValue", "maxTimeMS must be non-negative")
+	}
+	if ok && ms > 0 {
+		ctx, cancel := context.WithTimeout(r.ctx, time.Duration(ms)*time.Millisecond)
+		return ctx, cancel, nil
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	return ctx, cancel, nil
+}
+
+// checkCollation accepts only the simple collation.
+func checkCollation(v any) error {
+	if v == nil {
+		return nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return errorf(14, "TypeMismatch", "collation must be an object")
+	}
+	if len(d) == 0 {
+		return nil
+	}
+	if loc, _ := bsonkit.Get(d, "locale"); loc == "simple" {
+		return nil
+	}
+	return errorf(238, "NotImplemented", "mongofake: collations other than {locale: \"simple\"} are not supported")
+}
+
+// compileFilter compiles a query filter into an engine query.
+func compileFilter(filter bson.D) (engine.Query, error) {
+	m, err := query.Compile(filter)
+	if err != nil {
+		return engine.Query{}, err
+	}
+	return engine.Query{Filter: filter, Match: m.Match}, nil
+}
+
+// docSize estimates the BSON size of a value.
+func docSize(v any) int {
+	switch x := v.(type) {
+	case bson.D:
+		n := 5
+		for _, e := range x {
+			n += 2 + len(e.Key) + docSize(e.Value)
+		}
+		return n
+	case bson.A:
+		n := 5
+		for i, e := range x {
+			n += 3 + len(fmt.Sprint(i)) - 1 + docSize(e)
+		}
+		return n
+	case string:
+		return 5 + len(x)
+	case bson.Binary:
+		return 5 + len(x.Data)
+	case bool:
+		return 1
+	case int32:
+		return 4
+	case nil, bson.Undefined, bson.MinKey, bson.MaxKey:
+		return 0
+	case bson.Decimal128:
+		return 16
+	case bson.ObjectID:
+		return 12
+	case bson.Regex:
+		return 2 + len(x.Pattern) + len(x.Options)
+	}
+	return 8
+}

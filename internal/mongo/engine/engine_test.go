@@ -272,7 +272,7 @@ func TestTTL(t *testing.T) {
 	pos := Position{TS: e.ClusterTime(), Index: 1 << 30}
 	require.Equal(t, 2, e.RunTTL())
 	require.Equal(t, []any{2, 3, 5}, ids(all(t, e, nil)))
-	entries, _, err := e.ReadOplog(pos, 0)
+	entries, _, _, err := e.ReadOplog(pos, 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 2)
 	require.Equal(t, OpDelete, entries[0].Op)
@@ -295,12 +295,12 @@ func TestOplogTransactionAndBound(t *testing.T) {
 	txn := e.Begin(TxnMeta{LSID: bson.D{{Key: "id", Value: "s"}}, TxnNumber: 7})
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 2}}))
-	entries, signal, err := e.ReadOplog(start, 0)
+	entries, signal, _, err := e.ReadOplog(start, 0)
 	require.NoError(t, err)
 	require.Empty(t, entries, "nothing before commit")
 	require.NoError(t, txn.Commit())
 	<-signal
-	entries, _, err = e.ReadOplog(start, 0)
+	entries, _, _, err = e.ReadOplog(start, 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 2)
 	require.Equal(t, entries[0].TS, entries[1].TS)
@@ -311,9 +311,9 @@ func TestOplogTransactionAndBound(t *testing.T) {
 	for i := range 10 {
 		require.NoError(t, insert(t, e, nil, bson.D{{Key: "_id", Value: 100 + i}}))
 	}
-	_, _, err = e.ReadOplog(start, 0)
+	_, _, _, err = e.ReadOplog(start, 0)
 	require.ErrorIs(t, err, ErrHistoryLost)
-	entries, _, err = e.ReadOplog(e.OplogStart(), 0)
+	entries, _, _, err = e.ReadOplog(e.OplogStart(), 0)
 	require.NoError(t, err)
 	require.Len(t, entries, 5)
 }

@@ -97,15 +97,16 @@ func (e *Engine) appendOplog(es []Entry) {
 }
 
 // ReadOplog returns up to max (0: all) retained entries after position p,
-// and a channel that closes when a newer entry is appended. It returns
-// ErrHistoryLost when entries after p have been dropped from the bounded
-// oplog.
-func (e *Engine) ReadOplog(p Position, max int) ([]Entry, <-chan struct{}, error) {
+// a channel that closes when a newer entry is appended, and the cluster
+// time at the read: when the result is not cut by max, every entry up to
+// that time has been returned. It returns ErrHistoryLost when entries
+// after p have been dropped from the bounded oplog.
+func (e *Engine) ReadOplog(p Position, max int) ([]Entry, <-chan struct{}, bson.Timestamp, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	o := &e.oplog
 	if o.truncated != nil && p.less(*o.truncated) {
-		return nil, o.signal, ErrHistoryLost
+		return nil, o.signal, e.last, ErrHistoryLost
 	}
 	live := o.entries[o.head:]
 	i := sort.Search(len(live), func(i int) bool { return p.before(&live[i]) })
@@ -113,7 +114,7 @@ func (e *Engine) ReadOplog(p Position, max int) ([]Entry, <-chan struct{}, error
 	if max > 0 && len(out) > max {
 		out = out[:max]
 	}
-	return append([]Entry(nil), out...), o.signal, nil
+	return append([]Entry(nil), out...), o.signal, e.last, nil
 }
 
 // OplogStart returns the position of the oldest retained entry (just

@@ -1,0 +1,112 @@
+package mongofake
+
+import (
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
+	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/internal/mongo/pipeline"
+	"github.com/event-outbox/outbox/internal/mongo/query"
+)
+
+func init() {
+	register(commandSpec{names: []string{"aggregate"}, handler: dataCommand(cmdAggregate)})
+}
+
+func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "pipeline", "cursor", "explain", "allowDiskUse", "bypassDocumentValidation",
+		"collation", "hint", "let", "$readPreference", "fromMongos", "needsMerge", "isMapReduceCommand"); err != nil {
+		return nil, err
+	}
+	pv, ok := r.get("pipeline")
+	if !ok {
+		return nil, errorf(40414, "Location40414", "BSON field 'aggregate.pipeline' is missing but a required field")
+	}
+	stages, ok := pv.(bson.A)
+	if !ok {
+		return nil, wrongType("aggregate.pipeline", pv, "array")
+	}
+	if explain, _ := r.boolArg("explain", false); explain {
+		return nil, errorf(238, "NotImplemented", "mongofake: aggregate explain is not supported")
+	}
+	if v, ok := r.get("let"); ok && v != nil {
+		return nil, errorf(238, "NotImplemented", "mongofake: aggregate option 'let' is not supported")
+	}
+	if v, ok := r.get("collation"); ok {
+		if err := checkCollation(v); err != nil {
+			return nil, err
+		}
+	}
+	curV, hasCursor := r.get("cursor")
+	cur, isDoc := curV.(bson.D)
+	if !hasCursor || !isDoc {
+		return nil, errorf(9, "FailedToParse", "The 'cursor' option is required, except for aggregate with the explain argument")
+	}
+	batchSize, hasBatch, err := batchSizeArg(cur, "cursor.batchSize")
+	if err != nil {
+		return nil, err
+	}
+
+	var coll string
+	switch x := r.cmd[0].Value.(type) {
+	case string:
+		coll = x
+	default:
+		if n, ok := bsonkit.ToFloat64(x); !ok || n != 1 {
+			return nil, errorf(73, "InvalidNamespace", fmt.Sprintf("Invalid aggregate namespace: %v", x))
+		}
+	}
+
+	if len(stages) > 0 {
+		if first, ok := stages[0].(bson.D); ok && len(first) == 1 && first[0].Key == "$changeStream" {
+			return openChangeStream(r, tc, coll, first[0].Value, stages[1:], batchSize, hasBatch)
+		}
+	}
+	for i, st := range stages {
+		if d, ok := st.(bson.D); ok && len(d) == 1 && d[0].Key == "$changeStream" && i > 0 {
+			return nil, errorf(40602, "Location40602", "$changeStream is only valid as the first stage in a pipeline.")
+		}
+	}
+	if coll == "" {
+		name := "(none)"
+		if len(stages) > 0 {
+			if d, ok := stages[0].(bson.D); ok && len(d) > 0 {
+				name = d[0].Key
+			}
+		}
+		return nil, errorf(238, "NotImplemented", "mongofake: database-level aggregate is only supported with $changeStream; first stage: "+name)
+	}
+	ns := engine.NS{DB: r.db, Coll: coll}
+	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()})
+	if err != nil {
+		return nil, err
+	}
+	// A leading $match selects through the engine (index on _id or unique
+	// fields); the pipeline applies it again.
+	q := engine.Query{}
+	if len(stages) > 0 {
+		if first, ok := stages[0].(bson.D); ok && len(first) == 1 && first[0].Key == "$match" {
+			if f, ok := first[0].Value.(bson.D); ok {
+				if m, err := query.Compile(f); err == nil {
+					q = engine.Query{Filter: f, Match: m.Match}
+				}
+			}
+		}
+	}
+	var docs []bson.D
+	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+		var err error
+		docs, err = v.Find(ns, q)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := p.Run(docs)
+	if err != nil {
+		return nil, err
+	}
+	return r.srv.data.firstBatch(r, tc, ns, out, nil, batchSize, hasBatch, 0, false), nil
+}

@@ -1,0 +1,304 @@
+package mongofake
+
+import (
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
+	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/internal/mongo/query"
+)
+
+func init() {
+	register(
+		commandSpec{names: []string{"create"}, handler: dataCommand(cmdCreate)},
+		commandSpec{names: []string{"drop"}, handler: dataCommand(cmdDrop)},
+		commandSpec{names: []string{"listCollections"}, handler: dataCommand(cmdListCollections)},
+		commandSpec{names: []string{"listDatabases"}, handler: dataCommand(cmdListDatabases), adminOnly: true},
+		commandSpec{names: []string{"dropDatabase"}, handler: dataCommand(cmdDropDatabase)},
+		commandSpec{names: []string{"renameCollection"}, handler: dataCommand(cmdRenameCollection), adminOnly: true},
+		commandSpec{names: []string{"dbStats", "dbstats"}, handler: dataCommand(cmdDBStats)},
+		commandSpec{names: []string{"collStats"}, handler: dataCommand(cmdCollStats)},
+	)
+}
+
+// noDDLInTxn rejects catalog commands inside a transaction (except create,
+// which MongoDB allows).
+func noDDLInTxn(r *request, tc *txnCtx) error {
+	if tc.txn != nil {
+		return errorf(263, "OperationNotSupportedInTransaction",
+			fmt.Sprintf("Cannot run '%s' in a multi-document transaction.", r.name))
+	}
+	return nil
+}
+
+func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
+	ns, err := r.ns()
+	if err != nil {
+		return nil, err
+	}
+	for i, e := range r.cmd {
+		if i == 0 || genericFields[e.Key] {
+			continue
+		}
+		switch e.Key {
+		case "capped", "timeseries", "viewOn", "pipeline", "clusteredIndex", "changeStreamPreAndPostImages", "encryptedFields", "validator":
+			if b, ok := e.Value.(bool); ok && !b {
+				continue
+			}
+			if e.Key == "validator" {
+				if d, ok := e.Value.(bson.D); ok && len(d) == 0 {
+					continue
+				}
+			}
+			return nil, errorf(238, "NotImplemented", "mongofake: create option '"+e.Key+"' is not supported")
+		case "size", "max", "storageEngine", "validationLevel", "validationAction", "indexOptionDefaults", "collation", "expireAfterSeconds", "autoIndexId", "idIndex", "flags":
+			if e.Key == "collation" {
+				if err := checkCollation(e.Value); err != nil {
+					return nil, err
+				}
+			}
+		default:
+			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field 'create.%s' is an unknown field.", e.Key))
+		}
+	}
+	if tc.txn != nil {
+		err := r.srv.engine.Write(r.ctx, tc.txn, func(v *engine.View) error {
+			if v.Exists(ns) {
+				return &engine.Error{Code: engine.CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
+			}
+			_, err := v.EnsureCollection(ns)
+			return err
+		})
+		return bson.D{}, err
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	return bson.D{}, r.srv.engine.CreateCollection(ctx, ns)
+}
+
+func cmdDrop(r *request, tc *txnCtx) (bson.D, error) {
+	if err := noDDLInTxn(r, tc); err != nil {
+		return nil, err
+	}
+	ns, err := r.ns()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	before := 0
+	if specs, ok := r.srv.engine.ListIndexes(ns); ok {
+		before = len(specs)
+	}
+	existed, err := r.srv.engine.DropCollection(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	if !existed { // MongoDB 7.0 answers ok for a missing collection
+		return bson.D{}, nil
+	}
+	return bson.D{{Key: "nIndexesWas", Value: int32(before)}, {Key: "ns", Value: ns.String()}}, nil
+}
+
+func cmdListCollections(r *request, tc *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "filter", "nameOnly", "authorizedCollections", "cursor", "includePendingDrops"); err != nil {
+		return nil, err
+	}
+	filter, err := r.docArg("filter")
+	if err != nil {
+		return nil, err
+	}
+	nameOnly, err := r.boolArg("nameOnly", false)
+	if err != nil {
+		return nil, err
+	}
+	m, err := query.Compile(filter)
+	if err != nil {
+		return nil, err
+	}
+	cur, _ := r.docArg("cursor")
+	batchSize, hasBatch, err := batchSizeArg(cur, "cursor.batchSize")
+	if err != nil {
+		return nil, err
+	}
+	var docs []bson.D
+	for _, c := range r.srv.engine.ListCollections(r.db) {
+		var d bson.D
+		if nameOnly {
+			d = bson.D{{Key: "name", Value: c.Name}, {Key: "type", Value: "collection"}}
+		} else {
+			d = bson.D{
+				{Key: "name", Value: c.Name},
+				{Key: "type", Value: "collection"},
+				{Key: "options", Value: bson.D{}},
+				{Key: "info", Value: bson.D{{Key: "readOnly", Value: false}, {Key: "uuid", Value: c.UUID}}},
+				{Key: "idIndex", Value: bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "name", Value: "_id_"}}},
+			}
+		}
+		if m.Match(d) {
+			docs = append(docs, d)
+		}
+	}
+	ns := engine.NS{DB: r.db, Coll: "$cmd.listCollections"}
+	return r.srv.data.firstBatch(r, tc, ns, docs, nil, batchSize, hasBatch, 0, false), nil
+}
+
+func cmdListDatabases(r *request, _ *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "filter", "nameOnly", "authorizedDatabases"); err != nil {
+		return nil, err
+	}
+	filter, err := r.docArg("filter")
+	if err != nil {
+		return nil, err
+	}
+	nameOnly, err := r.boolArg("nameOnly", false)
+	if err != nil {
+		return nil, err
+	}
+	m, err := query.Compile(filter)
+	if err != nil {
+		return nil, err
+	}
+	dbs := bson.A{}
+	var total int64
+	for _, d := range r.srv.engine.ListDatabases() {
+		doc := bson.D{{Key: "name", Value: d.Name}}
+		if !nameOnly {
+			size := max(d.Size, 4096)
+			doc = append(doc, bson.E{Key: "sizeOnDisk", Value: size}, bson.E{Key: "empty", Value: d.Empty})
+		}
+		if m.Match(doc) {
+			dbs = append(dbs, doc)
+			total += max(d.Size, 4096)
+		}
+	}
+	out := bson.D{{Key: "databases", Value: dbs}}
+	if !nameOnly {
+		out = append(out, bson.E{Key: "totalSize", Value: total}, bson.E{Key: "totalSizeMb", Value: total >> 20})
+	}
+	return out, nil
+}
+
+func cmdDropDatabase(r *request, tc *txnCtx) (bson.D, error) {
+	if err := noDDLInTxn(r, tc); err != nil {
+		return nil, err
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	existed, err := r.srv.engine.DropDatabase(ctx, r.db)
+	if err != nil {
+		return nil, err
+	}
+	if !existed {
+		return bson.D{}, nil
+	}
+	return bson.D{{Key: "dropped", Value: r.db}}, nil
+}
+
+func splitNS(v any, field string) (engine.NS, error) {
+	s, ok := v.(string)
+	i := strings.IndexByte(s, '.')
+	if !ok || i <= 0 || i == len(s)-1 {
+		return engine.NS{}, errorf(73, "InvalidNamespace", fmt.Sprintf("Invalid %s namespace: %v", field, v))
+	}
+	return engine.NS{DB: s[:i], Coll: s[i+1:]}, nil
+}
+
+func cmdRenameCollection(r *request, tc *txnCtx) (bson.D, error) {
+	if err := noDDLInTxn(r, tc); err != nil {
+		return nil, err
+	}
+	if err := checkFields(r, "to", "dropTarget", "stayTemp"); err != nil {
+		return nil, err
+	}
+	from, err := splitNS(r.cmd[0].Value, "source")
+	if err != nil {
+		return nil, err
+	}
+	toV, _ := r.get("to")
+	to, err := splitNS(toV, "target")
+	if err != nil {
+		return nil, err
+	}
+	dropTarget, err := r.boolArg("dropTarget", false)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	return bson.D{}, r.srv.engine.RenameCollection(ctx, from, to, dropTarget)
+}
+
+func cmdDBStats(r *request, _ *txnCtx) (bson.D, error) {
+	var colls, objects, size int64
+	var indexes int
+	for _, c := range r.srv.engine.ListCollections(r.db) {
+		n, s, ni, ok := r.srv.engine.CollectionStats(engine.NS{DB: r.db, Coll: c.Name})
+		if ok {
+			colls++
+			objects += n
+			size += s
+			indexes += ni
+		}
+	}
+	avg := 0.0
+	if objects > 0 {
+		avg = float64(size) / float64(objects)
+	}
+	return bson.D{
+		{Key: "db", Value: r.db},
+		{Key: "collections", Value: colls},
+		{Key: "views", Value: int64(0)},
+		{Key: "objects", Value: objects},
+		{Key: "avgObjSize", Value: avg},
+		{Key: "dataSize", Value: float64(size)},
+		{Key: "storageSize", Value: float64(size)},
+		{Key: "indexes", Value: int64(indexes)},
+		{Key: "indexSize", Value: 0.0},
+		{Key: "totalSize", Value: float64(size)},
+		{Key: "scaleFactor", Value: 1.0},
+	}, nil
+}
+
+func cmdCollStats(r *request, _ *txnCtx) (bson.D, error) {
+	ns, err := r.ns()
+	if err != nil {
+		return nil, err
+	}
+	n, s, ni, ok := r.srv.engine.CollectionStats(ns)
+	if !ok {
+		return nil, errorf(26, "NamespaceNotFound", "Collection ["+ns.String()+"] not found.")
+	}
+	avg := int64(0)
+	if n > 0 {
+		avg = s / n
+	}
+	return bson.D{
+		{Key: "ns", Value: ns.String()},
+		{Key: "size", Value: s},
+		{Key: "count", Value: n},
+		{Key: "avgObjSize", Value: avg},
+		{Key: "storageSize", Value: s},
+		{Key: "nindexes", Value: int32(ni)},
+		{Key: "totalIndexSize", Value: int64(0)},
+		{Key: "capped", Value: false},
+	}, nil
+}
+
+// keep bsonkit imported for helpers used by several files.
+var _ = bsonkit.Equal

@@ -1,0 +1,378 @@
+package mongofake
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/internal/mongo/query"
+)
+
+func init() {
+	register(
+		commandSpec{names: []string{"find"}, handler: dataCommand(cmdFind)},
+		commandSpec{names: []string{"getMore"}, handler: dataCommand(cmdGetMore)},
+		commandSpec{names: []string{"killCursors"}, handler: dataCommand(cmdKillCursors)},
+	)
+}
+
+const defaultFirstBatch = 101
+
+// cursor is an open server cursor: the remaining documents of a query
+// (materialized when it ran), or a change stream.
+type cursor struct {
+	id      int64
+	ns      string // "db.coll" as replies show it
+	docs    []bson.D
+	proj    *query.Projection
+	limit   int // documents still allowed (0: no limit)
+	session string
+	lastUse time.Time
+	stream  *changeStream
+	busy    bool
+}
+
+// addCursor registers a cursor and returns its id.
+func (d *dataState) addCursor(c *cursor) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nextCursor++
+	c.id = d.nextCursor<<8 | int64(time.Now().UnixNano()&0xff)
+	c.lastUse = time.Now()
+	d.cursors[c.id] = c
+	return c.id
+}
+
+// takeBatch removes up to n documents (0: no count limit) from the cursor,
+// within the reply size cap, with the projection applied.
+func (c *cursor) takeBatch(n int) bson.A {
+	if c.limit > 0 && (n == 0 || n > c.limit) {
+		n = c.limit
+	}
+	out := bson.A{}
+	size := 0
+	for len(c.docs) > 0 && (n == 0 || len(out) < n) {
+		d := c.docs[0]
+		if c.proj != nil {
+			d = c.proj.Apply(d)
+		}
+		s := docSize(d)
+		if len(out) > 0 && size+s > maxBSONSize-16*1024 {
+			break
+		}
+		size += s
+		out = append(out, d)
+		c.docs[0] = nil
+		c.docs = c.docs[1:]
+	}
+	if c.limit > 0 {
+		c.limit -= len(out)
+		if c.limit == 0 {
+			c.docs = nil
+		}
+	}
+	return out
+}
+
+func cursorReply(id int64, ns string, key string, batch bson.A, extra ...bson.E) bson.D {
+	cur := bson.D{{Key: key, Value: batch}, {Key: "id", Value: id}, {Key: "ns", Value: ns}}
+	cur = append(cur, extra...)
+	return bson.D{{Key: "cursor", Value: cur}}
+}
+
+// batchSizeArg reads a non-negative batchSize from a document.
+func batchSizeArg(d bson.D, field string) (int, bool, error) {
+	v, ok := lookup(d, "batchSize")
+	if !ok || v == nil {
+		return 0, false, nil
+	}
+	n, ok := toInt(v)
+	if !ok || n < 0 {
+		return 0, false, errorf(51024, "Location51024", fmt.Sprintf("BSON field '%s' value must be >= 0, actual value '%v'", field, v))
+	}
+	return int(n), true, nil
+}
+
+func lookup(d bson.D, key string) (any, bool) {
+	for _, e := range d {
+		if e.Key == key {
+			return e.Value, true
+		}
+	}
+	return nil, false
+}
+
+func toInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int32:
+		return int64(x), true
+	case int64:
+		return x, true
+	case float64:
+		return int64(x), x == float64(int64(x))
+	}
+	return 0, false
+}
+
+// firstBatch sends the first batch of a query result and keeps a cursor
+// for the rest.
+func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj *query.Projection,
+	batchSize int, hasBatch bool, limit int, single bool) bson.D {
+	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
+	n := defaultFirstBatch
+	if hasBatch {
+		n = batchSize
+	}
+	batch := c.takeBatch(n)
+	if hasBatch && batchSize == 0 {
+		batch = bson.A{}
+	}
+	var id int64
+	if len(c.docs) > 0 && !single {
+		if tc.sess != nil {
+			c.session = tc.sess.key
+		}
+		id = d.addCursor(c)
+	}
+	return cursorReply(id, ns.String(), "firstBatch", batch)
+}
+
+func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch",
+		"hint", "collation", "allowDiskUse", "noCursorTimeout", "allowPartialResults", "let", "max", "min",
+		"returnKey", "showRecordId", "tailable", "awaitData", "oplogReplay", "readOnce", "$_requestResumeToken",
+		"$_resumeAfter", "ntoreturn", "exhaust"); err != nil {
+		return nil, err
+	}
+	ns, err := r.ns()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []string{"tailable", "returnKey", "showRecordId", "exhaust"} {
+		if b, _ := r.boolArg(f, false); b {
+			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
+		}
+	}
+	for _, f := range []string{"let", "min", "max"} {
+		if v, ok := r.get(f); ok && v != nil {
+			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
+		}
+	}
+	if v, _ := r.get("collation"); v != nil {
+		if err := checkCollation(v); err != nil {
+			return nil, err
+		}
+	}
+	filter, err := r.docArg("filter")
+	if err != nil {
+		return nil, err
+	}
+	sortSpec, err := r.docArg("sort")
+	if err != nil {
+		return nil, err
+	}
+	projSpec, err := r.docArg("projection")
+	if err != nil {
+		return nil, err
+	}
+	skip, _, err := r.intArg("skip")
+	if err != nil {
+		return nil, err
+	}
+	if skip < 0 {
+		return nil, errorf(51024, "Location51024", "BSON field 'skip' value must be >= 0, actual value '"+fmt.Sprint(skip)+"'")
+	}
+	limit, _, err := r.intArg("limit")
+	if err != nil {
+		return nil, err
+	}
+	batchSize, hasBatch, err := batchSizeArg(r.cmd, "batchSize")
+	if err != nil {
+		return nil, err
+	}
+	single, err := r.boolArg("singleBatch", false)
+	if err != nil {
+		return nil, err
+	}
+	if limit < 0 { // legacy negative limit: one batch
+		limit, single = -limit, true
+		if !hasBatch || batchSize > int(limit) {
+			batchSize, hasBatch = int(limit), true
+		}
+	}
+	q, err := compileFilter(filter)
+	if err != nil {
+		return nil, err
+	}
+	var proj *query.Projection
+	if len(projSpec) > 0 {
+		if proj, err = query.CompileProjection(projSpec); err != nil {
+			return nil, err
+		}
+	}
+	var srt *query.Sort
+	if len(sortSpec) > 0 {
+		if srt, err = query.CompileSort(sortSpec); err != nil {
+			return nil, err
+		}
+	}
+	if srt == nil && skip == 0 && limit > 0 {
+		q.Limit = int(limit)
+	}
+	var docs []bson.D
+	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+		var err error
+		docs, err = v.Find(ns, q)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	docs = sortSkipLimit(docs, srt, skip, limit)
+	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
+}
+
+// sortSkipLimit orders, skips and limits a result.
+func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
+	if srt != nil && len(docs) > 1 {
+		type keyed struct {
+			k []any
+			d bson.D
+		}
+		ks := make([]keyed, len(docs))
+		for i, d := range docs {
+			ks[i] = keyed{srt.Key(d), d}
+		}
+		slices.SortStableFunc(ks, func(a, b keyed) int { return srt.CompareKeys(a.k, b.k) })
+		for i := range ks {
+			docs[i] = ks[i].d
+		}
+	}
+	if skip > 0 {
+		if skip >= int64(len(docs)) {
+			return nil
+		}
+		docs = docs[skip:]
+	}
+	if limit > 0 && int64(len(docs)) > limit {
+		docs = docs[:limit]
+	}
+	return docs
+}
+
+func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "collection", "batchSize", "term", "lastKnownCommittedOpTime"); err != nil {
+		return nil, err
+	}
+	id, ok := r.cmd[0].Value.(int64)
+	if !ok {
+		return nil, wrongType("getMore", r.cmd[0].Value, "long")
+	}
+	collV, _ := r.get("collection")
+	coll, _ := collV.(string)
+	batchSize, _, err := batchSizeArg(r.cmd, "batchSize")
+	if err != nil {
+		return nil, err
+	}
+	d := r.srv.data
+	d.mu.Lock()
+	c := d.cursors[id]
+	if c == nil {
+		d.mu.Unlock()
+		return nil, errorf(43, "CursorNotFound", fmt.Sprintf("cursor id %d not found", id))
+	}
+	if c.ns != r.db+"."+coll {
+		d.mu.Unlock()
+		return nil, errorf(13, "Unauthorized", fmt.Sprintf("Requested getMore on namespace '%s.%s', but cursor belongs to a different namespace %s", r.db, coll, c.ns))
+	}
+	if c.busy {
+		d.mu.Unlock()
+		return nil, errorf(292, "CursorInUse", fmt.Sprintf("cursor id %d is already in use", id))
+	}
+	c.busy = true
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		c.busy = false
+		c.lastUse = time.Now()
+		d.mu.Unlock()
+	}()
+	if c.stream != nil {
+		out, closed, err := c.stream.getMore(r, tc, batchSize)
+		if err != nil || closed {
+			d.mu.Lock()
+			delete(d.cursors, id)
+			d.mu.Unlock()
+		}
+		if err != nil {
+			return nil, err
+		}
+		if closed {
+			return cursorReply(0, c.ns, "nextBatch", out.batch, bson.E{Key: "postBatchResumeToken", Value: out.pbrt}), nil
+		}
+		return cursorReply(id, c.ns, "nextBatch", out.batch, bson.E{Key: "postBatchResumeToken", Value: out.pbrt}), nil
+	}
+	batch := c.takeBatch(batchSize)
+	outID := id
+	if len(c.docs) == 0 {
+		d.mu.Lock()
+		delete(d.cursors, id)
+		d.mu.Unlock()
+		outID = 0
+	}
+	return cursorReply(outID, c.ns, "nextBatch", batch), nil
+}
+
+func cmdKillCursors(r *request, _ *txnCtx) (bson.D, error) {
+	if err := checkFields(r, "cursors"); err != nil {
+		return nil, err
+	}
+	coll, err := r.collName()
+	if err != nil {
+		return nil, err
+	}
+	v, _ := r.get("cursors")
+	ids, ok := v.(bson.A)
+	if !ok {
+		return nil, wrongType("killCursors.cursors", v, "array")
+	}
+	killed, notFound := bson.A{}, bson.A{}
+	d := r.srv.data
+	d.mu.Lock()
+	for _, x := range ids {
+		id, ok := x.(int64)
+		if !ok {
+			d.mu.Unlock()
+			return nil, wrongType("killCursors.cursors", x, "long")
+		}
+		if c := d.cursors[id]; c != nil && c.ns == r.db+"."+coll {
+			delete(d.cursors, id)
+			killed = append(killed, id)
+		} else {
+			notFound = append(notFound, id)
+		}
+	}
+	d.mu.Unlock()
+	return bson.D{
+		{Key: "cursorsKilled", Value: killed},
+		{Key: "cursorsNotFound", Value: notFound},
+		{Key: "cursorsAlive", Value: bson.A{}},
+		{Key: "cursorsUnknown", Value: bson.A{}},
+	}, nil
+}
+
+// awaitSignal waits for ch or the context, returning false when the context ended.
+func awaitSignal(ctx context.Context, ch <-chan struct{}, t *time.Timer) bool {
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
