@@ -310,3 +310,27 @@ func TestEvalDatesAndObjects(t *testing.T) {
 		{name: "arrayToObject", expr: `{"$arrayToObject": [[["a", 1], ["b", 2]]]}`, want: `{"a": 1, "b": 2}`},
 	})
 }
+
+func TestEvalMoreOperators(t *testing.T) {
+	t.Parallel()
+	runExprCases(t, []exprCase{
+		{name: "setUnion", expr: `{"$setUnion": [[1, 2], [2.0, 3]]}`, want: `[1, 2, 3]`},
+		{name: "setIntersection", expr: `{"$setIntersection": [[1, 2, 3], [3, 1]]}`, want: `[1, 3]`},
+		{name: "setDifference", expr: `{"$setDifference": [[1, 2, 3], [2]]}`, want: `[1, 3]`},
+		{name: "setEquals", expr: `{"$setEquals": [[1, 2, 2], [2, 1]]}`, want: `true`},
+		{name: "setIsSubset", expr: `{"$setIsSubset": [[1], [2, 1]]}`, want: `true`},
+		{name: "setUnion null", expr: `{"$setUnion": [[1], "$nope"]}`, want: `null`},
+		{name: "setUnion non-array", expr: `{"$setUnion": [[1], 1]}`, code: 17044},
+		{name: "allElementsTrue", expr: `{"$allElementsTrue": [[1, true, "x"]]}`, want: `true`},
+		{name: "anyElementTrue", expr: `{"$anyElementTrue": [[0, false, null]]}`, want: `false`},
+		{name: "regexMatch", expr: `{"$regexMatch": {"input": "$s", "regex": "^hello", "options": "i"}}`, want: `true`},
+		{name: "regexMatch bson regex", expr: `{"$regexMatch": {"input": "$s", "regex": {"$regularExpression": {"pattern": "wor", "options": "i"}}}}`, want: `true`},
+		{name: "regexMatch null input", expr: `{"$regexMatch": {"input": "$nope", "regex": "x"}}`, want: `false`},
+		{name: "dateFromString", expr: `{"$dateFromString": {"dateString": "2020-01-02T03:04:05.006Z"}}`, want: `{"$date": "2020-01-02T03:04:05.006Z"}`},
+		{name: "dateFromString timezone", expr: `{"$dateFromString": {"dateString": "2020-01-02T03:04:05", "timezone": "+01:00"}}`, want: `{"$date": "2020-01-02T02:04:05Z"}`},
+		{name: "dateFromString onError", expr: `{"$dateFromString": {"dateString": "junk", "onError": "bad"}}`, want: `"bad"`},
+		{name: "dateAdd", expr: `{"$dateAdd": {"startDate": "$t", "unit": "day", "amount": 2}}`, want: `{"$date": "2023-02-05T04:05:06.789Z"}`},
+		{name: "dateSubtract", expr: `{"$dateSubtract": {"startDate": "$t", "unit": "hour", "amount": 5}}`, want: `{"$date": "2023-02-02T23:05:06.789Z"}`},
+		{name: "known but unsupported", expr: `{"$dateTrunc": {"date": "$t", "unit": "day"}}`, code: 238},
+	})
+}
