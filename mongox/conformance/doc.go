@@ -1,0 +1,32 @@
+// Package conformance is the MongoDB behaviour suite that the embedded
+// server (mongox/mongofake) and a real MongoDB must both pass: the contract
+// of the embedded server.
+//
+// Every case talks to the server through the official Go driver only
+// (mongo.Client APIs and RunCommand for raw commands), in a database of its
+// own, and states in its failure messages which MongoDB behaviour it checks.
+//
+// # Running
+//
+//	go test ./mongox/conformance/                     # embedded server (TestEmbedded); TestReal skips
+//	OUTBOX_TEST_MONGODB_URI='mongodb://localhost:27017/?replicaSet=rs0' go test ./mongox/conformance/
+//	OUTBOX_TEST_SLOW=1 ...                            # also the 60-90 s TTL case against a real server
+//
+// Without OUTBOX_TEST_MONGODB_URI, TestReal starts mongo:7 with
+// testcontainers when a Docker engine answers, and skips otherwise.
+//
+// # What is embedded-only
+//
+// Cases that need a server knob (a short TTL interval, a tiny oplog, a
+// short transaction lifetime) or that check our own error messages for
+// unsupported features skip against a real server and say why. Fail-point
+// cases need configureFailPoint: against a real server they skip unless it
+// runs with enableTestCommands=1. Fail points are limited to a client's
+// unique appName so that parallel cases sharing a real server do not
+// disturb each other.
+//
+// # Using it for another server
+//
+// [Run] takes an [EnvFunc], so any deployment reachable by the driver can be
+// checked: return a mongotest.Env pointing at it.
+package conformance
