@@ -394,6 +394,11 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 					if ix.name == "_id_" && sameKey {
 						continue specLoop
 					}
+					if sameKey {
+						return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+							Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+								FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+					}
 					return &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
 						Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
 							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
