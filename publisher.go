@@ -322,7 +322,8 @@ func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, lim
 	}
 	opts := options.Find().
 		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
-		SetLimit(int64(limit))
+		SetLimit(int64(limit)).
+		SetBatchSize(int32(limit)) // the whole batch in one round trip
 	cur, err := s.coll.Find(ctx, filter, opts)
 	if err != nil {
 		return nil, fmt.Errorf("find pending events: %w", err)
