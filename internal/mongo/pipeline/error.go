@@ -27,6 +27,7 @@ const (
 	codeNotImplemented          = 238
 	codeOverflow                = 15
 	codeIllegalOperation        = 20
+	codeExceededMemoryLimit     = 146
 )
 
 var codeNames = map[int32]string{
@@ -38,6 +39,7 @@ var codeNames = map[int32]string{
 	codeNotImplemented:          "NotImplemented",
 	codeOverflow:                "Overflow",
 	codeIllegalOperation:        "IllegalOperation",
+	codeExceededMemoryLimit:     "ExceededMemoryLimit",
 }
 
 // errf builds an *Error; codes without a name get "Location<code>".

@@ -334,3 +334,13 @@ func TestEvalMoreOperators(t *testing.T) {
 		{name: "known but unsupported", expr: `{"$dateTrunc": {"date": "$t", "unit": "day"}}`, code: 238},
 	})
 }
+
+func TestEvalRangeLimits(t *testing.T) {
+	t.Parallel()
+	runExprCases(t, []exprCase{
+		{name: "range negative step", expr: `{"$range": [5, 0, -2]}`, want: `[5, 3, 1]`},
+		{name: "range empty", expr: `{"$range": [5, 0]}`, want: `[]`},
+		{name: "range too big", expr: `{"$range": [-2147483648, 2147483647]}`, code: 146},
+		{name: "range zero step", expr: `{"$range": [0, 1, 0]}`, code: 34449},
+	})
+}

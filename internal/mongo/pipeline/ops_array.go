@@ -200,7 +200,7 @@ func parseSlice(p *parser, name string, arg any) (evalFn, error) {
 			if a >= 0 {
 				start, end = 0, min(a, n)
 			} else {
-				start, end = max(n+a, 0), n
+				start, end = max(n+max(a, -n), 0), n
 			}
 		} else {
 			cnt, ok := wholeNumber(vs[2])
@@ -210,10 +210,11 @@ func parseSlice(p *parser, name string, arg any) (evalFn, error) {
 			if cnt <= 0 {
 				return nil, errf(28729, "Third argument to $slice must be positive: %s", render(vs[2]))
 			}
+			cnt = min(cnt, n)
 			if a >= 0 {
 				start = min(a, n)
 			} else {
-				start = max(n+a, 0)
+				start = max(n+max(a, -n), 0)
 			}
 			end = min(start+cnt, n)
 		}
@@ -413,6 +414,10 @@ func parseReverseArray(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
+// maxRangeElements mirrors MongoDB's 64 MB $range memory limit at 16 bytes
+// per element.
+const maxRangeElements = 64 << 20 / 16
+
 func parseRange(p *parser, name string, arg any) (evalFn, error) {
 	fns, err := p.nargs(name, arg, 2, 3)
 	if err != nil {
@@ -435,12 +440,19 @@ func parseRange(p *parser, name string, arg any) (evalFn, error) {
 		if step == 0 {
 			return nil, errf(34449, "$range requires a non-zero step value")
 		}
-		out := bson.A{}
-		for i := start; (step > 0 && i < end) || (step < 0 && i > end); i += step {
-			out = append(out, int32(i))
-			if len(out) > 10_000_000 {
-				return nil, errf(codeBadValue, "$range would produce too many elements")
+		count := int64(0)
+		if (step > 0 && end > start) || (step < 0 && end < start) {
+			count = (end-start)/step + 1
+			if (end-start)%step == 0 {
+				count--
 			}
+		}
+		if count > maxRangeElements {
+			return nil, errf(codeExceededMemoryLimit, "$range would use too much memory (%d bytes) and cannot spill to disk. Memory limit: %d bytes", count*16, maxRangeElements*16)
+		}
+		out := make(bson.A, 0, count)
+		for i := start; int64(len(out)) < count; i += step {
+			out = append(out, int32(i))
 		}
 		return out, nil
 	}, nil

@@ -117,6 +117,7 @@ func parseSubstr(codePoints bool) opParser {
 			}
 			start, _ := wholeNumber(roundNum(vs[1], 0, roundTrunc))
 			length, _ := wholeNumber(roundNum(vs[2], 0, roundTrunc))
+			length = min(length, int64(len(s))) // no overflow in start+length
 			if codePoints {
 				if start < 0 {
 					return nil, errf(34455, "%s: starting index must be non-negative (got: %d)", name, start)
