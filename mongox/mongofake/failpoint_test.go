@@ -1,6 +1,7 @@
 package mongofake
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -99,9 +100,6 @@ func TestFailPointRetryableLabelRule(t *testing.T) {
 	require.Equal(t, []string{labelTransientTransaction}, commit.errorLabels(251, 0, false))
 	require.Empty(t, commit.errorLabels(251, 64, true))
 
-	if commands["insert"] == nil {
-		t.Skip("waiting for insert")
-	}
 	// Through the wire: a fail point without errorLabels gets the rule.
 	nc := rawDial(t, srv)
 	cancel := srv.FailCommand(FailPoint{Commands: []string{"insert"}, ErrorCode: 91})
@@ -207,9 +205,6 @@ func TestFailPointAppName(t *testing.T) {
 
 func TestRetryableWriteAfterCloseConnection(t *testing.T) {
 	t.Parallel()
-	if commands["insert"] == nil || commands["find"] == nil {
-		t.Skip("waiting for insert")
-	}
 	srv, client := setup(t)
 	coll := client.Database("retry").Collection("c")
 	ctx := testCtx(t)
@@ -224,4 +219,54 @@ func TestRetryableWriteAfterCloseConnection(t *testing.T) {
 	defer srv.FailCommand(FailPoint{Commands: []string{"insert"}, ErrorCode: 91, Times: 1})()
 	_, err = coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 2}})
 	require.NoError(t, err)
+}
+
+func TestFailPointWriteConcernErrorOnRetryableWrite(t *testing.T) {
+	t.Parallel()
+	srv, client := setup(t)
+	coll := client.Database("wce").Collection("c")
+	ctx := testCtx(t)
+	// The write is applied, the reply carries a retryable write concern
+	// error with the RetryableWriteError label; the driver retries and the
+	// server answers the retry from its retryable-write record.
+	defer srv.FailCommand(FailPoint{Commands: []string{"insert"}, Times: 1,
+		WriteConcernError: &WriteConcernError{Code: 91, Message: "Replication is being shut down"}})()
+	_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(t, err)
+	n, err := coll.CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+
+	// Without retries the error reaches the caller, labelled.
+	noRetry := connect(t, srv.URI(), options.Client().SetRetryWrites(false))
+	defer srv.FailCommand(FailPoint{Commands: []string{"insert"}, Times: 1,
+		WriteConcernError: &WriteConcernError{Code: 64, Message: "waiting for replication timed out"}})()
+	_, err = noRetry.Database("wce").Collection("c").InsertOne(ctx, bson.D{{Key: "_id", Value: 2}})
+	var we mongo.WriteException
+	require.ErrorAs(t, err, &we)
+	require.NotNil(t, we.WriteConcernError)
+	require.Equal(t, 64, we.WriteConcernError.Code)
+}
+
+func TestFailPointTransientTransactionError(t *testing.T) {
+	t.Parallel()
+	srv, client := setup(t)
+	coll := client.Database("txn").Collection("c")
+	ctx := testCtx(t)
+	require.NoError(t, client.Database("txn").CreateCollection(ctx, "c"))
+	defer srv.FailCommand(FailPoint{Commands: []string{"insert"}, ErrorCode: 112, Times: 1})()
+	sess, err := client.StartSession()
+	require.NoError(t, err)
+	defer sess.EndSession(ctx)
+	attempts := 0
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		attempts++
+		_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: attempts}})
+		return nil, err
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, attempts, "WriteConflict in a transaction is labelled TransientTransactionError and retried")
+	n, err := coll.CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
 }
