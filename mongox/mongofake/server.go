@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,14 +164,32 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // ("mongodb://HOST:PORT/?replicaSet=rs0"): sessions, transactions, change
 // streams, retryable reads and writes all work with the driver's defaults.
 func (s *Server) URI() string {
-	return "mongodb://" + s.Addr() + "/?replicaSet=" + s.cfg.replSet
+	return "mongodb://" + s.uriHost() + "/?replicaSet=" + s.cfg.replSet
+}
+
+// uriHost is the host:port URI and DirectURI use: the listener's address,
+// or the loopback address with its port when the server listens on an
+// unspecified address (hello then reports the address each client dialled).
+func (s *Server) uriHost() string {
+	if s.host != "" {
+		return s.host
+	}
+	tcp, ok := s.ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return s.Addr()
+	}
+	loopback := "127.0.0.1"
+	if h, _, err := net.SplitHostPort(s.cfg.listenAddr); err == nil && strings.Contains(h, ":") {
+		loopback = "::1" // an IPv6 literal such as "::" was asked for
+	}
+	return net.JoinHostPort(loopback, strconv.Itoa(tcp.Port))
 }
 
 // DirectURI returns a connection string that connects to the server directly
 // ("mongodb://HOST:PORT/?directConnection=true"), without replica set
 // discovery.
 func (s *Server) DirectURI() string {
-	return "mongodb://" + s.Addr() + "/?directConnection=true"
+	return "mongodb://" + s.uriHost() + "/?directConnection=true"
 }
 
 // ConnectionCount returns the number of open client connections.

@@ -2,6 +2,7 @@ package mongofake
 
 import (
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -341,4 +342,27 @@ func TestDropConnectionsEndsBlockedCommand(t *testing.T) {
 	srv.DropConnections()
 	expectClosed(t, nc)
 	waitFor(t, "connection goroutine ended", func() bool { return srv.ConnectionCount() == 0 })
+}
+
+func TestUnspecifiedListenAddress(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t, ListenAddr("0.0.0.0:0"))
+	require.Regexp(t, `^mongodb://127\.0\.0\.1:\d+/\?replicaSet=rs0$`, srv.URI())
+	client := connect(t, srv.URI())
+	reply, err := runCmd(t, client.Database("admin"), bson.D{{Key: "hello", Value: 1}})
+	require.NoError(t, err)
+	_, port, _ := net.SplitHostPort(srv.Addr())
+	require.Equal(t, "127.0.0.1:"+port, get(reply, "me"), "hello reports the address the client dialled")
+	require.Equal(t, bson.A{"127.0.0.1:" + port}, get(reply, "hosts"))
+}
+
+func TestCompressorsAreNotNegotiated(t *testing.T) {
+	t.Parallel()
+	srv := newTestServer(t)
+	client := connect(t, srv.URI()+"&compressors=zstd,snappy,zlib&appName=compress")
+	reply, err := runCmd(t, client.Database("admin"), bson.D{{Key: "hello", Value: 1}})
+	require.NoError(t, err)
+	require.Nil(t, get(reply, "compression"))
+	_, err = client.Database("c").Collection("c").InsertOne(testCtx(t), bson.D{{Key: "x", Value: 1}})
+	require.NoError(t, err)
 }
