@@ -417,47 +417,106 @@ func TestPublisherPermanentFailureMarksEventFailed(t *testing.T) {
 	require.NoError(t, coll.FindOne(context.Background(), bson.D{{Key: "failed", Value: true}}).Decode(&doc))
 	require.Contains(t, doc.Error, "MESSAGE_TOO_LARGE")
 	require.False(t, doc.Published)
-	require.EqualValues(t, 1, c.publisherStatus().Failed)
+	eventually(t, "failure counted", func() bool { return c.publisherStatus().Failed == 1 })
 }
 
-// cuttableDialer dials normally until cut, then drops every connection it
-// made and refuses new ones.
+// cuttableDialer dials normally until cut. A cut either drops every
+// connection it made and refuses new ones (the member notices at once), or,
+// in blackhole mode, leaves connections open but silent: writes vanish and
+// reads block until the connection is closed (the member notices only by
+// timeouts).
 type cuttableDialer struct {
+	blackhole bool
+
 	mu    sync.Mutex
 	cut   bool
-	conns []net.Conn
+	conns []*holeConn
+}
+
+type holeConn struct {
+	net.Conn
+	d      *cuttableDialer
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *holeConn) silent() bool {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	return c.d.cut && c.d.blackhole
+}
+
+func (c *holeConn) Write(b []byte) (int, error) {
+	if c.silent() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *holeConn) Read(b []byte) (int, error) {
+	if c.silent() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *holeConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 func (d *cuttableDialer) dial(ctx context.Context, network, host string) (net.Conn, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cut {
+	refuse := d.cut && !d.blackhole
+	d.mu.Unlock()
+	if refuse {
 		return nil, errors.New("test: network cut")
 	}
 	var nd net.Dialer
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	conn, err := nd.DialContext(dctx, network, host)
-	if err == nil {
-		d.conns = append(d.conns, conn)
+	if err != nil {
+		return nil, err
 	}
-	return conn, err
+	hc := &holeConn{Conn: conn, d: d, closed: make(chan struct{})}
+	d.mu.Lock()
+	d.conns = append(d.conns, hc)
+	d.mu.Unlock()
+	return hc, nil
 }
 
 func (d *cuttableDialer) setCut(cut bool) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.cut = cut
-	if cut {
-		for _, c := range d.conns {
+	conns := d.conns
+	if cut && !d.blackhole {
+		d.conns = nil
+	}
+	d.mu.Unlock()
+	if cut && !d.blackhole {
+		for _, c := range conns {
 			_ = c.Close()
 		}
-		d.conns = nil
 	}
 }
 
 func TestPublisherFencesZombieMember(t *testing.T) {
 	t.Parallel()
+	for _, blackhole := range []bool{false, true} {
+		name := "dropped"
+		if blackhole {
+			name = "blackholed"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testFencing(t, blackhole)
+		})
+	}
+}
+
+func testFencing(t *testing.T, blackhole bool) {
 	b := setup(t)
 	cfg := pubConfig(b)
 	cfg.PublishBatchSize = 5
@@ -479,7 +538,7 @@ func TestPublisherFencesZombieMember(t *testing.T) {
 	})
 	defer func() { cancel(); wg.Wait() }()
 
-	dialer := &cuttableDialer{}
+	dialer := &cuttableDialer{blackhole: blackhole}
 	stopA := runPub(t, ca, publisherOptions{hooks: log.hooks("A"), groupOpts: []kgo.Opt{kgo.Dialer(dialer.dial)}})
 	runPub(t, cb, publisherOptions{hooks: log.hooks("B")})
 	eventually(t, "split", func() bool { return splitEvenly(ca, cb) })

@@ -225,7 +225,12 @@ func (w *Worker) run() {
 			case roundLapsed:
 				continue // wait for the lease again
 			case roundNone:
-				if !w.fail(&attempt, "produce to", errors.New(w.cfg.Stats.LastError())) {
+				// The error is in Stats already.
+				d := w.cfg.Backoff.Delay(attempt)
+				attempt++
+				w.cfg.Logger.Warn("outbox publisher: produce failed; retrying", "partition", w.tp.String(),
+					"error", w.cfg.Stats.LastError(), "retry_in", d)
+				if !w.sleep(d) {
 					return
 				}
 				continue
