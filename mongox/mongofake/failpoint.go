@@ -55,9 +55,13 @@ type FailPoint struct {
 
 // WriteConcernError is the writeConcernError a FailPoint attaches to a reply.
 type WriteConcernError struct {
-	Code     int32
-	CodeName string // Defaults to the name of Code.
-	Message  string
+	// Code is the error code, for example 64 (WriteConcernFailed) or 91
+	// (ShutdownInProgress, retryable).
+	Code int32
+	// CodeName defaults to the name of Code.
+	CodeName string
+	// Message is the errmsg. Defaults to "".
+	Message string
 	// Labels are sent inside the writeConcernError document (older
 	// servers' placement). Defaults to none.
 	Labels []string
