@@ -23,8 +23,8 @@
 // URI returns a replica-set connection string (retryable writes, sessions,
 // transactions and change streams work with the driver's defaults);
 // DirectURI connects without replica set discovery. Give each test its own
-// database name, or its own server: a server starts in well under a
-// millisecond.
+// database name, or its own server: starting one is cheap (no process, no
+// disk).
 //
 // # Fault injection
 //
@@ -46,6 +46,6 @@
 //     (namespace "<db>.$cmd"), as drivers use it for the first hello.
 //   - No awaitable hello (topologyVersion is not reported) and no exhaust
 //     cursors; drivers fall back to polling.
-//   - One member only: read preferences other than primary are served by
-//     the primary, and w > 1 write concerns are satisfied trivially.
+//   - One member only: reads with any read preference are served by the
+//     primary.
 package mongofake
