@@ -615,3 +615,33 @@ func TestPublisherChangeStreamLossFallsBackToScan(t *testing.T) {
 	}
 	checkDelivery(t, r, b.kafkaEvents(t, ordersTopic, r.total()))
 }
+
+func TestPublisherStatusWhenNotRunning(t *testing.T) {
+	t.Parallel()
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	require.Equal(t, PublisherStatus{}, c.publisherStatus())
+}
+
+// TestPublisherThroughput measures the backlog rate (logged, not asserted:
+// it depends on the machine and on -race).
+func TestPublisherThroughput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measurement")
+	}
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	c := b.client(t, cfg)
+	r := newRecorder(b, c)
+	keys := keysN(500)
+	const txns = 10
+	for range txns {
+		r.record(t, keys...)
+	}
+	start := time.Now()
+	runPub(t, c, publisherOptions{})
+	eventually(t, "backlog published", func() bool { return b.published(t, cfg) == txns*500 })
+	el := time.Since(start)
+	t.Logf("published a backlog of %d events in %v (%.0f events/s, batch %d)", txns*500, el, float64(txns*500)/el.Seconds(), c.cfg.PublishBatchSize)
+}
