@@ -342,27 +342,49 @@ func TestPublishersSplitPartitionsAndHandOver(t *testing.T) {
 
 func TestPublisherKafkaOutageAndRecovery(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	cfg := pubConfig(b)
-	c := b.client(t, cfg)
-	r := newRecorder(b, c)
+	// refused: the brokers answer every produce with NOT_ENOUGH_REPLICAS.
+	// unreachable: the producer's connections are dropped and refused.
+	for _, mode := range []string{"refused", "unreachable"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg := pubConfig(b)
+			c := b.client(t, cfg)
+			r := newRecorder(b, c)
 
-	outage := b.kafka.Cluster.Fault(kfake.Fault{
-		Keys:  []kmsg.Key{kmsg.Produce},
-		Topic: ordersTopic,
-		Err:   kerr.NotEnoughReplicas,
-		Count: -1,
-	})
-	runPub(t, c, publisherOptions{})
-	r.record(t, keysN(20)...)
-	eventually(t, "produce attempts refused", func() bool { return outage.Hits() >= 3 })
-	require.Zero(t, b.published(t, cfg), "published while Kafka refuses writes")
-	eventually(t, "error visible in status", func() bool { return c.publisherStatus().LastError != "" })
-	t.Logf("status during outage: %+v", c.publisherStatus())
+			dialer := &cuttableDialer{}
+			var outage *kfake.FaultHandle
+			if mode == "refused" {
+				outage = b.kafka.Cluster.Fault(kfake.Fault{
+					Keys:  []kmsg.Key{kmsg.Produce},
+					Topic: ordersTopic,
+					Err:   kerr.NotEnoughReplicas,
+					Count: -1,
+				})
+			}
+			runPub(t, c, publisherOptions{producerOpts: []kgo.Opt{kgo.Dialer(dialer.dial)}})
+			eventually(t, "owns all", func() bool { return len(c.publisherStatus().Owned) == 3 })
+			if mode == "unreachable" {
+				dialer.setCut(true)
+			}
+			r.record(t, keysN(20)...)
+			if outage != nil {
+				eventually(t, "produce attempts refused", func() bool { return outage.Hits() >= 3 })
+			}
+			eventually(t, "error visible in status", func() bool { return c.publisherStatus().LastError != "" })
+			require.Zero(t, b.published(t, cfg), "published during the outage")
+			t.Logf("status during outage: %+v", c.publisherStatus())
 
-	outage.Remove()
-	eventually(t, "published after recovery", func() bool { return b.published(t, cfg) == 20 })
-	checkDelivery(t, r, b.kafkaEvents(t, ordersTopic, 20))
+			healed := time.Now()
+			if outage != nil {
+				outage.Remove()
+			}
+			dialer.setCut(false)
+			eventually(t, "published after recovery", func() bool { return b.published(t, cfg) == 20 })
+			t.Logf("published %v after Kafka came back", time.Since(healed))
+			checkDelivery(t, r, b.kafkaEvents(t, ordersTopic, 20))
+		})
+	}
 }
 
 func TestPublisherCrashBeforeMarkRepublishes(t *testing.T) {
@@ -644,4 +666,26 @@ func TestPublisherThroughput(t *testing.T) {
 	eventually(t, "backlog published", func() bool { return b.published(t, cfg) == txns*500 })
 	el := time.Since(start)
 	t.Logf("published a backlog of %d events in %v (%.0f events/s, batch %d)", txns*500, el, float64(txns*500)/el.Seconds(), c.cfg.PublishBatchSize)
+}
+
+func TestPublisherStopsPromptlyWithCoordinatorUnreachable(t *testing.T) {
+	t.Parallel()
+	for _, blackhole := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dropped", true: "blackholed"}[blackhole], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg := pubConfig(b)
+			c := b.client(t, cfg)
+			dialer := &cuttableDialer{blackhole: blackhole}
+			stop := runPub(t, c, publisherOptions{groupOpts: []kgo.Opt{kgo.Dialer(dialer.dial)}})
+			eventually(t, "owns all", func() bool { return len(c.publisherStatus().Owned) == 3 })
+			dialer.setCut(true)
+			began := time.Now()
+			stop()
+			el := time.Since(began)
+			t.Logf("stopped in %v with the coordinator unreachable", el)
+			require.Less(t, el, 15*time.Second)
+			dialer.setCut(false)
+		})
+	}
 }

@@ -342,7 +342,13 @@ func (w *Worker) publish(items []Item) round {
 		w.cfg.Stats.failed.Add(1)
 	}
 	if firstErr >= 0 {
-		w.cfg.Stats.SetError(fmt.Errorf("produce to %s: %w", w.tp, errs[firstErr]))
+		err := errs[firstErr]
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			// Kafka did not acknowledge before the lease-bound deadline; the
+			// producer's last error is lost in the cancellation.
+			err = fmt.Errorf("not acknowledged before the batch deadline (lease expiry or stop): %w", err)
+		}
+		w.cfg.Stats.SetError(fmt.Errorf("produce to %s: %w", w.tp, err))
 		if len(acked) > 0 || len(failed) > 0 {
 			return roundPartial
 		}
