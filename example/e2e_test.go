@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.uber.org/goleak"
+
+	"github.com/event-outbox/outbox"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// settleTimeout bounds how long an order may take to go from PENDING to its
+// final status: two publishes, two handlings, and on start the consumer
+// groups' first joins.
+const settleTimeout = 60 * time.Second
+
+// fastFailover shortens the group timings so a stopped replica's partitions
+// move quickly; a graceful stop hands them over at once anyway.
+func fastFailover(c *outbox.Config) {
+	c.SessionTimeout = 3 * time.Second
+	c.HeartbeatInterval = 300 * time.Millisecond
+	c.FenceMargin = time.Second
+	c.RetryMinBackoff = 20 * time.Millisecond
+	c.RetryMaxBackoff = time.Second
+}
+
+// shop is the example on the embedded stack, with replicas started and
+// stopped by the test.
+type shop struct {
+	t        *testing.T
+	stack    *stack
+	replicas []*runningReplica
+}
+
+type runningReplica struct {
+	*replica
+	url  string
+	stop func() // cancels the replica and waits for run to return; idempotent
+}
+
+// setup starts the embedded servers and n replicas on random ports. Everything
+// stops in t.Cleanup.
+func setup(t *testing.T, n int) *shop {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := startEmbedded(t.Context(), log)
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	s := &shop{t: t, stack: st}
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		r, err := newReplica(i+1, st, ln, log, fastFailover)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.run(ctx) }()
+		var once sync.Once
+		rr := &runningReplica{replica: r, url: "http://" + r.Addr()}
+		rr.stop = func() {
+			once.Do(func() {
+				cancel()
+				select {
+				case err := <-done:
+					require.NoError(t, err, "replica %d", r.id)
+				case <-time.After(time.Minute):
+					t.Errorf("replica %d did not stop within a minute", r.id)
+				}
+			})
+		}
+		t.Cleanup(rr.stop) // runs before st.Close (cleanups are LIFO)
+		s.replicas = append(s.replicas, rr)
+	}
+	return s
+}
+
+// do sends a request and decodes the JSON answer.
+func do(t *testing.T, method, url, body string) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, url, rd)
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"), "body: %s", raw)
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(bytes.NewReader(raw)).Decode(&out), "body: %s", raw)
+	return resp.StatusCode, out
+}
+
+// createOrder posts an order and returns its id.
+func (r *runningReplica) createOrder(t *testing.T, customer string, amount int) string {
+	t.Helper()
+	code, body := do(t, http.MethodPost, r.url+"/orders", fmt.Sprintf(`{"customer": %q, "amount": %d}`, customer, amount))
+	require.Equal(t, http.StatusCreated, code, "body: %v", body)
+	require.Equal(t, StatusPending, body["status"])
+	id, _ := body["id"].(string)
+	require.NotEmpty(t, id)
+	return id
+}
+
+// waitSettled polls GET /orders/{id} on r until the order leaves PENDING,
+// and returns it.
+func (r *runningReplica) waitSettled(t *testing.T, id string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		code, body := do(t, http.MethodGet, r.url+"/orders/"+id, "")
+		require.Equal(t, http.StatusOK, code, "body: %v", body)
+		if body["status"] != StatusPending {
+			return body
+		}
+		if time.Now().After(deadline) {
+			status, _ := r.status(t.Context())
+			t.Fatalf("order %s still PENDING after %v; outbox status: %+v", id, settleTimeout, status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// paymentsOf counts the payment documents of an order.
+func (s *shop) paymentsOf(t *testing.T, orderID string) int64 {
+	t.Helper()
+	n, err := s.stack.mongo.Database(paymentsDB).Collection("payments").
+		CountDocuments(t.Context(), bson.D{{Key: "order_id", Value: orderID}})
+	require.NoError(t, err)
+	return n
+}
+
+// outboxEventsOf counts the outbox documents recorded for an order (the
+// order id is the partition key of every event about it).
+func (s *shop) outboxEventsOf(t *testing.T, orderID string) int64 {
+	t.Helper()
+	var total int64
+	for _, db := range []string{ordersDB, paymentsDB} {
+		n, err := s.stack.mongo.Database(db).Collection("outbox").
+			CountDocuments(t.Context(), bson.D{{Key: "key", Value: orderID}})
+		require.NoError(t, err)
+		total += n
+	}
+	return total
+}
+
+// waitDrained polls GET /outbox/status until nothing is pending, and checks
+// that nothing failed or was parked.
+func (r *runningReplica) waitDrained(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		code, body := do(t, http.MethodGet, r.url+"/outbox/status", "")
+		require.Equal(t, http.StatusOK, code, "body: %v", body)
+		ctxs, _ := body["contexts"].(map[string]any)
+		require.Len(t, ctxs, 2, "body: %v", body)
+		pending := 0.0
+		for name, v := range ctxs {
+			c, _ := v.(map[string]any)
+			require.Zero(t, c["failed"], "%s: %v", name, c)
+			require.Zero(t, c["parked"], "%s: %v", name, c)
+			pending += c["pending"].(float64)
+		}
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox not drained after %v: %v", settleTimeout, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestOrderIsPaidOrFailed(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 1)
+	r := s.replicas[0]
+
+	paid := r.createOrder(t, "ada", 42)
+	declined := r.createOrder(t, "bob", creditLimit+1)
+
+	o := r.waitSettled(t, paid)
+	require.Equal(t, StatusPaid, o["status"], "order: %v", o)
+	require.NotEmpty(t, o["payment_id"])
+	o = r.waitSettled(t, declined)
+	require.Equal(t, StatusFailed, o["status"], "order: %v", o)
+	require.Contains(t, o["reason"], "credit limit")
+
+	require.EqualValues(t, 1, s.paymentsOf(t, paid))
+	require.EqualValues(t, 1, s.paymentsOf(t, declined))
+	r.waitDrained(t)
+}
+
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 1)
+	r := s.replicas[0]
+	for _, tc := range []struct {
+		name, body string
+		code       int
+		msg        string
+	}{
+		{"empty body", "", http.StatusBadRequest, "empty body"},
+		{"not JSON", "{", http.StatusBadRequest, "invalid JSON"},
+		{"unknown field", `{"customer": "ada", "amount": 1, "x": 1}`, http.StatusBadRequest, `unknown field "x"`},
+		{"no customer", `{"amount": 1}`, http.StatusBadRequest, "customer is required"},
+		{"no amount", `{"customer": "ada"}`, http.StatusBadRequest, "amount is required"},
+		{"zero amount", `{"customer": "ada", "amount": 0}`, http.StatusBadRequest, "positive"},
+		{"fractional amount", `{"customer": "ada", "amount": 1.5}`, http.StatusBadRequest, "amount"},
+		{"two values", `{"customer": "ada", "amount": 1} {}`, http.StatusBadRequest, "more than one value"},
+	} {
+		code, body := do(t, http.MethodPost, r.url+"/orders", tc.body)
+		require.Equal(t, tc.code, code, "%s: %v", tc.name, body)
+		require.Contains(t, body["error"], tc.msg, tc.name)
+	}
+	code, body := do(t, http.MethodPost, r.url+"/orders?fail_after_write=maybe", `{"customer": "ada", "amount": 1}`)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body["error"], "fail_after_write")
+
+	code, body = do(t, http.MethodGet, r.url+"/orders/nope", "")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["error"], "not found")
+}
+
+func TestAbortedTransactionLeavesNothing(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 1)
+	r := s.replicas[0]
+
+	code, body := do(t, http.MethodPost, r.url+"/orders?fail_after_write=1", `{"customer": "eve", "amount": 7}`)
+	require.Equal(t, http.StatusInternalServerError, code, "body: %v", body)
+	aborted, _ := body["order_id"].(string)
+	require.NotEmpty(t, aborted)
+
+	code, _ = do(t, http.MethodGet, r.url+"/orders/"+aborted, "")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Zero(t, s.outboxEventsOf(t, aborted), "an aborted transaction left an outbox event")
+
+	// An order created afterwards goes all the way through: by then anything
+	// the aborted attempt might have leaked would have been processed too.
+	ok := r.createOrder(t, "eve", 7)
+	require.Equal(t, StatusPaid, r.waitSettled(t, ok)["status"])
+	r.waitDrained(t)
+	require.Zero(t, s.paymentsOf(t, aborted), "the payments context saw an order that was never committed")
+	require.Zero(t, s.outboxEventsOf(t, aborted))
+	require.EqualValues(t, 2, s.outboxEventsOf(t, ok)) // OrderCreated + PaymentCompleted
+}
+
+func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
+	t.Parallel()
+	s := setup(t, 3)
+	const perPhase = 12
+	var ids []string
+	amount := func(i int) int { return 100 + i*97 } // some over the credit limit
+	create := func(reps []*runningReplica, from int) {
+		for i := range perPhase {
+			n := from + i
+			ids = append(ids, reps[n%len(reps)].createOrder(t, fmt.Sprintf("customer-%d", n), amount(n)))
+		}
+	}
+
+	create(s.replicas, 0)
+	// Stop replica 2 while the first orders are in flight; the other two take
+	// over its partitions, in both groups of both contexts.
+	s.replicas[1].stop()
+	alive := []*runningReplica{s.replicas[0], s.replicas[2]}
+	create(alive, perPhase)
+
+	for i, id := range ids {
+		o := alive[i%2].waitSettled(t, id)
+		want := StatusPaid
+		if amount(i) > creditLimit {
+			want = StatusFailed
+		}
+		require.Equal(t, want, o["status"], "order %d: %v", i, o)
+		require.EqualValues(t, 1, s.paymentsOf(t, id), "order %d was charged more or less than once", i)
+	}
+	alive[0].waitDrained(t)
+}

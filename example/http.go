@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/event-outbox/outbox"
+)
+
+// routes is the replica's HTTP API:
+//
+//	POST /orders                      {"customer": "ada", "amount": 42} -> 201 order
+//	POST /orders?fail_after_write=1   writes, then aborts -> 500, nothing stored
+//	GET  /orders/{id}                 -> 200 order, 404 unknown
+//	GET  /outbox/status               -> pending, failed and parked counts per context
+//	GET  /outbox/parked               -> parked events per context
+//	GET  /healthz                     -> 200 when MongoDB answers
+func (r *replica) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", r.createOrder)
+	mux.HandleFunc("GET /orders/{id}", r.getOrder)
+	mux.HandleFunc("GET /outbox/status", r.outboxStatus)
+	mux.HandleFunc("GET /outbox/parked", r.parked)
+	mux.HandleFunc("GET /healthz", r.healthz)
+	return mux
+}
+
+// maxBody caps request bodies.
+const maxBody = 64 << 10
+
+type createOrderRequest struct {
+	Customer string `json:"customer"`
+	Amount   *int64 `json:"amount"`
+}
+
+func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
+	failAfterWrite := false
+	if v := req.URL.Query().Get("fail_after_write"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "fail_after_write must be true or false, got %q", v)
+			return
+		}
+		failAfterWrite = b
+	}
+	if ct := req.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json, got %q", ct)
+		return
+	}
+	var body createOrderRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, req.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			writeError(w, http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxBody)
+		case errors.Is(err, io.EOF):
+			writeError(w, http.StatusBadRequest, `empty body: want {"customer": "...", "amount": 42}`)
+		default:
+			writeError(w, http.StatusBadRequest, "invalid JSON body: %v", err)
+		}
+		return
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: more than one value")
+		return
+	}
+	body.Customer = strings.TrimSpace(body.Customer)
+	switch {
+	case body.Customer == "":
+		writeError(w, http.StatusBadRequest, "customer is required")
+		return
+	case len(body.Customer) > 200:
+		writeError(w, http.StatusBadRequest, "customer is longer than 200 bytes")
+		return
+	case body.Amount == nil:
+		writeError(w, http.StatusBadRequest, "amount is required")
+		return
+	case *body.Amount <= 0:
+		writeError(w, http.StatusBadRequest, "amount must be a positive whole number, got %d", *body.Amount)
+		return
+	}
+
+	o, err := r.orders.Create(req.Context(), body.Customer, *body.Amount, failAfterWrite)
+	switch {
+	case errors.Is(err, errAbortedOnPurpose):
+		writeJSON(w, http.StatusInternalServerError, map[string]any{
+			"error":    err.Error(),
+			"order_id": o.ID,
+			"note":     "the transaction was aborted: GET /orders/" + o.ID + " answers 404 and no OrderCreated was published",
+		})
+	case errors.Is(err, outbox.ErrInvalidEvent):
+		writeError(w, http.StatusBadRequest, "%v", err)
+	case err != nil:
+		r.log.Error("create order", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "could not create the order: %v", err)
+	default:
+		w.Header().Set("Location", "/orders/"+o.ID)
+		writeJSON(w, http.StatusCreated, o)
+	}
+}
+
+func (r *replica) getOrder(w http.ResponseWriter, req *http.Request) {
+	id := req.PathValue("id")
+	o, err := r.orders.Get(req.Context(), id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, "order %q not found", id)
+	case err != nil:
+		r.log.Error("get order", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "could not read the order: %v", err)
+	default:
+		writeJSON(w, http.StatusOK, o)
+	}
+}
+
+func (r *replica) outboxStatus(w http.ResponseWriter, req *http.Request) {
+	st, err := r.status(req.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "could not read the outbox status: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (r *replica) parked(w http.ResponseWriter, req *http.Request) {
+	out := map[string][]outbox.ParkedEvent{}
+	for name, c := range map[string]*outbox.Client{"orders": r.orders.client, "payments": r.payments.client} {
+		evs, err := c.ParkedEvents(req.Context(), 100)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "could not list parked events: %v", err)
+			return
+		}
+		out[name] = evs
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (r *replica) healthz(w http.ResponseWriter, req *http.Request) {
+	ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
+	defer cancel()
+	if err := r.stack.mongo.Ping(ctx, nil); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "MongoDB: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "replica": r.id})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, map[string]string{"error": fmt.Sprintf(format, args...)})
+}

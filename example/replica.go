@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/event-outbox/outbox"
+)
+
+// Database names of the two bounded contexts. Each context keeps its
+// business collections and its own outbox and inbox in its database, as two
+// separate services would.
+const (
+	ordersDB   = "shop_orders"
+	paymentsDB = "shop_payments"
+)
+
+// replica is one instance of the example service: the orders and payments
+// contexts, each with its own framework Client, behind one HTTP server.
+// Replicas of the same stack split the Kafka partitions between them.
+type replica struct {
+	id       int
+	log      *slog.Logger
+	stack    *stack
+	orders   *ordersService
+	payments *paymentsService
+	server   *http.Server
+	ln       net.Listener
+}
+
+// tuning adjusts the framework configuration of a replica (tests shorten
+// timeouts with it).
+type tuning func(*outbox.Config)
+
+// newReplica wires a replica listening on ln.
+func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tuning) (*replica, error) {
+	log = log.With("replica", id)
+	base := outbox.Config{
+		Mongo:        st.mongo,
+		Brokers:      st.brokers,
+		KafkaOptions: st.kafkaOpts,
+	}
+	if tune != nil {
+		tune(&base)
+	}
+
+	ocfg := base
+	ocfg.Database = ordersDB
+	ocfg.Service = "orders"
+	ocfg.PublishTopics = []string{ordersTopic}
+	ocfg.Logger = log.With("service", "orders")
+	oc, err := outbox.New(ocfg)
+	if err != nil {
+		return nil, fmt.Errorf("orders: %w", err)
+	}
+
+	pcfg := base
+	pcfg.Database = paymentsDB
+	pcfg.Service = "payments"
+	pcfg.PublishTopics = []string{paymentsTopic}
+	pcfg.Logger = log.With("service", "payments")
+	pc, err := outbox.New(pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
+	}
+
+	r := &replica{
+		id:       id,
+		log:      log,
+		stack:    st,
+		orders:   newOrdersService(oc, st.mongo.Database(ordersDB)),
+		payments: newPaymentsService(pc, st.mongo.Database(paymentsDB)),
+		ln:       ln,
+	}
+	r.server = &http.Server{
+		Handler:           r.routes(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return r, nil
+}
+
+// Addr is the HTTP address the replica serves on.
+func (r *replica) Addr() string { return r.ln.Addr().String() }
+
+// run serves HTTP and runs both framework clients until ctx ends. Shutdown
+// order: stop accepting requests and finish those in flight (so no request
+// records an event after its context is gone), then let the clients drain
+// (handlers in hand finish and commit their offsets, the publishers leave
+// their groups so other replicas take over at once).
+func (r *replica) run(ctx context.Context) error {
+	runCtx, stopClients := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopClients()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for name, c := range map[string]*outbox.Client{"orders": r.orders.client, "payments": r.payments.client} {
+		wg.Go(func() {
+			if err := c.Run(runCtx); err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+			}
+		})
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- r.server.Serve(r.ln) }()
+	r.log.Info("serving", "addr", "http://"+r.Addr())
+
+	var fatal error
+	select {
+	case <-ctx.Done():
+	case fatal = <-errs:
+		r.log.Error("framework stopped", "err", fatal)
+	case err := <-serveErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			fatal = fmt.Errorf("http: %w", err)
+		}
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := r.server.Shutdown(shutdownCtx); err != nil {
+		r.log.Warn("http shutdown", "err", err)
+	}
+	stopClients()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		fatal = cmpErr(fatal, err)
+	}
+	r.log.Info("stopped")
+	return fatal
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
