@@ -225,10 +225,11 @@ func TestConsumerCommitsOffsetOnlyAfterTransaction(t *testing.T) {
 	b.produce(t, b.envelope("slow"), b.payload(t, "o-1", 0))
 	<-entered
 	// The handler is mid-transaction: nothing may be committed yet.
-	require.Never(t, func() bool { return committed(t, b, cfg.ConsumerGroup, ordersTopic, 0) >= 0 }, 300*time.Millisecond, 50*time.Millisecond)
+	require.Never(t, func() bool { return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) >= 0 }, 300*time.Millisecond, 50*time.Millisecond)
 	close(release)
+	eventually(t, "effect committed", func() bool { return count(t, effects, bson.D{}) == 1 })
 	eventually(t, "offset committed after the transaction", func() bool {
-		return committed(t, b, cfg.ConsumerGroup, ordersTopic, 0) == 1
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 1
 	})
 	stop()
 

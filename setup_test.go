@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -76,6 +78,7 @@ func (b *bundle) config(service string) Config {
 		SessionTimeout:    6 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		FenceMargin:       2 * time.Second,
+		Logger:            debugLogger,
 	}
 }
 
@@ -112,7 +115,7 @@ func start(t *testing.T, c *Client) (stop func()) {
 // produce writes a framework record straight to Kafka, bypassing the outbox.
 func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
 	t.Helper()
-	cl := b.kafka.Client(t)
+	cl := b.kafka.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if env.OccurredAt.IsZero() {
 		env.OccurredAt = time.Now()
 	}
@@ -123,7 +126,7 @@ func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
 
 func (b *bundle) produceRaw(t *testing.T, rec *kgo.Record) {
 	t.Helper()
-	cl := b.kafka.Client(t)
+	cl := b.kafka.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
 }
 
@@ -147,3 +150,11 @@ func count(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {
 }
 
 var _ = mongofake.TTLInterval // used by TTL tests
+// debugLogger logs the framework's debug output when OUTBOX_TEST_DEBUG is
+// set; tests are quiet otherwise.
+var debugLogger = func() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}()
