@@ -33,9 +33,9 @@ const settleTimeout = 60 * time.Second
 // fastFailover shortens the group timings so a stopped replica's partitions
 // move quickly; a graceful stop hands them over at once anyway.
 func fastFailover(c *outbox.Config) {
-	c.SessionTimeout = 3 * time.Second
-	c.HeartbeatInterval = 300 * time.Millisecond
-	c.FenceMargin = time.Second
+	c.SessionTimeout = 6 * time.Second // Kafka's minimum (group.min.session.timeout.ms)
+	c.HeartbeatInterval = 500 * time.Millisecond
+	c.FenceMargin = 2 * time.Second
 	c.RetryMinBackoff = 20 * time.Millisecond
 	c.RetryMaxBackoff = time.Second
 }

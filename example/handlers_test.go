@@ -37,9 +37,9 @@ func TestPaymentsHandler(t *testing.T) {
 			// Separate collections: both clients share the test database.
 			OutboxCollection:  service + "_outbox",
 			InboxCollection:   service + "_inbox",
-			SessionTimeout:    3 * time.Second,
-			HeartbeatInterval: 300 * time.Millisecond,
-			FenceMargin:       time.Second,
+			SessionTimeout:    6 * time.Second, // Kafka's minimum
+			HeartbeatInterval: 500 * time.Millisecond,
+			FenceMargin:       2 * time.Second,
 		})
 		require.NoError(t, err)
 		return c
@@ -78,12 +78,18 @@ func TestPaymentsHandler(t *testing.T) {
 		return outbox.Record(ctx, OrderCreated{OrderID: id2, Customer: "bob", Amount: 5000})
 	}))
 
-	// Wait until the payments group has committed past every record of the
-	// topic: all three deliveries were handled (or skipped as duplicates).
-	adm := kenv.Admin()
+	// Wait until the three events are published, then until the payments
+	// group has committed past them: all three deliveries were handled (or
+	// skipped as duplicates).
 	waitFor(t, func() bool {
-		ends, err := adm.ListEndOffsets(t.Context(), ordersTopic)
+		n, err := db.Collection("orders_outbox").CountDocuments(t.Context(), bson.D{{Key: "published", Value: true}})
 		require.NoError(t, err)
+		return n == 3
+	})
+	adm := kenv.Admin()
+	ends, err := adm.ListEndOffsets(t.Context(), ordersTopic)
+	require.NoError(t, err)
+	waitFor(t, func() bool {
 		committed, err := adm.FetchOffsetsForTopics(t.Context(), paymentsGroup, ordersTopic)
 		if err != nil {
 			return false // the group may not exist yet
