@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-playground/validator/v10"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -26,6 +27,7 @@ type Client struct {
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *topicCache
+	pub           atomic.Pointer[publisher] // the running publisher, for status
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler

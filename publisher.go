@@ -94,16 +94,12 @@ type publisher struct {
 	stats *publish.Stats
 }
 
-// publishers maps a running Client to its publisher, for publisherStatus.
-var publishers sync.Map // *Client -> *publisher
-
 // publisherStatus returns a snapshot of the publisher's state.
 func (c *Client) publisherStatus() PublisherStatus {
-	v, ok := publishers.Load(c)
-	if !ok {
+	p := c.pub.Load()
+	if p == nil {
 		return PublisherStatus{}
 	}
-	p := v.(*publisher)
 	st := PublisherStatus{
 		Running:    true,
 		Published:  p.stats.Published(),
@@ -230,8 +226,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// The group only assigns partitions; its members never fetch.
 	group.PauseFetchTopics(cfg.PublishTopics...)
 
-	publishers.Store(c, p)
-	defer publishers.Delete(c)
+	c.pub.Store(p)
+	defer c.pub.Store(nil)
 
 	// Background loops, owned here and stopped by cancelling bg.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
