@@ -7,14 +7,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.uber.org/goleak"
 
@@ -268,9 +272,52 @@ func TestAbortedTransactionLeavesNothing(t *testing.T) {
 	require.EqualValues(t, 2, s.outboxEventsOf(t, ok)) // OrderCreated + PaymentCompleted
 }
 
+// waitSplit waits until each of the four Kafka groups (consumer and
+// publisher group of both contexts) has n members that share all
+// partitions, each member owning at least one.
+func (s *shop) waitSplit(t *testing.T, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.stack.brokers...))
+	require.NoError(t, err)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	groups := map[string]string{ // group -> topic it is assigned
+		"orders": paymentsTopic, "payments": ordersTopic,
+		"orders.outbox-publisher": ordersTopic, "payments.outbox-publisher": paymentsTopic,
+	}
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		described, err := adm.DescribeGroups(t.Context(), slices.Collect(maps.Keys(groups))...)
+		require.NoError(t, err)
+		split, state := true, ""
+		for name, topic := range groups {
+			g := described[name]
+			covered := len(g.AssignedPartitions()[topic])
+			state += fmt.Sprintf("%s: %s, %d members, %d partitions; ", name, g.State, len(g.Members), covered)
+			if g.Err != nil || g.State != "Stable" || len(g.Members) != n || covered != defaultPartitions {
+				split = false
+				continue
+			}
+			for _, m := range g.Members {
+				if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+					split = false
+				}
+			}
+		}
+		if split {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("groups not split over %d members after %v: %s", n, settleTimeout, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 	t.Parallel()
 	s := setup(t, 3)
+	s.waitSplit(t, 3)
 	const perPhase = 12
 	var ids []string
 	amount := func(i int) int { return 100 + i*97 } // some over the credit limit
@@ -285,6 +332,10 @@ func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 	// Stop replica 2 while the first orders are in flight; the other two take
 	// over its partitions, in both groups of both contexts.
 	s.replicas[1].stop()
+	if resp, err := http.Get(s.replicas[1].url + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Fatal("replica 2 still serves HTTP after its stop")
+	}
 	alive := []*runningReplica{s.replicas[0], s.replicas[2]}
 	create(alive, perPhase)
 
@@ -298,4 +349,5 @@ func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 		require.EqualValues(t, 1, s.paymentsOf(t, id), "order %d was charged more or less than once", i)
 	}
 	alive[0].waitDrained(t)
+	s.waitSplit(t, 2)
 }
