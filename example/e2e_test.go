@@ -318,6 +318,7 @@ func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 	t.Parallel()
 	s := setup(t, 3)
 	s.waitSplit(t, 3)
+	s.requireStatusCoversPartitions(t, s.replicas)
 	const perPhase = 12
 	var ids []string
 	amount := func(i int) int { return 100 + i*97 } // some over the credit limit
@@ -350,4 +351,33 @@ func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 	}
 	alive[0].waitDrained(t)
 	s.waitSplit(t, 2)
+	s.requireStatusCoversPartitions(t, alive)
+}
+
+// requireStatusCoversPartitions checks that the replicas' GET /outbox/status
+// together list every partition exactly once, for publishing and handling
+// in both contexts.
+func (s *shop) requireStatusCoversPartitions(t *testing.T, reps []*runningReplica) {
+	t.Helper()
+	seen := map[string]int{} // "context/kind/topic/partition" -> count
+	for _, r := range reps {
+		code, body := do(t, http.MethodGet, r.url+"/outbox/status", "")
+		require.Equal(t, http.StatusOK, code, "body: %v", body)
+		for name, v := range body["contexts"].(map[string]any) {
+			c := v.(map[string]any)
+			for _, kind := range []string{"publishing", "handling"} {
+				byTopic, _ := c[kind].(map[string]any)
+				require.NotEmpty(t, byTopic, "replica %d owns nothing for %s %s: %v", r.id, name, kind, body)
+				for topic, ps := range byTopic {
+					for _, p := range ps.([]any) {
+						seen[fmt.Sprintf("%s/%s/%s/%v", name, kind, topic, p)]++
+					}
+				}
+			}
+		}
+	}
+	require.Len(t, seen, 4*defaultPartitions, "partitions listed: %v", seen)
+	for k, n := range seen {
+		require.Equal(t, 1, n, "%s listed by %d replicas", k, n)
+	}
 }

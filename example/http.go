@@ -19,7 +19,7 @@ import (
 //	POST /orders                      {"customer": "ada", "amount": 42} -> 201 order
 //	POST /orders?fail_after_write=1   writes, then aborts -> 500, nothing stored
 //	GET  /orders/{id}                 -> 200 order, 404 unknown
-//	GET  /outbox/status               -> pending, failed and parked counts per context
+//	GET  /outbox/status               -> per context: pending, failed and parked counts, owned partitions
 //	GET  /outbox/parked               -> parked events per context
 //	GET  /healthz                     -> 200 when MongoDB answers
 func (r *replica) routes() http.Handler {

@@ -7,8 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox"
 )
@@ -32,6 +36,11 @@ type replica struct {
 	payments *paymentsService
 	server   *http.Server
 	ln       net.Listener
+	// clientIDs are the Kafka client ids of the two contexts' clients,
+	// unique to this replica, so that GET /outbox/status can find this
+	// replica's members in the groups.
+	clientIDs map[string]string
+	admin     *kgo.Client
 }
 
 // tuning adjusts the framework configuration of a replica (tests shorten
@@ -49,12 +58,20 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 	if tune != nil {
 		tune(&base)
 	}
+	host, _ := os.Hostname()
+	clientIDs := map[string]string{}
+	withClientID := func(cfg *outbox.Config) {
+		id := fmt.Sprintf("outbox-example-%s-%d-r%d-%s", host, os.Getpid(), id, cfg.Service)
+		clientIDs[cfg.Service] = id
+		cfg.KafkaOptions = append(slices.Clone(cfg.KafkaOptions), kgo.ClientID(id))
+	}
 
 	ocfg := base
 	ocfg.Database = ordersDB
 	ocfg.Service = "orders"
 	ocfg.PublishTopics = []string{ordersTopic}
 	ocfg.Logger = log.With("service", "orders")
+	withClientID(&ocfg)
 	oc, err := outbox.New(ocfg)
 	if err != nil {
 		return nil, fmt.Errorf("orders: %w", err)
@@ -65,18 +82,25 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 	pcfg.Service = "payments"
 	pcfg.PublishTopics = []string{paymentsTopic}
 	pcfg.Logger = log.With("service", "payments")
+	withClientID(&pcfg)
 	pc, err := outbox.New(pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
 
+	admin, err := kgo.NewClient(append(slices.Clone(st.kafkaOpts), kgo.SeedBrokers(st.brokers...))...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka admin client: %w", err)
+	}
 	r := &replica{
-		id:       id,
-		log:      log,
-		stack:    st,
-		orders:   newOrdersService(oc, st.mongo.Database(ordersDB)),
-		payments: newPaymentsService(pc, st.mongo.Database(paymentsDB)),
-		ln:       ln,
+		id:        id,
+		log:       log,
+		stack:     st,
+		orders:    newOrdersService(oc, st.mongo.Database(ordersDB)),
+		payments:  newPaymentsService(pc, st.mongo.Database(paymentsDB)),
+		ln:        ln,
+		clientIDs: clientIDs,
+		admin:     admin,
 	}
 	r.server = &http.Server{
 		Handler:           r.routes(),
@@ -95,6 +119,7 @@ func (r *replica) Addr() string { return r.ln.Addr().String() }
 // (handlers in hand finish and commit their offsets, the publishers leave
 // their groups so other replicas take over at once).
 func (r *replica) run(ctx context.Context) error {
+	defer r.admin.Close()
 	runCtx, stopClients := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopClients()
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -26,6 +28,12 @@ type contextStatus struct {
 	// Parked counts received events whose handler gave up (see
 	// GET /outbox/parked).
 	Parked int64 `json:"parked"`
+	// Publishing lists, by topic, the partitions this replica publishes
+	// to: its assignment in the context's publisher group.
+	Publishing map[string][]int32 `json:"publishing"`
+	// Handling lists, by topic, the partitions whose events this replica
+	// handles: its assignment in the context's consumer group.
+	Handling map[string][]int32 `json:"handling"`
 }
 
 // replicaStatus is the body of GET /outbox/status.
@@ -34,19 +42,54 @@ type replicaStatus struct {
 	Contexts map[string]contextStatus `json:"contexts"`
 }
 
-// status reads the outbox and inbox collections directly. The framework
-// keeps which partitions this replica publishes to itself (the publisher's
-// status is not exported yet), so owned partitions are not shown.
+// status reads the outbox and inbox collections directly, and this
+// replica's partitions from the Kafka groups as their coordinator
+// describes them (the framework does not export its publisher's status
+// yet). During a rebalance the assignments may lag for a moment.
 func (r *replica) status(ctx context.Context) (replicaStatus, error) {
 	out := replicaStatus{Replica: r.id, Contexts: map[string]contextStatus{}}
+	// Group names are the Config defaults: Service, Service + ".outbox-publisher".
+	groups := map[string][2]string{} // context -> consumer group, publisher group
+	var names []string
+	for _, name := range []string{"orders", "payments"} {
+		g := [2]string{name, name + ".outbox-publisher"}
+		groups[name] = g
+		names = append(names, g[0], g[1])
+	}
+	described, err := kadm.NewClient(r.admin).DescribeGroups(ctx, names...)
+	if err != nil {
+		return out, fmt.Errorf("describe Kafka groups: %w", err)
+	}
 	for name, db := range map[string]string{"orders": ordersDB, "payments": paymentsDB} {
 		st, err := readStatus(ctx, r.stack.mongo.Database(db))
 		if err != nil {
 			return out, fmt.Errorf("%s: %w", name, err)
 		}
+		st.Handling = assignedTo(described[groups[name][0]], r.clientIDs[name])
+		st.Publishing = assignedTo(described[groups[name][1]], r.clientIDs[name])
 		out.Contexts[name] = st
 	}
 	return out, nil
+}
+
+// assignedTo returns the partitions a group assigns to the member with the
+// given client id, by topic, sorted.
+func assignedTo(g kadm.DescribedGroup, clientID string) map[string][]int32 {
+	out := map[string][]int32{}
+	for _, m := range g.Members {
+		if m.ClientID != clientID {
+			continue
+		}
+		if a, ok := m.Assigned.AsConsumer(); ok {
+			for _, t := range a.Topics {
+				out[t.Topic] = append(out[t.Topic], t.Partitions...)
+			}
+		}
+	}
+	for _, ps := range out {
+		slices.Sort(ps)
+	}
+	return out
 }
 
 // readStatus counts with the same filters the framework's indexes serve
