@@ -37,6 +37,7 @@ func failPointCases(t *testing.T, env EnvFunc) {
 		{"Times", testFailPointTimes},
 		{"BlockConnection", testFailPointBlock},
 		{"AlwaysOnThenOff", testFailPointOff},
+		{"GoFaultAPI", testGoFaultAPI},
 	})
 }
 

@@ -14,6 +14,7 @@ func aggregateCases(t *testing.T, env EnvFunc) {
 		{"Stages", testAggregateStages},
 		{"GroupAccumulators", testGroupAccumulators},
 		{"BatchesAndGetMore", testAggregateGetMore},
+		{"MoreStages", testMoreStages},
 	})
 }
 

@@ -28,6 +28,7 @@ func changeStreamCases(t *testing.T, env EnvFunc) {
 		{"TransactionEvents", testCSTransaction},
 		{"TryNextEmpty", testCSTryNext},
 		{"HistoryLost", testCSHistoryLost},
+		{"ResumeOnNetworkError", testCSResumeOnNetworkError},
 	})
 }
 

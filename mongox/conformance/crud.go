@@ -29,6 +29,11 @@ func crudCases(t *testing.T, env EnvFunc) {
 		{"FindOneAndModify", testFindOneAndModify},
 		{"Counts", testCounts},
 		{"Distinct", testDistinct},
+		{"BulkWrite", testBulkWrite},
+		{"UnacknowledgedWrite", testUnacknowledgedWrite},
+		{"RoundTripAllTypes", testRoundTripTypes},
+		{"LargeInsertMany", testLargeInsertMany},
+		{"Projection", testProjection},
 	})
 }
 

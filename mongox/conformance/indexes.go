@@ -23,6 +23,7 @@ func indexCases(t *testing.T, env EnvFunc) {
 		{"UniqueViolation", testUniqueViolation},
 		{"UniqueIndexOnExistingDuplicates", testUniqueOnExistingDuplicates},
 		{"CompoundUnique", testCompoundUnique},
+		{"UniqueMultikey", testUniqueMultikey},
 		{"PartialUnique", testPartialUnique},
 		{"ListIndexes", testListIndexes},
 		{"DropIndexes", testDropIndexes},

@@ -16,6 +16,7 @@ func queryCases(t *testing.T, env EnvFunc) {
 		{"SortMixedTypes", testSortMixedTypes},
 		{"SortArrays", testSortArrays},
 		{"InvalidQueries", testInvalidQueries},
+		{"ExprTypesNestedArrays", testQueryMisc},
 	})
 }
 

@@ -28,6 +28,7 @@ func txnCases(t *testing.T, env EnvFunc) {
 		{"NonTxnWriteWaitsForTxn", testNonTxnWriteWaits},
 		{"TransactionLifetimeLimit", testTxnLifetime},
 		{"RetryableWriteAppliedOnce", testRetryableWrite},
+		{"ImplicitCollectionCreation", testTxnImplicitCreate},
 	})
 }
 
