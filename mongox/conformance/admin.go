@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,6 +203,9 @@ func testUnknownCommand(t *testing.T, env EnvFunc) {
 // in t.Cleanup. Against a real MongoDB without test commands it skips.
 func setFailPoint(t *testing.T, ctx context.Context, e *mongotest.Env, mode, data string) {
 	t.Helper()
+	if e.Real {
+		holdFailPoint(t)
+	}
 	cmd := bson.D{{Key: "configureFailPoint", Value: "failCommand"}, {Key: "mode", Value: D(`{"m":` + mode + `}`)[0].Value}, {Key: "data", Value: D(data)}}
 	err := e.Client.Database("admin").RunCommand(ctx, cmd).Err()
 	if err != nil && e.Real {
@@ -212,6 +216,24 @@ func setFailPoint(t *testing.T, ctx context.Context, e *mongotest.Env, mode, dat
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = e.Client.Database("admin").RunCommand(ctx, D(`{"configureFailPoint":"failCommand","mode":"off"}`)).Err()
+	})
+}
+
+// failCommand is one fail point per server: cases sharing a real server take
+// turns using it, from their first setFailPoint until they end.
+var (
+	failPointMu      sync.Mutex
+	failPointHolders sync.Map // *testing.T -> struct{}
+)
+
+func holdFailPoint(t *testing.T) {
+	if _, held := failPointHolders.LoadOrStore(t, struct{}{}); held {
+		return
+	}
+	failPointMu.Lock()
+	t.Cleanup(func() {
+		failPointHolders.Delete(t)
+		failPointMu.Unlock()
 	})
 }
 
