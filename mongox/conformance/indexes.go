@@ -24,6 +24,7 @@ func indexCases(t *testing.T, env EnvFunc) {
 		{"UniqueIndexOnExistingDuplicates", testUniqueOnExistingDuplicates},
 		{"CompoundUnique", testCompoundUnique},
 		{"UniqueMultikey", testUniqueMultikey},
+		{"ConcurrentUpsertsOnUniqueKey", testConcurrentUpserts},
 		{"PartialUnique", testPartialUnique},
 		{"ListIndexes", testListIndexes},
 		{"DropIndexes", testDropIndexes},

@@ -257,3 +257,26 @@ func testGoFaultAPI(t *testing.T, env EnvFunc) {
 	defer cancel3()
 	require.NoError(t, coll.FindOne(ctx2, bson.D{}).Err(), "the driver reconnects after DropConnections (retryable read)")
 }
+
+func testConcurrentUpserts(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"key":1}`), Options: options.Index().SetUnique(true)})
+	require.NoError(t, err)
+	const workers = 16
+	errs := make(chan error, workers)
+	start := make(chan struct{})
+	for range workers {
+		go func() {
+			<-start
+			_, err := coll.UpdateOne(ctx, D(`{"key":"k"}`), D(`{"$inc":{"n":1},"$setOnInsert":{"first":true}}`), options.UpdateOne().SetUpsert(true))
+			errs <- err
+		}()
+	}
+	close(start)
+	for range workers {
+		require.NoError(t, <-errs, "concurrent upserts with an equality filter on a unique index all succeed (MongoDB 4.2+ retries the duplicate key internally)")
+	}
+	got := find(t, ctx, coll, bson.D{}, options.Find().SetProjection(D(`{"_id":0}`)))
+	requireDocs(t, `[{"key":"k","first":true,"n":16}]`, got, "one document, every increment applied once")
+}
