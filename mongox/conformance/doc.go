@@ -25,6 +25,20 @@
 // unique appName so that parallel cases sharing a real server do not
 // disturb each other.
 //
+// # Reading failures
+//
+// Case names say what is checked (TestEmbedded/Indexes/PartialUnique);
+// table cases name their filter, update or projection in the subtest name;
+// every assertion message states the MongoDB behaviour expected, and
+// documents are compared as canonical extended JSON so that a difference of
+// BSON type (int vs long vs double) or of field order shows in the diff.
+// Groups map to the server's parts: Query to the query matcher, CRUD
+// updates to the update operators, Aggregate to the pipeline, Indexes,
+// Transactions, ChangeStreams and Catalog to the engine and its data
+// commands, ClusterTime, FailPoints and the hello fields to the server's
+// shell. An error "(NotImplemented) ... is not supported" marks a feature
+// the embedded server rejects by design rather than a wrong answer.
+//
 // # Using it for another server
 //
 // [Run] takes an [EnvFunc], so any deployment reachable by the driver can be
