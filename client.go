@@ -32,6 +32,7 @@ type Client struct {
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler
 	running  bool
+	stopRun  context.CancelCauseFunc // cancels Run with a fatal error; set by Run
 }
 
 // New checks cfg and returns a Client. It does no I/O.

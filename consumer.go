@@ -88,6 +88,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.HeartbeatInterval(c.cfg.HeartbeatInterval),
+		c.groupHook(c.cfg.ConsumerGroup),
 		kgo.OnPartitionsAssigned(cons.assigned),
 		kgo.OnPartitionsRevoked(cons.revoked),
 		kgo.OnPartitionsLost(cons.lost),

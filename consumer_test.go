@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -267,4 +268,24 @@ func TestHandlerRecordsEventsInItsTransaction(t *testing.T) {
 		return count(t, c.outbox, bson.D{{Key: "topic", Value: paymentsTopic}}) == 1
 	})
 	require.EqualValues(t, 2, calls.Load())
+}
+
+func TestRunStopsOnFatalGroupError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "pay")
+	// Brokers refuse session timeouts under group.min.session.timeout.ms
+	// (6 s by default, kfake included): retrying cannot help.
+	cfg.SessionTimeout = time.Second
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	cfg.FenceMargin = 500 * time.Millisecond
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := c.Run(ctx)
+	require.ErrorIs(t, err, ErrKafkaGroup)
+	require.ErrorIs(t, err, kerr.InvalidSessionTimeout)
+	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
 }

@@ -198,6 +198,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.RebalanceTimeout(rebalanceTimeout),
 		kgo.DisableAutoCommit(),
 		kgo.WithHooks(hook),
+		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)

@@ -50,6 +50,9 @@ func (c *Client) Run(ctx context.Context) error {
 	// One group of goroutines: the first fatal error cancels the others.
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	c.mu.Lock()
+	c.stopRun = cancel
+	c.mu.Unlock()
 	var wg sync.WaitGroup
 	var once sync.Once
 	var first error
@@ -66,5 +69,9 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	start(c.runConsumer)
 	wg.Wait()
+	if first == nil && ctx.Err() == nil {
+		// Stopped by a fatal group error reported through a hook.
+		first = context.Cause(gctx)
+	}
 	return first
 }
