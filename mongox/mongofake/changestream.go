@@ -236,44 +236,48 @@ func (cs *changeStream) next(n int) (streamBatch, error) {
 // read turns the oplog entries after the stream's position into up to n
 // events.
 func (cs *changeStream) read(n int) (streamBatch, <-chan struct{}, error) {
-	entries, signal, hwm, err := cs.srv.engine.ReadOplog(cs.pos, 0)
-	if err != nil {
-		return streamBatch{}, signal, convertErr(err)
-	}
+	const chunk = 1024
 	batch := bson.A{}
 	size := 0
-	for i := range entries {
-		en := &entries[i]
-		evs, err := cs.events(en)
+	for {
+		entries, signal, hwm, err := cs.srv.engine.ReadOplog(cs.pos, chunk)
 		if err != nil {
-			return streamBatch{}, signal, err
+			return streamBatch{}, signal, convertErr(err)
 		}
-		if len(batch)+len(evs) > n && len(batch) > 0 {
-			return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
-		}
-		cs.pos = engine.Position{TS: en.TS, Index: int64(en.TxnOpIndex)}
-		cs.pbrt = resumeToken{pos: cs.pos}
-		for _, ev := range evs {
-			batch = append(batch, ev.doc)
-			size += docSize(ev.doc)
-			cs.pbrt = ev.token
-			if ev.token.kind == tokenInvalidate {
-				cs.closed = true
+		for i := range entries {
+			en := &entries[i]
+			evs, err := cs.events(en)
+			if err != nil {
+				return streamBatch{}, signal, err
+			}
+			if len(batch)+len(evs) > n && len(batch) > 0 {
+				return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
+			}
+			cs.pos = engine.Position{TS: en.TS, Index: int64(en.TxnOpIndex)}
+			cs.pbrt = resumeToken{pos: cs.pos}
+			for _, ev := range evs {
+				batch = append(batch, ev.doc)
+				size += docSize(ev.doc)
+				cs.pbrt = ev.token
+				if ev.token.kind == tokenInvalidate {
+					cs.closed = true
+					return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
+				}
+			}
+			if len(batch) >= n || size > maxBSONSize/2 {
 				return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
 			}
 		}
-		if len(batch) >= n || size > maxBSONSize/2 {
-			return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
+		if len(entries) == chunk {
+			continue // more entries are waiting
 		}
+		// Every entry up to hwm was seen: the resume point moves up to it.
+		if bsonkit.CompareTimestamps(hwm, cs.pos.TS) > 0 {
+			cs.pos = engine.Position{TS: hwm, Index: hwmIndex}
+			cs.pbrt = hwmToken(hwm)
+		}
+		return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
 	}
-	// Every entry up to hwm was seen.
-	if bsonkit.CompareTimestamps(hwm, cs.pos.TS) > 0 {
-		cs.pos = engine.Position{TS: hwm, Index: hwmIndex}
-		cs.pbrt = hwmToken(hwm)
-	} else if len(entries) > 0 && len(batch) == 0 {
-		cs.pbrt = resumeToken{pos: cs.pos}
-	}
-	return streamBatch{batch: batch, pbrt: cs.pbrt.doc()}, signal, nil
 }
 
 type event struct {

@@ -121,7 +121,7 @@ func cmdInsert(r *request, tc *txnCtx) (bson.D, error) {
 			err = runWrite(r, tc, func(v *engine.View) error { return v.Insert(ns, doc) })
 		}
 		if err != nil {
-			if isCommandLevel(err) && n == 0 {
+			if isCommandLevel(err) && (n == 0 || tc.txn != nil) {
 				return nil, err
 			}
 			werrs = append(werrs, writeError(i, err))
@@ -139,9 +139,7 @@ func writeReply(n int, werrs bson.A, extra ...bson.E) bson.D {
 	out := bson.D{{Key: "n", Value: int32(n)}}
 	out = append(out, extra...)
 	if len(werrs) > 0 {
-		if tc := werrs; tc != nil {
-			out = append(out, bson.E{Key: "writeErrors", Value: werrs})
-		}
+		out = append(out, bson.E{Key: "writeErrors", Value: werrs})
 	}
 	return out
 }
@@ -375,7 +373,7 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 			})
 		}
 		if err != nil {
-			if isCommandLevel(err) && n == 0 && len(werrs) == 0 {
+			if isCommandLevel(err) && ((n == 0 && len(werrs) == 0) || tc.txn != nil) {
 				return nil, err
 			}
 			werrs = append(werrs, writeError(i, err))
@@ -483,7 +481,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 			})
 		}
 		if err != nil {
-			if isCommandLevel(err) && n == 0 && len(werrs) == 0 {
+			if isCommandLevel(err) && ((n == 0 && len(werrs) == 0) || tc.txn != nil) {
 				return nil, err
 			}
 			werrs = append(werrs, writeError(i, err))

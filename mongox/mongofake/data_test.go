@@ -524,3 +524,70 @@ func TestUnsupportedFailsClearly(t *testing.T) {
 	err = client.Database("test").RunCommand(ctx, bson.D{{Key: "find", Value: "c"}, {Key: "bogus", Value: 1}}).Err()
 	require.ErrorContains(t, err, "bogus")
 }
+
+// BenchmarkDriverInsert measures single-document inserts through the
+// driver with 8 concurrent clients goroutines.
+func BenchmarkDriverInsert(b *testing.B) {
+	_, client := setup(b)
+	c := client.Database("bench").Collection("c")
+	ctx := context.Background()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := c.InsertOne(ctx, bson.D{{Key: "v", Value: "x"}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "inserts/s")
+}
+
+// BenchmarkDriverTxn measures small transactions (two inserts and a
+// commit) through the driver with 8 concurrent goroutines.
+func BenchmarkDriverTxn(b *testing.B) {
+	_, client := setup(b)
+	c := client.Database("bench").Collection("t")
+	ctx := context.Background()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		s, err := client.StartSession()
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer s.EndSession(ctx)
+		for pb.Next() {
+			_, err := s.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+				if _, err := c.InsertOne(ctx, bson.D{{Key: "v", Value: 1}}); err != nil {
+					return nil, err
+				}
+				return c.InsertOne(ctx, bson.D{{Key: "v", Value: 2}})
+			})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "txns/s")
+}
+
+func TestChangeStreamPostBatchResumeTokenAdvances(t *testing.T) {
+	t.Parallel()
+	_, client := setup(t)
+	ctx := testCtx(t)
+	cs, err := coll(t, client).Watch(ctx, mongo.Pipeline{}, options.ChangeStream().SetMaxAwaitTime(10*time.Millisecond))
+	require.NoError(t, err)
+	defer cs.Close(ctx)
+	require.False(t, cs.TryNext(ctx))
+	tok1 := cs.ResumeToken().Lookup("_data").StringValue()
+	_, err = client.Database("test").Collection("other").InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(t, err)
+	require.False(t, cs.TryNext(ctx))
+	require.NoError(t, cs.Err())
+	tok2 := cs.ResumeToken().Lookup("_data").StringValue()
+	require.Less(t, tok1, tok2)
+}
