@@ -118,7 +118,11 @@ func cmdInsert(r *request, tc *txnCtx) (bson.D, error) {
 	for i, raw := range docs {
 		doc, err := prepareInsert(raw)
 		if err == nil {
-			err = runWrite(r, tc, func(v *engine.View) error { return v.Insert(ns, doc) })
+			err = runWrite(r, tc, func(v *engine.View) error {
+				// A fresh top-level copy per attempt: the engine fills empty
+				// timestamps in place, and a blocked statement runs again.
+				return v.Insert(ns, slices.Clone(doc))
+			})
 		}
 		if err != nil {
 			if isCommandLevel(err) && (n == 0 || tc.txn != nil) {

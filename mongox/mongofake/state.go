@@ -183,6 +183,9 @@ type txnCtx struct {
 // session for the duration of the command: call the returned release.
 func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	tc := &txnCtx{}
+	if _, ok := bsonkit.Get(r.readConcern, "atClusterTime"); ok {
+		return nil, nil, errorf(238, "NotImplemented", "mongofake: readConcern atClusterTime is not supported")
+	}
 	if r.lsid == nil {
 		if r.autocommit != nil || r.startTransaction {
 			return nil, nil, errorf(50768, "Location50768", "transaction requires a session")
