@@ -498,3 +498,14 @@ func BenchmarkTxn(b *testing.B) {
 		}
 	})
 }
+
+func TestAbortRemovesImplicitCollection(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	txn := e.Begin(TxnMeta{TxnNumber: 1})
+	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
+	require.Len(t, e.ListCollections("db"), 1)
+	txn.Abort()
+	require.Empty(t, e.ListCollections("db"))
+	require.Empty(t, e.ListDatabases())
+}

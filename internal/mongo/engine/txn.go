@@ -45,6 +45,7 @@ type Txn struct {
 	order       []*chain // chains in first-write order
 	inserted    []*chain // chains holding new records, in insertion order
 	colls       map[*collection]struct{}
+	created     []*collection // collections this transaction created implicitly
 	ops         []Entry // oplog entries, stamped at commit
 	done        chan struct{}
 }
@@ -161,6 +162,13 @@ func (e *Engine) abortLocked(t *Txn, reason string) {
 		if len(c.versions) == 0 && !c.dead && c.coll.chains[c.key] == c {
 			delete(c.coll.chains, c.key)
 			c.dead = true
+		}
+	}
+	// Collections the transaction created implicitly go away with it when
+	// nothing else has used them.
+	for _, c := range t.created {
+		if e.collLocked(c.ns) == c && len(c.chains) == 0 && len(c.order) == 0 && len(c.indexes) == 1 && e.busyLocked(c, t) == nil {
+			e.dropLocked(c)
 		}
 	}
 	e.endLocked(t)
@@ -622,9 +630,12 @@ func (v *View) writable(ns NS) (*collection, error) {
 	if v.readOnly {
 		return nil, errors.New("engine: write in a read-only view")
 	}
-	c, _, err := v.e.ensureLocked(ns)
+	c, created, err := v.e.ensureLocked(ns)
 	if err != nil {
 		return nil, err
+	}
+	if created && !v.t.auto {
+		v.t.created = append(v.t.created, c)
 	}
 	return c, nil
 }
@@ -826,6 +837,9 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 // EnsureCollection creates the collection when missing (implicit creation)
 // and reports whether it did.
 func (v *View) EnsureCollection(ns NS) (bool, error) {
-	_, created, err := v.e.ensureLocked(ns)
+	c, created, err := v.e.ensureLocked(ns)
+	if created && v.t != nil && !v.t.auto {
+		v.t.created = append(v.t.created, c)
+	}
 	return created, err
 }
