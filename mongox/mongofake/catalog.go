@@ -2,6 +2,7 @@ package mongofake
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -170,7 +171,19 @@ func cmdListDatabases(r *request, _ *txnCtx) (bson.D, error) {
 	}
 	dbs := bson.A{}
 	var total int64
-	for _, d := range r.srv.engine.ListDatabases() {
+	list := r.srv.engine.ListDatabases()
+	// A replica set member always has these.
+	for _, sys := range []string{"admin", "config", "local"} {
+		found := false
+		for _, d := range list {
+			found = found || d.Name == sys
+		}
+		if !found {
+			list = append(list, engine.DatabaseInfo{Name: sys, Size: 40960})
+		}
+	}
+	slices.SortFunc(list, func(a, b engine.DatabaseInfo) int { return strings.Compare(a.Name, b.Name) })
+	for _, d := range list {
 		doc := bson.D{{Key: "name", Value: d.Name}}
 		if !nameOnly {
 			size := max(d.Size, 4096)

@@ -553,11 +553,9 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, err
 		}
 	}
-	var proj *query.Projection
-	if len(fields) > 0 {
-		if proj, err = query.CompileProjection(fields); err != nil {
-			return nil, err
-		}
+	proj, err := compileProjection(r, fields, filter)
+	if err != nil {
+		return nil, err
 	}
 	stmt := bson.D{{Key: "q", Value: orEmpty(filter)}, {Key: "upsert", Value: upsert}}
 	if hasUpdate {
@@ -632,7 +630,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	if d, ok := value.(bson.D); ok && proj != nil {
-		value = proj.Apply(d)
+		value = proj(d)
 	}
 	return bson.D{{Key: "lastErrorObject", Value: lastErr}, {Key: "value", Value: value}}, nil
 }

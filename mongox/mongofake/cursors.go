@@ -2,13 +2,17 @@ package mongofake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
 	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/internal/mongo/pipeline"
 	"github.com/event-outbox/outbox/internal/mongo/query"
 )
 
@@ -28,7 +32,7 @@ type cursor struct {
 	id      int64
 	ns      string // "db.coll" as replies show it
 	docs    []bson.D
-	proj    *query.Projection
+	proj    func(bson.D) bson.D
 	limit   int // documents still allowed (0: no limit)
 	session string
 	lastUse time.Time
@@ -58,7 +62,7 @@ func (c *cursor) takeBatch(n int) bson.A {
 	for len(c.docs) > 0 && (n == 0 || len(out) < n) {
 		d := c.docs[0]
 		if c.proj != nil {
-			d = c.proj.Apply(d)
+			d = c.proj(d)
 		}
 		s := docSize(d)
 		if len(out) > 0 && size+s > maxBSONSize-16*1024 {
@@ -120,7 +124,7 @@ func toInt(v any) (int64, bool) {
 
 // firstBatch sends the first batch of a query result and keeps a cursor
 // for the rest.
-func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj *query.Projection,
+func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj func(bson.D) bson.D,
 	batchSize int, hasBatch bool, limit int, single bool) bson.D {
 	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
 	n := defaultFirstBatch
@@ -208,11 +212,9 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	var proj *query.Projection
-	if len(projSpec) > 0 {
-		if proj, err = query.CompileProjection(projSpec); err != nil {
-			return nil, err
-		}
+	proj, err := compileProjection(r, projSpec, filter)
+	if err != nil {
+		return nil, err
 	}
 	var srt *query.Sort
 	if len(sortSpec) > 0 {
@@ -375,4 +377,85 @@ func awaitSignal(ctx context.Context, ch <-chan struct{}, t *time.Timer) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// compileProjection compiles a find projection. Projections with
+// aggregation expressions, which the find projection compiler leaves out,
+// run as a $project stage (same semantics for those).
+func compileProjection(r *request, spec, filter bson.D) (func(bson.D) bson.D, error) {
+	if len(spec) == 0 {
+		return nil, nil
+	}
+	for i, e := range spec {
+		if prefix, ok := strings.CutSuffix(e.Key, ".$"); ok {
+			return positionalProjection(spec, i, prefix, filter)
+		}
+	}
+	p, err := query.CompileProjection(spec)
+	if err == nil {
+		return p.Apply, nil
+	}
+	var qe *query.Error
+	if !errors.As(err, &qe) || qe.Code != 238 || strings.Contains(qe.Msg, "positional") || strings.Contains(qe.Msg, "$meta") {
+		return nil, err
+	}
+	pipe, perr := pipeline.Compile(bson.A{bson.D{{Key: "$project", Value: spec}}},
+		pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()})
+	if perr != nil {
+		return nil, err
+	}
+	return func(d bson.D) bson.D {
+		out, err := pipe.Run([]bson.D{d})
+		if err != nil || len(out) == 0 {
+			return d
+		}
+		return out[0]
+	}, nil
+}
+
+// positionalProjection handles {"arr.$": 1}: the array keeps only its
+// first element matching the query's conditions on that array.
+func positionalProjection(spec bson.D, at int, prefix string, filter bson.D) (func(bson.D) bson.D, error) {
+	if strings.Contains(prefix, ".") || strings.Contains(prefix, "$") {
+		return nil, errorf(238, "NotImplemented", "mongofake: positional projection is supported on top-level arrays only: "+spec[at].Key)
+	}
+	rest := slices.Clone(spec)
+	rest[at] = bson.E{Key: prefix, Value: int32(1)}
+	for _, e := range rest {
+		if strings.HasSuffix(e.Key, ".$") {
+			return nil, errorf(31276, "Location31276", "Cannot specify more than one positional projection per query.")
+		}
+	}
+	p, err := query.CompileProjection(rest)
+	if err != nil {
+		return nil, err
+	}
+	var sub bson.D
+	for _, e := range filter {
+		if e.Key == prefix || strings.HasPrefix(e.Key, prefix+".") {
+			sub = append(sub, e)
+		}
+	}
+	if len(sub) == 0 {
+		return nil, errorf(51246, "Location51246", "Executor error during find command :: caused by :: positional operator '"+spec[at].Key+"' couldn't find a matching element in the array")
+	}
+	m, err := query.Compile(sub)
+	if err != nil {
+		return nil, err
+	}
+	return func(d bson.D) bson.D {
+		out := p.Apply(d)
+		arr, ok := bsonkit.Get(d, prefix)
+		a, isArr := arr.(bson.A)
+		if !ok || !isArr {
+			return out
+		}
+		for _, el := range a {
+			probe := bson.D{{Key: prefix, Value: bson.A{el}}}
+			if m.Match(probe) {
+				return bsonkit.Set(bsonkit.CopyDoc(out), prefix, bson.A{el})
+			}
+		}
+		return out
+	}, nil
 }

@@ -27,6 +27,10 @@ type collection struct {
 	stale   int
 	indexes []*index // indexes[0] is _id_
 	created bson.Timestamp
+	// pending is the open transaction that created the collection
+	// implicitly: the catalog hides it from others until something commits
+	// into it.
+	pending *Txn
 }
 
 type orderEntry struct {
@@ -314,6 +318,9 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 	}
 	out := make([]CollectionInfo, 0, len(d.colls))
 	for n, c := range d.colls {
+		if c.pending != nil {
+			continue
+		}
 		out = append(out, CollectionInfo{Name: n, UUID: c.uuid})
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
@@ -327,7 +334,12 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 	out := make([]DatabaseInfo, 0, len(e.dbs))
 	for n, d := range e.dbs {
 		info := DatabaseInfo{Name: n, Empty: true}
+		visible := false
 		for _, c := range d.colls {
+			if c.pending != nil {
+				continue
+			}
+			visible = true
 			for _, ch := range c.chains {
 				if v := ch.latest(); v != nil && v.doc != nil {
 					info.Empty = false
@@ -335,7 +347,9 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 				}
 			}
 		}
-		out = append(out, info)
+		if visible {
+			out = append(out, info)
+		}
 	}
 	slices.SortFunc(out, func(a, b DatabaseInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -454,7 +468,7 @@ func sameOptions(a, b IndexSpec) bool {
 // specDoc renders an index spec as listIndexes shows it.
 func specDoc(s IndexSpec) bson.D {
 	d := bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: s.Key}, {Key: "name", Value: s.Name}}
-	if s.Unique {
+	if s.Unique && s.Name != "_id_" {
 		d = append(d, bson.E{Key: "unique", Value: true})
 	}
 	if s.Sparse {
@@ -464,7 +478,11 @@ func specDoc(s IndexSpec) bson.D {
 		d = append(d, bson.E{Key: "partialFilterExpression", Value: s.PartialFilter})
 	}
 	if s.ExpireAfterSeconds != nil {
-		d = append(d, bson.E{Key: "expireAfterSeconds", Value: *s.ExpireAfterSeconds})
+		var ttl any = *s.ExpireAfterSeconds
+		if v := *s.ExpireAfterSeconds; v == int64(int32(v)) {
+			ttl = int32(v)
+		}
+		d = append(d, bson.E{Key: "expireAfterSeconds", Value: ttl})
 	}
 	return d
 }

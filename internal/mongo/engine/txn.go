@@ -167,6 +167,9 @@ func (e *Engine) abortLocked(t *Txn, reason string) {
 	// Collections the transaction created implicitly go away with it when
 	// nothing else has used them.
 	for _, c := range t.created {
+		if c.pending == t {
+			c.pending = nil
+		}
 		if e.collLocked(c.ns) == c && len(c.chains) == 0 && len(c.order) == 0 && len(c.indexes) == 1 && e.busyLocked(c, t) == nil {
 			e.dropLocked(c)
 		}
@@ -176,6 +179,12 @@ func (e *Engine) abortLocked(t *Txn, reason string) {
 
 func (e *Engine) commitLocked(t *Txn) {
 	t.state = TxnCommitted
+	for c := range t.colls {
+		c.pending = nil
+	}
+	for _, c := range t.created {
+		c.pending = nil
+	}
 	if len(t.order) > 0 {
 		ts := e.tick()
 		t.commitTS = ts
@@ -636,6 +645,7 @@ func (v *View) writable(ns NS) (*collection, error) {
 	}
 	if created && !v.t.auto {
 		v.t.created = append(v.t.created, c)
+		c.pending = v.t
 	}
 	return c, nil
 }
@@ -840,6 +850,7 @@ func (v *View) EnsureCollection(ns NS) (bool, error) {
 	c, created, err := v.e.ensureLocked(ns)
 	if created && v.t != nil && !v.t.auto {
 		v.t.created = append(v.t.created, c)
+		c.pending = v.t
 	}
 	return created, err
 }
