@@ -504,8 +504,17 @@ func TestAbortRemovesImplicitCollection(t *testing.T) {
 	e := setup(t)
 	txn := e.Begin(TxnMeta{TxnNumber: 1})
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
-	require.Len(t, e.ListCollections("db"), 1)
+	require.Empty(t, e.ListCollections("db"), "hidden until commit")
 	txn.Abort()
 	require.Empty(t, e.ListCollections("db"))
 	require.Empty(t, e.ListDatabases())
+}
+
+func TestCommitPublishesImplicitCollection(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	txn := e.Begin(TxnMeta{TxnNumber: 1})
+	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
+	require.NoError(t, txn.Commit())
+	require.Len(t, e.ListCollections("db"), 1)
 }
