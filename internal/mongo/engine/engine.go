@@ -83,7 +83,10 @@ type Engine struct {
 	txns    map[*Txn]struct{} // open transactions
 	nextTxn uint64
 	dirty   map[*chain]struct{} // chains holding prunable history
-	oplog   oplog
+	// oldest open snapshot at the last full prune sweep
+	pruneMin     bson.Timestamp
+	pruneBounded bool
+	oplog        oplog
 
 	stop chan struct{}
 	wg   sync.WaitGroup

@@ -142,7 +142,7 @@ func (e *Engine) expiredLocked(t *Txn) bool {
 func (e *Engine) endLocked(t *Txn) {
 	delete(e.txns, t)
 	close(t.done)
-	e.pruneDirtyLocked()
+	e.pruneDirtyLocked(t)
 }
 
 func (e *Engine) abortLocked(t *Txn, reason string) {
@@ -240,12 +240,23 @@ func (e *Engine) minSnapshotLocked() (bson.Timestamp, bool) {
 	return m, found
 }
 
-// pruneDirtyLocked drops versions no open snapshot can see.
-func (e *Engine) pruneDirtyLocked() {
+// pruneDirtyLocked drops versions no open snapshot can see: of the chains
+// the ending transaction t touched, and of every dirty chain when the
+// oldest open snapshot has moved since the last full sweep.
+func (e *Engine) pruneDirtyLocked(t *Txn) {
 	if len(e.dirty) == 0 {
 		return
 	}
 	minTS, bounded := e.minSnapshotLocked()
+	if bounded == e.pruneBounded && minTS == e.pruneMin {
+		for _, c := range t.order {
+			if _, ok := e.dirty[c]; ok && e.pruneLocked(c, minTS, bounded) {
+				delete(e.dirty, c)
+			}
+		}
+		return
+	}
+	e.pruneMin, e.pruneBounded = minTS, bounded
 	for c := range e.dirty {
 		if e.pruneLocked(c, minTS, bounded) {
 			delete(e.dirty, c)
