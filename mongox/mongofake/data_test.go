@@ -591,3 +591,55 @@ func TestChangeStreamPostBatchResumeTokenAdvances(t *testing.T) {
 	tok2 := cs.ResumeToken().Lookup("_data").StringValue()
 	require.Less(t, tok1, tok2)
 }
+
+func TestTransactionCommandRules(t *testing.T) {
+	t.Parallel()
+	_, client := setup(t, TransactionLifetime(300*time.Millisecond))
+	ctx := testCtx(t)
+	admin := client.Database("admin")
+	db := client.Database("test")
+	lsid := bson.D{{Key: "id", Value: bson.Binary{Subtype: 4, Data: []byte("0123456789abcdef")}}}
+	ins := func(n int64, start bool, id int) error {
+		cmd := bson.D{
+			{Key: "insert", Value: "c"},
+			{Key: "documents", Value: bson.A{bson.D{{Key: "_id", Value: id}}}},
+			{Key: "lsid", Value: lsid}, {Key: "txnNumber", Value: n}, {Key: "autocommit", Value: false},
+		}
+		if start {
+			cmd = append(cmd, bson.E{Key: "startTransaction", Value: true})
+		}
+		return db.RunCommand(ctx, cmd).Err()
+	}
+	txnCmd := func(name string, n int64) error {
+		return admin.RunCommand(ctx, bson.D{{Key: name, Value: 1}, {Key: "lsid", Value: lsid},
+			{Key: "txnNumber", Value: n}, {Key: "autocommit", Value: false}}).Err()
+	}
+	code := func(err error) int32 {
+		var ce mongo.CommandError
+		if errors.As(err, &ce) {
+			return ce.Code
+		}
+		return -1
+	}
+	require.NoError(t, ins(1, true, 1))
+	require.NoError(t, txnCmd("commitTransaction", 1))
+	require.NoError(t, txnCmd("commitTransaction", 1), "commit is idempotent")
+	require.Equal(t, int32(256), code(txnCmd("abortTransaction", 1)))
+
+	require.NoError(t, ins(2, true, 2))
+	require.NoError(t, txnCmd("abortTransaction", 2))
+	require.Equal(t, int32(251), code(txnCmd("commitTransaction", 2)))
+	require.Equal(t, int32(251), code(ins(3, false, 3)), "no such transaction")
+	require.Equal(t, int32(225), code(ins(1, true, 4)), "older txnNumber")
+
+	// The lifetime limit aborts an idle transaction.
+	require.NoError(t, ins(5, true, 5))
+	require.Eventually(t, func() bool { return code(ins(5, false, 6)) == 251 }, 5*time.Second, 10*time.Millisecond)
+
+	// endSessions aborts the open transaction.
+	require.NoError(t, ins(6, true, 7))
+	require.NoError(t, admin.RunCommand(ctx, bson.D{{Key: "endSessions", Value: bson.A{lsid}}}).Err())
+	n, err := db.Collection("c").CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+}
