@@ -46,7 +46,7 @@ type Txn struct {
 	inserted    []*chain // chains holding new records, in insertion order
 	colls       map[*collection]struct{}
 	created     []*collection // collections this transaction created implicitly
-	ops         []Entry // oplog entries, stamped at commit
+	ops         []Entry       // oplog entries, stamped at commit
 	done        chan struct{}
 }
 
