@@ -142,10 +142,11 @@ func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
 	cfg.MaxAttempts = 3
 	c := b.client(t, cfg)
 	var calls atomic.Int64
+	var fixed atomic.Bool
 	effects := b.db.Collection("effects")
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		calls.Add(1)
-		if e.OrderID == "poison" {
+		if e.OrderID == "poison" && !fixed.Load() {
 			panic("cannot handle poison")
 		}
 		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
@@ -171,8 +172,24 @@ func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
 	eventually(t, "later event handled", func() bool { return count(t, effects, bson.D{}) == 2 })
 	require.Equal(t, before+1, calls.Load(), "only ok-2 ran")
 
-	// Re-drive after a "fix": the handler now accepts it.
-	require.ErrorIs(t, c.Redrive(context.Background(), InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "nope"}), ErrNotParked)
+	// Re-driving while the cause is still there keeps it parked.
+	ctx := context.Background()
+	id := parked[0].ID
+	require.ErrorIs(t, c.Redrive(ctx, id), ErrHandlerPanic)
+	parked, err = c.ParkedEvents(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+
+	// After the fix, re-driving handles it once and unparks it.
+	fixed.Store(true)
+	require.NoError(t, c.Redrive(ctx, id))
+	require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: "p-1"}}))
+	parked, err = c.ParkedEvents(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, parked)
+	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: true}, {Key: "parked", Value: false}}))
+	require.ErrorIs(t, c.Redrive(ctx, id), ErrNotParked)
+	require.ErrorIs(t, c.Redrive(ctx, InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "nope"}), ErrNotParked)
 }
 
 func TestConsumerParksMalformedRecords(t *testing.T) {
