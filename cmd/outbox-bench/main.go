@@ -1,0 +1,350 @@
+// Command outbox-bench measures the outbox framework against baselines
+// measured in the same run, on the embedded servers (mongofake and kfake)
+// or on real MongoDB and Kafka.
+//
+// Usage:
+//
+//	go run ./cmd/outbox-bench [-duration 10s] [-event-size 1024] [-partitions 6]
+//	    [-replicas 1] [-events 50000] [-backlog 200000] [-rate 1000]
+//	    [-servers inproc|subprocess] [-mongo-uri URI -kafka-brokers HOST:PORT,...]
+//	    [-phases relay,raw,naive,polling,latency,consume,bare,memory] [-json]
+//	    [-cpuprofile FILE]
+//
+// Phases:
+//
+//   - raw: the records of the relay phase produced straight to Kafka with
+//     the publisher's producer settings (the relay's ceiling).
+//   - relay: a backlog of -events committed outbox events, published by the
+//     framework; from its first read to the last event marked published.
+//   - naive: one transaction and one synchronous send per event, for
+//     -duration.
+//   - polling: poll every 100 ms, batches of 100, on a backlog of -events.
+//   - latency: commit → handler start at -rate events/s for -duration,
+//     through the framework's publisher and consumer, and through the
+//     polling relay and the framework's consumer.
+//   - consume: -events records handled by a handler that does nothing.
+//   - bare: one-document transactions for -duration from as many goroutines
+//     as there are partitions (the consumer's ceiling).
+//   - memory: peak memory while publishing a backlog of -backlog events.
+//
+// It prints a table (or JSON with -json) with every figure, the ratios and
+// the targets.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	outbox "github.com/event-outbox/outbox"
+)
+
+func main() {
+	for _, a := range os.Args[1:] {
+		if a == "-serve" {
+			if err := serve(); err != nil {
+				fmt.Fprintln(os.Stderr, "outbox-bench -serve:", err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+		os.Exit(1)
+	}
+}
+
+const allPhases = "raw,relay,naive,polling,latency,consume,bare,memory"
+
+// results holds every measured figure; absent phases stay nil.
+type results struct {
+	Machine machine         `json:"machine"`
+	Options map[string]any  `json:"options"`
+	Raw     *rawResult      `json:"raw_produce,omitempty"`
+	Relay   *relayResult    `json:"relay,omitempty"`
+	Naive   *baselineResult `json:"naive_relay,omitempty"`
+	Polling *baselineResult `json:"polling_relay,omitempty"`
+	Latency *latencyResult  `json:"latency,omitempty"`
+	PollLat *latencyResult  `json:"polling_latency,omitempty"`
+	Consume *consumeResult  `json:"consume,omitempty"`
+	Bare    *baselineResult `json:"bare_transactions,omitempty"`
+	Memory  *memoryResult   `json:"memory,omitempty"`
+	Targets []target        `json:"targets"`
+}
+
+type machine struct {
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	MemoryMB  int    `json:"memory_mb,omitempty"`
+}
+
+// target is one goal of issue 7 with its measured value.
+type target struct {
+	Name     string  `json:"name"`
+	Goal     string  `json:"goal"`
+	Measured float64 `json:"measured"`
+	Met      bool    `json:"met"`
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options_
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of the timed phases (latency, naive, bare)")
+	fs.IntVar(&o.eventSize, "event-size", 1024, "JSON payload size of an event in bytes")
+	fs.IntVar(&o.partitions, "partitions", 6, "partitions of every benchmark topic")
+	fs.IntVar(&o.replicas, "replicas", 1, "framework replicas (clients sharing the groups) in the relay, latency and consume phases")
+	fs.IntVar(&o.events, "events", 50000, "events of the backlog phases (raw, relay, polling, consume)")
+	fs.IntVar(&o.backlog, "backlog", 200000, "events of the memory phase's backlog")
+	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency phases, events/s")
+	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
+	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
+	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
+	phases := fs.String("phases", allPhases, "comma-separated phases to run")
+	fs.BoolVar(&o.jsonOut, "json", false, "print JSON instead of a table")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 {
+		return errors.New("-partitions, -replicas, -events, -backlog, -rate and -event-size must be positive")
+	}
+	o.phases = map[string]bool{}
+	for _, p := range strings.Split(*phases, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !strings.Contains(","+allPhases+",", ","+p+",") {
+			return fmt.Errorf("unknown phase %q (phases: %s)", p, allPhases)
+		}
+		o.phases[p] = true
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	e, err := newEnv(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+
+	r := &results{
+		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
+		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
+			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o)},
+	}
+	progress := func(phase string) {
+		if !o.jsonOut {
+			fmt.Fprintf(stderr, "outbox-bench: %s...\n", phase)
+		}
+	}
+	step := func(name string, fn func() error) error {
+		if !o.phases[name] {
+			return nil
+		}
+		progress(name)
+		if err := fn(); err != nil {
+			return fmt.Errorf("phase %s: %w", name, err)
+		}
+		return nil
+	}
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"raw", func() error { v, err := runRaw(ctx, e, o.events); r.Raw = &v; return err }},
+		{"relay", func() error {
+			v, err := runRelay(ctx, e, o.events, topics.relay, "relay", func(i int) outbox.Event {
+				return relayEvent{newPayload(i, o.eventSize)}
+			}, nil)
+			r.Relay = &v
+			return err
+		}},
+		{"naive", func() error { v, err := runNaive(ctx, e, o.events); r.Naive = &v; return err }},
+		{"polling", func() error { v, err := runPolling(ctx, e, o.events); r.Polling = &v; return err }},
+		{"latency", func() error {
+			v, err := runLatencyOurs(ctx, e)
+			r.Latency = &v
+			if err != nil {
+				return err
+			}
+			w, err := runLatencyPolling(ctx, e)
+			r.PollLat = &w
+			return err
+		}},
+		{"consume", func() error { v, err := runConsume(ctx, e, o.events); r.Consume = &v; return err }},
+		{"bare", func() error { v, err := runBare(ctx, e); r.Bare = &v; return err }},
+		{"memory", func() error { v, err := runMemory(ctx, e, o.backlog); r.Memory = &v; return err }},
+	}
+	for _, s := range steps {
+		if err := step(s.name, s.fn); err != nil {
+			return err
+		}
+	}
+	r.Targets = targets(r)
+	if o.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	printTable(stdout, r)
+	return nil
+}
+
+func serversName(o options_) string {
+	switch {
+	case o.mongoURI != "" && o.brokers != "":
+		return "real"
+	case o.mongoURI != "" || o.brokers != "":
+		return "mixed (" + o.servers + " for the missing one)"
+	}
+	return o.servers
+}
+
+func memTotalMB() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	var kb int
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// targets compares the figures with the goals of issue 7.
+func targets(r *results) []target {
+	var ts []target
+	add := func(name, goal string, v float64, met bool) {
+		ts = append(ts, target{Name: name, Goal: goal, Measured: v, Met: met})
+	}
+	if r.Relay != nil && r.Raw != nil && r.Raw.Rate > 0 {
+		v := r.Relay.Rate / r.Raw.Rate
+		add("relay / raw produce", ">= 0.7", v, v >= 0.7)
+	}
+	if r.Relay != nil && r.Naive != nil && r.Naive.Rate > 0 {
+		v := r.Relay.Rate / r.Naive.Rate
+		add("relay / naive relay", ">= 20", v, v >= 20)
+	}
+	if r.Latency != nil && r.PollLat != nil && r.Latency.P99ms > 0 {
+		v := r.PollLat.P99ms / r.Latency.P99ms
+		add("polling p99 / relay p99", ">= 10", v, v >= 10)
+	}
+	if r.Relay != nil {
+		add("Mongo commands per published event (backlog)", "<= 0.05", r.Relay.MongoPerEvent, r.Relay.MongoPerEvent <= 0.05)
+	}
+	if r.Latency != nil {
+		add(fmt.Sprintf("Mongo commands per published event (%d/s)", r.Latency.Offered), "<= 0.05", r.Latency.MongoPerEvent, r.Latency.MongoPerEvent <= 0.05)
+	}
+	if r.Consume != nil {
+		add("Mongo commands per handled event", "<= 2", r.Consume.MongoPerEvent, r.Consume.MongoPerEvent <= 2)
+	}
+	if r.Consume != nil && r.Bare != nil && r.Bare.Rate > 0 {
+		v := r.Consume.Rate / r.Bare.Rate
+		add("consumer / bare transactions", ">= 0.5", v, v >= 0.5)
+	}
+	if r.Memory != nil {
+		v := r.Memory.PeakGrowthMB
+		name := "memory growth publishing the backlog, MB"
+		if r.Memory.Servers != "inproc" {
+			v = r.Memory.PeakHeapMB
+			name = "peak heap publishing the backlog, MB"
+		}
+		add(name, "< 200", v, v < 200)
+	}
+	return ts
+}
+
+func printTable(w io.Writer, r *results) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "machine\t%d CPUs, %d MB, %s, %s\n", r.Machine.CPUs, r.Machine.MemoryMB, r.Machine.GoVersion, r.Machine.OS)
+	fmt.Fprintf(tw, "options\tevent %v B, %v partitions, %v replicas, servers %v\n\n",
+		r.Options["event_size"], r.Options["partitions"], r.Options["replicas"], r.Options["servers"])
+	fmt.Fprintln(tw, "measurement\tevents\tevents/s\tMongo cmds/event\tKafka reqs/event")
+	row := func(name string, n int, rate, mongo, kafka float64) {
+		f := func(v float64) string {
+			if v < 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.3f", v)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\n", name, n, rate, f(mongo), f(kafka))
+	}
+	if r.Raw != nil {
+		row("raw franz-go produce (ceiling)", r.Raw.Events, r.Raw.Rate, -1, r.Raw.KafkaPerEvent)
+	}
+	if r.Relay != nil {
+		row("outbox relay (backlog)", r.Relay.Events, r.Relay.Rate, r.Relay.MongoPerEvent, r.Relay.KafkaPerEvent)
+	}
+	if r.Naive != nil {
+		row("naive relay (txn + sync send per event)", r.Naive.Events, r.Naive.Rate, r.Naive.MongoPerEvent, -1)
+	}
+	if r.Polling != nil {
+		row("polling relay (100 ms, batch 100)", r.Polling.Events, r.Polling.Rate, r.Polling.MongoPerEvent, -1)
+	}
+	if r.Consume != nil {
+		row("outbox consumer (trivial handler)", r.Consume.Events, r.Consume.Rate, r.Consume.MongoPerEvent, r.Consume.KafkaPerEvent)
+	}
+	if r.Bare != nil {
+		row("bare one-document transactions (ceiling)", r.Bare.Events, r.Bare.Rate, r.Bare.MongoPerEvent, -1)
+	}
+	if r.Latency != nil || r.PollLat != nil {
+		fmt.Fprintln(tw, "\nlatency commit → handler start\tevents\tp50 ms\tp95 ms\tp99 ms\tmax ms\trelay Mongo cmds/event")
+		lat := func(name string, l *latencyResult) {
+			fmt.Fprintf(tw, "%s at %d/s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.3f\n", name, l.Offered, l.Events, l.P50ms, l.P95ms, l.P99ms, l.Maxms, l.MongoPerEvent)
+			b := l.Breakdown
+			fmt.Fprintf(tw, "  p50/p99: commit→produce %.1f/%.1f, produce→fetch %.1f/%.1f, fetch→handler %.1f/%.1f ms\n",
+				b["commit_to_produce_p50_ms"], b["commit_to_produce_p99_ms"], b["produce_to_fetch_p50_ms"], b["produce_to_fetch_p99_ms"],
+				b["fetch_to_handler_p50_ms"], b["fetch_to_handler_p99_ms"])
+		}
+		if r.Latency != nil {
+			lat("outbox relay", r.Latency)
+		}
+		if r.PollLat != nil {
+			lat("polling relay", r.PollLat)
+		}
+	}
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(tw, "\nmemory, backlog of %d events (servers %s)\tbaseline heap %.0f MB\tpeak heap %.0f MB\tgrowth %.0f MB", m.Events, m.Servers, m.BaselineHeapMB, m.PeakHeapMB, m.PeakGrowthMB)
+		if m.PeakRSSMB > 0 {
+			fmt.Fprintf(tw, "\tpeak RSS %.0f MB", m.PeakRSSMB)
+		}
+		fmt.Fprintf(tw, "\t%.0f events/s\n", m.Rate)
+	}
+	if len(r.Targets) > 0 {
+		fmt.Fprintln(tw, "\ntarget\tgoal\tmeasured\tmet")
+		for _, t := range r.Targets {
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t%v\n", t.Name, t.Goal, t.Measured, t.Met)
+		}
+	}
+	tw.Flush()
+}
