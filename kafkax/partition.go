@@ -6,6 +6,11 @@ import "github.com/twmb/franz-go/pkg/kgo"
 
 var keyPartitioner = kgo.StickyKeyPartitioner(nil)
 
+// keyHasher partitions keyed records. Made once: ForTopic seeds a random
+// source, which cost more than the hash itself when done per call. Its
+// keyed path is stateless, so it is safe for concurrent use.
+var keyHasher = keyPartitioner.ForTopic("")
+
 // Partition returns the partition Kafka's default partitioner chooses for a
 // keyed record: murmur2(key) made positive, modulo the partition count. Other
 // producers (Java, librdkafka with the murmur2_random partitioner, franz-go's
@@ -17,5 +22,10 @@ func Partition(key []byte, partitions int) int32 {
 	}
 	// The sticky key partitioner hashes keyed records exactly as Kafka's
 	// DefaultPartitioner does; topic name does not matter for keyed records.
-	return int32(keyPartitioner.ForTopic("").Partition(&kgo.Record{Key: key}, partitions))
+	if key == nil {
+		// A nil key is an unkeyed record (sticky, random partition), whose
+		// partitioner state is not safe to share.
+		return int32(keyPartitioner.ForTopic("").Partition(&kgo.Record{}, partitions))
+	}
+	return int32(keyHasher.Partition(&kgo.Record{Key: key}, partitions))
 }
