@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-playground/validator/v10"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -28,6 +29,8 @@ type Client struct {
 	publishTopics map[string]bool
 	topics        *topicCache
 	pub           atomic.Pointer[publisher] // the running publisher, for status
+	tel           *telemetry                // metrics, spans, runtime state for Status
+	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler
@@ -50,6 +53,10 @@ func New(cfg Config) (*Client, error) {
 		publishTopics: make(map[string]bool, len(cfg.PublishTopics)),
 		topics:        &topicCache{cfg: &cfg, counts: map[string]int{}},
 		handlers:      map[handlerKey]*handler{},
+	}
+	c.tel = newTelemetry(&c.cfg)
+	if c.tel.instrumentErr != nil {
+		cfg.Logger.Warn("outbox: some metric instruments could not be created", "err", c.tel.instrumentErr)
 	}
 	for _, t := range cfg.PublishTopics {
 		c.publishTopics[t] = true

@@ -9,6 +9,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config wires a Client. Required fields are marked; every other field's
@@ -89,6 +92,15 @@ type Config struct {
 	// Logger receives the framework's logs. Defaults to a logger that
 	// discards everything.
 	Logger *slog.Logger
+	// MeterProvider receives the framework's metrics (see the Telemetry
+	// section of the package documentation). Defaults to the global
+	// provider of go.opentelemetry.io/otel (a no-op until one is set).
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives the framework's spans: one per handling
+	// attempt, continuing the trace recorded with the event, and one per
+	// published batch. Defaults to the global provider of
+	// go.opentelemetry.io/otel (a no-op until one is set).
+	TracerProvider trace.TracerProvider
 }
 
 // ErrConfig wraps every configuration error.
@@ -112,6 +124,12 @@ func (c Config) withDefaults() Config {
 	c.FenceMargin = cmp.Or(c.FenceMargin, 3*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }

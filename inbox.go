@@ -136,33 +136,18 @@ type ParkedEvent struct {
 	LastError    string    `json:"last_error"`
 	ParkedAt     time.Time `json:"parked_at"`
 	Payload      string    `json:"payload"`
+	// OccurredAt is the event's occurred-at time, when it had one.
+	OccurredAt time.Time `json:"occurred_at,omitzero"`
+	// RedriveRequestedAt is when a re-drive was requested
+	// (Admin.RequestRedrive) and not yet served; zero when none is pending.
+	RedriveRequestedAt time.Time `json:"redrive_requested_at,omitzero"`
 }
 
 // ParkedEvents lists parked events, oldest first, at most limit of them
-// (all when limit <= 0).
+// (all when limit <= 0). Admin.ParkedEvents filters by topic, schema, time
+// and id.
 func (c *Client) ParkedEvents(ctx context.Context, limit int) ([]ParkedEvent, error) {
-	opts := options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}})
-	if limit > 0 {
-		opts.SetLimit(int64(limit))
-	}
-	cur, err := c.inbox.Find(ctx, bson.D{{Key: "parked", Value: true}}, opts)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: list parked events: %w", err)
-	}
-	var docs []inboxDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("outbox: list parked events: %w", err)
-	}
-	out := make([]ParkedEvent, 0, len(docs))
-	for _, d := range docs {
-		p := ParkedEvent{ID: d.ID, Partition: d.Partition, Offset: d.Offset, PartitionKey: d.PartitionKey,
-			Attempts: d.Attempts, LastError: d.LastError, Payload: d.Payload}
-		if d.ParkedAt != nil {
-			p.ParkedAt = *d.ParkedAt
-		}
-		out = append(out, p)
-	}
-	return out, nil
+	return c.Admin().ParkedEvents(ctx, ParkedFilter{Limit: limit})
 }
 
 // ErrNotParked is returned by Redrive for an event that is not parked.

@@ -77,6 +77,7 @@ type txKey struct{}
 type txState struct {
 	client *Client
 	docs   []any
+	counts map[string]int64 // events inserted by flush, by topic (metrics)
 }
 
 func txFrom(ctx context.Context) *txState {
@@ -106,14 +107,19 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 		return fmt.Errorf("outbox: start session: %w", err)
 	}
 	defer sess.EndSession(context.WithoutCancel(ctx))
+	var last *txState // the attempt that committed, when err is nil
 	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
 		tx := &txState{client: c}
+		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
 		if err := fn(tctx); err != nil {
 			return nil, err
 		}
 		return nil, tx.flush(tctx)
 	}, txnOptions())
+	if err == nil {
+		c.tel.committed(ctx, last)
+	}
 	return err
 }
 
@@ -128,6 +134,12 @@ func (tx *txState) flush(ctx context.Context) error {
 	}
 	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
 		return fmt.Errorf("outbox: insert %d events: %w", len(tx.docs), err)
+	}
+	if tx.counts == nil {
+		tx.counts = map[string]int64{}
+	}
+	for _, d := range tx.docs {
+		tx.counts[d.(*outboxDoc).Topic]++
 	}
 	tx.docs = tx.docs[:0]
 	return nil

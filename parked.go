@@ -1,0 +1,276 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// Parked events management.
+//
+// A parked event stays in the inbox with its payload and last error until
+// an operator acts on it:
+//
+//   - Client.Redrive runs its handler at once, in the calling process (which
+//     must have the handler registered).
+//   - Admin.RequestRedrive marks it for re-drive (redrive_requested_at); a
+//     running consumer of the service that has the handler picks the
+//     request up within redriveInterval (a query on the parked documents
+//     only, served by the partial index inbox_parked), claims it with a
+//     conditional update so that exactly one replica runs it, and re-drives
+//     it as Client.Redrive does. This is how tools without handlers (cmd/
+//     outboxctl) re-drive.
+//   - Admin.PurgeParked gives up on it: it is marked handled (discarded),
+//     so a redelivery of the same event is skipped as a duplicate, and the
+//     inbox TTL index deletes it after Config.InboxRetention.
+//
+// Why a request flag rather than putting the event back into a Kafka topic
+// or into an outbox: the inbox holds the payload already and the consuming
+// service is the only one with the handler; re-publishing would hand the
+// event to every consumer group of the topic again (other services would
+// see a duplicate and, if their inbox forgot it, handle it twice), and a
+// consuming service need not publish that topic at all. The cost is a
+// latency of up to redriveInterval and one small indexed query per replica
+// per interval.
+
+// redriveInterval is how often a running consumer looks for re-drive
+// requests.
+const redriveInterval = 5 * time.Second
+
+// String returns "topic/schema/key", the form ParseInboxID reads.
+func (id InboxID) String() string {
+	return id.Topic + "/" + id.ContentSchema + "/" + id.IdempotencyKey
+}
+
+// ParseInboxID reads "topic/schema/key": the topic ends at the first slash
+// (Kafka topic names have none) and the key starts after the last one, so
+// a content schema may contain slashes and an idempotency key may not.
+func ParseInboxID(s string) (InboxID, error) {
+	i, j := strings.IndexByte(s, '/'), strings.LastIndexByte(s, '/')
+	if i <= 0 || j <= i+1 || j == len(s)-1 {
+		return InboxID{}, fmt.Errorf("outbox: inbox id %q: want topic/schema/key", s)
+	}
+	return InboxID{Topic: s[:i], ContentSchema: s[i+1 : j], IdempotencyKey: s[j+1:]}, nil
+}
+
+// ParkedFilter selects parked events. The zero value selects all of them.
+type ParkedFilter struct {
+	// IDs keeps only these events. Defaults to any.
+	IDs []InboxID
+	// Topic keeps the events of one topic. Defaults to any.
+	Topic string
+	// ContentSchema keeps the events of one content schema. Defaults to any.
+	ContentSchema string
+	// ParkedBefore keeps the events parked before this time. Defaults to
+	// any time.
+	ParkedBefore time.Time
+	// Limit caps the events listed (ParkedEvents only). Defaults to no
+	// limit.
+	Limit int
+}
+
+func (f ParkedFilter) query() bson.D {
+	q := bson.D{{Key: "parked", Value: true}}
+	if len(f.IDs) > 0 {
+		ids := make(bson.A, len(f.IDs))
+		for i, id := range f.IDs {
+			ids[i] = id
+		}
+		q = append(q, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
+	}
+	if f.Topic != "" {
+		q = append(q, bson.E{Key: "_id.topic", Value: f.Topic})
+	}
+	if f.ContentSchema != "" {
+		q = append(q, bson.E{Key: "_id.schema", Value: f.ContentSchema})
+	}
+	if !f.ParkedBefore.IsZero() {
+		q = append(q, bson.E{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: f.ParkedBefore.UTC()}}})
+	}
+	return q
+}
+
+// parkedDoc is an inbox document as the parked-event tools read it.
+type parkedDoc struct {
+	inboxDoc           `bson:",inline"`
+	RedriveRequestedAt *time.Time `bson:"redrive_requested_at,omitempty"`
+}
+
+func (d *parkedDoc) event() ParkedEvent {
+	p := ParkedEvent{ID: d.ID, Partition: d.Partition, Offset: d.Offset, PartitionKey: d.PartitionKey,
+		Attempts: d.Attempts, LastError: d.LastError, Payload: d.Payload, OccurredAt: d.OccurredAt}
+	if d.ParkedAt != nil {
+		p.ParkedAt = *d.ParkedAt
+	}
+	if d.RedriveRequestedAt != nil {
+		p.RedriveRequestedAt = *d.RedriveRequestedAt
+	}
+	return p
+}
+
+// ParkedEvents lists the parked events f selects, oldest first.
+func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent, error) {
+	opts := options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}})
+	if f.Limit > 0 {
+		opts.SetLimit(int64(f.Limit))
+	}
+	cur, err := a.inbox.Find(ctx, f.query(), opts)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list parked events: %w", err)
+	}
+	var docs []parkedDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("outbox: list parked events: %w", err)
+	}
+	out := make([]ParkedEvent, 0, len(docs))
+	for i := range docs {
+		out = append(out, docs[i].event())
+	}
+	return out, nil
+}
+
+// RequestRedrive asks the service's running consumers to re-drive the
+// parked events f selects (Limit ignored): one replica that has the
+// event's handler runs it within a few seconds, as Client.Redrive does. An
+// event whose handler no replica has keeps its request (it shows in
+// StoreStatus.RedriveRequested). With dryRun nothing changes. It returns
+// how many events were (or would be) marked; when f names IDs and none of
+// them is parked, the error wraps ErrNotParked.
+func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
+	return a.updateParked(ctx, f, dryRun, "request re-drive of", bson.D{
+		{Key: "$set", Value: bson.D{{Key: "redrive_requested_at", Value: time.Now().UTC()}}},
+	})
+}
+
+// PurgeParked gives up on the parked events f selects (Limit ignored): each
+// is marked handled and discarded (discarded_at), so a redelivery of the
+// same event is skipped as a duplicate, and the inbox TTL index deletes it
+// after Config.InboxRetention. With dryRun nothing changes. It returns how
+// many events were (or would be) purged; when f names IDs and none of them
+// is parked, the error wraps ErrNotParked.
+func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
+	now := time.Now().UTC()
+	return a.updateParked(ctx, f, dryRun, "purge", bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "parked", Value: false},
+			{Key: "handled", Value: true},
+			{Key: "handled_at", Value: now},
+			{Key: "discarded_at", Value: now},
+		}},
+		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}}},
+	})
+}
+
+func (a *Admin) updateParked(ctx context.Context, f ParkedFilter, dryRun bool, what string, update bson.D) (int64, error) {
+	q := f.query()
+	var n int64
+	if dryRun {
+		c, err := a.inbox.CountDocuments(ctx, q)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: %s parked events: %w", what, err)
+		}
+		n = c
+	} else {
+		res, err := a.inbox.UpdateMany(ctx, q, update)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: %s parked events: %w", what, err)
+		}
+		n = res.MatchedCount
+	}
+	if n == 0 && len(f.IDs) > 0 {
+		return 0, fmt.Errorf("%w: %s", ErrNotParked, f.IDs[0])
+	}
+	return n, nil
+}
+
+// startRedriveRequests runs the loop that serves re-drive requests until
+// ctx ends; handlers run under work. The returned function waits for the
+// loop to end.
+func (c *Client) startRedriveRequests(ctx, work context.Context) (wait func()) {
+	every := c.redriveEvery
+	if every <= 0 {
+		every = redriveInterval
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := c.serveRedriveRequests(ctx, work); err != nil && ctx.Err() == nil {
+				c.cfg.Logger.Warn("outbox: reading re-drive requests failed", "err", err)
+				c.tel.setError(err)
+			}
+		}
+	})
+	return wg.Wait
+}
+
+// serveRedriveRequests re-drives the requested parked events this process
+// has handlers for. Each request is claimed first (its flag removed by a
+// conditional update), so one replica runs it; a replica that dies after
+// the claim leaves the event parked, never lost, and the operator asks
+// again.
+func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
+	cur, err := c.inbox.Find(ctx, bson.D{
+		{Key: "parked", Value: true},
+		{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
+	}, options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}}).SetLimit(100))
+	if err != nil {
+		return fmt.Errorf("outbox: find re-drive requests: %w", err)
+	}
+	var docs []parkedDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return fmt.Errorf("outbox: read re-drive requests: %w", err)
+	}
+	for i := range docs {
+		d := &docs[i]
+		if ctx.Err() != nil {
+			return nil
+		}
+		if c.handlerFor(d.ID.Topic, d.ID.ContentSchema) == nil {
+			continue // another replica or version of the service may have it
+		}
+		res, err := c.inbox.UpdateOne(ctx,
+			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *d.RedriveRequestedAt}},
+			bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}}}})
+		if err != nil {
+			return fmt.Errorf("outbox: claim re-drive request: %w", err)
+		}
+		if res.ModifiedCount == 0 {
+			continue // claimed by another replica, or purged meanwhile
+		}
+		env := Envelope{Topic: d.ID.Topic, ContentSchema: d.ID.ContentSchema, IdempotencyKey: d.ID.IdempotencyKey,
+			PartitionKey: d.PartitionKey, Partition: d.Partition, TraceParent: d.TraceParent, TraceState: d.TraceState}
+		meta := Metadata{Envelope: env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
+		sctx, span := c.tel.startHandle(work, &meta)
+		span.SetAttributes(attribute.Bool("outbox.redrive", true))
+		err = c.Redrive(sctx, d.ID)
+		if err != nil {
+			span.RecordError(err)
+		}
+		span.End()
+		switch {
+		case err == nil:
+			c.cfg.Logger.Info("outbox: parked event re-driven", "id", d.ID.String())
+			c.tel.handled.Add(work, 1, eventAttrs(&env))
+		case errors.Is(err, ErrNotParked):
+		default:
+			c.cfg.Logger.Warn("outbox: re-drive failed; event stays parked", "id", d.ID.String(), "err", err)
+			c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))
+			c.tel.parked.Add(work, 1, eventAttrs(&env, attrReason.String("redrive_failed")))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,144 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// Status is a snapshot of a Client for health pages and operators: what
+// this process owns, what waits in the collections, and what went wrong
+// last. It never contains connection strings or credentials.
+type Status struct {
+	// Service is Config.Service.
+	Service string
+	// Running reports whether Run runs.
+	Running bool
+	// Publishing lists the partitions this process publishes (its
+	// assignment in Config.PublisherGroup), sorted.
+	Publishing []TopicPartition
+	// Handling lists the partitions whose events this process handles (its
+	// assignment in Config.ConsumerGroup), sorted.
+	Handling []TopicPartition
+	// PublisherLeaseValid reports whether the publisher's group session is
+	// confirmed recently enough to publish (see Config.FenceMargin).
+	PublisherLeaseValid bool
+	// Store is the state of the service's collections (shared by all
+	// replicas), at most a few seconds old.
+	Store StoreStatus
+	// LastError is the last error the consumer met (handling, re-drive
+	// requests) or else the publisher's, with secrets redacted, or "".
+	LastError string
+	// LastErrorAt is when the consumer's last error happened; zero for the
+	// publisher's, whose time is not kept.
+	LastErrorAt time.Time
+}
+
+// MarshalJSON writes snake_case keys, partitions grouped by topic
+// ({"orders": [0, 2]}) and ages in seconds.
+func (s Status) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Service             string             `json:"service"`
+		Running             bool               `json:"running"`
+		Publishing          map[string][]int32 `json:"publishing"`
+		Handling            map[string][]int32 `json:"handling"`
+		PublisherLeaseValid bool               `json:"publisher_lease_valid"`
+		storeStatusJSON
+		LastError   string    `json:"last_error,omitempty"`
+		LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	}{s.Service, s.Running, byTopic(s.Publishing), byTopic(s.Handling), s.PublisherLeaseValid,
+		s.Store.jsonForm(), s.LastError, s.LastErrorAt})
+}
+
+func byTopic(tps []TopicPartition) map[string][]int32 {
+	out := map[string][]int32{}
+	for _, tp := range tps {
+		out[tp.Topic] = append(out[tp.Topic], tp.Partition)
+	}
+	return out
+}
+
+// statusMaxAge is how old the collections' counts in Status may be.
+const statusMaxAge = time.Second
+
+// Status returns a snapshot of the Client. The collections' counts come from
+// Admin.StoreStatus, cached for a second, so a health check polled often
+// costs at most one aggregation per second. The runtime part is returned
+// even when the counts cannot be read, together with the error.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	c.mu.Lock()
+	running := c.running
+	c.mu.Unlock()
+	st := Status{Service: c.cfg.Service, Running: running}
+	ps := c.publisherStatus()
+	st.PublisherLeaseValid = ps.LeaseValid
+	st.Publishing = ps.Owned
+	if cons := c.tel.cons.Load(); cons != nil {
+		cons.mu.Lock()
+		for tp := range cons.workers {
+			st.Handling = append(st.Handling, TopicPartition{Topic: tp.topic, Partition: tp.partition})
+		}
+		cons.mu.Unlock()
+		slices.SortFunc(st.Handling, func(a, b TopicPartition) int {
+			return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+		})
+	}
+	st.LastError, st.LastErrorAt = c.tel.lastError()
+	if st.LastError == "" && ps.LastError != "" {
+		st.LastError = redactSecrets(ps.LastError)
+	}
+	store, err := c.storeStatus(ctx, statusMaxAge)
+	st.Store = store
+	return st, err
+}
+
+// StatusHandler returns an http.Handler that serves Status as JSON on GET
+// (and HEAD): 200 when the collections could be read, 503 with the
+// (redacted) error in "error" otherwise. Mount it where operators and
+// health checks look, for example at /outbox/status.
+func (c *Client) StatusHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), backlogQueryTimeout)
+		defer cancel()
+		st, err := c.Status(ctx)
+		code := http.StatusOK
+		var body any = st
+		if err != nil {
+			// Status has its own MarshalJSON: add "error" to its object.
+			code = http.StatusServiceUnavailable
+			raw, _ := json.Marshal(st)
+			var m map[string]any
+			_ = json.Unmarshal(raw, &m)
+			m["error"] = redactSecrets(err.Error())
+			body = m
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+		if r.Method == http.MethodHead {
+			return
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(body)
+	})
+}
+
+// userinfoPassword matches the password of a URL's userinfo
+// ("scheme://user:password@host").
+var userinfoPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):([^@/?#\s]*)@`)
+
+// redactSecrets hides URL passwords in a message (connection strings that
+// found their way into an error).
+func redactSecrets(s string) string {
+	return userinfoPassword.ReplaceAllString(s, "$1:xxxxx@")
+}

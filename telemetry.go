@@ -1,0 +1,433 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/event-outbox/outbox/internal/publish"
+)
+
+// Telemetry.
+//
+// The framework reports through the OpenTelemetry API only (no SDK, no
+// exporter): Config.MeterProvider and Config.TracerProvider, the global
+// providers by default, so a service that installs an SDK gets everything
+// and one that does not pays next to nothing.
+//
+// Metrics (instrumentation scope "github.com/event-outbox/outbox"):
+//
+//	outbox.events.recorded      counter    events committed to the outbox {topic}
+//	outbox.events.published     counter    events acknowledged by Kafka {topic}
+//	outbox.events.publish_failed counter   events Kafka refused for good (marked failed) {topic}
+//	outbox.events.handled       counter    events whose handling committed {topic, schema}
+//	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
+//	outbox.events.retried       counter    handler failures that will be retried {topic, schema}
+//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|malformed}
+//	outbox.publish.duration     histogram  s, one Kafka batch from first send to last ack {topic}
+//	outbox.handle.duration      histogram  s, one handling attempt (transaction included) {topic, schema, outcome}
+//	outbox.rebalances           counter    partition assignment changes {role: publisher|consumer, change: assigned|revoked|lost}
+//	outbox.pending              gauge      unpublished, not failed outbox events {topic}
+//	outbox.pending.oldest_age   gauge      s, age of the oldest pending event {topic}
+//	outbox.failed               gauge      outbox events Kafka refused for good {topic}
+//	outbox.parked               gauge      parked inbox events
+//	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
+//	outbox.consumer.lag         gauge      records between the committed offset and the high watermark {topic, partition}
+//
+// The gauges are observed while Run runs. The storage gauges (pending,
+// oldest age, failed, parked) come from one aggregation over the outbox's
+// unpublished documents (served by the partial index outbox_pending) and one
+// count on the inbox's parked documents (partial index inbox_parked),
+// cached for backlogCacheTTL: a scrape never costs more than that per
+// interval, whatever the scrape rate. Consumer lag uses what the consumer
+// already knows (the high watermark of its last fetch and its committed
+// offsets): no Kafka request per scrape.
+//
+// Traces: the trace context of the context passed to Record is stored with
+// the event and sent as the W3C traceparent/tracestate headers. The handler
+// runs in a span "<topic> process" (kind consumer) whose parent is that
+// remote context, so a request's trace continues into every handler it
+// caused, and into the events those handlers record. Each published batch
+// is a span "<topic> publish" (kind producer) linked to the trace of every
+// event in it (at most maxBatchLinks).
+
+const (
+	instrumentationName = "github.com/event-outbox/outbox"
+	backlogCacheTTL     = 5 * time.Second
+	backlogQueryTimeout = 5 * time.Second
+	maxBatchLinks       = 128
+)
+
+// Attribute keys. Topic and partition follow the OpenTelemetry messaging
+// semantic conventions.
+const (
+	attrTopic     = attribute.Key("messaging.destination.name")
+	attrPartition = attribute.Key("messaging.destination.partition.id")
+	attrSchema    = attribute.Key("outbox.content_schema")
+	attrReason    = attribute.Key("outbox.reason")
+	attrOutcome   = attribute.Key("outbox.outcome")
+	attrRole      = attribute.Key("outbox.role")
+	attrChange    = attribute.Key("outbox.change")
+)
+
+// telemetry holds a Client's instruments and the runtime state that the
+// status and the gauges report.
+type telemetry struct {
+	tracer trace.Tracer
+	meter  metric.Meter
+
+	recorded, published, publishFailed   metric.Int64Counter
+	handled, skipped, retried, parked    metric.Int64Counter
+	rebalances                           metric.Int64Counter
+	publishDuration, handleDuration      metric.Float64Histogram
+	pendingG, failedG, parkedG, ownedG   metric.Int64ObservableGauge
+	lagG                                 metric.Int64ObservableGauge
+	oldestG                              metric.Float64ObservableGauge
+	instrumentErr                        error
+	cons                                 atomic.Pointer[consumer] // the running consumer
+	hwmMu                                sync.Mutex
+	hwm                                  map[topicPartition]int64 // high watermarks seen by the consumer
+	errMu                                sync.Mutex
+	lastErr                              string
+	lastErrAt                            time.Time
+	backlogMu                            sync.Mutex // serialises backlog queries
+	backlog                              *StoreStatus
+	linksMu                              sync.Mutex
+	links                                map[publish.TopicPartition][]trace.Link // of the batch being published
+	latencyBounds                        []float64
+}
+
+func newTelemetry(cfg *Config) *telemetry {
+	t := &telemetry{
+		tracer: cfg.TracerProvider.Tracer(instrumentationName),
+		meter:  cfg.MeterProvider.Meter(instrumentationName),
+		hwm:    map[topicPartition]int64{},
+		links:  map[publish.TopicPartition][]trace.Link{},
+		latencyBounds: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+			30, 60},
+	}
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := t.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	hist := func(name, desc string) metric.Float64Histogram {
+		h, err := t.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(t.latencyBounds...))
+		errs = append(errs, err)
+		return h
+	}
+	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := t.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	t.recorded = counter("outbox.events.recorded", "{event}", "Events committed to the outbox.")
+	t.published = counter("outbox.events.published", "{event}", "Events acknowledged by Kafka.")
+	t.publishFailed = counter("outbox.events.publish_failed", "{event}", "Events Kafka refused for good; marked failed in the outbox.")
+	t.handled = counter("outbox.events.handled", "{event}", "Events whose handling transaction committed.")
+	t.skipped = counter("outbox.events.skipped", "{event}", "Deliveries skipped: already handled or parked, or no handler.")
+	t.retried = counter("outbox.events.retried", "{event}", "Handler failures that are retried.")
+	t.parked = counter("outbox.events.parked", "{event}", "Events parked after their last attempt, or malformed.")
+	t.rebalances = counter("outbox.rebalances", "{change}", "Partition assignment changes of the framework's Kafka groups.")
+	t.publishDuration = hist("outbox.publish.duration", "Duration of one Kafka batch, from the first send to the last acknowledgement.")
+	t.handleDuration = hist("outbox.handle.duration", "Duration of one handling attempt, transaction included.")
+	t.pendingG = gauge("outbox.pending", "{event}", "Outbox events not yet published (failed ones excluded).")
+	t.failedG = gauge("outbox.failed", "{event}", "Outbox events Kafka refused for good.")
+	t.parkedG = gauge("outbox.parked", "{event}", "Parked inbox events.")
+	t.ownedG = gauge("outbox.partitions.owned", "{partition}", "Partitions this process publishes (role publisher) or handles (role consumer).")
+	t.lagG = gauge("outbox.consumer.lag", "{record}", "Records between the committed offset and the high watermark of a handled partition.")
+	var err error
+	t.oldestG, err = t.meter.Float64ObservableGauge("outbox.pending.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest outbox event not yet published."))
+	errs = append(errs, err)
+	t.instrumentErr = errors.Join(errs...)
+	return t
+}
+
+// setError remembers err as the last error, for Status.
+func (t *telemetry) setError(err error) {
+	if err == nil {
+		return
+	}
+	t.errMu.Lock()
+	t.lastErr = redactSecrets(err.Error())
+	t.lastErrAt = time.Now().UTC()
+	t.errMu.Unlock()
+}
+
+func (t *telemetry) lastError() (string, time.Time) {
+	t.errMu.Lock()
+	defer t.errMu.Unlock()
+	return t.lastErr, t.lastErrAt
+}
+
+func topicAttrs(topic string) metric.MeasurementOption {
+	return metric.WithAttributes(attrTopic.String(topic))
+}
+
+func eventAttrs(env *Envelope, kv ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributes(append([]attribute.KeyValue{attrTopic.String(env.Topic), attrSchema.String(env.ContentSchema)}, kv...)...)
+}
+
+// committed counts the events of a committed transaction.
+func (t *telemetry) committed(ctx context.Context, tx *txState) {
+	if tx == nil {
+		return
+	}
+	for topic, n := range tx.counts {
+		t.recorded.Add(ctx, n, topicAttrs(topic))
+	}
+}
+
+// rebalance counts one non-empty assignment change.
+func (t *telemetry) rebalance(role, change string, parts map[string][]int32) {
+	n := 0
+	for _, ps := range parts {
+		n += len(ps)
+	}
+	if n == 0 {
+		return
+	}
+	t.rebalances.Add(context.Background(), 1, metric.WithAttributes(attrRole.String(role), attrChange.String(change)))
+}
+
+// noteHighWatermark remembers the high watermark of a fetched partition,
+// for the lag gauge.
+func (t *telemetry) noteHighWatermark(topic string, partition int32, hwm int64) {
+	if hwm < 0 {
+		return
+	}
+	t.hwmMu.Lock()
+	t.hwm[topicPartition{topic, partition}] = hwm
+	t.hwmMu.Unlock()
+}
+
+// startHandle starts the span of one handling attempt. Its parent is the
+// trace context recorded with the event (a remote parent), or the span in
+// ctx when the event carries none.
+func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Context, trace.Span) {
+	if meta.TraceParent != "" {
+		ctx = traceContext.Extract(ctx, propagation.MapCarrier{
+			HeaderTraceParent: meta.TraceParent,
+			HeaderTraceState:  meta.TraceState,
+		})
+	}
+	return t.tracer.Start(ctx, meta.Topic+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attrTopic.String(meta.Topic),
+			attrPartition.String(strconv.Itoa(int(meta.Partition))),
+			attribute.Int64("messaging.kafka.offset", meta.Offset),
+			attribute.String("messaging.kafka.message.key", meta.PartitionKey),
+			attribute.String("messaging.message.id", meta.IdempotencyKey),
+			attrSchema.String(meta.ContentSchema),
+			attribute.Int("outbox.attempt", meta.Attempt),
+		))
+}
+
+// endHandle ends a handling attempt's span and records its outcome.
+func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelope, start time.Time, err error) {
+	var herr *handlerError
+	outcome := "handled"
+	switch {
+	case err == nil:
+		t.handled.Add(ctx, 1, eventAttrs(env))
+	case errors.Is(err, errAlreadyDone):
+		outcome = "duplicate"
+		t.skipped.Add(ctx, 1, eventAttrs(env, attrReason.String("duplicate")))
+	case errors.As(err, &herr):
+		outcome = "handler_error"
+		span.RecordError(herr.err)
+		span.SetStatus(codes.Error, herr.err.Error())
+	default:
+		outcome = "infrastructure_error"
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		t.setError(fmt.Errorf("handle %s/%s: %w", env.Topic, env.ContentSchema, err))
+	}
+	span.SetAttributes(attrOutcome.String(outcome))
+	span.End()
+	t.handleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
+}
+
+// instrumentedStore wraps the publisher's store to learn the trace context
+// of each batch's events and to count failed events.
+type instrumentedStore struct {
+	publish.Store
+	t *telemetry
+}
+
+func (s instrumentedStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int) ([]publish.Item, error) {
+	items, err := s.Store.Pending(ctx, tp, limit)
+	if err != nil || len(items) == 0 {
+		return items, err
+	}
+	var links []trace.Link
+	for _, it := range items {
+		if len(links) == maxBatchLinks {
+			break
+		}
+		carrier := propagation.MapCarrier{}
+		for _, h := range it.Record.Headers {
+			if h.Key == HeaderTraceParent || h.Key == HeaderTraceState {
+				carrier[h.Key] = string(h.Value)
+			}
+		}
+		if len(carrier) == 0 {
+			continue
+		}
+		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), carrier))
+		if sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	// A worker reads, produces and reports one batch at a time, so the
+	// links of a partition always belong to the batch that Produced reports
+	// next.
+	s.t.linksMu.Lock()
+	s.t.links[tp] = links
+	s.t.linksMu.Unlock()
+	return items, nil
+}
+
+func (s instrumentedStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
+	err := s.Store.MarkFailed(ctx, id, cause, at)
+	if err == nil {
+		s.t.publishFailed.Add(ctx, 1)
+	}
+	return err
+}
+
+// publishHooks adds the publish metrics and span to the test hooks.
+func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
+	next := h.Produced
+	h.Produced = func(tp publish.TopicPartition, start, end time.Time, acked int) {
+		ctx := context.Background()
+		t.linksMu.Lock()
+		links := t.links[tp]
+		delete(t.links, tp)
+		t.linksMu.Unlock()
+		_, span := t.tracer.Start(ctx, tp.Topic+" publish",
+			trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithTimestamp(start),
+			trace.WithLinks(links...),
+			trace.WithAttributes(
+				attribute.String("messaging.system", "kafka"),
+				attribute.String("messaging.operation.type", "send"),
+				attrTopic.String(tp.Topic),
+				attrPartition.String(strconv.Itoa(int(tp.Partition))),
+				attribute.Int("messaging.batch.message_count", acked),
+			))
+		span.End(trace.WithTimestamp(end))
+		if acked > 0 {
+			t.published.Add(ctx, int64(acked), topicAttrs(tp.Topic))
+		}
+		t.publishDuration.Record(ctx, end.Sub(start).Seconds(), topicAttrs(tp.Topic))
+		if next != nil {
+			next(tp, start, end, acked)
+		}
+	}
+	return h
+}
+
+// storeStatus returns the storage status, at most backlogCacheTTL old.
+func (c *Client) storeStatus(ctx context.Context, maxAge time.Duration) (StoreStatus, error) {
+	t := c.tel
+	t.backlogMu.Lock()
+	defer t.backlogMu.Unlock()
+	if b := t.backlog; b != nil && time.Since(b.CheckedAt) < maxAge {
+		return *b, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, backlogQueryTimeout)
+	defer cancel()
+	st, err := c.Admin().StoreStatus(ctx)
+	if err != nil {
+		return StoreStatus{}, err
+	}
+	t.backlog = &st
+	return st, nil
+}
+
+// registerGauges registers the callback of the observable gauges, for as
+// long as Run runs.
+func (c *Client) registerGauges() (unregister func()) {
+	t := c.tel
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		for _, role := range []string{"publisher", "consumer"} {
+			n := 0
+			if role == "publisher" {
+				if p := c.pub.Load(); p != nil {
+					n = len(p.set.Owned())
+				}
+			} else if cons := t.cons.Load(); cons != nil {
+				cons.mu.Lock()
+				n = len(cons.workers)
+				cons.mu.Unlock()
+			}
+			o.ObserveInt64(t.ownedG, int64(n), metric.WithAttributes(attrRole.String(role)))
+		}
+		for tp, lag := range t.consumerLag() {
+			o.ObserveInt64(t.lagG, lag, metric.WithAttributes(attrTopic.String(tp.topic),
+				attrPartition.String(strconv.Itoa(int(tp.partition)))))
+		}
+		st, err := c.storeStatus(ctx, backlogCacheTTL)
+		if err != nil {
+			return fmt.Errorf("outbox: backlog gauges: %s", redactSecrets(err.Error()))
+		}
+		for _, b := range st.Topics {
+			o.ObserveInt64(t.pendingG, b.Pending, topicAttrs(b.Topic))
+			o.ObserveInt64(t.failedG, b.Failed, topicAttrs(b.Topic))
+			o.ObserveFloat64(t.oldestG, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
+		}
+		o.ObserveInt64(t.parkedG, st.Parked)
+		return nil
+	}, t.pendingG, t.failedG, t.parkedG, t.ownedG, t.lagG, t.oldestG)
+	if err != nil {
+		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
+		return func() {}
+	}
+	return func() { _ = reg.Unregister() }
+}
+
+// consumerLag returns, per handled partition, the high watermark of the
+// last fetch minus the committed offset; partitions without both are left
+// out.
+func (t *telemetry) consumerLag() map[topicPartition]int64 {
+	cons := t.cons.Load()
+	if cons == nil || cons.cl == nil {
+		return nil
+	}
+	committed := cons.cl.CommittedOffsets()
+	cons.mu.Lock()
+	owned := make([]topicPartition, 0, len(cons.workers))
+	for tp := range cons.workers {
+		owned = append(owned, tp)
+	}
+	cons.mu.Unlock()
+	out := map[topicPartition]int64{}
+	t.hwmMu.Lock()
+	defer t.hwmMu.Unlock()
+	for _, tp := range owned {
+		hwm, ok := t.hwm[tp]
+		co, ok2 := committed[tp.topic][tp.partition]
+		if !ok || !ok2 || co.Offset < 0 {
+			continue
+		}
+		out[tp] = max(hwm-co.Offset, 0)
+	}
+	return out
+}
