@@ -71,6 +71,30 @@ func (c *chain) at(ts bson.Timestamp) *version {
 	return nil
 }
 
+// prefixesHeld returns the index key prefixes of c's retained and pending
+// versions.
+func (c *chain) prefixesHeld(ix *index) map[string]bool {
+	held := map[string]bool{}
+	add := func(doc bson.D) {
+		for _, k := range ix.keysOf(doc) {
+			for _, p := range k.prefixes {
+				held[p] = true
+			}
+		}
+	}
+	for _, v := range c.versions {
+		if v.doc != nil {
+			add(v.doc)
+		}
+	}
+	if c.owner != nil {
+		if p := c.owner.writes[c]; p != nil && p.doc != nil {
+			add(p.doc)
+		}
+	}
+	return held
+}
+
 func (c *chain) anyVersionHas(ix *index, hash string) bool {
 	for _, v := range c.versions {
 		if v.doc != nil && ix.hasKey(v.doc, hash) {
@@ -495,6 +519,11 @@ func SpecDocument(s IndexSpec) bson.D { return specDoc(s) }
 // pending writes in the collection (ddl waited for them).
 func (e *Engine) buildIndexLocked(c *collection, ix *index) error {
 	if !ix.unique {
+		for _, ch := range c.chainsInOrder() {
+			for _, v := range ch.versions {
+				ix.addPrefixes(ch, v.doc)
+			}
+		}
 		return nil
 	}
 	seen := map[string]bool{}

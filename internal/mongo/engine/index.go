@@ -45,6 +45,12 @@ type index struct {
 	filter  *query.Matcher
 	ttl     *int64
 	entries map[string]map[*chain]struct{} // unique indexes only
+	// prefix maps the hash of each leading run of key values (first
+	// field, first two fields, ...) to the chains with a retained or
+	// pending version that has it: a superset of the documents an equality
+	// query on those fields can match. Non-unique indexes only; see
+	// View.candidates.
+	prefix map[string]map[*chain]struct{}
 }
 
 func newIndex(s IndexSpec) (*index, error) {
@@ -65,6 +71,8 @@ func newIndex(s IndexSpec) (*index, error) {
 	}
 	if ix.unique {
 		ix.entries = map[string]map[*chain]struct{}{}
+	} else {
+		ix.prefix = map[string]map[*chain]struct{}{}
 	}
 	return ix, nil
 }
@@ -98,6 +106,8 @@ func (ix *index) covers(doc bson.D) bool {
 type indexKey struct {
 	hash   string
 	values []any
+	// prefixes[i] is the hash of values[:i+1]; the last one is hash.
+	prefixes []string
 }
 
 // keysOf returns the index keys of doc (several for multikey documents);
@@ -121,7 +131,8 @@ func (ix *index) keysOf(doc bson.D) []indexKey {
 					continue
 				}
 				seen[h] = true
-				next = append(next, indexKey{hash: h, values: append(append([]any(nil), k.values...), v)})
+				next = append(next, indexKey{hash: h, values: append(append([]any(nil), k.values...), v),
+					prefixes: append(append([]string(nil), k.prefixes...), h)})
 			}
 		}
 		out = next
@@ -155,9 +166,70 @@ func (ix *index) add(hash string, c *chain) {
 	m[c] = struct{}{}
 }
 
+// addPrefixes registers c under every key prefix of doc.
+func (ix *index) addPrefixes(c *chain, doc bson.D) {
+	for _, k := range ix.keysOf(doc) {
+		for _, p := range k.prefixes {
+			m := ix.prefix[p]
+			if m == nil {
+				m = map[*chain]struct{}{}
+				ix.prefix[p] = m
+			}
+			m[c] = struct{}{}
+		}
+	}
+}
+
+// forgetPrefixes removes c from the prefixes of docs that none of its
+// retained or pending versions still has.
+func (ix *index) forgetPrefixes(c *chain, docs []bson.D) {
+	var held map[string]bool
+	for _, d := range docs {
+		for _, k := range ix.keysOf(d) {
+			for _, p := range k.prefixes {
+				if held == nil {
+					held = c.prefixesHeld(ix)
+				}
+				if held[p] {
+					continue
+				}
+				if m := ix.prefix[p]; m != nil {
+					delete(m, c)
+					if len(m) == 0 {
+						delete(ix.prefix, p)
+					}
+				}
+			}
+		}
+	}
+}
+
+// impliesPartial reports whether every document filter matches is in the
+// index's partial filter, judged conservatively: each condition of the
+// partial filter must be a plain {field: value} equality that filter
+// repeats with an equal value.
+func (ix *index) impliesPartial(filter bson.D) bool {
+	for _, e := range ix.partial {
+		if strings.HasPrefix(e.Key, "$") || !plainValue(e.Value) {
+			return false
+		}
+		if d, ok := e.Value.(bson.D); ok && len(d) > 0 && strings.HasPrefix(d[0].Key, "$") {
+			return false
+		}
+		vals, ok := eqValues(filter, e.Key)
+		if !ok || len(vals) != 1 || !bsonkit.Equal(vals[0], e.Value) {
+			return false
+		}
+	}
+	return true
+}
+
 // forget removes c from the entries of keys that none of its retained or
 // pending versions still has.
 func (ix *index) forget(c *chain, docs []bson.D) {
+	if ix.prefix != nil {
+		ix.forgetPrefixes(c, docs)
+	}
 	if ix.entries == nil {
 		return
 	}

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
@@ -584,6 +586,40 @@ func (v *View) candidates(c *collection, filter bson.D) ([]*chain, bool) {
 		}
 		return v.sortNatural(out), true
 	}
+	// A non-unique index whose leading fields the filter pins to single
+	// values (and whose partial filter the filter implies): its prefix
+	// entries hold every chain that can match. The smallest set wins.
+	var best map[*chain]struct{}
+	found := false
+	for _, ix := range c.indexes[1:] {
+		if ix.prefix == nil || !ix.impliesPartial(filter) {
+			continue
+		}
+		h, n := "", 0
+		for _, f := range ix.fields {
+			vals, ok := eqValues(filter, f)
+			if !ok || len(vals) != 1 {
+				break
+			}
+			h += bsonkit.Key(vals[0])
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		if set := ix.prefix[h]; !found || len(set) < len(best) {
+			best, found = set, true
+		}
+	}
+	if found {
+		out := make([]*chain, 0, len(best))
+		for ch := range best {
+			if !ch.dead {
+				out = append(out, ch)
+			}
+		}
+		return v.sortNatural(out), true
+	}
 	return nil, false
 }
 
@@ -592,17 +628,23 @@ func (v *View) sortNatural(cs []*chain) []*chain {
 	if len(cs) < 2 {
 		return cs
 	}
-	rid := func(c *chain) uint64 {
+	// Sort by record id, computed once per chain (candidate sets from a
+	// non-unique index can be large).
+	type ranked struct {
+		rid uint64
+		c   *chain
+	}
+	rs := make([]ranked, len(cs))
+	for i, c := range cs {
 		_, r, newRec := v.stateOf(c)
 		if newRec {
 			r += 1 << 62
 		}
-		return r
+		rs[i] = ranked{r, c}
 	}
-	for i := 1; i < len(cs); i++ {
-		for j := i; j > 0 && rid(cs[j]) < rid(cs[j-1]); j-- {
-			cs[j], cs[j-1] = cs[j-1], cs[j]
-		}
+	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.rid, b.rid) })
+	for i := range rs {
+		cs[i] = rs[i].c
 	}
 	return cs
 }
@@ -736,6 +778,8 @@ func (v *View) checkUnique(c *collection, ch *chain, doc bson.D) error {
 			for _, k := range ix.keysOf(doc) {
 				ix.add(k.hash, ch)
 			}
+		} else {
+			ix.addPrefixes(ch, doc)
 		}
 	}
 	return nil
