@@ -119,4 +119,3 @@ func idsIn(t *testing.T, ctx context.Context, coll *mongo.Collection, filter bso
 	}
 	return out
 }
-
