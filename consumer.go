@@ -98,6 +98,10 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
+	c.tel.cons.Store(cons)
+	defer c.tel.cons.Store(nil)
+	// Re-drive requests (Admin.RequestRedrive) are served while consuming.
+	defer c.startRedriveRequests(ctx, work)()
 	defer func() {
 		// Leave the group with a bounded wait: Close alone can block for a
 		// minute when the coordinator is unreachable. Leaving revokes every
@@ -124,6 +128,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			}
 		})
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			c.tel.noteHighWatermark(p.Topic, p.Partition, p.HighWatermark)
 			if len(p.Records) > 0 {
 				cons.enqueue(topicPartition{p.Topic, p.Partition}, p.Records)
 			}
@@ -164,6 +169,7 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 }
 
 func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	cons.c.tel.rebalance("consumer", "assigned", assigned)
 	cons.mu.Lock()
 	defer cons.mu.Unlock()
 	for t, ps := range assigned {
@@ -181,10 +187,12 @@ func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 }
 
 func (cons *consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	cons.c.tel.rebalance("consumer", "revoked", revoked)
 	cons.stopPartitions(revoked, false)
 }
 
 func (cons *consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	cons.c.tel.rebalance("consumer", "lost", lost)
 	cons.stopPartitions(lost, true)
 }
 
@@ -343,6 +351,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 	h := c.handlerFor(env.Topic, env.ContentSchema)
 	if h == nil {
 		log.Info("no handler for event; acknowledged", "schema", env.ContentSchema)
+		c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("no_handler")))
 		return nil
 	}
 	evt, err := h.decode(c, rec.Value)
@@ -370,9 +379,12 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 			}); nerr != nil {
 				return nerr
 			}
+			c.tel.setError(fmt.Errorf("handler of %s/%s (key %s, attempt %d): %w", env.Topic, env.ContentSchema, env.IdempotencyKey, attempt, herr.err))
 			if park {
+				c.tel.parked.Add(ctx, 1, eventAttrs(&env, attrReason.String("handler_error")))
 				return nil
 			}
+			c.tel.retried.Add(ctx, 1, eventAttrs(&env))
 			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
 				return errInterrupted
 			}
@@ -393,7 +405,20 @@ var errInterrupted = errors.New("outbox: interrupted")
 
 // handleOnce runs one attempt: claim, handler and the events it recorded,
 // in one transaction.
-func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Metadata) error {
+//
+// The attempt runs in a span whose parent is the trace context recorded
+// with the event, so the handler's work and the events it records continue
+// the recording request's trace.
+func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Metadata) (err error) {
+	ctx, span := c.tel.startHandle(ctx, &meta)
+	start := time.Now()
+	var last *txState // the attempt that committed, when err is nil
+	defer func() {
+		if err == nil {
+			c.tel.committed(ctx, last)
+		}
+		c.tel.endHandle(ctx, span, &meta.Envelope, start, err)
+	}()
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
 		return err
@@ -401,6 +426,7 @@ func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Met
 	defer sess.EndSession(context.WithoutCancel(ctx))
 	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
 		tx := &txState{client: c}
+		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
 		if err := c.claim(tctx, &meta.Envelope, meta.Offset, nil, time.Now().UTC()); err != nil {
 			return nil, err
@@ -426,9 +452,14 @@ func (c *Client) parkMalformed(ctx context.Context, stop <-chan struct{}, env *E
 		env.IdempotencyKey = fmt.Sprintf("malformed:%d:%d", rec.Partition, rec.Offset)
 	}
 	log.Warn("malformed record parked", "err", cause)
-	return c.retryInfra(ctx, stop, func() error {
+	err := c.retryInfra(ctx, stop, func() error {
 		return c.noteFailure(ctx, env, rec.Offset, rec.Value, cause, true)
 	})
+	if err == nil {
+		c.tel.parked.Add(ctx, 1, eventAttrs(env, attrReason.String("malformed")))
+		c.tel.setError(fmt.Errorf("malformed record %s/%d@%d parked: %w", rec.Topic, rec.Partition, rec.Offset, cause))
+	}
+	return err
 }
 
 // retryInfra retries fn with backoff until it succeeds or the worker stops.

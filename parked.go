@@ -99,15 +99,15 @@ func (f ParkedFilter) query() bson.D {
 
 // parkedDoc is an inbox document as the parked-event tools read it.
 type parkedDoc struct {
-	inboxDoc           `bson:",inline"`
+	Doc                inboxDoc   `bson:",inline"` // exported: the codec skips unexported fields
 	RedriveRequestedAt *time.Time `bson:"redrive_requested_at,omitempty"`
 }
 
 func (d *parkedDoc) event() ParkedEvent {
-	p := ParkedEvent{ID: d.ID, Partition: d.Partition, Offset: d.Offset, PartitionKey: d.PartitionKey,
-		Attempts: d.Attempts, LastError: d.LastError, Payload: d.Payload, OccurredAt: d.OccurredAt}
-	if d.ParkedAt != nil {
-		p.ParkedAt = *d.ParkedAt
+	p := ParkedEvent{ID: d.Doc.ID, Partition: d.Doc.Partition, Offset: d.Doc.Offset, PartitionKey: d.Doc.PartitionKey,
+		Attempts: d.Doc.Attempts, LastError: d.Doc.LastError, Payload: d.Doc.Payload, OccurredAt: d.Doc.OccurredAt}
+	if d.Doc.ParkedAt != nil {
+		p.ParkedAt = *d.Doc.ParkedAt
 	}
 	if d.RedriveRequestedAt != nil {
 		p.RedriveRequestedAt = *d.RedriveRequestedAt
@@ -235,7 +235,7 @@ func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
 		return fmt.Errorf("outbox: read re-drive requests: %w", err)
 	}
 	for i := range docs {
-		d := &docs[i]
+		d, rr := &docs[i].Doc, docs[i].RedriveRequestedAt
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -243,7 +243,7 @@ func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
 			continue // another replica or version of the service may have it
 		}
 		res, err := c.inbox.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *d.RedriveRequestedAt}},
+			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *rr}},
 			bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}}}})
 		if err != nil {
 			return fmt.Errorf("outbox: claim re-drive request: %w", err)

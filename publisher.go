@@ -153,7 +153,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	defer producer.Close()
 
 	wcfg := &publish.WorkerConfig{
-		Store:       outboxStore{coll: c.outbox},
+		Store:       instrumentedStore{Store: outboxStore{coll: c.outbox}, t: c.tel},
 		Producer:    producer,
 		Lease:       p.lease,
 		BatchSize:   cfg.PublishBatchSize,
@@ -162,7 +162,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		MarkTimeout: markTimeout,
 		Logger:      log,
 		Stats:       p.stats,
-		Hooks:       o.hooks,
+		Hooks:       c.tel.publishHooks(o.hooks),
 	}
 	p.set = publish.NewSet(func(tp publish.TopicPartition) *publish.Worker {
 		return publish.NewWorker(tp, wcfg)
@@ -200,12 +200,14 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.WithHooks(hook),
 		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			c.tel.rebalance("publisher", "assigned", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
 				p.set.Assign(tps)
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			c.tel.rebalance("publisher", "revoked", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions revoked", "partitions", m)
 				p.set.Revoke(tps)
@@ -213,6 +215,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.lease.Revoke()
+			c.tel.rebalance("publisher", "lost", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Warn("publisher partitions lost", "partitions", m)
 				p.set.Lose(tps)

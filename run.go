@@ -47,6 +47,9 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 	}
 
+	// The observable gauges report while Run runs.
+	defer c.registerGauges()()
+
 	// One group of goroutines: the first fatal error cancels the others.
 	gctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

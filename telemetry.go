@@ -86,25 +86,25 @@ type telemetry struct {
 	tracer trace.Tracer
 	meter  metric.Meter
 
-	recorded, published, publishFailed   metric.Int64Counter
-	handled, skipped, retried, parked    metric.Int64Counter
-	rebalances                           metric.Int64Counter
-	publishDuration, handleDuration      metric.Float64Histogram
-	pendingG, failedG, parkedG, ownedG   metric.Int64ObservableGauge
-	lagG                                 metric.Int64ObservableGauge
-	oldestG                              metric.Float64ObservableGauge
-	instrumentErr                        error
-	cons                                 atomic.Pointer[consumer] // the running consumer
-	hwmMu                                sync.Mutex
-	hwm                                  map[topicPartition]int64 // high watermarks seen by the consumer
-	errMu                                sync.Mutex
-	lastErr                              string
-	lastErrAt                            time.Time
-	backlogMu                            sync.Mutex // serialises backlog queries
-	backlog                              *StoreStatus
-	linksMu                              sync.Mutex
-	links                                map[publish.TopicPartition][]trace.Link // of the batch being published
-	latencyBounds                        []float64
+	recorded, published, publishFailed metric.Int64Counter
+	handled, skipped, retried, parked  metric.Int64Counter
+	rebalances                         metric.Int64Counter
+	publishDuration, handleDuration    metric.Float64Histogram
+	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
+	lagG                               metric.Int64ObservableGauge
+	oldestG                            metric.Float64ObservableGauge
+	instrumentErr                      error
+	cons                               atomic.Pointer[consumer] // the running consumer
+	hwmMu                              sync.Mutex
+	hwm                                map[topicPartition]int64 // high watermarks seen by the consumer
+	errMu                              sync.Mutex
+	lastErr                            string
+	lastErrAt                          time.Time
+	backlogMu                          sync.Mutex // serialises backlog queries
+	backlog                            *StoreStatus
+	linksMu                            sync.Mutex
+	links                              map[publish.TopicPartition][]trace.Link // of the batch being published
+	latencyBounds                      []float64
 }
 
 func newTelemetry(cfg *Config) *telemetry {
