@@ -123,7 +123,7 @@ func TestRedactSecrets(t *testing.T) {
 		"dial mongodb://app:s3cr%40t@db:27017/x failed":              "dial mongodb://app:xxxxx@db:27017/x failed",
 		"mongodb+srv://u:p@cluster0.example.net/?authSource=admin":   "mongodb+srv://u:xxxxx@cluster0.example.net/?authSource=admin",
 		"no secret in mongodb://db:27017 or mongodb://user@db:27017": "no secret in mongodb://db:27017 or mongodb://user@db:27017",
-		"a:b@c is not a URL":                                         "a:b@c is not a URL",
+		"a:b@c is not a URL": "a:b@c is not a URL",
 	} {
 		require.Equal(t, want, redactSecrets(in))
 	}
