@@ -1,0 +1,474 @@
+// Command outboxctl inspects and repairs the outbox and inbox collections of
+// a service built on github.com/event-outbox/outbox, directly in MongoDB.
+// It needs neither Kafka nor the service's handlers.
+//
+// Usage:
+//
+//	outboxctl [flags] status
+//	outboxctl [flags] parked list
+//	outboxctl [flags] parked redrive (<id>... | -all)
+//	outboxctl [flags] parked purge (<id>... | -all)
+//	outboxctl [flags] outbox failed list
+//	outboxctl [flags] outbox failed retry (<id>... | -all)
+//
+// Flags may come before or after the command:
+//
+//	-uri      MongoDB connection string (default: $MONGODB_URI)
+//	-db       the service's database (default: $OUTBOX_DB)
+//	-outbox   outbox collection (default "outbox")
+//	-inbox    inbox collection (default "inbox")
+//	-json     JSON output instead of tables
+//	-dry-run  report what a destructive command would change, change nothing
+//	-all      act on every selected event (redrive, purge, retry)
+//	-topic, -schema   narrow the selection
+//	-before   only events parked before this time (RFC 3339) or this long ago (duration, e.g. 24h)
+//	-limit    list at most this many events (default 100; 0 for all)
+//	-timeout  overall deadline (default 30s)
+//
+// Parked event ids have the form topic/schema/key, as "parked list" prints
+// them; failed outbox event ids are hex ObjectIDs.
+//
+// "parked redrive" does not run handlers itself: it marks the events, and a
+// running consumer of the service that has their handler re-drives them
+// within a few seconds (see the package documentation of outbox, section
+// "Parked events management"). "parked purge" gives up on events: they are
+// marked handled (discarded), so a redelivery is skipped, and the inbox TTL
+// removes them later. "outbox failed retry" clears the failed mark so the
+// publisher tries the events again.
+//
+// Exit status: 0 success, 1 failure (MongoDB unreachable, event not
+// parked...), 2 usage error. Passwords in the connection string never
+// appear in the output.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a mistake in the command line (exit status 2).
+type usageError struct {
+	msg     string
+	printed bool // the flag package printed it already
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// options are the parsed command line.
+type cliOptions struct {
+	uri, db, outbox, inbox string
+	json, dryRun, all      bool
+	topic, schema, before  string
+	limit                  int
+	timeout                time.Duration
+	words                  []string // command words and ids
+}
+
+func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOptions, error) {
+	o := &cliOptions{}
+	fs := flag.NewFlagSet("outboxctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.uri, "uri", getenv("MONGODB_URI"), "MongoDB connection string (default $MONGODB_URI)")
+	fs.StringVar(&o.db, "db", getenv("OUTBOX_DB"), "the service's database (default $OUTBOX_DB)")
+	fs.StringVar(&o.outbox, "outbox", "outbox", "outbox collection")
+	fs.StringVar(&o.inbox, "inbox", "inbox", "inbox collection")
+	fs.BoolVar(&o.json, "json", false, "JSON output")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "change nothing; report what would change")
+	fs.BoolVar(&o.all, "all", false, "act on every selected event")
+	fs.StringVar(&o.topic, "topic", "", "only events of this topic")
+	fs.StringVar(&o.schema, "schema", "", "only events of this content schema")
+	fs.StringVar(&o.before, "before", "", "only events parked before this RFC 3339 time, or this long ago (e.g. 24h)")
+	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "overall deadline")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage:
+  outboxctl [flags] status
+  outboxctl [flags] parked list
+  outboxctl [flags] parked redrive (<id>... | -all)
+  outboxctl [flags] parked purge (<id>... | -all)
+  outboxctl [flags] outbox failed list
+  outboxctl [flags] outbox failed retry (<id>... | -all)
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	// Flags and words may be interleaved: parse up to each word, keep it,
+	// go on after it. After "--" everything is a word.
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &usageError{msg: err.Error(), printed: true}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			o.words = append(o.words, rest...)
+			break
+		}
+		o.words = append(o.words, rest[0])
+		args = rest[1:]
+	}
+	switch {
+	case len(o.words) == 0:
+		fs.Usage()
+		return nil, usagef("no command")
+	case o.uri == "":
+		return nil, usagef("no MongoDB URI: set -uri or MONGODB_URI")
+	case o.db == "":
+		return nil, usagef("no database: set -db or OUTBOX_DB")
+	case o.limit < 0:
+		return nil, usagef("-limit must not be negative")
+	}
+	return o, nil
+}
+
+// run runs one command and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	o, err := parse(args, stderr, getenv)
+	var secret string
+	if o != nil {
+		secret = password(o.uri)
+	}
+	if err == nil {
+		err = o.execute(ctx, stdout)
+	}
+	var uerr *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &uerr):
+		if !uerr.printed {
+			fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secret))
+		}
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secret))
+		return exitFailure
+	}
+}
+
+func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
+	cmd := strings.Join(o.words[:min(len(o.words), 3)], " ")
+	var do func(context.Context, *outbox.Admin, io.Writer) error
+	switch {
+	case len(o.words) == 1 && o.words[0] == "status":
+		do = o.status
+	case len(o.words) == 2 && o.words[0] == "parked" && o.words[1] == "list":
+		do = o.parkedList
+	case len(o.words) >= 2 && o.words[0] == "parked" && (o.words[1] == "redrive" || o.words[1] == "purge"):
+		do = o.parkedChange
+	case len(o.words) == 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "list":
+		do = o.failedList
+	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "retry":
+		do = o.failedRetry
+	default:
+		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry)", cmd)
+	}
+	// Check the whole command line before connecting.
+	if _, err := o.parkedFilter(); err != nil {
+		return err
+	}
+	switch {
+	case o.words[0] == "parked" && len(o.words) >= 2 && o.words[1] != "list":
+		ids, err := o.ids(2, "parked "+o.words[1])
+		if err != nil {
+			return err
+		}
+		for _, s := range ids {
+			if _, err := outbox.ParseInboxID(s); err != nil {
+				return usagef("%v", err)
+			}
+		}
+	case o.words[0] == "outbox" && o.words[2] == "retry":
+		if _, err := o.ids(3, "outbox failed retry"); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	copts := options.Client().ApplyURI(o.uri)
+	if copts.AppName == nil {
+		copts.SetAppName("outboxctl")
+	}
+	if copts.ServerSelectionTimeout == nil {
+		copts.SetServerSelectionTimeout(min(o.timeout, 10*time.Second))
+	}
+	if err := copts.Validate(); err != nil {
+		return usagef("invalid MongoDB URI %s: %v", redactURI(o.uri), err)
+	}
+	client, err := mongo.Connect(copts)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redactURI(o.uri), err)
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer dcancel()
+		_ = client.Disconnect(dctx)
+	}()
+	admin := outbox.NewAdmin(client.Database(o.db), o.outbox, o.inbox)
+	return do(ctx, admin, stdout)
+}
+
+// parkedFilter builds the selection of the parked commands from -topic,
+// -schema, -before, -limit and the ids after the command words.
+func (o *cliOptions) parkedFilter() (outbox.ParkedFilter, error) {
+	f := outbox.ParkedFilter{Topic: o.topic, ContentSchema: o.schema, Limit: o.limit}
+	if o.before != "" {
+		if d, err := time.ParseDuration(o.before); err == nil {
+			f.ParkedBefore = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, o.before); err == nil {
+			f.ParkedBefore = t
+		} else {
+			return f, usagef("-before %q: want an RFC 3339 time or a duration", o.before)
+		}
+	}
+	return f, nil
+}
+
+// ids returns the ids given after n command words, checking them against
+// -all: exactly one of the two must be given.
+func (o *cliOptions) ids(n int, what string) ([]string, error) {
+	ids := o.words[n:]
+	switch {
+	case len(ids) == 0 && !o.all:
+		return nil, usagef("%s: name events by id, or pass -all", what)
+	case len(ids) > 0 && o.all:
+		return nil, usagef("%s: ids and -all exclude each other", what)
+	}
+	return ids, nil
+}
+
+func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	st, err := admin.StoreStatus(ctx)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, st)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "database\t%s (collections %s, %s)\n", o.db, o.outbox, o.inbox)
+	fmt.Fprintf(tw, "pending\t%d\toldest %s\n", st.Pending, age(st.OldestPendingAge))
+	fmt.Fprintf(tw, "failed\t%d\n", st.Failed)
+	fmt.Fprintf(tw, "parked\t%d\tre-drive requested %d\n", st.Parked, st.RedriveRequested)
+	if len(st.Topics) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED")
+		for _, b := range st.Topics {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", b.Topic, b.Pending, age(b.OldestPendingAge), b.Failed)
+		}
+	}
+	return tw.Flush()
+}
+
+func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	f, err := o.parkedFilter()
+	if err != nil {
+		return err
+	}
+	events, err := admin.ParkedEvents(ctx, f)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, events)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPARKED AT\tATTEMPTS\tPARTITION@OFFSET\tREDRIVE\tLAST ERROR")
+	for _, e := range events {
+		redrive := "-"
+		if !e.RedriveRequestedAt.IsZero() {
+			redrive = "requested"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d@%d\t%s\t%s\n", e.ID, e.ParkedAt.UTC().Format(time.RFC3339), e.Attempts,
+			e.Partition, e.Offset, redrive, oneLine(e.LastError, 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(events) == o.limit && o.limit > 0 {
+		fmt.Fprintf(w, "(first %d shown; -limit 0 lists all)\n", o.limit)
+	}
+	return nil
+}
+
+func (o *cliOptions) parkedChange(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	action := o.words[1]
+	raw, err := o.ids(2, "parked "+action)
+	if err != nil {
+		return err
+	}
+	f, err := o.parkedFilter()
+	if err != nil {
+		return err
+	}
+	for _, s := range raw {
+		id, err := outbox.ParseInboxID(s)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		f.IDs = append(f.IDs, id)
+	}
+	var n int64
+	if action == "redrive" {
+		n, err = admin.RequestRedrive(ctx, f, o.dryRun)
+	} else {
+		n, err = admin.PurgeParked(ctx, f, o.dryRun)
+	}
+	if err != nil {
+		return err
+	}
+	what := map[string]string{
+		"redrive": "requested re-drive of %d parked event(s); a running consumer of the service re-drives them within seconds",
+		"purge":   "purged %d parked event(s): marked handled (discarded); redeliveries are skipped",
+	}[action]
+	if o.dryRun {
+		what = map[string]string{
+			"redrive": "dry run: would request re-drive of %d parked event(s)",
+			"purge":   "dry run: would purge %d parked event(s)",
+		}[action]
+	}
+	return o.report(w, "parked "+action, n, what)
+}
+
+func (o *cliOptions) failedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	events, err := admin.FailedEvents(ctx, outbox.FailedFilter{Topic: o.topic, Limit: o.limit})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, events)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTOPIC/PARTITION\tSCHEMA\tFAILED AT\tSIZE\tERROR")
+	for _, e := range events {
+		fmt.Fprintf(tw, "%s\t%s/%d\t%s\t%s\t%d\t%s\n", e.ID, e.Topic, e.Partition, e.ContentSchema,
+			e.FailedAt.UTC().Format(time.RFC3339), e.PayloadSize, oneLine(e.Error, 80))
+	}
+	return tw.Flush()
+}
+
+func (o *cliOptions) failedRetry(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	ids, err := o.ids(3, "outbox failed retry")
+	if err != nil {
+		return err
+	}
+	n, err := admin.RetryFailed(ctx, outbox.FailedFilter{Topic: o.topic}, ids, o.dryRun)
+	if err != nil {
+		return err
+	}
+	if n == 0 && len(ids) > 0 {
+		return fmt.Errorf("no failed outbox event with id %s", strings.Join(ids, ", "))
+	}
+	what := "retrying %d failed event(s): the publisher tries them again at its next scan"
+	if o.dryRun {
+		what = "dry run: would retry %d failed event(s)"
+	}
+	return o.report(w, "outbox failed retry", n, what)
+}
+
+// report prints the outcome of a change.
+func (o *cliOptions) report(w io.Writer, command string, n int64, format string) error {
+	if o.json {
+		return writeJSON(w, map[string]any{"command": command, "dry_run": o.dryRun, "count": n})
+	}
+	_, err := fmt.Fprintf(w, format+"\n", n)
+	return err
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func age(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Second).String()
+}
+
+// oneLine shortens a message to one line of at most n runes.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// password returns the password of a connection string, or "".
+func password(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil || u.User == nil {
+		// Unparsable (for example several hosts with ports): look by hand.
+		if m := uriPassword.FindStringSubmatch(uri); m != nil {
+			return m[2]
+		}
+		return ""
+	}
+	p, _ := u.User.Password()
+	return p
+}
+
+// uriPassword matches the password of a URL's userinfo.
+var uriPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):([^@/?#\s]*)@`)
+
+// redactURI returns the connection string with its password replaced.
+func redactURI(uri string) string {
+	return uriPassword.ReplaceAllString(uri, "$1:xxxxx@")
+}
+
+// redact removes passwords from a message: any URL userinfo password, and
+// the given secret in plain and URL-escaped forms.
+func redact(msg, secret string) string {
+	msg = redactURI(msg)
+	if secret != "" {
+		msg = strings.ReplaceAll(msg, secret, "xxxxx")
+		msg = strings.ReplaceAll(msg, url.QueryEscape(secret), "xxxxx")
+		msg = strings.ReplaceAll(msg, url.PathEscape(secret), "xxxxx")
+	}
+	return msg
+}

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.uber.org/goleak"
+
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type ctl struct {
+	t      *testing.T
+	uri    string
+	db     *mongo.Database
+	getenv func(string) string
+}
+
+func newCtl(t *testing.T) *ctl {
+	t.Helper()
+	env := mongotest.Start(t)
+	db := env.DB(t)
+	return &ctl{t: t, uri: env.URI, db: db, getenv: func(string) string { return "" }}
+}
+
+// run runs outboxctl with the test database and returns its exit status
+// and outputs.
+func (c *ctl) run(args ...string) (int, string, string) {
+	c.t.Helper()
+	var stdout, stderr bytes.Buffer
+	args = append([]string{"-uri", c.uri, "-db", c.db.Name()}, args...)
+	code := run(context.Background(), args, &stdout, &stderr, c.getenv)
+	return code, stdout.String(), stderr.String()
+}
+
+// seed writes documents in the framework's storage format: two pending
+// orders (one a minute old), one failed order, two parked events.
+func (c *ctl) seed() {
+	c.t.Helper()
+	ctx := context.Background()
+	now := time.Now().UTC()
+	outboxColl, inbox := c.db.Collection("outbox"), c.db.Collection("inbox")
+	for i, created := range []time.Time{now.Add(-time.Minute), now} {
+		_, err := outboxColl.InsertOne(ctx, bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "topic", Value: "orders"},
+			{Key: "partition", Value: int32(i)}, {Key: "schema", Value: "OrderPlaced.v1"}, {Key: "payload", Value: "{}"},
+			{Key: "created_at", Value: created}, {Key: "published", Value: false}, {Key: "failed", Value: false}})
+		require.NoError(c.t, err)
+	}
+	_, err := outboxColl.InsertOne(ctx, bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "topic", Value: "orders"},
+		{Key: "partition", Value: int32(2)}, {Key: "schema", Value: "OrderPlaced.v1"}, {Key: "payload", Value: "{\"big\":true}"},
+		{Key: "created_at", Value: now}, {Key: "published", Value: false}, {Key: "failed", Value: true},
+		{Key: "failed_at", Value: now}, {Key: "error", Value: "MESSAGE_TOO_LARGE: the message is too large"}, {Key: "attempts", Value: int32(1)}})
+	require.NoError(c.t, err)
+	for i, key := range []string{"k-1", "k-2"} {
+		_, err := inbox.InsertOne(ctx, bson.D{
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: []string{"orders", "payments"}[i]}, {Key: "schema", Value: "Evt.v1"}, {Key: "key", Value: key}}},
+			{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: now.Add(time.Duration(i-10) * time.Minute)},
+			{Key: "attempts", Value: int32(3)}, {Key: "last_error", Value: "boom\nsecond line"}, {Key: "partition", Value: int32(0)},
+			{Key: "offset", Value: int64(40 + i)}, {Key: "partition_key", Value: "pk"}, {Key: "received_at", Value: now}, {Key: "payload", Value: "{}"},
+		})
+		require.NoError(c.t, err)
+	}
+}
+
+func (c *ctl) count(coll string, filter bson.D) int64 {
+	c.t.Helper()
+	n, err := c.db.Collection(coll).CountDocuments(context.Background(), filter)
+	require.NoError(c.t, err)
+	return n
+}
+
+var requested = bson.D{{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}}}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `pending\s+2\s+oldest 1m`, out)
+	require.Regexp(t, `failed\s+1`, out)
+	require.Regexp(t, `parked\s+2\s+re-drive requested 0`, out)
+	require.Regexp(t, `orders\s+2\s+1m\d*s?\s+1`, out)
+
+	code, out, _ = c.run("status", "-json")
+	require.Equal(t, exitOK, code)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.EqualValues(t, 2, st["pending"])
+	require.EqualValues(t, 1, st["failed"])
+	require.EqualValues(t, 2, st["parked"])
+	require.GreaterOrEqual(t, st["oldest_pending_age_seconds"], 60.0)
+}
+
+func TestParkedListRedrivePurge(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+
+	code, out, errOut := c.run("parked", "list")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3)
+	require.Contains(t, lines[0], "LAST ERROR")
+	require.Contains(t, lines[1], "orders/Evt.v1/k-1")
+	require.Contains(t, lines[1], "0@40")
+	require.Contains(t, lines[1], "boom second line")
+	require.Contains(t, lines[2], "payments/Evt.v1/k-2")
+
+	code, out, _ = c.run("parked", "list", "-topic", "payments", "-json")
+	require.Equal(t, exitOK, code)
+	var listed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "k-2", listed[0]["id"].(map[string]any)["key"])
+
+	// Re-drive one: a dry run changes nothing.
+	code, out, _ = c.run("-dry-run", "parked", "redrive", "orders/Evt.v1/k-1")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "dry run: would request re-drive of 1")
+	require.Zero(t, c.count("inbox", requested))
+	code, out, _ = c.run("parked", "redrive", "orders/Evt.v1/k-1", "-json")
+	require.Equal(t, exitOK, code)
+	require.JSONEq(t, `{"command":"parked redrive","dry_run":false,"count":1}`, out)
+	require.EqualValues(t, 1, c.count("inbox", requested))
+	code, out, _ = c.run("parked", "list")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "requested")
+
+	// Unknown id: failure; no id and no -all, or both: usage.
+	code, _, errOut = c.run("parked", "redrive", "orders/Evt.v1/nope")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "not parked")
+	code, _, errOut = c.run("parked", "redrive")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "-all")
+	code, _, _ = c.run("parked", "purge", "-all", "orders/Evt.v1/k-1")
+	require.Equal(t, exitUsage, code)
+	code, _, errOut = c.run("parked", "purge", "not-an-id")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "topic/schema/key")
+
+	// Purge all: dry run, then for real.
+	code, out, _ = c.run("parked", "purge", "-all", "-dry-run")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "would purge 2")
+	require.EqualValues(t, 2, c.count("inbox", bson.D{{Key: "parked", Value: true}}))
+	code, out, _ = c.run("parked", "purge", "-all", "-topic", "payments")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "purged 1")
+	require.EqualValues(t, 1, c.count("inbox", bson.D{{Key: "parked", Value: true}}))
+	require.EqualValues(t, 1, c.count("inbox", bson.D{{Key: "handled", Value: true}, {Key: "discarded_at", Value: bson.D{{Key: "$exists", Value: true}}}}))
+}
+
+func TestOutboxFailed(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	code, out, errOut := c.run("outbox", "failed", "list")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "orders/2")
+	require.Contains(t, out, "MESSAGE_TOO_LARGE")
+
+	code, out, _ = c.run("outbox", "failed", "list", "-json")
+	require.Equal(t, exitOK, code)
+	var failed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &failed))
+	require.Len(t, failed, 1)
+	id := failed[0]["id"].(string)
+
+	code, out, _ = c.run("outbox", "failed", "retry", id, "-dry-run")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "would retry 1")
+	require.EqualValues(t, 1, c.count("outbox", bson.D{{Key: "failed", Value: true}}))
+	code, out, _ = c.run("outbox", "failed", "retry", "-all")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "retrying 1")
+	require.Zero(t, c.count("outbox", bson.D{{Key: "failed", Value: true}}))
+	code, _, errOut = c.run("outbox", "failed", "retry", id)
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "no failed outbox event")
+}
+
+func TestUsageAndEnvironment(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"status"}, &stdout, &stderr, func(string) string { return "" })
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr.String(), "MONGODB_URI")
+
+	env := map[string]string{"MONGODB_URI": c.uri, "OUTBOX_DB": c.db.Name()}
+	stderr.Reset()
+	code = run(context.Background(), []string{"status", "-json"}, &stdout, &stderr, func(k string) string { return env[k] })
+	require.Equal(t, exitOK, code, stderr.String())
+
+	for _, args := range [][]string{{"frobnicate"}, {"parked"}, {"outbox", "failed"}, {"status", "-no-such-flag"}, {"status", "-before", "yesterday"}} {
+		code, _, _ := c.run(args...)
+		require.Equal(t, exitUsage, code, args)
+	}
+	code, _, _ = c.run("-h")
+	require.Equal(t, exitOK, code)
+}
+
+func TestPasswordNeverPrinted(t *testing.T) {
+	t.Parallel()
+	for _, uri := range []string{
+		// Unreachable: the driver's error may quote the address.
+		"mongodb://app:hunter2@127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200",
+		// Invalid options: the parse error may quote the URI.
+		"mongodb://app:hunter2@127.0.0.1:1/?w=nonsense&replicaSet=",
+		"mongodb://app:hunter2@",
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"-uri", uri, "-db", "x", "-timeout", "2s", "status"}, &stdout, &stderr,
+			func(string) string { return "" })
+		require.NotEqual(t, exitOK, code, uri)
+		require.NotContains(t, stderr.String()+stdout.String(), "hunter2", uri)
+		require.NotEmpty(t, stderr.String())
+	}
+	require.Equal(t, "mongodb://u:xxxxx@h/db", redactURI("mongodb://u:p%40ss@h/db"))
+	require.Equal(t, "connect to xxxxx failed", redact("connect to p@ss failed", "p@ss"))
+}
