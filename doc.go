@@ -75,6 +75,41 @@
 // Config.InboxRetention; nothing unpublished, unhandled or parked expires.
 // The inbox retention must outlast the time a record can be redelivered.
 //
+// # Telemetry
+//
+// The framework reports through the OpenTelemetry API only:
+// Config.MeterProvider and Config.TracerProvider, the global providers by
+// default. Install an SDK (and, say, a Prometheus exporter) in the service
+// to collect them; without one they cost next to nothing.
+//
+// Traces: the trace context of the context passed to Record is stored with
+// the event and sent in the W3C traceparent and tracestate headers; each
+// handling attempt runs in a span "<topic> process" whose parent is that
+// context, so a request's trace continues into the handlers it caused and
+// into the events they record. Each published batch is a span
+// "<topic> publish" linked to its events' traces.
+//
+// Metrics: outbox.events.recorded, .published, .publish_failed, .handled,
+// .skipped, .retried and .parked (counters); outbox.publish.duration and
+// outbox.handle.duration (histograms, seconds); outbox.rebalances; and,
+// while Run runs, the gauges outbox.pending and outbox.pending.oldest_age
+// per topic, outbox.failed, outbox.parked, outbox.partitions.owned per role
+// and outbox.consumer.lag per partition. The storage gauges cost one
+// aggregation over the unpublished outbox documents and one count of the
+// parked inbox documents per 5 seconds at most, whatever the scrape rate.
+//
+// # Operations
+//
+// Client.Status (and Client.StatusHandler, its JSON over HTTP) reports the
+// partitions this process publishes and handles, the pending, failed and
+// parked counts, the age of the oldest pending event and the last error,
+// never credentials. Admin works on the collections alone, without Kafka:
+// StoreStatus, FailedEvents and RetryFailed for events Kafka refused,
+// ParkedEvents, RequestRedrive and PurgeParked for parked events. A
+// re-drive request is served by a running consumer of the service that has
+// the event's handler, within seconds; cmd/outboxctl offers all of this on
+// the command line.
+//
 // # Wire format
 //
 // See the constants HeaderVersion and following: value = the event's JSON,
