@@ -173,12 +173,58 @@ func (t *telemetry) lastError() (string, time.Time) {
 	return t.lastErr, t.lastErrAt
 }
 
-func topicAttrs(topic string) metric.MeasurementOption {
-	return metric.WithAttributes(attrTopic.String(topic))
+// Measurement options are cached by attribute values: building an
+// attribute set sorts and allocates, and the same few combinations recur
+// for every event. The cache is capped, so that arbitrary names (the
+// schema of a malformed record) cannot grow it without bound.
+var (
+	attrCache     sync.Map // string -> metric.MeasurementOption
+	attrCacheSize atomic.Int64
+)
+
+const attrCacheMax = 4096
+
+// attrKey identifies a cached attribute set: topic, optional schema, at
+// most one more string attribute.
+type attrKey struct {
+	topic, schema string
+	hasSchema     bool
+	extra         attribute.Key
+	extraValue    string
 }
 
-func eventAttrs(env *Envelope, kv ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributes(append([]attribute.KeyValue{attrTopic.String(env.Topic), attrSchema.String(env.ContentSchema)}, kv...)...)
+func cachedAttrs(k attrKey) metric.MeasurementOption {
+	if o, ok := attrCache.Load(k); ok {
+		return o.(metric.MeasurementOption)
+	}
+	kvs := []attribute.KeyValue{attrTopic.String(k.topic)}
+	if k.hasSchema {
+		kvs = append(kvs, attrSchema.String(k.schema))
+	}
+	if k.extra != "" {
+		kvs = append(kvs, k.extra.String(k.extraValue))
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	if attrCacheSize.Load() < attrCacheMax {
+		if _, loaded := attrCache.LoadOrStore(k, o); !loaded {
+			attrCacheSize.Add(1)
+		}
+	}
+	return o
+}
+
+func topicAttrs(topic string) metric.MeasurementOption {
+	return cachedAttrs(attrKey{topic: topic})
+}
+
+// eventAttrs returns the attributes topic, schema and extra, a string
+// attribute or none.
+func eventAttrs(env *Envelope, extra ...attribute.KeyValue) metric.MeasurementOption {
+	k := attrKey{topic: env.Topic, schema: env.ContentSchema, hasSchema: true}
+	if len(extra) > 0 {
+		k.extra, k.extraValue = extra[0].Key, extra[0].Value.AsString()
+	}
+	return cachedAttrs(k)
 }
 
 // committed counts the events of a committed transaction.
@@ -224,9 +270,9 @@ func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Co
 			HeaderTraceState:  meta.TraceState,
 		})
 	}
-	return t.tracer.Start(ctx, meta.Topic+" process",
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
+	ctx, span := t.tracer.Start(ctx, meta.Topic+" process", trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.operation.type", "process"),
 			attrTopic.String(meta.Topic),
@@ -236,7 +282,9 @@ func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Co
 			attribute.String("messaging.message.id", meta.IdempotencyKey),
 			attrSchema.String(meta.ContentSchema),
 			attribute.Int("outbox.attempt", meta.Attempt),
-		))
+		)
+	}
+	return ctx, span
 }
 
 // endHandle ends a handling attempt's span and records its outcome.
@@ -259,7 +307,9 @@ func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelop
 		span.SetStatus(codes.Error, err.Error())
 		t.setError(fmt.Errorf("handle %s/%s: %w", env.Topic, env.ContentSchema, err))
 	}
-	span.SetAttributes(attrOutcome.String(outcome))
+	if span.IsRecording() {
+		span.SetAttributes(attrOutcome.String(outcome))
+	}
 	span.End()
 	t.handleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
 }
