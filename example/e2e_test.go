@@ -215,6 +215,14 @@ func TestOrderIsPaidOrFailed(t *testing.T) {
 	require.EqualValues(t, 1, s.paymentsOf(t, paid))
 	require.EqualValues(t, 1, s.paymentsOf(t, declined))
 	r.waitDrained(t)
+
+	// Each context's Client.StatusHandler is mounted too.
+	for _, name := range []string{"orders", "payments"} {
+		code, body := do(t, http.MethodGet, r.url+"/outbox/status/"+name, "")
+		require.Equal(t, http.StatusOK, code, "body: %v", body)
+		require.Equal(t, name, body["service"], "body: %v", body)
+		require.Equal(t, true, body["running"], "body: %v", body)
+	}
 }
 
 func TestBadRequests(t *testing.T) {
@@ -356,18 +364,48 @@ func TestReplicasSplitWorkAndSurviveAStop(t *testing.T) {
 
 // requireStatusCoversPartitions checks that the replicas' GET /outbox/status
 // together list every partition exactly once, for publishing and handling
-// in both contexts.
+// in both contexts, and that every replica owns some of each. Each replica
+// reports its own view of the groups, which follows the coordinator's a
+// moment behind, so it polls until the views agree.
 func (s *shop) requireStatusCoversPartitions(t *testing.T, reps []*runningReplica) {
 	t.Helper()
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		seen, problem := s.statusCoverage(t, reps)
+		if problem == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s; partitions listed: %v", settleTimeout, problem, seen)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// statusCoverage reads the replicas' GET /outbox/status once and says what
+// keeps them from listing every partition exactly once ("" when nothing).
+func (s *shop) statusCoverage(t *testing.T, reps []*runningReplica) (map[string]int, string) {
+	t.Helper()
 	seen := map[string]int{} // "context/kind/topic/partition" -> count
+	problem := ""
 	for _, r := range reps {
 		code, body := do(t, http.MethodGet, r.url+"/outbox/status", "")
 		require.Equal(t, http.StatusOK, code, "body: %v", body)
-		for name, v := range body["contexts"].(map[string]any) {
+		require.Equal(t, float64(r.id), body["replica"], "body: %v", body)
+		for _, total := range []string{"pending", "failed", "parked", "oldest_pending_age_seconds"} {
+			require.Contains(t, body, total, "body: %v", body)
+		}
+		ctxs, _ := body["contexts"].(map[string]any)
+		require.Len(t, ctxs, 2, "body: %v", body)
+		for name, v := range ctxs {
 			c := v.(map[string]any)
+			require.Equal(t, name, c["service"], "body: %v", body)
+			require.Equal(t, true, c["running"], "body: %v", body)
 			for _, kind := range []string{"publishing", "handling"} {
 				byTopic, _ := c[kind].(map[string]any)
-				require.NotEmpty(t, byTopic, "replica %d owns nothing for %s %s: %v", r.id, name, kind, body)
+				if len(byTopic) == 0 {
+					problem = fmt.Sprintf("replica %d owns nothing for %s %s", r.id, name, kind)
+				}
 				for topic, ps := range byTopic {
 					for _, p := range ps.([]any) {
 						seen[fmt.Sprintf("%s/%s/%s/%v", name, kind, topic, p)]++
@@ -376,8 +414,13 @@ func (s *shop) requireStatusCoversPartitions(t *testing.T, reps []*runningReplic
 			}
 		}
 	}
-	require.Len(t, seen, 4*defaultPartitions, "partitions listed: %v", seen)
-	for k, n := range seen {
-		require.Equal(t, 1, n, "%s listed by %d replicas", k, n)
+	if problem == "" && len(seen) != 4*defaultPartitions {
+		problem = fmt.Sprintf("%d partitions listed, want %d", len(seen), 4*defaultPartitions)
 	}
+	for k, n := range seen {
+		if problem == "" && n != 1 {
+			problem = fmt.Sprintf("%s listed by %d replicas", k, n)
+		}
+	}
+	return seen, problem
 }

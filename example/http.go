@@ -19,15 +19,25 @@ import (
 //	POST /orders                      {"customer": "ada", "amount": 42} -> 201 order
 //	POST /orders?fail_after_write=1   writes, then aborts -> 500, nothing stored
 //	GET  /orders/{id}                 -> 200 order, 404 unknown
-//	GET  /outbox/status               -> per context: pending, failed and parked counts, owned partitions
+//	GET  /outbox/status               -> both contexts' outbox.Status (owned partitions, pending, failed
+//	                                     and parked counts, oldest pending age) and totals; 503 when
+//	                                     MongoDB cannot be read
+//	GET  /outbox/status/orders        -> the orders client's Client.StatusHandler
+//	GET  /outbox/status/payments      -> the payments client's Client.StatusHandler
 //	GET  /outbox/parked               -> parked events per context
+//	GET  /metrics                     -> the framework's metrics (both contexts), Go runtime and process
+//	                                     metrics, in Prometheus text format
 //	GET  /healthz                     -> 200 when MongoDB answers
 func (r *replica) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", r.createOrder)
 	mux.HandleFunc("GET /orders/{id}", r.getOrder)
 	mux.HandleFunc("GET /outbox/status", r.outboxStatus)
+	for name, c := range r.clients() {
+		mux.Handle("GET /outbox/status/"+name, c.StatusHandler())
+	}
 	mux.HandleFunc("GET /outbox/parked", r.parked)
+	mux.Handle("GET /metrics", r.metrics.handler)
 	mux.HandleFunc("GET /healthz", r.healthz)
 	return mux
 }
@@ -124,16 +134,18 @@ func (r *replica) getOrder(w http.ResponseWriter, req *http.Request) {
 
 func (r *replica) outboxStatus(w http.ResponseWriter, req *http.Request) {
 	st, err := r.status(req.Context())
+	code := http.StatusOK
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "could not read the outbox status: %v", err)
-		return
+		r.log.Warn("outbox status", "err", err)
+		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, http.StatusOK, st)
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, code, st)
 }
 
 func (r *replica) parked(w http.ResponseWriter, req *http.Request) {
 	out := map[string][]outbox.ParkedEvent{}
-	for name, c := range map[string]*outbox.Client{"orders": r.orders.client, "payments": r.payments.client} {
+	for name, c := range r.clients() {
 		evs, err := c.ParkedEvents(req.Context(), 100)
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, "could not list parked events: %v", err)

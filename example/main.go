@@ -12,6 +12,10 @@
 //	orders handles PaymentCompleted / PaymentFailed:
 //	  order status PAID / FAILED                                  (one transaction)
 //
+// GET /outbox/status reports both contexts' framework Status, GET /metrics
+// the framework's metrics in Prometheus text format (OpenTelemetry SDK with
+// the Prometheus exporter).
+//
 // With no environment it starts the embedded MongoDB server and kfake
 // in-process; with MONGODB_URI and KAFKA_BROKERS it uses real servers (see
 // stack.go for TLS and SASL settings). -replicas N runs N replicas against
@@ -91,6 +95,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	for i, ln := range listeners {
 		r, err := newReplica(i+1, st, ln, log, nil)
 		if err != nil {
+			for _, r := range reps {
+				r.close()
+			}
 			closeAll(listeners)
 			return err
 		}

@@ -36,11 +36,8 @@ type replica struct {
 	payments *paymentsService
 	server   *http.Server
 	ln       net.Listener
-	// clientIDs are the Kafka client ids of the two contexts' clients,
-	// unique to this replica, so that GET /outbox/status can find this
-	// replica's members in the groups.
-	clientIDs map[string]string
-	admin     *kgo.Client
+	// metrics feeds GET /metrics; both contexts' clients report to it.
+	metrics *metrics
 }
 
 // tuning adjusts the framework configuration of a replica (tests shorten
@@ -50,6 +47,10 @@ type tuning func(*outbox.Config)
 // newReplica wires a replica listening on ln.
 func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tuning) (*replica, error) {
 	log = log.With("replica", id)
+	m, err := newMetrics()
+	if err != nil {
+		return nil, err
+	}
 	base := outbox.Config{
 		Mongo:        st.mongo,
 		Brokers:      st.brokers,
@@ -59,48 +60,43 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 		tune(&base)
 	}
 	host, _ := os.Hostname()
-	clientIDs := map[string]string{}
-	withClientID := func(cfg *outbox.Config) {
-		id := fmt.Sprintf("outbox-example-%s-%d-r%d-%s", host, os.Getpid(), id, cfg.Service)
-		clientIDs[cfg.Service] = id
-		cfg.KafkaOptions = append(slices.Clone(cfg.KafkaOptions), kgo.ClientID(id))
+	// configure fills in what differs between the contexts. The Kafka
+	// client id names the replica, so that operators can tell the members
+	// of the groups apart (kafka-consumer-groups.sh --describe --members).
+	configure := func(cfg *outbox.Config, db, service, topic string) {
+		cfg.Database = db
+		cfg.Service = service
+		cfg.PublishTopics = []string{topic}
+		cfg.Logger = log.With("service", service)
+		cfg.MeterProvider = m.forService(service)
+		clientID := fmt.Sprintf("outbox-example-%s-%d-r%d-%s", host, os.Getpid(), id, service)
+		cfg.KafkaOptions = append(slices.Clone(cfg.KafkaOptions), kgo.ClientID(clientID))
 	}
 
 	ocfg := base
-	ocfg.Database = ordersDB
-	ocfg.Service = "orders"
-	ocfg.PublishTopics = []string{ordersTopic}
-	ocfg.Logger = log.With("service", "orders")
-	withClientID(&ocfg)
+	configure(&ocfg, ordersDB, "orders", ordersTopic)
 	oc, err := outbox.New(ocfg)
 	if err != nil {
+		_ = m.shutdown(context.Background())
 		return nil, fmt.Errorf("orders: %w", err)
 	}
 
 	pcfg := base
-	pcfg.Database = paymentsDB
-	pcfg.Service = "payments"
-	pcfg.PublishTopics = []string{paymentsTopic}
-	pcfg.Logger = log.With("service", "payments")
-	withClientID(&pcfg)
+	configure(&pcfg, paymentsDB, "payments", paymentsTopic)
 	pc, err := outbox.New(pcfg)
 	if err != nil {
+		_ = m.shutdown(context.Background())
 		return nil, fmt.Errorf("payments: %w", err)
 	}
 
-	admin, err := kgo.NewClient(append(slices.Clone(st.kafkaOpts), kgo.SeedBrokers(st.brokers...))...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka admin client: %w", err)
-	}
 	r := &replica{
-		id:        id,
-		log:       log,
-		stack:     st,
-		orders:    newOrdersService(oc, st.mongo.Database(ordersDB)),
-		payments:  newPaymentsService(pc, st.mongo.Database(paymentsDB)),
-		ln:        ln,
-		clientIDs: clientIDs,
-		admin:     admin,
+		id:       id,
+		log:      log,
+		stack:    st,
+		orders:   newOrdersService(oc, st.mongo.Database(ordersDB)),
+		payments: newPaymentsService(pc, st.mongo.Database(paymentsDB)),
+		ln:       ln,
+		metrics:  m,
 	}
 	r.server = &http.Server{
 		Handler:           r.routes(),
@@ -113,19 +109,30 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 // Addr is the HTTP address the replica serves on.
 func (r *replica) Addr() string { return r.ln.Addr().String() }
 
+// clients returns the framework clients of the two contexts, by context.
+func (r *replica) clients() map[string]*outbox.Client {
+	return map[string]*outbox.Client{"orders": r.orders.client, "payments": r.payments.client}
+}
+
+// close releases what newReplica acquired, for a replica that never runs
+// (run releases it otherwise).
+func (r *replica) close() {
+	_ = r.metrics.shutdown(context.Background())
+}
+
 // run serves HTTP and runs both framework clients until ctx ends. Shutdown
 // order: stop accepting requests and finish those in flight (so no request
 // records an event after its context is gone), then let the clients drain
 // (handlers in hand finish and commit their offsets, the publishers leave
-// their groups so other replicas take over at once).
+// their groups so other replicas take over at once), then shut the meter
+// provider down.
 func (r *replica) run(ctx context.Context) error {
-	defer r.admin.Close()
 	runCtx, stopClients := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopClients()
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
-	for name, c := range map[string]*outbox.Client{"orders": r.orders.client, "payments": r.payments.client} {
+	for name, c := range r.clients() {
 		wg.Go(func() {
 			if err := c.Run(runCtx); err != nil {
 				errs <- fmt.Errorf("%s: %w", name, err)
@@ -157,6 +164,12 @@ func (r *replica) run(ctx context.Context) error {
 	close(errs)
 	for err := range errs {
 		fatal = cmpErr(fatal, err)
+	}
+	// The clients are stopped: nothing reports any more.
+	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer mcancel()
+	if err := r.metrics.shutdown(mctx); err != nil {
+		r.log.Warn("metrics shutdown", "err", err)
 	}
 	r.log.Info("stopped")
 	return fatal

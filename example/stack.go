@@ -46,7 +46,10 @@ type stack struct {
 	brokers   []string
 	kafkaOpts []kgo.Opt
 	embedded  bool
-	closers   []func()
+	// kfake is the embedded Kafka cluster; nil with real servers. Tests
+	// use it to inject faults.
+	kfake   *kfake.Cluster
+	closers []func()
 }
 
 // Close disconnects and stops what the stack started, in reverse order.
@@ -119,6 +122,7 @@ func startEmbedded(ctx context.Context, log *slog.Logger) (*stack, error) {
 		return nil, fmt.Errorf("start embedded Kafka (kfake): %w", err)
 	}
 	s.closers = append(s.closers, kc.Close)
+	s.kfake = kc
 	s.brokers = kc.ListenAddrs()
 	mc, err := mongo.Connect(options.Client().ApplyURI(srv.URI()).SetAppName("outbox-example"))
 	if err != nil {
