@@ -94,13 +94,17 @@ func (d *dataState) reap(now time.Time) {
 		}
 	}
 	for k, s := range d.sessions {
-		s.mu.Lock()
-		idle := now.Sub(s.lastUse) > sessionIdleTimeout && !s.busy
-		s.mu.Unlock()
-		if idle {
+		// A command holds s.mu for its whole run and may take d.mu (cursors):
+		// waiting for s.mu here, under d.mu, would deadlock. A locked session
+		// is in use, hence not idle.
+		if !s.mu.TryLock() {
+			continue
+		}
+		if now.Sub(s.lastUse) > sessionIdleTimeout && !s.busy {
 			s.abortTxn("session expired")
 			delete(d.sessions, k)
 		}
+		s.mu.Unlock()
 	}
 }
 
