@@ -438,10 +438,21 @@ func (c *Client) registerGauges() (unregister func()) {
 		if err != nil {
 			return fmt.Errorf("outbox: backlog gauges: %s", redactSecrets(err.Error()))
 		}
+		seen := make(map[string]bool, len(st.Topics))
 		for _, b := range st.Topics {
+			seen[b.Topic] = true
 			o.ObserveInt64(t.pendingG, b.Pending, topicAttrs(b.Topic))
 			o.ObserveInt64(t.failedG, b.Failed, topicAttrs(b.Topic))
 			o.ObserveFloat64(t.oldestG, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
+		}
+		// Topics with nothing waiting read 0 rather than vanishing, so that
+		// dashboards and absence alerts see a steady series.
+		for _, topic := range c.cfg.PublishTopics {
+			if !seen[topic] {
+				o.ObserveInt64(t.pendingG, 0, topicAttrs(topic))
+				o.ObserveInt64(t.failedG, 0, topicAttrs(topic))
+				o.ObserveFloat64(t.oldestG, 0, topicAttrs(topic))
+			}
 		}
 		o.ObserveInt64(t.parkedG, st.Parked)
 		return nil

@@ -254,4 +254,16 @@ func TestBacklogGauges(t *testing.T) {
 	m := o.collect(t)
 	require.Greater(t, sumOf(m["outbox.pending.oldest_age"], attrTopic.String(ordersTopic)), 0.0)
 	require.Zero(t, sumOf(m["outbox.failed"]))
+	// The topic this client publishes has nothing waiting: it reads 0
+	// instead of missing.
+	pending, ok := m["outbox.pending"].(metricdata.Gauge[int64])
+	require.True(t, ok)
+	var sawPayments bool
+	for _, p := range pending.DataPoints {
+		if v, ok := p.Attributes.Value(attrTopic); ok && v.AsString() == paymentsTopic {
+			sawPayments = true
+			require.Zero(t, p.Value)
+		}
+	}
+	require.True(t, sawPayments, "a zero series for %s", paymentsTopic)
 }

@@ -31,7 +31,7 @@
 // "parked redrive" does not run handlers itself: it marks the events, and a
 // running consumer of the service that has their handler re-drives them
 // within a few seconds (see the package documentation of outbox, section
-// "Parked events management"). "parked purge" gives up on events: they are
+// "Operations"). "parked purge" gives up on events: they are
 // marked handled (discarded), so a redelivery is skipped, and the inbox TTL
 // removes them later. "outbox failed retry" clears the failed mark so the
 // publisher tries the events again.
