@@ -64,6 +64,14 @@ type Config struct {
 	// MaxAttempts is how many times a failing handler runs before its event
 	// is parked. Defaults to 10.
 	MaxAttempts int
+	// HandleBatchSize caps how many consecutive events of one partition are
+	// handled in one MongoDB transaction. Batching saves a commit per event;
+	// when any event of a batch fails (handler error, duplicate, conflict),
+	// the batch is rolled back and its events up to the failing one are
+	// handled one transaction each, with the usual retries. Handlers must
+	// not rely on running alone in their transaction. 1 disables batching.
+	// Defaults to 32.
+	HandleBatchSize int
 	// RetryMinBackoff is the first retry delay of a failing handler; each
 	// retry doubles it, with jitter, up to RetryMaxBackoff. Defaults to
 	// 100 ms.
@@ -116,6 +124,7 @@ func (c Config) withDefaults() Config {
 	c.OutboxRetention = cmp.Or(c.OutboxRetention, 7*24*time.Hour)
 	c.InboxRetention = cmp.Or(c.InboxRetention, 30*24*time.Hour)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
+	c.HandleBatchSize = cmp.Or(c.HandleBatchSize, 32)
 	c.RetryMinBackoff = cmp.Or(c.RetryMinBackoff, 100*time.Millisecond)
 	c.RetryMaxBackoff = cmp.Or(c.RetryMaxBackoff, 10*time.Second)
 	c.PublishBatchSize = cmp.Or(c.PublishBatchSize, 500)
@@ -153,6 +162,8 @@ func (c Config) validate() error {
 		return bad("InboxRetention", "must be at least 1s")
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1")
+	case c.HandleBatchSize < 1:
+		return bad("HandleBatchSize", "must be at least 1")
 	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:
 		return bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
 	case c.PublishBatchSize < 1:

@@ -273,16 +273,28 @@ func (w *partitionWorker) run() {
 			}
 			var last *kgo.Record
 			stopped := false
-			for _, rec := range batch {
+			single := 0 // records to handle one transaction each before batching again
+			for i := 0; i < len(batch); {
 				if w.stopping() {
 					stopped = true
 					break
 				}
-				if err := w.cons.c.handleRecord(w.cons.work, w.stop, rec); err != nil {
+				if single == 0 {
+					n, failedAt := w.cons.c.handleBatch(w.cons.work, batch[i:])
+					if n > 0 {
+						last = batch[i+n-1]
+						i += n
+						continue
+					}
+					single = failedAt + 1
+				}
+				if err := w.cons.c.handleRecord(w.cons.work, w.stop, batch[i]); err != nil {
 					stopped = true // interrupted: this record is not done
 					break
 				}
-				last = rec
+				last = batch[i]
+				i++
+				single--
 			}
 			if last != nil {
 				w.commit(last)

@@ -3,7 +3,9 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -305,4 +307,65 @@ func TestRunStopsOnFatalGroupError(t *testing.T) {
 	require.ErrorIs(t, err, ErrKafkaGroup)
 	require.ErrorIs(t, err, kerr.InvalidSessionTimeout)
 	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
+}
+
+func TestConsumerBatchesAndFallsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "pay"))
+	effects := b.db.Collection("effects")
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	var keepMu sync.Mutex
+	var keep []*txState
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.OrderID == "flaky" && failOnce.CompareAndSwap(true, false) {
+			return errors.New("flaky once")
+		}
+		// Which transaction attempt this ran in (kept alive so that no
+		// address is reused).
+		keepMu.Lock()
+		keep = append(keep, txFrom(ctx))
+		keepMu.Unlock()
+		tx := fmt.Sprintf("%p", txFrom(ctx))
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "seq", Value: e.Seq}, {Key: "tx", Value: tx}})
+		return err
+	})
+	// A backlog before the consumer starts arrives in one poll: the events
+	// before the flaky one roll back with the batch and are handled again,
+	// once; a redelivered duplicate in the middle of a later batch is
+	// skipped.
+	const n = 20
+	for i := range n {
+		order := "o"
+		if i == 5 {
+			order = "flaky"
+		}
+		b.produce(t, b.envelope("b-"+itoa(i)), b.payload(t, order, i))
+		if i == 12 {
+			b.produce(t, b.envelope("b-3"), b.payload(t, "o", 3))
+		}
+	}
+	start(t, c)
+	eventually(t, "every event handled", func() bool { return count(t, effects, bson.D{}) == n })
+	eventually(t, "offsets committed past every record", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == n+1
+	})
+	for i := range n {
+		require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: "b-" + itoa(i)}}), "event %d", i)
+	}
+	// Handled in order within the partition.
+	cur, err := effects.Find(context.Background(), bson.D{})
+	require.NoError(t, err)
+	var docs []struct {
+		Seq int
+		Tx  string
+	}
+	require.NoError(t, cur.All(context.Background(), &docs))
+	txs := map[string]bool{}
+	for i, d := range docs {
+		require.Equal(t, i, d.Seq)
+		txs[d.Tx] = true
+	}
+	require.Less(t, len(txs), n, "some events committed in a shared transaction")
 }

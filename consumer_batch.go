@@ -1,0 +1,105 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// batchItem is one decoded record of a batch.
+type batchItem struct {
+	h    *handler
+	evt  Event
+	meta Metadata
+}
+
+// handleBatch handles the longest prefix of recs (at most
+// Config.HandleBatchSize records, at least two) whose records decode and have
+// a handler, in one transaction: one claim per event, the handlers in order,
+// one insertMany of the events they recorded, one commit. It returns how many
+// records it handled (0 when it did not commit) and, when it did not, the
+// index of the record the caller must handle on its own before trying a batch
+// again: the one that failed the batch, or 0 when no batch was possible. The
+// events of an aborted batch are rolled back; handling them one by one
+// (handleRecord) gives each its retries, parking and duplicate skipping.
+func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, failedAt int) {
+	limit := min(len(recs), c.cfg.HandleBatchSize)
+	items := make([]batchItem, 0, limit)
+	for _, rec := range recs[:limit] {
+		env, err := decodeRecord(rec)
+		if err != nil {
+			break
+		}
+		h := c.handlerFor(env.Topic, env.ContentSchema)
+		if h == nil {
+			break
+		}
+		evt, err := h.decode(c, rec.Value)
+		if err != nil {
+			break
+		}
+		items = append(items, batchItem{h: h, evt: evt, meta: Metadata{Envelope: env, Offset: rec.Offset, Attempt: 1}})
+	}
+	if len(items) < 2 {
+		return 0, 0
+	}
+
+	start := time.Now()
+	type spanned struct {
+		ctx  context.Context
+		span trace.Span
+	}
+	var spans []spanned
+	var last *txState
+	failedAt = 0
+	endAborted := func() {
+		for _, s := range spans {
+			if s.span.IsRecording() {
+				s.span.SetAttributes(attrOutcome.String("batch_aborted"))
+			}
+			s.span.End()
+		}
+		spans = nil
+	}
+	sess, err := c.cfg.Mongo.StartSession()
+	if err != nil {
+		return 0, 0
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		endAborted() // spans of an earlier attempt of this transaction
+		tx := &txState{client: c}
+		last = tx
+		tctx := context.WithValue(sctx, txKey{}, tx)
+		now := time.Now().UTC()
+		for i := range items {
+			it := &items[i]
+			failedAt = i
+			ectx, span := c.tel.startHandle(tctx, &it.meta)
+			spans = append(spans, spanned{ectx, span})
+			if err := c.claim(ectx, &it.meta.Envelope, it.meta.Offset, nil, now); err != nil {
+				return nil, err
+			}
+			if err := safeRun(ectx, it.h, it.evt, it.meta); err != nil {
+				return nil, &handlerError{err}
+			}
+		}
+		failedAt = len(items) - 1
+		if err := tx.flush(tctx); err != nil {
+			return nil, &handlerError{err}
+		}
+		return nil, nil
+	}, txnOptions())
+	if err != nil {
+		endAborted()
+		c.cfg.Logger.Debug("batch rolled back; handling its events one by one", "events", len(items), "failed_at", failedAt, "err", err)
+		return 0, failedAt
+	}
+	c.tel.committed(ctx, last)
+	for i, s := range spans {
+		c.tel.endHandle(s.ctx, s.span, &items[i].meta.Envelope, start, nil)
+	}
+	return len(items), 0
+}
