@@ -18,11 +18,13 @@ import (
 // One kgo client in Config.ConsumerGroup polls the topics of the registered
 // handlers with automatic commits off. Each assigned partition gets a worker
 // goroutine with a queue: the poll loop appends records, the worker handles
-// them in order, each in its own MongoDB transaction, and commits the offset
-// after the last record of a drained batch, never before the transactions
-// of the records it covers have committed. A worker whose queue grows past
-// maxQueue has its partition's fetching paused, so one slow or failing
-// partition never holds back the others or grows memory without bound.
+// them in order, up to Config.HandleBatchSize of them per MongoDB
+// transaction (see handleBatch), and commits the offset after the last
+// record of a drained batch, never before the transactions of the records
+// it covers have committed. A worker whose queue grows past maxQueue records
+// or maxQueueBytes has its partition's fetching paused, so one slow or
+// failing partition never holds back the others or grows memory without
+// bound.
 //
 // Goroutines: Run owns the poll loop; the poll loop's client callbacks start
 // and stop workers. OnPartitionsRevoked stops the revoked partitions'
@@ -33,7 +35,14 @@ import (
 // leaves the group.
 
 const (
-	maxQueue     = 1000 // records queued per partition before fetching pauses
+	// A partition's fetching pauses when its queue holds maxQueue records
+	// or maxQueueBytes of values, whichever comes first.
+	maxQueue      = 5000
+	maxQueueBytes = 8 << 20
+	// fetchMaxWait bounds how long a fetch waits at the broker for data. A
+	// fetch sent while partitions were paused waits this long before a
+	// resumed partition's records can flow, so keep it short.
+	fetchMaxWait = 500 * time.Millisecond
 	drainTimeout = 30 * time.Second
 )
 
@@ -55,16 +64,18 @@ type consumer struct {
 }
 
 type partitionWorker struct {
-	tp     topicPartition
-	cons   *consumer
-	wake   chan struct{} // capacity 1: "the queue has records"
-	stop   chan struct{} // closed to stop after the record in hand
-	done   chan struct{} // closed when the worker goroutine returns
-	mu     sync.Mutex    // guards queue, paused, lost
-	queue  []*kgo.Record
-	next   int64 // offset after the last queued record: older records are stale
-	paused bool
-	lost   bool // the partition was lost: do not commit
+	tp    topicPartition
+	cons  *consumer
+	wake  chan struct{} // capacity 1: "the queue has records"
+	stop  chan struct{} // closed to stop after the record in hand
+	done  chan struct{} // closed when the worker goroutine returns
+	mu    sync.Mutex    // guards queue, paused, lost
+	queue []*kgo.Record
+	// queuedBytes sums the values of the queued records.
+	queuedBytes int
+	next        int64 // offset after the last queued record: older records are stale
+	paused      bool
+	lost        bool // the partition was lost: do not commit
 }
 
 // runConsumer runs the consumer until ctx ends. It returns nil after a clean
@@ -86,6 +97,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
 		kgo.HeartbeatInterval(c.cfg.HeartbeatInterval),
 		c.groupHook(c.cfg.ConsumerGroup),
@@ -151,10 +163,11 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 		// rather than break the partition's order.
 		if r.Offset >= w.next {
 			w.queue = append(w.queue, r)
+			w.queuedBytes += len(r.Value)
 			w.next = r.Offset + 1
 		}
 	}
-	pause := len(w.queue) >= maxQueue && !w.paused
+	pause := (len(w.queue) >= maxQueue || w.queuedBytes >= maxQueueBytes) && !w.paused
 	if pause {
 		w.paused = true
 	}
@@ -262,6 +275,7 @@ func (w *partitionWorker) run() {
 			w.mu.Lock()
 			batch := w.queue
 			w.queue = nil
+			w.queuedBytes = 0
 			resume := w.paused
 			w.paused = false
 			w.mu.Unlock()

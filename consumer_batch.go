@@ -2,9 +2,12 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -17,8 +20,8 @@ type batchItem struct {
 
 // handleBatch handles the longest prefix of recs (at most
 // Config.HandleBatchSize records, at least two) whose records decode and have
-// a handler, in one transaction: one claim per event, the handlers in order,
-// one insertMany of the events they recorded, one commit. It returns how many
+// a handler, in one transaction: one bulk update claiming every event, the
+// handlers in order, one insertMany of the events they recorded, one commit. It returns how many
 // records it handled (0 when it did not commit) and, when it did not, the
 // index of the record the caller must handle on its own before trying a batch
 // again: the one that failed the batch, or 0 when no batch was possible. The
@@ -73,15 +76,29 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 		tx := &txState{client: c}
 		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
+		// All claims in one command (an ordered bulk of upserts): a handled
+		// or parked event stops it with a duplicate key error at its index.
 		now := time.Now().UTC()
+		models := make([]mongo.WriteModel, len(items))
+		for i := range items {
+			filter, update := claimUpdate(&items[i].meta.Envelope, items[i].meta.Offset, nil, now)
+			models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
+		}
+		if _, err := c.inbox.BulkWrite(tctx, models, options.BulkWrite().SetOrdered(true)); err != nil {
+			var bwe mongo.BulkWriteException
+			if errors.As(err, &bwe) && len(bwe.WriteErrors) > 0 {
+				failedAt = bwe.WriteErrors[0].Index
+			}
+			if mongo.IsDuplicateKeyError(err) {
+				return nil, errAlreadyDone
+			}
+			return nil, err
+		}
 		for i := range items {
 			it := &items[i]
 			failedAt = i
 			ectx, span := c.tel.startHandle(tctx, &it.meta)
 			spans = append(spans, spanned{ectx, span})
-			if err := c.claim(ectx, &it.meta.Envelope, it.meta.Offset, nil, now); err != nil {
-				return nil, err
-			}
 			if err := safeRun(ectx, it.h, it.evt, it.meta); err != nil {
 				return nil, &handlerError{err}
 			}

@@ -56,18 +56,22 @@ var errAlreadyDone = errors.New("outbox: event already handled or parked")
 // aborts the transaction: claim returns errAlreadyDone. Of two concurrent
 // claims one gets a write conflict and, retried, errAlreadyDone.
 func (c *Client) claim(ctx context.Context, env *Envelope, offset int64, payload []byte, now time.Time) error {
-	id := inboxIDOf(env)
-	_, err := c.inbox.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: false}, {Key: "parked", Value: false}},
-		bson.D{
-			{Key: "$set", Value: bson.D{{Key: "handled", Value: true}, {Key: "handled_at", Value: now}}},
-			{Key: "$setOnInsert", Value: deliveryFields(env, offset, payload, now, false)},
-		},
-		options.UpdateOne().SetUpsert(true))
+	filter, update := claimUpdate(env, offset, payload, now)
+	_, err := c.inbox.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
 	if mongo.IsDuplicateKeyError(err) {
 		return errAlreadyDone
 	}
 	return err
+}
+
+// claimUpdate is the filter and update of a claim (see claim).
+func claimUpdate(env *Envelope, offset int64, payload []byte, now time.Time) (filter, update bson.D) {
+	filter = bson.D{{Key: "_id", Value: inboxIDOf(env)}, {Key: "handled", Value: false}, {Key: "parked", Value: false}}
+	update = bson.D{
+		{Key: "$set", Value: bson.D{{Key: "handled", Value: true}, {Key: "handled_at", Value: now}}},
+		{Key: "$setOnInsert", Value: deliveryFields(env, offset, payload, now, false)},
+	}
+	return filter, update
 }
 
 // deliveryFields are the fields an inbox document gets when it is first
