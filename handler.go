@@ -16,8 +16,12 @@ import (
 // Config.MaxAttempts attempts. A panic is treated as an error.
 //
 // A handler may run more than once for the same event (a retried
-// transaction, a redelivery before the first run committed), but at most one
-// run commits: only the effects written through ctx are exactly-once.
+// transaction, a redelivery before the first run committed, a rolled-back
+// batch), but at most one run commits: only the effects written through ctx
+// are exactly-once. Consecutive events of a partition may share one
+// transaction (Config.HandleBatchSize): a handler sees the writes of the
+// handlers before it in the batch, and its error rolls the whole batch back
+// before the events are handled one per transaction.
 type HandlerFunc[T Event] func(ctx context.Context, event T, meta Metadata) error
 
 // Metadata describes the delivery of an event to a handler.
