@@ -32,7 +32,7 @@ import (
 // OnPartitionsLost stops them without committing, since another member may
 // own the partitions already. When Run's context ends, the poll loop stops,
 // every worker finishes its record in hand and commits, then the client
-// leaves the group.
+// leaves the group (waiting at most leaveTimeout for the coordinator).
 
 const (
 	// A partition's fetching pauses when its queue holds maxQueue records
@@ -115,15 +115,20 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming.
 	defer c.startRedriveRequests(ctx, work)()
 	defer func() {
-		// Leave the group with a bounded wait: Close alone can block for a
-		// minute when the coordinator is unreachable. Leaving revokes every
-		// partition, which stops and drains the workers.
-		leaveCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-		defer cancel()
+		// Drain first, while still a member: every worker finishes the
+		// record in hand and commits (bounded by drainTimeout). Then leave
+		// with a bounded wait, and force the leave before Close: Close
+		// leaves again with no deadline and blocks for as long as the
+		// coordinator is unreachable.
 		stopTimer := time.AfterFunc(drainTimeout, cancelWork)
-		defer stopTimer.Stop()
-		_ = cl.LeaveGroupContext(leaveCtx)
 		cons.stopAll(false)
+		stopTimer.Stop()
+		leaveCtx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+		_ = cl.LeaveGroupContext(leaveCtx)
+		cancel()
+		forced, force := context.WithCancel(context.Background())
+		force()
+		_ = cl.LeaveGroupContext(forced)
 		cl.Close()
 	}()
 	for {

@@ -264,6 +264,11 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		log.Warn("publisher: leaving the group failed", "error", err)
 	}
 	cancel()
+	// Force the leave so that Close, which leaves again with no deadline,
+	// returns at once when the coordinator is unreachable.
+	forced, force := context.WithCancel(context.Background())
+	force()
+	_ = group.LeaveGroupContext(forced)
 	stopBG()
 	wg.Wait()
 	group.Close()
