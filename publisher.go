@@ -160,6 +160,10 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		Backoff:     publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff},
 		Rescan:      cmpOrDuration(o.rescan, rescanInterval),
 		MarkTimeout: markTimeout,
+		// A graceful stop must end even when Kafka is unreachable and the
+		// producer never resolves the batch (found by cmd/outbox-chaos:
+		// Run hung for good after losing its network mid-batch).
+		StopTimeout: deliveryTimeout + markTimeout + time.Second,
 		Logger:      log,
 		Stats:       p.stats,
 		Hooks:       c.tel.publishHooks(o.hooks),

@@ -460,6 +460,31 @@ func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 	}
 }
 
+// Regression (cmd/outbox-chaos): a graceful Stop while the producer never
+// resolves the batch in flight (Kafka unreachable) hung for good. With
+// StopTimeout it ends, and nothing of the unresolved batch is marked.
+func TestWorkerStopTimeoutAbandonsUnresolvedBatch(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 3, "k")
+	block := make(chan struct{})
+	defer close(block)
+	prod := &fakeProducer{block: block}
+	w, _ := newTestWorker(store, prod, validLease(), 10)
+	w.cfg.StopTimeout = 50 * time.Millisecond
+	w.Start()
+	eventually(t, func() bool { prod.mu.Lock(); defer prod.mu.Unlock(); return prod.calls == 3 }, "batch not produced")
+	stopped := make(chan struct{})
+	go func() { w.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return after StopTimeout")
+	}
+	p, _ := store.counts()
+	require.Zero(t, p, "an unresolved batch was marked")
+}
+
 func TestWorkerBeforeMarkHookSimulatesCrash(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}

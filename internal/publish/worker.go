@@ -103,6 +103,12 @@ type WorkerConfig struct {
 	Rescan time.Duration
 	// MarkTimeout bounds marking a batch published on graceful stop.
 	MarkTimeout time.Duration
+	// StopTimeout bounds a graceful Stop: when the batch in flight has not
+	// finished by then (Kafka unreachable, and the producer neither
+	// delivers nor fails its records), the worker is killed instead, as
+	// Kill does: nothing more is marked, so the batch is published again
+	// by the next owner (duplicates, never loss). 0 means no bound.
+	StopTimeout time.Duration
 	Logger      *slog.Logger
 	Stats       *Stats
 	Hooks       Hooks
@@ -156,6 +162,17 @@ func (w *Worker) Wake() {
 // new batch starts. It returns when the goroutine has exited.
 func (w *Worker) Stop() {
 	w.once.Do(func() { close(w.stop) })
+	if w.cfg.StopTimeout > 0 {
+		t := time.NewTimer(w.cfg.StopTimeout)
+		select {
+		case <-w.done:
+		case <-t.C:
+			w.cfg.Logger.Warn("outbox publisher: graceful stop timed out; abandoning the batch in flight (it is published again)",
+				"partition", w.tp.String(), "timeout", w.cfg.StopTimeout)
+			w.kill()
+		}
+		t.Stop()
+	}
 	<-w.done
 	w.kill()
 }
