@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/mongox/mongofake"
+)
+
+// actionKind is one kind of scheduled disturbance.
+type actionKind string
+
+const (
+	actKill    actionKind = "kill"    // a replica dies abruptly
+	actRestart actionKind = "restart" // the slot of a killed replica starts again
+	actJoin    actionKind = "join"    // an extra replica joins (rebalance)
+	actLeave   actionKind = "leave"   // an extra replica leaves gracefully (rebalance)
+
+	// MongoDB faults (embedded server only).
+	fMongoCommitConflict actionKind = "mongo-commit-write-conflict"
+	fMongoCommitClose    actionKind = "mongo-commit-close-connection"
+	fMongoCommitStall    actionKind = "mongo-commit-stall"
+	fMongoWriteConflict  actionKind = "mongo-write-conflict"
+	fMongoWriteError     actionKind = "mongo-write-error-outside-txn"
+	fMongoDrop           actionKind = "mongo-drop-connections"
+	fMongoStreamError    actionKind = "mongo-change-stream-error"
+	fMongoStreamFatal    actionKind = "mongo-change-stream-fatal"
+	fMongoStreamClose    actionKind = "mongo-change-stream-close"
+	fMongoFindError      actionKind = "mongo-find-error"
+
+	// Kafka faults (embedded cluster only).
+	fKafkaProduceError actionKind = "kafka-produce-error"
+	fKafkaProduceStall actionKind = "kafka-produce-stall"
+	fKafkaFetchError   actionKind = "kafka-fetch-error"
+	fKafkaFetchStall   actionKind = "kafka-fetch-stall"
+	fKafkaCommitError  actionKind = "kafka-offset-commit-error"
+	fKafkaHeartbeat    actionKind = "kafka-heartbeat-rebalance"
+
+	// Bad records written straight to Kafka (any backend).
+	fMalformed actionKind = "malformed-record"
+)
+
+var (
+	mongoFaults = []actionKind{fMongoCommitConflict, fMongoCommitClose, fMongoCommitStall, fMongoWriteConflict,
+		fMongoWriteError, fMongoDrop, fMongoStreamError, fMongoStreamFatal, fMongoStreamClose, fMongoFindError}
+	kafkaFaults = []actionKind{fKafkaProduceError, fKafkaProduceStall, fKafkaFetchError, fKafkaFetchStall,
+		fKafkaCommitError, fKafkaHeartbeat}
+)
+
+// action is one entry of the fault schedule.
+type action struct {
+	at   time.Duration // since the start of the run
+	kind actionKind
+	slot int           // replica slot (kill, restart, leave)
+	n    int           // how many requests a fault hits
+	d    time.Duration // stall length
+	pick uint64        // free randomness for the executor (partition, group...)
+}
+
+func (a action) String() string {
+	return fmt.Sprintf("%8.3fs %-30s slot=%d n=%d d=%s", a.at.Seconds(), a.kind, a.slot, a.n, a.d)
+}
+
+// schedule draws the whole fault schedule from the seed, before the run
+// starts, so that a seed always gives the same schedule.
+func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery time.Duration, mongoOK, kafkaOK bool) []action {
+	rng := rand.New(rand.NewPCG(seed, 0x0c4a05))
+	var acts []action
+	exp := func(mean time.Duration) time.Duration {
+		return time.Duration(rng.ExpFloat64() * float64(mean))
+	}
+	// Kills, each followed by a restart of the same slot.
+	if killEvery > 0 {
+		for t := exp(killEvery); t < duration; t += exp(killEvery) {
+			slot := rng.IntN(replicas)
+			acts = append(acts, action{at: t, kind: actKill, slot: slot})
+			acts = append(acts, action{at: t + 200*time.Millisecond + time.Duration(rng.Int64N(int64(1800*time.Millisecond))), kind: actRestart, slot: slot})
+		}
+	}
+	// An extra replica joins about every sixth of the run and leaves a few
+	// seconds later.
+	for t := duration / 7; t < duration; t += duration/7 + exp(duration/20) {
+		slot := replicas + rng.IntN(2)
+		acts = append(acts, action{at: t, kind: actJoin, slot: slot})
+		acts = append(acts, action{at: t + 2*time.Second + exp(3*time.Second), kind: actLeave, slot: slot})
+	}
+	var kinds []actionKind
+	if mongoOK {
+		kinds = append(kinds, mongoFaults...)
+	}
+	if kafkaOK {
+		kinds = append(kinds, kafkaFaults...)
+	}
+	kinds = append(kinds, fMalformed)
+	if faultEvery > 0 {
+		for t := exp(faultEvery); t < duration; t += exp(faultEvery) {
+			acts = append(acts, action{
+				at:   t,
+				kind: kinds[rng.IntN(len(kinds))],
+				n:    1 + rng.IntN(3),
+				d:    100*time.Millisecond + time.Duration(rng.Int64N(int64(900*time.Millisecond))),
+				pick: rng.Uint64(),
+			})
+		}
+	}
+	slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
+	return acts
+}
+
+// injector applies faults to the embedded servers.
+type injector struct {
+	mongo   *mongofake.Server // nil against a real MongoDB
+	kafka   *kfake.Cluster    // nil against real brokers
+	groups  []string
+	topic   string
+	raw     *kgo.Client // writes malformed records
+	parts   int32
+	mu      sync.Mutex
+	handles []*kfake.FaultHandle
+	// malformed counts the malformed records written (each must end
+	// parked); uncertain counts those whose write failed (they may or may
+	// not be in the topic).
+	malformed, uncertain int
+}
+
+// apply injects one fault. It returns false when the fault needs a server
+// that is not embedded.
+func (in *injector) apply(ctx context.Context, a action) (bool, error) {
+	m, k := in.mongo, in.kafka
+	switch a.kind {
+	case fMongoCommitConflict:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"commitTransaction"}, Times: a.n, ErrorCode: 112,
+			ErrorLabels: []string{"TransientTransactionError"}, ErrorMessage: "chaos: write conflict at commit"})
+	case fMongoCommitClose:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"commitTransaction"}, Times: a.n, CloseConnection: true})
+	case fMongoCommitStall:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"commitTransaction"}, Times: a.n, BlockTime: a.d})
+	case fMongoWriteConflict:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"insert", "update", "findAndModify"}, Times: a.n, ErrorCode: 112,
+			ErrorMessage: "chaos: write conflict"})
+	case fMongoWriteError:
+		// HostUnreachable: retryable; outside transactions the driver
+		// retries once, the framework's loops retry the rest.
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"update", "insert"}, Times: a.n, ErrorCode: 6,
+			ErrorMessage: "chaos: host unreachable"})
+	case fMongoDrop:
+		m.DropConnections()
+	case fMongoStreamError:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"getMore"}, Times: a.n, ErrorCode: 6,
+			ErrorMessage: "chaos: change stream interrupted"})
+	case fMongoStreamFatal:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"aggregate"}, Times: a.n, ErrorCode: 280,
+			ErrorMessage: "chaos: change stream fatal error", ErrorLabels: []string{}})
+	case fMongoStreamClose:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"getMore"}, Times: a.n, CloseConnection: true})
+	case fMongoFindError:
+		m.FailCommand(mongofake.FailPoint{Commands: []string{"find"}, Times: a.n, ErrorCode: 91,
+			ErrorMessage: "chaos: shutdown in progress"})
+
+	case fKafkaProduceError:
+		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: in.topic, Err: kerr.NotLeaderForPartition, Count: a.n}))
+	case fKafkaFetchError:
+		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Fetch}, Topic: in.topic, Err: kerr.NotLeaderForPartition, Count: a.n}))
+	case fKafkaCommitError:
+		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.UnknownServerError, Count: a.n}))
+	case fKafkaHeartbeat:
+		g := in.groups[a.pick%uint64(len(in.groups))]
+		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: g, Err: kerr.RebalanceInProgress, TopLevel: true, Count: 1}))
+	case fKafkaProduceStall, fKafkaFetchStall:
+		key := kmsg.Produce
+		if a.kind == fKafkaFetchStall {
+			key = kmsg.Fetch
+		}
+		d := a.d
+		k.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			k.DropControl()
+			k.SleepControl(func() {
+				t := time.NewTimer(d)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+				}
+			})
+			return nil, nil, false
+		})
+
+	case fMalformed:
+		if err := in.writeMalformed(ctx, a); err != nil {
+			return true, err
+		}
+	default:
+		return false, fmt.Errorf("unknown fault %q", a.kind)
+	}
+	return true, nil
+}
+
+func (in *injector) track(h *kfake.FaultHandle) {
+	in.mu.Lock()
+	in.handles = append(in.handles, h)
+	in.mu.Unlock()
+}
+
+// clear removes every fault still armed.
+func (in *injector) clear() {
+	if in.mongo != nil {
+		in.mongo.ClearFailPoints()
+	}
+	in.mu.Lock()
+	hs := in.handles
+	in.handles = nil
+	in.mu.Unlock()
+	for _, h := range hs {
+		h.Remove()
+	}
+}
+
+// writeMalformed writes one bad record straight to the topic; the
+// consumer must park it at once. The variants: invalid JSON, a payload that
+// fails validation, a missing idempotency key, an unknown wire version.
+func (in *injector) writeMalformed(ctx context.Context, a action) error {
+	in.mu.Lock()
+	n := in.malformed + in.uncertain + 1
+	in.mu.Unlock()
+	key := fmt.Sprintf("malformed-%d", n)
+	headers := []kgo.RecordHeader{
+		{Key: outbox.HeaderVersion, Value: []byte(outbox.WireVersion)},
+		{Key: outbox.HeaderContentSchema, Value: []byte(schemaStep)},
+		{Key: outbox.HeaderIdempotencyKey, Value: []byte(key)},
+		{Key: outbox.HeaderOccurredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	}
+	var value []byte
+	switch a.pick % 4 {
+	case 0:
+		value = []byte(`{"key": "x", "seq": `)
+	case 1:
+		value = []byte(`{"key": "x", "seq": 0, "id": "` + key + `"}`)
+	case 2:
+		headers = slices.Delete(headers, 2, 3)
+		value = []byte(`{"key": "x", "seq": 1, "id": "` + key + `"}`)
+	case 3:
+		headers[0].Value = []byte("99")
+		value = []byte(`{}`)
+	}
+	rec := &kgo.Record{Topic: in.topic, Partition: int32(a.pick>>8) % in.parts, Key: []byte(key), Value: value, Headers: headers}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := in.raw.ProduceSync(pctx, rec).FirstErr()
+	in.mu.Lock()
+	if err == nil {
+		in.malformed++
+	} else {
+		in.uncertain++
+	}
+	in.mu.Unlock()
+	return err
+}

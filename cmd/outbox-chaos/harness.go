@@ -1,0 +1,523 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/mongox/mongofake"
+)
+
+// config is the harness's configuration (the command's flags).
+type config struct {
+	duration   time.Duration // load and faults last this long
+	replicas   int           // base replicas (extra ones join and leave)
+	rate       int           // target step events per second
+	seed       uint64        // fault schedule seed
+	keys       int           // partition keys
+	partitions int           // Kafka partitions of the topic
+	killEvery  time.Duration // mean time between kills; 0 disables kills
+	faultEvery time.Duration // mean time between faults; 0 disables them
+	quiesce    time.Duration // how long to wait for quiescence after the load
+	transient  int           // percent of step events whose first attempt fails
+	poison     float64       // probability a transaction records a poison event
+	abort      float64       // probability a transaction aborts on purpose
+	mongoURI   string        // real MongoDB; "" starts the embedded server
+	brokers    string        // real Kafka; "" starts kfake
+	logger     *slog.Logger  // framework logs
+	progress   io.Writer     // progress lines; nil for none
+	skip       map[actionKind]bool // fault kinds left out of the schedule
+}
+
+// result is the outcome of a run.
+type result struct {
+	Events, Handled, Lost, DoubleEffects, OrderViolations, Parked int
+	Kills, Rebalances, Faults                                     int
+	// Failures lists every broken invariant, in words.
+	Failures []string
+}
+
+// summary is the one line the command prints.
+func (r *result) summary() string {
+	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d kills=%d rebalances=%d faults=%d",
+		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Kills, r.Rebalances, r.Faults)
+}
+
+// harness is one run.
+type harness struct {
+	cfg     config
+	env     *replicaEnv
+	work    *workload
+	inj     *injector
+	db      *mongo.Database
+	admin   *mongo.Client // the harness's own connection, never faulted by kills
+	cluster *kfake.Cluster
+	topic   string
+
+	mu       sync.Mutex
+	slots    map[int]*replica // live replicas by slot
+	zombies  []*replica       // killed or stopped replicas still winding down
+	incarn   map[int]int
+	kills    int
+	faults   int
+	genMu    sync.Mutex
+	gens     map[string]bool // group/generation pairs seen (rebalances)
+	txErrors atomic.Int64
+	expireWg sync.WaitGroup
+}
+
+func (h *harness) logf(format string, args ...any) {
+	if h.cfg.progress != nil {
+		fmt.Fprintf(h.cfg.progress, "chaos: "+format+"\n", args...)
+	}
+}
+
+// runHarness runs the whole experiment and checks the invariants.
+func runHarness(ctx context.Context, cfg config) (*result, error) {
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
+	topic := "chaos-" + runID
+	topicName.Store(&topic)
+	h := &harness{cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{}}
+
+	// Servers.
+	mongoURI, brokers := cfg.mongoURI, splitList(cfg.brokers)
+	var srv *mongofake.Server
+	if mongoURI == "" {
+		var err error
+		srv, err = mongofake.NewServer(mongofake.TransactionLifetime(10 * time.Second))
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		mongoURI = srv.URI()
+	}
+	sessionTimeout := 6 * time.Second
+	if len(brokers) == 0 {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		h.cluster = c
+		brokers = c.ListenAddrs()
+		sessionTimeout = 4 * time.Second
+		// Count rebalances: every (group, generation) synced.
+		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Observe: true, Count: -1, When: func(r kmsg.Request) bool {
+			if req, ok := r.(*kmsg.SyncGroupRequest); ok {
+				h.genMu.Lock()
+				h.gens[fmt.Sprintf("%s/%d", req.Group, req.Generation)] = true
+				h.genMu.Unlock()
+			}
+			return false
+		}})
+	}
+	admin, err := mongo.Connect(options.Client().ApplyURI(mongoURI).SetAppName("chaos-admin"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = admin.Disconnect(context.Background()) }()
+	h.admin = admin
+	h.db = admin.Database("chaos_" + runID)
+
+	raw, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return nil, err
+	}
+	defer raw.Close()
+	if _, err := kadm.NewClient(raw).CreateTopic(ctx, int32(cfg.partitions), -1, nil, topic); err != nil {
+		return nil, fmt.Errorf("create topic %s: %w", topic, err)
+	}
+
+	keys := make([]string, cfg.keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%05d", i)
+	}
+	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort, runID: runID}
+	if err := h.work.prepare(ctx); err != nil {
+		return nil, err
+	}
+	service := "chaos-" + runID
+	h.env = &replicaEnv{mongoURI: mongoURI, brokers: brokers, database: h.db.Name(), service: service,
+		logger: cfg.logger, work: h.work, appName: "chaos-replica"}
+	h.env.sessionTimeout = sessionTimeout
+	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
+		groups: []string{service, service + ".outbox-publisher"}}
+
+	for slot := range cfg.replicas {
+		if err := h.start(slot); err != nil {
+			return nil, err
+		}
+	}
+	defer h.shutdown()
+
+	acts := schedule(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, srv != nil, h.cluster != nil)
+	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
+	h.logf("run %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
+		runID, cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)
+
+	// Load and faults.
+	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
+	defer stopLoad()
+	var wg sync.WaitGroup
+	wg.Go(func() { h.runSchedule(loadCtx, acts) })
+	h.runLoad(loadCtx, &wg)
+	wg.Wait()
+	h.expireWg.Wait()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+
+	// Quiescence: no more faults, every slot up, then wait until every
+	// committed event is handled (or parked) and the outbox is empty.
+	h.inj.clear()
+	for slot := range cfg.replicas {
+		h.mu.Lock()
+		live := h.slots[slot] != nil
+		h.mu.Unlock()
+		if !live {
+			if err := h.start(slot); err != nil {
+				return nil, err
+			}
+		}
+	}
+	h.logf("load done: %d transactions committed, %d aborted on purpose, %d failed; waiting for quiescence",
+		h.work.recorded.Load(), h.work.aborted.Load(), h.work.failedTx.Load())
+	quiet := h.waitQuiescence(ctx)
+
+	res, err := h.check(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !quiet {
+		res.Failures = append(res.Failures, fmt.Sprintf("no quiescence within %s", cfg.quiesce))
+	}
+	h.mu.Lock()
+	res.Kills, res.Faults = h.kills, h.faults
+	h.mu.Unlock()
+	h.genMu.Lock()
+	res.Rebalances = len(h.gens)
+	h.genMu.Unlock()
+	if len(res.Failures) == 0 && cfg.mongoURI != "" {
+		_ = h.db.Drop(context.Background())
+	}
+	return res, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// start starts a new incarnation of a slot.
+func (h *harness) start(slot int) error {
+	h.mu.Lock()
+	h.incarn[slot]++
+	name := fmt.Sprintf("r%d.%d", slot, h.incarn[slot])
+	h.mu.Unlock()
+	r, err := startReplica(h.env, name)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.slots[slot] = r
+	h.mu.Unlock()
+	return nil
+}
+
+// runSchedule executes the fault schedule until ctx ends.
+func (h *harness) runSchedule(ctx context.Context, acts []action) {
+	start := time.Now()
+	for _, a := range acts {
+		wait := time.Until(start.Add(a.at))
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		h.execute(ctx, a)
+	}
+}
+
+func (h *harness) execute(ctx context.Context, a action) {
+	switch a.kind {
+	case actKill:
+		h.mu.Lock()
+		r := h.slots[a.slot]
+		if r != nil {
+			delete(h.slots, a.slot)
+			h.zombies = append(h.zombies, r)
+			h.kills++
+		}
+		h.mu.Unlock()
+		if r != nil {
+			r.kill()
+			h.logf("%s kill %s", a, r.name)
+			if h.cluster != nil {
+				h.expireWg.Go(func() { h.expireMembers(ctx, r.name) })
+			}
+		}
+	case actRestart, actJoin:
+		h.mu.Lock()
+		live := h.slots[a.slot] != nil
+		h.mu.Unlock()
+		if !live {
+			h.logf("%s", a)
+			if err := h.start(a.slot); err != nil {
+				h.logf("%s: start failed: %v", a, err)
+			}
+		}
+	case actLeave:
+		h.mu.Lock()
+		r := h.slots[a.slot]
+		if r != nil {
+			delete(h.slots, a.slot)
+			h.zombies = append(h.zombies, r)
+		}
+		h.mu.Unlock()
+		if r != nil {
+			h.logf("%s stop %s", a, r.name)
+			r.stop()
+		}
+	default:
+		h.logf("%s", a)
+		ok, err := h.inj.apply(ctx, a)
+		if err != nil {
+			h.logf("%s: %v", a, err)
+		}
+		if ok {
+			h.mu.Lock()
+			h.faults++
+			h.mu.Unlock()
+		}
+	}
+}
+
+// runLoad starts the load generators: transactions spread over the live
+// replicas at cfg.rate step events per second (two per transaction on
+// average).
+func (h *harness) runLoad(ctx context.Context, wg *sync.WaitGroup) {
+	gens := 8
+	txPerSec := float64(h.cfg.rate) / 2
+	interval := time.Duration(float64(gens) / txPerSec * float64(time.Second))
+	for g := range gens {
+		rng := rand.New(rand.NewPCG(h.cfg.seed, uint64(g)+1))
+		wg.Go(func() {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				r := h.pick(rng)
+				if r == nil {
+					continue
+				}
+				tctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
+				stop := context.AfterFunc(ctx, cancel)
+				if err := h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng); err != nil && !errors.Is(err, errPlannedAbort) && ctx.Err() == nil {
+					if n := h.txErrors.Add(1); n <= 5 || n%1000 == 0 {
+						h.logf("transaction on %s failed (%d so far): %v", r.name, n, err)
+					}
+				}
+				stop()
+				cancel()
+			}
+		})
+	}
+}
+
+func (h *harness) pick(rng *rand.Rand) *replica {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	live := make([]*replica, 0, len(h.slots))
+	for _, r := range h.slots {
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	// Map order is random; sort-free pick is fine for load spreading.
+	return live[rng.IntN(len(live))]
+}
+
+// waitQuiescence polls until every committed step event has an effect,
+// every committed event is published and every poison and malformed record
+// is parked, or cfg.quiesce passes.
+func (h *harness) waitQuiescence(ctx context.Context) bool {
+	deadline := time.Now().Add(h.cfg.quiesce)
+	last := time.Time{}
+	for {
+		st, err := h.progressCounts(ctx)
+		if err == nil {
+			if time.Since(last) > 5*time.Second {
+				h.logf("quiescence: %s", st)
+				last = time.Now()
+			}
+			if st.done(h.inj) && h.distinctEffects(ctx) >= st.steps {
+				h.logf("quiet: %s", st)
+				return true
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+type counts struct {
+	steps, poisons, unpublished, effects, parked int64
+}
+
+func (c counts) String() string {
+	return fmt.Sprintf("committed steps=%d poisons=%d unpublished=%d effects=%d parked=%d",
+		c.steps, c.poisons, c.unpublished, c.effects, c.parked)
+}
+
+func (c counts) done(in *injector) bool {
+	in.mu.Lock()
+	malformed := int64(in.malformed)
+	in.mu.Unlock()
+	return c.unpublished == 0 && c.effects >= c.steps && c.parked >= c.poisons+malformed
+}
+
+func (h *harness) progressCounts(ctx context.Context) (counts, error) {
+	var c counts
+	var err error
+	n := func(coll string, filter bson.D) int64 {
+		if err != nil {
+			return 0
+		}
+		var v int64
+		v, err = h.db.Collection(coll).CountDocuments(ctx, filter)
+		return v
+	}
+	c.steps = n(collLedger, bson.D{{Key: "poison", Value: false}})
+	c.poisons = n(collLedger, bson.D{{Key: "poison", Value: true}})
+	c.unpublished = n("outbox", bson.D{{Key: "published", Value: false}})
+	c.effects = n(collEffects, bson.D{})
+	c.parked = n("inbox", bson.D{{Key: "parked", Value: true}})
+	return c, err
+}
+
+// distinctEffects counts the step events with at least one effect.
+func (h *harness) distinctEffects(ctx context.Context) int64 {
+	cur, err := h.db.Collection(collEffects).Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$event"}}}},
+		{{Key: "$count", Value: "n"}},
+	})
+	if err != nil {
+		return -1
+	}
+	var out []struct {
+		N int64 `bson:"n"`
+	}
+	if err := cur.All(ctx, &out); err != nil {
+		return -1
+	}
+	if len(out) == 0 {
+		return 0
+	}
+	return out[0].N
+}
+
+// expireMembers works around a kfake gap: when a member's JoinGroup or
+// SyncGroup reply cannot be delivered (its connection died: a kill), kfake
+// never starts the member's session timer, so the dead member stays in the
+// group and every later rebalance waits for it for the whole rebalance
+// timeout (60 s for the publisher group), again and again. Kafka expires
+// such a member after the session timeout. After the session timeout plus a
+// margin, the harness does what Kafka would have done: it removes the
+// killed replica's members (found by client id) with a LeaveGroup on their
+// behalf. Members kfake already expired are gone and unaffected.
+func (h *harness) expireMembers(ctx context.Context, name string) {
+	t := time.NewTimer(h.env.sessionTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return
+	}
+	adm := kadm.NewClient(h.inj.raw)
+	described, err := adm.DescribeGroups(ctx, h.inj.groups...)
+	if err != nil {
+		return
+	}
+	for _, g := range described.Sorted() {
+		req := kmsg.NewPtrLeaveGroupRequest()
+		req.Group = g.Group
+		for _, m := range g.Members {
+			if m.ClientID == "chaos-"+name {
+				lm := kmsg.NewLeaveGroupRequestMember()
+				lm.MemberID = m.MemberID
+				req.Members = append(req.Members, lm)
+			}
+		}
+		if len(req.Members) > 0 {
+			if _, err := req.RequestWith(ctx, h.inj.raw); err == nil {
+				h.logf("expired %d stale member(s) of killed %s in %s", len(req.Members), name, g.Group)
+			}
+		}
+	}
+}
+
+// shutdown stops every live replica gracefully and waits for every
+// replica, killed ones included, to wind down.
+func (h *harness) shutdown() {
+	h.mu.Lock()
+	all := append([]*replica(nil), h.zombies...)
+	for slot, r := range h.slots {
+		all = append(all, r)
+		delete(h.slots, slot)
+	}
+	h.zombies = nil
+	h.mu.Unlock()
+	for _, r := range all {
+		r.stop()
+	}
+	timeout := time.After(3 * time.Minute)
+	for _, r := range all {
+		select {
+		case <-r.done:
+			if r.err != nil && !errors.Is(r.err, context.Canceled) {
+				h.logf("replica %s: Run returned %v", r.name, r.err)
+			}
+		case <-timeout:
+			h.logf("replica %s did not stop within 3 minutes", r.name)
+			return
+		}
+	}
+}

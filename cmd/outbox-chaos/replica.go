@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox"
+)
+
+// replica is one incarnation of a service replica: its own network switch,
+// MongoDB client, Kafka clients (created by the framework, dialled through
+// the switch) and outbox.Client, all sharing the service name with the
+// other replicas.
+type replica struct {
+	name   string
+	sw     *netSwitch
+	mongo  *mongo.Client
+	client *outbox.Client
+	cancel context.CancelFunc // cancels Run and the replica's load
+	ctx    context.Context    // the replica's life: load generators use it
+	done   chan struct{}      // closed when Run has returned and the clients are closed
+	err    error              // Run's result, set before done closes
+
+	mu      sync.Mutex
+	stopped bool
+}
+
+// replicaEnv is what every replica needs.
+type replicaEnv struct {
+	mongoURI string
+	brokers  []string
+	database string
+	service  string
+	logger   *slog.Logger
+	work     *workload
+	appName  string
+	// sessionTimeout is the Kafka group session timeout of the replicas.
+	sessionTimeout time.Duration
+}
+
+func startReplica(env *replicaEnv, name string) (*replica, error) {
+	sw := newNetSwitch()
+	mopts := options.Client().ApplyURI(env.mongoURI).
+		SetDialer(sw).
+		SetAppName(env.appName).
+		SetServerSelectionTimeout(3 * time.Second).
+		SetConnectTimeout(3 * time.Second)
+	mc, err := mongo.Connect(mopts)
+	if err != nil {
+		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
+	}
+	client, err := outbox.New(outbox.Config{
+		Mongo:             mc,
+		Database:          env.database,
+		Brokers:           env.brokers,
+		KafkaOptions:      []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name)},
+		Service:           env.service,
+		PublishTopics:     []string{chaosTopic()},
+		MaxAttempts:       4,
+		RetryMinBackoff:   10 * time.Millisecond,
+		RetryMaxBackoff:   250 * time.Millisecond,
+		PublishBatchSize:  500,
+		SessionTimeout:    env.sessionTimeout,
+		HeartbeatInterval: 300 * time.Millisecond,
+		FenceMargin:       env.sessionTimeout / 3,
+		Logger:            env.logger.With("replica", name),
+	})
+	if err != nil {
+		_ = mc.Disconnect(context.Background())
+		return nil, err
+	}
+	if err := env.work.register(client, mc.Database(env.database), name); err != nil {
+		_ = mc.Disconnect(context.Background())
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{name: name, sw: sw, mongo: mc, client: client, cancel: cancel, ctx: ctx, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = client.Run(ctx)
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = mc.Disconnect(dctx)
+		dcancel()
+	}()
+	return r, nil
+}
+
+// kill stops the replica abruptly: first its network is cut (every
+// connection closed, no new one possible), then its context is cancelled.
+// Whatever Run does after the cut (drain, commit offsets, leave the group)
+// cannot reach MongoDB or Kafka, so the servers see exactly what a crashed
+// process leaves behind. Run's goroutines wind down in the background; the
+// returned channel closes when they are gone.
+func (r *replica) kill() <-chan struct{} {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.sw.Cut()
+	r.cancel()
+	return r.done
+}
+
+// stop stops the replica gracefully: Run drains and leaves its groups.
+func (r *replica) stop() <-chan struct{} {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.cancel()
+	return r.done
+}
