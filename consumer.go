@@ -450,28 +450,20 @@ func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Met
 		}
 		c.tel.endHandle(ctx, span, &meta.Envelope, start, err)
 	}()
-	sess, err := c.cfg.Mongo.StartSession()
-	if err != nil {
-		return err
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
-	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
-		tx := &txState{client: c}
-		last = tx
-		tctx := context.WithValue(sctx, txKey{}, tx)
+	last, err = c.inTransaction(ctx, func(tctx context.Context) error {
 		if err := c.claim(tctx, &meta.Envelope, meta.Offset, nil, time.Now().UTC()); err != nil {
-			return nil, err
+			return err
 		}
 		if err := safeRun(tctx, h, evt, meta); err != nil {
-			return nil, &handlerError{err}
+			return &handlerError{err}
 		}
-		if err := tx.flush(tctx); err != nil {
-			return nil, &handlerError{err}
-		}
-		return nil, nil
-	}, txnOptions())
+		return nil
+	}, wrapHandlerError)
 	return err
 }
+
+// wrapHandlerError marks an error as the handler's (see handlerError).
+func wrapHandlerError(err error) error { return &handlerError{err} }
 
 // parkMalformed parks a record that cannot be handled. A record without an
 // idempotency key is parked under its position.

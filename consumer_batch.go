@@ -55,8 +55,6 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 		span trace.Span
 	}
 	var spans []spanned
-	var last *txState
-	failedAt = 0
 	endAborted := func() {
 		for _, s := range spans {
 			if s.span.IsRecording() {
@@ -66,16 +64,8 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 		}
 		spans = nil
 	}
-	sess, err := c.cfg.Mongo.StartSession()
-	if err != nil {
-		return 0, 0
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
-	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+	last, err := c.inTransaction(ctx, func(tctx context.Context) error {
 		endAborted() // spans of an earlier attempt of this transaction
-		tx := &txState{client: c}
-		last = tx
-		tctx := context.WithValue(sctx, txKey{}, tx)
 		// All claims in one command (an ordered bulk of upserts): a handled
 		// or parked event stops it with a duplicate key error at its index.
 		now := time.Now().UTC()
@@ -84,15 +74,16 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 			filter, update := claimUpdate(&items[i].meta.Envelope, items[i].meta.Offset, nil, now)
 			models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
 		}
+		failedAt = 0
 		if _, err := c.inbox.BulkWrite(tctx, models, options.BulkWrite().SetOrdered(true)); err != nil {
 			var bwe mongo.BulkWriteException
 			if errors.As(err, &bwe) && len(bwe.WriteErrors) > 0 {
 				failedAt = bwe.WriteErrors[0].Index
 			}
 			if mongo.IsDuplicateKeyError(err) {
-				return nil, errAlreadyDone
+				return errAlreadyDone
 			}
-			return nil, err
+			return err
 		}
 		for i := range items {
 			it := &items[i]
@@ -100,15 +91,12 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 			ectx, span := c.tel.startHandle(tctx, &it.meta)
 			spans = append(spans, spanned{ectx, span})
 			if err := safeRun(ectx, it.h, it.evt, it.meta); err != nil {
-				return nil, &handlerError{err}
+				return &handlerError{err}
 			}
 		}
-		failedAt = len(items) - 1
-		if err := tx.flush(tctx); err != nil {
-			return nil, &handlerError{err}
-		}
-		return nil, nil
-	}, txnOptions())
+		failedAt = len(items) - 1 // the insert of recorded events, or the commit
+		return nil
+	}, wrapHandlerError)
 	if err != nil {
 		endAborted()
 		c.cfg.Logger.Debug("batch rolled back; handling its events one by one", "events", len(items), "failed_at", failedAt, "err", err)

@@ -102,12 +102,25 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 	if txFrom(ctx) != nil {
 		return fn(ctx)
 	}
+	last, err := c.inTransaction(ctx, fn, nil)
+	if err == nil {
+		c.tel.committed(ctx, last)
+	}
+	return err
+}
+
+// inTransaction runs fn in a new session's transaction with the driver's
+// retries. Every attempt gets a fresh txState in its context, and the events
+// the attempt recorded are inserted just before the commit; wrapFlush, when
+// not nil, wraps an error of that insert. It returns the state of the last
+// attempt, the one that committed when the error is nil.
+func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context) error, wrapFlush func(error) error) (*txState, error) {
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
-		return fmt.Errorf("outbox: start session: %w", err)
+		return nil, fmt.Errorf("outbox: start session: %w", err)
 	}
 	defer sess.EndSession(context.WithoutCancel(ctx))
-	var last *txState // the attempt that committed, when err is nil
+	var last *txState
 	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
 		tx := &txState{client: c}
 		last = tx
@@ -115,12 +128,15 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 		if err := fn(tctx); err != nil {
 			return nil, err
 		}
-		return nil, tx.flush(tctx)
+		if err := tx.flush(tctx); err != nil {
+			if wrapFlush != nil {
+				err = wrapFlush(err)
+			}
+			return nil, err
+		}
+		return nil, nil
 	}, txnOptions())
-	if err == nil {
-		c.tel.committed(ctx, last)
-	}
-	return err
+	return last, err
 }
 
 func txnOptions() *options.TransactionOptionsBuilder {
