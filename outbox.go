@@ -122,6 +122,14 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 	defer sess.EndSession(context.WithoutCancel(ctx))
 	var last *txState
 	_, err = sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		// The driver retries TransientTransactionError for up to 120 s and
+		// ignores cancellation between attempts (an operation cut short by
+		// the cancellation is itself labelled transient): stop here instead,
+		// or a shutdown waits two minutes per transaction in hand (found by
+		// cmd/outbox-chaos).
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		tx := &txState{client: c}
 		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
