@@ -48,7 +48,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	for i := range ledger {
 		e := &ledger[i]
 		byID[e.ID] = e
-		if !e.Poison {
+		if e.Poison {
+			res.Poisons++
+		} else {
 			seqs[e.Key] = append(seqs[e.Key], e.Seq)
 		}
 	}

@@ -26,22 +26,22 @@ import (
 
 // config is the harness's configuration (the command's flags).
 type config struct {
-	duration   time.Duration // load and faults last this long
-	replicas   int           // base replicas (extra ones join and leave)
-	rate       int           // target step events per second
-	seed       uint64        // fault schedule seed
-	keys       int           // partition keys
-	partitions int           // Kafka partitions of the topic
-	killEvery  time.Duration // mean time between kills; 0 disables kills
-	faultEvery time.Duration // mean time between faults; 0 disables them
-	quiesce    time.Duration // how long to wait for quiescence after the load
-	transient  int           // percent of step events whose first attempt fails
-	poison     float64       // probability a transaction records a poison event
-	abort      float64       // probability a transaction aborts on purpose
-	mongoURI   string        // real MongoDB; "" starts the embedded server
-	brokers    string        // real Kafka; "" starts kfake
-	logger     *slog.Logger  // framework logs
-	progress   io.Writer     // progress lines; nil for none
+	duration   time.Duration       // load and faults last this long
+	replicas   int                 // base replicas (extra ones join and leave)
+	rate       int                 // target step events per second
+	seed       uint64              // fault schedule seed
+	keys       int                 // partition keys
+	partitions int                 // Kafka partitions of the topic
+	killEvery  time.Duration       // mean time between kills; 0 disables kills
+	faultEvery time.Duration       // mean time between faults; 0 disables them
+	quiesce    time.Duration       // how long to wait for quiescence after the load
+	transient  int                 // percent of step events whose first attempt fails
+	poison     float64             // probability a transaction records a poison event
+	abort      float64             // probability a transaction aborts on purpose
+	mongoURI   string              // real MongoDB; "" starts the embedded server
+	brokers    string              // real Kafka; "" starts kfake
+	logger     *slog.Logger        // framework logs
+	progress   io.Writer           // progress lines; nil for none
 	skip       map[actionKind]bool // fault kinds left out of the schedule
 }
 
@@ -49,6 +49,8 @@ type config struct {
 type result struct {
 	Events, Handled, Lost, DoubleEffects, OrderViolations, Parked int
 	Kills, Rebalances, Faults                                     int
+	// Poisons counts the committed poison events (part of Events).
+	Poisons int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -79,10 +81,13 @@ type harness struct {
 	genMu    sync.Mutex
 	gens     map[string]bool // group/generation pairs seen (rebalances)
 	txErrors atomic.Int64
+	logMu    sync.Mutex
 	expireWg sync.WaitGroup
 }
 
 func (h *harness) logf(format string, args ...any) {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
 	if h.cfg.progress != nil {
 		fmt.Fprintf(h.cfg.progress, "chaos: "+format+"\n", args...)
 	}
@@ -327,7 +332,7 @@ func (h *harness) execute(ctx context.Context, a action) {
 // replicas at cfg.rate step events per second (two per transaction on
 // average).
 func (h *harness) runLoad(ctx context.Context, wg *sync.WaitGroup) {
-	gens := 8
+	gens := max(8, h.cfg.rate/20)
 	txPerSec := float64(h.cfg.rate) / 2
 	interval := time.Duration(float64(gens) / txPerSec * float64(time.Second))
 	for g := range gens {
