@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -125,11 +126,11 @@ func TestKafkaSASLPasswordNeverShown(t *testing.T) {
 		t.Skip("needs the embedded Kafka cluster with SASL")
 	}
 	db := m.DB(t)
-	for _, pass := range []string{wrong, good} {
+	for i, pass := range []string{wrong, good} {
 		seen := &secretsSeen{logs: &logCapture{}}
 		c, err := New(Config{Mongo: m.Client, Database: db.Name(), Brokers: k.Seeds,
 			KafkaOptions:  []kgo.Opt{kgo.SASL(plain.Auth{User: "admin", Pass: pass}.AsMechanism())},
-			Service:       "sasl-" + pass,
+			Service:       fmt.Sprintf("sasl-%d", i),
 			PublishTopics: []string{ordersTopic}, Logger: seen.logs.logger(),
 			RetryMinBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond,
 			SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, FenceMargin: 2 * time.Second})
