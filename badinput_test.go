@@ -243,5 +243,3 @@ func FuzzStoredDocuments(f *testing.F) {
 		_ = bson.Unmarshal(raw, &in)
 	})
 }
-
-
