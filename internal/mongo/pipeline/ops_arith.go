@@ -229,9 +229,9 @@ func parseMod(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
-// unaryNum builds a one-argument numeric operator: null in, null out;
-// non-numbers fail naming the operator.
-func unaryNum(f func(v any) (any, error)) opParser {
+// unaryNullish builds a one-argument operator that answers null for a null
+// or missing argument and f(v) otherwise.
+func unaryNullish(f func(v any) (any, error)) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
 		fns, err := p.nargs(name, arg, 1, 1)
 		if err != nil {
@@ -245,11 +245,21 @@ func unaryNum(f func(v any) (any, error)) opParser {
 			if isNullish(v) {
 				return nil, nil
 			}
+			return f(v)
+		}, nil
+	}
+}
+
+// unaryNum builds a one-argument numeric operator: null in, null out;
+// non-numbers fail naming the operator.
+func unaryNum(f func(v any) (any, error)) opParser {
+	return func(p *parser, name string, arg any) (evalFn, error) {
+		return unaryNullish(func(v any) (any, error) {
 			if !isNum(v) {
 				return nil, errf(28765, "%s only supports numeric types, not %s", name, typeName(v))
 			}
 			return f(v)
-		}, nil
+		})(p, name, arg)
 	}
 }
 

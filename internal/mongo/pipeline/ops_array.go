@@ -19,7 +19,7 @@ func init() {
 	operators["$filter"] = parseFilter
 	operators["$map"] = parseMap
 	operators["$reduce"] = parseReduce
-	operators["$reverseArray"] = parseReverseArray
+	operators["$reverseArray"] = unaryNullish(reverseArray)
 	operators["$range"] = parseRange
 	operators["$indexOfArray"] = parseIndexOfArray
 }
@@ -389,29 +389,16 @@ func parseReduce(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
-func parseReverseArray(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 1, 1)
-	if err != nil {
-		return nil, err
+func reverseArray(v any) (any, error) {
+	arr, ok := asArray(v)
+	if !ok {
+		return nil, errf(34435, "The argument to $reverseArray must be an array, but was of type: %s", typeName(v))
 	}
-	return func(c *ctx) (any, error) {
-		v, err := fns[0](c)
-		if err != nil {
-			return nil, err
-		}
-		if isNullish(v) {
-			return nil, nil
-		}
-		arr, ok := asArray(v)
-		if !ok {
-			return nil, errf(34435, "The argument to $reverseArray must be an array, but was of type: %s", typeName(v))
-		}
-		out := make(bson.A, len(arr))
-		for i, e := range arr {
-			out[len(arr)-1-i] = e
-		}
-		return out, nil
-	}, nil
+	out := make(bson.A, len(arr))
+	for i, e := range arr {
+		out[len(arr)-1-i] = e
+	}
+	return out, nil
 }
 
 // maxRangeElements mirrors MongoDB's 64 MB $range memory limit at 16 bytes

@@ -9,8 +9,8 @@ import (
 func init() {
 	operators["$mergeObjects"] = parseMergeObjects
 	operators["$getField"] = parseGetField
-	operators["$objectToArray"] = parseObjectToArray
-	operators["$arrayToObject"] = parseArrayToObject
+	operators["$objectToArray"] = unaryNullish(objectToArray)
+	operators["$arrayToObject"] = unaryNullish(arrayToObject)
 }
 
 func parseMergeObjects(p *parser, name string, arg any) (evalFn, error) {
@@ -77,75 +77,49 @@ func parseGetField(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
-func parseObjectToArray(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 1, 1)
-	if err != nil {
-		return nil, err
+func objectToArray(v any) (any, error) {
+	d, ok := asDoc(v)
+	if !ok {
+		return nil, errf(40390, "$objectToArray requires a document input, found: %s", typeName(v))
 	}
-	return func(c *ctx) (any, error) {
-		v, err := fns[0](c)
-		if err != nil {
-			return nil, err
-		}
-		if isNullish(v) {
-			return nil, nil
-		}
-		d, ok := asDoc(v)
-		if !ok {
-			return nil, errf(40390, "$objectToArray requires a document input, found: %s", typeName(v))
-		}
-		out := make(bson.A, len(d))
-		for i, e := range d {
-			out[i] = bson.D{{Key: "k", Value: e.Key}, {Key: "v", Value: e.Value}}
-		}
-		return out, nil
-	}, nil
+	out := make(bson.A, len(d))
+	for i, e := range d {
+		out[i] = bson.D{{Key: "k", Value: e.Key}, {Key: "v", Value: e.Value}}
+	}
+	return out, nil
 }
 
-func parseArrayToObject(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 1, 1)
-	if err != nil {
-		return nil, err
+func arrayToObject(v any) (any, error) {
+	arr, ok := asArray(v)
+	if !ok {
+		return nil, errf(40386, "$arrayToObject requires an array input, found: %s", typeName(v))
 	}
-	return func(c *ctx) (any, error) {
-		v, err := fns[0](c)
-		if err != nil {
-			return nil, err
+	out := bson.D{}
+	for _, e := range arr {
+		var k, val any
+		switch x := e.(type) {
+		case bson.A:
+			if len(x) != 2 {
+				return nil, errf(40397, "$arrayToObject requires an array of size 2 arrays,found array of size: %d", len(x))
+			}
+			k, val = x[0], x[1]
+		case bson.D:
+			if len(x) != 2 {
+				return nil, errf(40392, "$arrayToObject requires an object keys of 'k' and 'v'. Found incorrect number of keys:%d", len(x))
+			}
+			kv, vv := getField(x, "k"), getField(x, "v")
+			if isMissing(kv) || isMissing(vv) {
+				return nil, errf(40393, "$arrayToObject requires an object with keys 'k' and 'v'.")
+			}
+			k, val = kv, vv
+		default:
+			return nil, errf(40398, "Unrecognised input type format for $arrayToObject: %s", typeName(e))
 		}
-		if isNullish(v) {
-			return nil, nil
-		}
-		arr, ok := asArray(v)
+		ks, ok := k.(string)
 		if !ok {
-			return nil, errf(40386, "$arrayToObject requires an array input, found: %s", typeName(v))
+			return nil, errf(40395, "$arrayToObject requires an array of key-value pairs, where the key must be of type string. Found key type: %s", typeName(k))
 		}
-		out := bson.D{}
-		for _, e := range arr {
-			var k, val any
-			switch x := e.(type) {
-			case bson.A:
-				if len(x) != 2 {
-					return nil, errf(40397, "$arrayToObject requires an array of size 2 arrays,found array of size: %d", len(x))
-				}
-				k, val = x[0], x[1]
-			case bson.D:
-				if len(x) != 2 {
-					return nil, errf(40392, "$arrayToObject requires an object keys of 'k' and 'v'. Found incorrect number of keys:%d", len(x))
-				}
-				kv, vv := getField(x, "k"), getField(x, "v")
-				if isMissing(kv) || isMissing(vv) {
-					return nil, errf(40393, "$arrayToObject requires an object with keys 'k' and 'v'.")
-				}
-				k, val = kv, vv
-			default:
-				return nil, errf(40398, "Unrecognised input type format for $arrayToObject: %s", typeName(e))
-			}
-			ks, ok := k.(string)
-			if !ok {
-				return nil, errf(40395, "$arrayToObject requires an array of key-value pairs, where the key must be of type string. Found key type: %s", typeName(k))
-			}
-			out = setField(out, ks, val)
-		}
-		return out, nil
-	}, nil
+		out = setField(out, ks, val)
+	}
+	return out, nil
 }
