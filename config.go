@@ -83,6 +83,15 @@ type Config struct {
 	// PublishBatchSize caps the events published and marked in one round.
 	// Defaults to 500.
 	PublishBatchSize int
+	// PublishLinger is how long the publisher lets new events gather
+	// between two reads of the outbox change stream while events are
+	// flowing. 0 reads again at once: the lowest latency, at the price of
+	// about one getMore command per few events at a moderate load. A
+	// positive value adds up to PublishLinger of latency and caps the
+	// stream's reads at one per PublishLinger (for example 20 ms: at most
+	// 50 getMores a second, whatever the load). An idle stream waits on the
+	// server either way. Defaults to 0; negative is invalid.
+	PublishLinger time.Duration
 	// SessionTimeout is the Kafka group session timeout of both groups. A
 	// replica that stops heartbeating loses its partitions after it, and
 	// the publisher stops publishing a partition once its lease (renewed by
@@ -168,6 +177,8 @@ func (c Config) validate() error {
 		return bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
 	case c.PublishBatchSize < 1:
 		return bad("PublishBatchSize", "must be at least 1")
+	case c.PublishLinger < 0:
+		return bad("PublishLinger", "must not be negative")
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
 		return bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
 	case c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval:

@@ -6,12 +6,16 @@ package outbox
 // Config.PublishTopics with fetching paused, so it never receives a record;
 // the partitions the group assigns to this process are the partitions it
 // publishes. One worker goroutine per owned partition (internal/publish)
-// reads the partition's unpublished events with an indexed query in
-// publishing order (seq, _id), produces them as one batch (idempotent
+// first scans the partition's unpublished events with an indexed query in
+// publishing order (seq, _id), produces them in batches (idempotent
 // producer, acks=all, explicit partition) and marks the acknowledged ones
-// published in one updateMany. A change stream, filtered on the server to
-// inserts of owned partitions, only wakes workers; workers also rescan
-// periodically and after every reopen of the stream, so a lost stream
+// published with one updateMany per batch. A change stream, filtered on
+// the server to inserts of owned partitions, delivers every new event to
+// its worker; once a worker has caught up it produces what the stream
+// delivers without reading the outbox again, and a shared marker writes
+// the acknowledged ids of every partition in one updateMany per
+// markDelay. Any doubt (stream reopened, buffer overflow, produce failure,
+// periodic rescan) sends the worker back to scanning, so a lost stream
 // never loses events.
 //
 // Fencing: a lease renewed by successful group round trips (kafkax.SessionHook)
@@ -72,6 +76,7 @@ const (
 	rescanInterval   = 30 * time.Second // safety scan of every owned partition
 	streamDebounce   = 100 * time.Millisecond
 	streamMaxAwait   = 500 * time.Millisecond
+	markDelay        = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
 	metadataInterval = time.Minute
 	leaveTimeout     = 5 * time.Second
 	producerLinger   = time.Millisecond
@@ -152,8 +157,15 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	}
 	defer producer.Close()
 
+	store := instrumentedStore{Store: outboxStore{coll: c.outbox}, t: c.tel}
+	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
+	marker.Timeout = markTimeout
+	marker.Backoff = publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff}
+	marker.Logger = log
+	marker.Stats = p.stats
 	wcfg := &publish.WorkerConfig{
-		Store:       instrumentedStore{Store: outboxStore{coll: c.outbox}, t: c.tel},
+		Store:       store,
+		Marker:      marker,
 		Producer:    producer,
 		Lease:       p.lease,
 		BatchSize:   cfg.PublishBatchSize,
@@ -240,12 +252,17 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// Background loops, owned here and stopped by cancelling bg.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	// The marker stops after the workers (set.Close below), so it writes
+	// the ids they handed it last.
+	wg.Go(func() { marker.Run(bg) })
 	wg.Go(func() {
 		w := &publish.Watcher{
 			Coll:           c.outbox,
 			Set:            p.set,
 			TopicField:     "topic",
 			PartitionField: "partition",
+			Decode:         decodeOutboxEvent,
+			Linger:         cfg.PublishLinger,
 			Debounce:       streamDebounce,
 			MaxAwait:       streamMaxAwait,
 			Backoff:        wcfg.Backoff,
@@ -343,10 +360,24 @@ func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, lim
 	}
 	items := make([]publish.Item, len(docs))
 	for i := range docs {
-		env := docs[i].envelope()
-		items[i] = publish.Item{ID: docs[i].ID, Record: encodeRecord(&env, []byte(docs[i].Payload))}
+		items[i] = docs[i].item()
 	}
 	return items, nil
+}
+
+func (d *outboxDoc) item() publish.Item {
+	env := d.envelope()
+	return publish.Item{ID: d.ID, Record: encodeRecord(&env, []byte(d.Payload))}
+}
+
+// decodeOutboxEvent builds the item of an outbox document delivered by the
+// change stream.
+func decodeOutboxEvent(raw bson.Raw) (publish.TopicPartition, publish.Item, error) {
+	var d outboxDoc
+	if err := bson.Unmarshal(raw, &d); err != nil {
+		return publish.TopicPartition{}, publish.Item{}, fmt.Errorf("decode outbox document: %w", err)
+	}
+	return publish.TopicPartition{Topic: d.Topic, Partition: d.Partition}, d.item(), nil
 }
 
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -227,7 +228,7 @@ type interval struct {
 }
 
 func (l *ownershipLog) hooks(who string) publish.Hooks {
-	return publish.Hooks{Produced: func(tp publish.TopicPartition, start, end time.Time, _ int) {
+	return publish.Hooks{Produced: func(tp publish.TopicPartition, _ []publish.Item, start, end time.Time, _ int) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if l.ints == nil {
@@ -688,4 +689,47 @@ func TestPublisherStopsPromptlyWithCoordinatorUnreachable(t *testing.T) {
 			dialer.setCut(false)
 		})
 	}
+}
+
+// TestPublisherProducesStreamedEventsWithoutReading checks the steady state
+// of the relay: once caught up, the publisher produces what the change
+// stream delivers and writes marks in batches, instead of reading the
+// outbox for every wake-up.
+func TestPublisherProducesStreamedEventsWithoutReading(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var finds, marks atomic.Int64
+	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		if coll, _ := e.Command.Lookup(e.CommandName).StringValueOK(); coll != "outbox" {
+			return
+		}
+		switch e.CommandName {
+		case "find":
+			finds.Add(1)
+		case "update":
+			marks.Add(1)
+		}
+	}}
+	cfg := pubConfig(b)
+	cfg.Mongo = b.mongo.NewClient(t, options.Client().SetMonitor(mon))
+	c := b.client(t, cfg)
+	r := newRecorder(b, c)
+	r.record(t, keysN(6)...)
+	runPub(t, c, publisherOptions{rescan: time.Hour})
+	eventually(t, "backlog published", func() bool { return b.published(t, cfg) == 6 })
+	p := c.pub.Load()
+	require.NotNil(t, p)
+	eventually(t, "every worker follows the stream", func() bool { return p.set.Following() == 3 })
+
+	before := finds.Load()
+	const live = 60
+	for i := range live {
+		r.record(t, "live-"+itoa(i%7))
+	}
+	eventually(t, "live events published", func() bool { return b.published(t, cfg) == 6+live })
+	require.Equal(t, before, finds.Load(), "streamed events must not be read from the outbox again")
+	t.Logf("%d live events marked with %d updates", live, marks.Load())
+
+	recs := b.kafkaEvents(t, ordersTopic, r.total())
+	require.Zero(t, checkDelivery(t, r, recs), "duplicates")
 }

@@ -102,8 +102,6 @@ type telemetry struct {
 	lastErrAt                          time.Time
 	backlogMu                          sync.Mutex // serialises backlog queries
 	backlog                            *StoreStatus
-	linksMu                            sync.Mutex
-	links                              map[publish.TopicPartition][]trace.Link // of the batch being published
 	latencyBounds                      []float64
 }
 
@@ -112,7 +110,6 @@ func newTelemetry(cfg *Config) *telemetry {
 		tracer: cfg.TracerProvider.Tracer(instrumentationName),
 		meter:  cfg.MeterProvider.Meter(instrumentationName),
 		hwm:    map[topicPartition]int64{},
-		links:  map[publish.TopicPartition][]trace.Link{},
 		latencyBounds: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 			30, 60},
 	}
@@ -314,18 +311,23 @@ func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelop
 	t.handleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
 }
 
-// instrumentedStore wraps the publisher's store to learn the trace context
-// of each batch's events and to count failed events.
+// instrumentedStore wraps the publisher's store to count failed events.
 type instrumentedStore struct {
 	publish.Store
 	t *telemetry
 }
 
-func (s instrumentedStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int) ([]publish.Item, error) {
-	items, err := s.Store.Pending(ctx, tp, limit)
-	if err != nil || len(items) == 0 {
-		return items, err
+func (s instrumentedStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
+	err := s.Store.MarkFailed(ctx, id, cause, at)
+	if err == nil {
+		s.t.publishFailed.Add(ctx, 1)
 	}
+	return err
+}
+
+// batchLinks returns links to the recorded traces of a batch's events (at
+// most maxBatchLinks).
+func batchLinks(items []publish.Item) []trace.Link {
 	var links []trace.Link
 	for _, it := range items {
 		if len(links) == maxBatchLinks {
@@ -345,32 +347,15 @@ func (s instrumentedStore) Pending(ctx context.Context, tp publish.TopicPartitio
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	// A worker reads, produces and reports one batch at a time, so the
-	// links of a partition always belong to the batch that Produced reports
-	// next.
-	s.t.linksMu.Lock()
-	s.t.links[tp] = links
-	s.t.linksMu.Unlock()
-	return items, nil
-}
-
-func (s instrumentedStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
-	err := s.Store.MarkFailed(ctx, id, cause, at)
-	if err == nil {
-		s.t.publishFailed.Add(ctx, 1)
-	}
-	return err
+	return links
 }
 
 // publishHooks adds the publish metrics and span to the test hooks.
 func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
 	next := h.Produced
-	h.Produced = func(tp publish.TopicPartition, start, end time.Time, acked int) {
+	h.Produced = func(tp publish.TopicPartition, items []publish.Item, start, end time.Time, acked int) {
 		ctx := context.Background()
-		t.linksMu.Lock()
-		links := t.links[tp]
-		delete(t.links, tp)
-		t.linksMu.Unlock()
+		links := batchLinks(items)
 		_, span := t.tracer.Start(ctx, tp.Topic+" publish",
 			trace.WithSpanKind(trace.SpanKindProducer),
 			trace.WithTimestamp(start),
@@ -388,7 +373,7 @@ func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
 		}
 		t.publishDuration.Record(ctx, end.Sub(start).Seconds(), topicAttrs(tp.Topic))
 		if next != nil {
-			next(tp, start, end, acked)
+			next(tp, items, start, end, acked)
 		}
 	}
 	return h

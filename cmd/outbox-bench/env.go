@@ -147,19 +147,20 @@ type env struct {
 
 // options_ are the command-line settings.
 type options_ struct {
-	duration   time.Duration
-	eventSize  int
-	partitions int
-	replicas   int
-	events     int
-	backlog    int
-	rate       int
-	mongoURI   string
-	brokers    string
-	servers    string
-	phases     map[string]bool
-	jsonOut    bool
-	verbose    bool
+	duration      time.Duration
+	publishLinger time.Duration
+	eventSize     int
+	partitions    int
+	replicas      int
+	events        int
+	backlog       int
+	rate          int
+	mongoURI      string
+	brokers       string
+	servers       string
+	phases        map[string]bool
+	jsonOut       bool
+	verbose       bool
 }
 
 func (e *env) close() {
@@ -288,6 +289,7 @@ func (e *env) config(m *mongo.Client, phase, service string, publish ...string) 
 		FenceMargin:       2 * time.Second,
 		RetryMinBackoff:   10 * time.Millisecond,
 		RetryMaxBackoff:   time.Second,
+		PublishLinger:     e.opts.publishLinger,
 	}
 }
 

@@ -115,6 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.events, "events", 50000, "events of the backlog phases (raw, relay, polling, consume)")
 	fs.IntVar(&o.backlog, "backlog", 200000, "events of the memory phase's backlog")
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency phases, events/s")
+	fs.DurationVar(&o.publishLinger, "publish-linger", 0, "Config.PublishLinger of the framework clients (least time between two change-stream reads)")
 	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
 	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
@@ -126,6 +127,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 {
 		return errors.New("-partitions, -replicas, -events, -backlog, -rate and -event-size must be positive")
+	}
+	if o.publishLinger < 0 {
+		return errors.New("-publish-linger must not be negative")
 	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
@@ -158,7 +162,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	r := &results{
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
 		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
-			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o)},
+			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o),
+			"publish_linger": o.publishLinger.String()},
 	}
 	progress := func(phase string) {
 		if !o.jsonOut {

@@ -1,8 +1,9 @@
 // Package publish holds the mechanics of the outbox publisher: one worker
 // goroutine per owned Kafka partition, the set of workers that follows the
 // group assignment, the lease that fences a member whose group session can
-// no longer be confirmed, retry backoff, and the change-stream watcher that
-// wakes workers.
+// no longer be confirmed, retry backoff, the change-stream watcher that
+// hands new events to workers, and the marker that marks the events
+// produced from the stream.
 //
 // # Goroutines and how each stops
 //
@@ -17,6 +18,9 @@
 //     records, at the latest when the producer client is closed).
 //   - Watcher: Watcher.Run runs in the caller's goroutine and returns when
 //     its context ends.
+//   - Marker: Marker.Run runs in the caller's goroutine. Its owner cancels
+//     its context after every worker has stopped; it then writes what is
+//     left (bounded by Marker.Timeout) and returns.
 //
 // Nothing here knows the outbox document format: the root package provides
 // a Store that reads and marks events and builds their Kafka records.

@@ -132,7 +132,9 @@ type memStore struct {
 	mu        sync.Mutex
 	events    []memEvent
 	failFind  int // fail the next n Pending calls
+	findCalls int
 	markCalls int
+	failMark  int // fail the next n MarkPublished calls
 }
 
 type memEvent struct {
@@ -156,6 +158,7 @@ func (s *memStore) add(tp TopicPartition, n int, keys ...string) {
 func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([]Item, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.findCalls++
 	if s.failFind > 0 {
 		s.failFind--
 		return nil, errors.New("mongo down")
@@ -165,9 +168,7 @@ func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([
 		if e.published || e.failed {
 			continue
 		}
-		out = append(out, Item{ID: e.id, Record: &kgo.Record{
-			Topic: tp.Topic, Partition: tp.Partition, Key: []byte(e.key), Value: []byte(fmt.Sprint(e.id)),
-		}})
+		out = append(out, memItem(tp, e))
 		if len(out) == limit {
 			break
 		}
@@ -175,10 +176,20 @@ func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([
 	return out, nil
 }
 
+func memItem(tp TopicPartition, e memEvent) Item {
+	return Item{ID: e.id, Record: &kgo.Record{
+		Topic: tp.Topic, Partition: tp.Partition, Key: []byte(e.key), Value: []byte(fmt.Sprint(e.id)),
+	}}
+}
+
 func (s *memStore) MarkPublished(_ context.Context, ids []any, _ time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.markCalls++
+	if s.failMark > 0 {
+		s.failMark--
+		return errors.New("mongo down")
+	}
 	for _, id := range ids {
 		s.events[id.(int)].published = true
 	}

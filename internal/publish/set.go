@@ -17,6 +17,7 @@ type Set struct {
 	gen     uint64
 	changed chan struct{} // closed and replaced when the owned set changes
 	closed  bool
+	streams uint64 // last stream id given by Attach
 }
 
 // NewSet returns an empty set; newWorker makes the worker of a newly
@@ -129,9 +130,84 @@ func (s *Set) Wake(tp TopicPartition) {
 
 // WakeAll wakes every worker.
 func (s *Set) WakeAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, w := range s.workers {
+	for _, w := range s.all() {
 		w.Wake()
 	}
+}
+
+// Attach records that a change stream, just opened, covers the partitions
+// tps (the owned partitions its pipeline names) and returns its id. Their
+// workers reset: they scan, then follow the stream.
+func (s *Set) Attach(tps []TopicPartition) uint64 {
+	s.mu.Lock()
+	s.streams++
+	id := s.streams
+	var ws []*Worker
+	for _, tp := range tps {
+		if w := s.workers[tp]; w != nil {
+			ws = append(ws, w)
+		}
+	}
+	s.mu.Unlock()
+	for _, w := range ws {
+		w.attach(id)
+	}
+	return id
+}
+
+// Detach records that stream id ended: the workers it covered scan until
+// another stream covers them.
+func (s *Set) Detach(id uint64) {
+	for _, w := range s.all() {
+		w.detach(id)
+	}
+}
+
+// Push hands the worker of tp an event that stream id delivered.
+func (s *Set) Push(id uint64, tp TopicPartition, it Item) {
+	s.mu.Lock()
+	w := s.workers[tp]
+	s.mu.Unlock()
+	if w != nil {
+		w.push(id, it)
+	}
+}
+
+// Reset makes the worker of tp scan before following stream id again (the
+// stream delivered something it could not read). A zero tp resets every
+// worker.
+func (s *Set) Reset(id uint64, tp TopicPartition) {
+	if tp == (TopicPartition{}) {
+		for _, w := range s.all() {
+			w.reset(id)
+		}
+		return
+	}
+	s.mu.Lock()
+	w := s.workers[tp]
+	s.mu.Unlock()
+	if w != nil {
+		w.reset(id)
+	}
+}
+
+func (s *Set) all() []*Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := make([]*Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// Following returns how many workers follow the change stream.
+func (s *Set) Following() int {
+	n := 0
+	for _, w := range s.all() {
+		if w.Following() {
+			n++
+		}
+	}
+	return n
 }

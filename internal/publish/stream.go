@@ -10,31 +10,40 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// Watcher follows inserts into the outbox with a change stream and wakes
-// the worker of each inserted event's partition. The stream only wakes:
-// workers read events with their own indexed query, so the stream may lose
-// events (history lost, invalidation, network errors) without loss of
-// publishing. It is filtered on the server to inserts of owned partitions
-// and projected down to the topic and partition, so every replica reads
-// only the notifications it needs.
+// Watcher follows inserts into the outbox with a change stream, filtered
+// on the server to inserts of owned partitions, so every replica reads
+// only the events it publishes. With Decode set it hands each inserted
+// event to its partition's worker, which produces it without reading the
+// store once it follows the stream (see Worker); without Decode the stream
+// is projected down to the topic and partition and only wakes workers.
 //
 // The stream is reopened at the current time after any error and whenever
-// the owned set changes (debounced); after every (re)open every owned
-// worker is woken, and its scan covers anything inserted before the new
-// stream began.
+// the owned set changes (debounced). After every open the workers it
+// covers are attached to it (Set.Attach): they scan, which covers anything
+// inserted before the stream began, and then follow. When it ends they are
+// detached and scan until the next stream covers them, so a lost stream
+// (history lost, invalidation, network errors) never loses events.
 type Watcher struct {
 	Coll *mongo.Collection
 	Set  *Set
 	// TopicField and PartitionField name the document fields.
 	TopicField, PartitionField string
+	// Decode builds a worker's item from an inserted document. When it
+	// fails, the worker of the partition (or every worker, when the
+	// partition is unknown) scans instead.
+	Decode func(doc bson.Raw) (TopicPartition, Item, error)
 	// Debounce delays the reopen after an ownership change.
 	Debounce time.Duration
 	// MaxAwait bounds one getMore; ownership changes are noticed between
 	// getMores.
 	MaxAwait time.Duration
-	Backoff  Backoff
-	Logger   *slog.Logger
-	Stats    *Stats
+	// Linger is the least time between two getMores while events flow:
+	// events gather on the server meanwhile, so that one getMore returns
+	// many. 0 sends the next getMore at once.
+	Linger  time.Duration
+	Backoff Backoff
+	Logger  *slog.Logger
+	Stats   *Stats
 	// Opened, when set, is called after each successful (re)open; for tests.
 	Opened func()
 }
@@ -56,24 +65,27 @@ func (w *Watcher) Pipeline(owned []TopicPartition) bson.A {
 			{Key: "fullDocument." + w.PartitionField, Value: bson.D{{Key: "$in", Value: byTopic[t]}}},
 		})
 	}
-	return bson.A{
+	pipeline := bson.A{
 		bson.D{{Key: "$match", Value: bson.D{
 			{Key: "operationType", Value: "insert"},
 			{Key: "$or", Value: or},
 		}}},
-		bson.D{{Key: "$project", Value: bson.D{
+	}
+	if w.Decode == nil {
+		pipeline = append(pipeline, bson.D{{Key: "$project", Value: bson.D{
 			{Key: "operationType", Value: 1},
 			{Key: "fullDocument." + w.TopicField, Value: 1},
 			{Key: "fullDocument." + w.PartitionField, Value: 1},
-		}}},
+		}}})
 	}
+	return pipeline
 }
 
 // Run follows the stream until ctx ends.
 func (w *Watcher) Run(ctx context.Context) {
 	attempt := 0
 	for ctx.Err() == nil {
-		gen, changed := w.Set.Changed()
+		_, changed := w.Set.Changed()
 		owned := w.Set.Owned()
 		if len(owned) == 0 {
 			select {
@@ -100,35 +112,48 @@ func (w *Watcher) Run(ctx context.Context) {
 			continue
 		}
 		attempt = 0
-		w.Set.WakeAll()
+		id := w.Set.Attach(owned)
 		if w.Opened != nil {
 			w.Opened()
 		}
-		w.follow(ctx, cs, gen, changed)
+		w.follow(ctx, cs, id, changed)
 		_ = cs.Close(context.WithoutCancel(ctx))
+		w.Set.Detach(id)
 	}
 }
 
 // follow reads the stream until it fails, closes, or the owned set changes.
-func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, gen uint64, changed <-chan struct{}) {
-	var ev struct {
-		FullDocument bson.Raw `bson:"fullDocument"`
-	}
+func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64, changed <-chan struct{}) {
+	// When the last getMore that returned events was sent; zero after an
+	// empty one.
+	var lastRead time.Time
 	for {
-		if cs.TryNext(ctx) {
-			ev.FullDocument = nil
-			if err := cs.Decode(&ev); err == nil && ev.FullDocument != nil {
-				topic, ok1 := ev.FullDocument.Lookup(w.TopicField).StringValueOK()
-				part, ok2 := ev.FullDocument.Lookup(w.PartitionField).AsInt64OK()
-				if ok1 && ok2 {
-					w.Set.Wake(TopicPartition{Topic: topic, Partition: int32(part)})
-					continue
-				}
+		// Checked on every event, not only when the stream is idle: under
+		// steady traffic newly assigned partitions would starve.
+		select {
+		case <-changed:
+			// Debounce: let a rebalance settle, then reopen for the new
+			// owned set.
+			sleepCtx(ctx, w.Debounce)
+			return
+		default:
+		}
+		fetches := cs.RemainingBatchLength() == 0 // TryNext sends a getMore
+		if fetches && w.Linger > 0 && !lastRead.IsZero() {
+			// More events are probably on their way: let them gather.
+			if d := w.Linger - time.Since(lastRead); d > 0 && !sleepCtx(ctx, d) {
+				return
 			}
-			// Not what we asked for: wake everyone rather than guess.
-			w.Set.WakeAll()
+		}
+		sent := time.Now()
+		if cs.TryNext(ctx) {
+			if fetches {
+				lastRead = sent
+			}
+			w.deliver(id, cs.Current)
 			continue
 		}
+		lastRead = time.Time{}
 		if ctx.Err() != nil {
 			return
 		}
@@ -141,18 +166,41 @@ func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, gen uint64
 			w.Logger.Info("outbox publisher: outbox change stream closed by the server; reopening")
 			return
 		}
-		select {
-		case <-changed:
-			// Debounce: let a rebalance settle before reopening.
-			if !sleepCtx(ctx, w.Debounce) {
-				return
-			}
-			if g, _ := w.Set.Changed(); g != gen {
-				return
-			}
-		default:
+	}
+}
+
+// deliver hands one change event to its worker, or wakes it.
+func (w *Watcher) deliver(id uint64, ev bson.Raw) {
+	doc, ok := ev.Lookup("fullDocument").DocumentOK()
+	if !ok {
+		// Not what we asked for: every worker scans rather than guess.
+		w.Logger.Warn("outbox publisher: change event without a document; scanning")
+		w.Set.Reset(id, TopicPartition{})
+		return
+	}
+	topic, ok1 := doc.Lookup(w.TopicField).StringValueOK()
+	part, ok2 := doc.Lookup(w.PartitionField).AsInt64OK()
+	tp := TopicPartition{Topic: topic, Partition: int32(part)}
+	if !ok1 || !ok2 {
+		tp = TopicPartition{}
+	}
+	if w.Decode == nil {
+		if tp == (TopicPartition{}) {
+			w.Set.WakeAll()
+		} else {
+			w.Set.Wake(tp)
+		}
+		return
+	}
+	if tp != (TopicPartition{}) {
+		if dtp, it, err := w.Decode(doc); err == nil && dtp == tp {
+			w.Set.Push(id, tp, it)
+			return
+		} else if err != nil {
+			w.Logger.Warn("outbox publisher: cannot read an inserted event; scanning its partition", "partition", tp.String(), "error", err)
 		}
 	}
+	w.Set.Reset(id, tp)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

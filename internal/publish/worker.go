@@ -16,6 +16,7 @@ import (
 // Item is one event to publish: its store id and its Kafka record (topic,
 // partition, key, value and headers set).
 type Item struct {
+	// ID identifies the event in the store; it must be comparable.
 	ID     any
 	Record *kgo.Record
 }
@@ -44,10 +45,10 @@ type Hooks struct {
 	// skips the mark and stops the worker at once, as a crash at that point
 	// would.
 	BeforeMark func(tp TopicPartition, ids []any) bool
-	// Produced runs after each produced batch with the time the first
-	// record was handed to the producer, the time the last promise
+	// Produced runs after each produced batch with the batch, the time the
+	// first record was handed to the producer, the time the last promise
 	// resolved, and how many records Kafka acknowledged.
-	Produced func(tp TopicPartition, start, end time.Time, acked int)
+	Produced func(tp TopicPartition, items []Item, start, end time.Time, acked int)
 }
 
 // Stats counts what the workers of one publisher did. Safe for concurrent
@@ -97,6 +98,14 @@ type WorkerConfig struct {
 	Lease    *Lease
 	// BatchSize caps the events read, produced and marked per round.
 	BatchSize int
+	// Marker, when set, lets the worker follow the change stream (see
+	// Worker): it marks what the worker produced from the stream. Without
+	// it the worker only scans.
+	Marker *Marker
+	// StreamBuffer caps the events of a partition received from the
+	// change stream and not produced yet; beyond it they are dropped and
+	// the worker scans instead. Defaults to 4 * BatchSize.
+	StreamBuffer int
 	// Backoff spaces retries after errors.
 	Backoff Backoff
 	// Rescan is the period of the safety scan when no wake-up comes.
@@ -114,12 +123,32 @@ type WorkerConfig struct {
 	Hooks       Hooks
 }
 
-// Worker publishes the events of one partition, one batch at a time, in
-// store order. A batch is produced whole, then its acknowledged prefix is
-// marked published in one write; a record that failed transiently and
-// everything after it is produced again in the next round (duplicates are
-// possible, reordering of first deliveries is not: the idempotent producer
-// fails every later record of the partition when one fails).
+// Worker publishes the events of one partition, one batch at a time. A
+// batch is produced whole; its acknowledged prefix is marked published; a
+// record that failed transiently and everything after it is produced again
+// in the next round (duplicates are possible, reordering of first
+// deliveries is not: the idempotent producer fails every later record of
+// the partition when one fails).
+//
+// A worker reads its events in one of two modes:
+//
+//   - Scanning: it reads the partition's unpublished events from the store
+//     in publishing order, produces them and marks them before reading
+//     again. Every worker starts here, and returns here after any doubt
+//     (stream closed, events dropped, produce failure, periodic rescan).
+//   - Following: it produces the events the change stream delivers (the
+//     stream's documents, in commit order) without reading the store, and
+//     hands the acknowledged ids to the Marker.
+//
+// The switch from scanning to following is where events could be lost or
+// duplicated, so it follows one rule. A reset (the stream opened, or the
+// stream buffer overflowed) empties the buffer; from then on every
+// committed event of the partition reaches the buffer through the stream.
+// A scan that began after the last reset and returned less than a full
+// batch has read every event committed before it began. Together they
+// cover every event, so the worker switches to following after such a
+// scan; buffered events that a scan already produced are skipped (the
+// worker remembers the ids it produced recently).
 type Worker struct {
 	tp   TopicPartition
 	cfg  *WorkerConfig
@@ -129,12 +158,23 @@ type Worker struct {
 	kill context.CancelFunc // hard stop
 	done chan struct{}
 	once sync.Once
+
+	// Shared with the watcher, under mu.
+	mu        sync.Mutex
+	streamID  uint64 // the stream that covers this partition, 0 for none
+	following bool
+	epoch     uint64 // incremented by every reset
+	buffer    []Item // events from the stream, not produced yet
+
+	// Owned by the worker goroutine.
+	recent    recentIDs
+	unflushed bool // ids handed to the Marker since the last Flush
 }
 
 // NewWorker returns a worker for tp; Start runs it.
 func NewWorker(tp TopicPartition, cfg *WorkerConfig) *Worker {
 	ctx, kill := context.WithCancel(context.Background())
-	return &Worker{
+	w := &Worker{
 		tp:   tp,
 		cfg:  cfg,
 		wake: make(chan struct{}, 1),
@@ -143,6 +183,11 @@ func NewWorker(tp TopicPartition, cfg *WorkerConfig) *Worker {
 		kill: kill,
 		done: make(chan struct{}),
 	}
+	if cfg.Marker != nil {
+		// The buffer holds at most this many events to check.
+		w.recent = recentIDs{max: w.bufferCap(), set: map[any]struct{}{}}
+	}
+	return w
 }
 
 // Start starts the worker's goroutine. It begins with a scan of the
@@ -224,31 +269,87 @@ func (w *Worker) run() {
 	attempt := 0
 	rescan := time.NewTimer(w.cfg.Rescan)
 	defer rescan.Stop()
+	// wait waits for a wake-up; a rescan tick resets a following worker.
+	wait := func() bool {
+		select {
+		case <-w.wake:
+		case <-rescan.C:
+			rescan.Reset(w.cfg.Rescan)
+			w.reset(0)
+		case <-w.stop:
+			return false
+		case <-w.ctx.Done():
+			return false
+		}
+		return true
+	}
+loop:
 	for !w.stopping() {
 		if _, ok := w.cfg.Lease.Wait(w.ctx, w.stop); !ok {
-			return
+			break loop
 		}
+		if items, ok := w.takeBuffered(); ok {
+			// Following the stream. The safety rescan also runs when the
+			// stream never pauses.
+			select {
+			case <-rescan.C:
+				rescan.Reset(w.cfg.Rescan)
+				w.reset(0)
+				continue
+			default:
+			}
+			if len(items) == 0 {
+				if !wait() {
+					break loop
+				}
+				continue
+			}
+			r := w.publish(items, true)
+			switch r {
+			case roundExit:
+				return
+			case roundDone:
+				attempt = 0
+				continue
+			}
+			// In doubt: scan again.
+			w.reset(0)
+			if r == roundLapsed {
+				continue
+			}
+			if !w.retryAfter(&attempt) {
+				break loop
+			}
+			continue
+		}
+
+		// Scanning. Marks still waiting in the Marker would make the scan
+		// return their events again.
+		if w.unflushed {
+			if err := w.flushMarks(); err != nil {
+				if w.stopping() || !w.fail(&attempt, "mark events published of", err) {
+					break loop
+				}
+				continue
+			}
+		}
+		epoch := w.epochNow()
 		items, err := w.cfg.Store.Pending(w.ctx, w.tp, w.cfg.BatchSize)
 		if err != nil {
 			if w.stopping() || !w.fail(&attempt, "read pending events of", err) {
-				return
+				break loop
 			}
 			continue
 		}
 		if len(items) > 0 {
-			switch w.publish(items) {
+			switch w.publish(items, false) {
 			case roundExit:
 				return
 			case roundLapsed:
 				continue // wait for the lease again
 			case roundNone:
-				// The error is in Stats already.
-				d := w.cfg.Backoff.Delay(attempt)
-				attempt++
-				w.cfg.Logger.Warn("outbox publisher: produce failed; retrying", "partition", w.tp.String(),
-					"error", w.cfg.Stats.LastError(), "retry_in", d)
-				if !w.sleep(d) {
-					return
+				if !w.retryAfter(&attempt) {
+					break loop
 				}
 				continue
 			case roundPartial:
@@ -262,6 +363,9 @@ func (w *Worker) run() {
 			}
 		}
 		attempt = 0
+		if w.follow(epoch) {
+			continue
+		}
 		if !rescan.Stop() {
 			select {
 			case <-rescan.C:
@@ -269,15 +373,38 @@ func (w *Worker) run() {
 			}
 		}
 		rescan.Reset(w.cfg.Rescan)
-		select {
-		case <-w.wake:
-		case <-rescan.C:
-		case <-w.stop:
-			return
-		case <-w.ctx.Done():
-			return
+		if !wait() {
+			break loop
 		}
 	}
+	// Graceful stop: the next owner must not scan what we produced.
+	if w.unflushed && w.ctx.Err() == nil {
+		if err := w.flushMarks(); err != nil {
+			w.cfg.Stats.SetError(fmt.Errorf("mark events published of %s: %w", w.tp, err))
+		}
+	}
+}
+
+// retryAfter logs a produce failure (its error is in Stats) and waits
+// before the retry; it reports whether the worker should go on.
+func (w *Worker) retryAfter(attempt *int) bool {
+	d := w.cfg.Backoff.Delay(*attempt)
+	*attempt++
+	w.cfg.Logger.Warn("outbox publisher: produce failed; retrying", "partition", w.tp.String(),
+		"error", w.cfg.Stats.LastError(), "retry_in", d)
+	return w.sleep(d)
+}
+
+// flushMarks writes the ids this worker handed to the Marker, bounded by
+// MarkTimeout.
+func (w *Worker) flushMarks() error {
+	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.MarkTimeout)
+	defer cancel()
+	if err := w.cfg.Marker.Flush(ctx); err != nil {
+		return err
+	}
+	w.unflushed = false
+	return nil
 }
 
 // round is the outcome of one batch.
@@ -291,8 +418,9 @@ const (
 	roundExit                 // the worker must exit
 )
 
-// publish produces one batch and marks what Kafka acknowledged.
-func (w *Worker) publish(items []Item) round {
+// publish produces one batch and marks what Kafka acknowledged: at once,
+// or through the Marker when deferred.
+func (w *Worker) publish(items []Item, deferred bool) round {
 	if !w.cfg.Lease.Valid() {
 		return roundLapsed
 	}
@@ -336,17 +464,23 @@ func (w *Worker) publish(items []Item) round {
 		}
 	}
 	if h := w.cfg.Hooks.Produced; h != nil {
-		h(w.tp, start, time.Now(), len(acked))
+		h(w.tp, items, start, time.Now(), len(acked))
 	}
 	if len(acked) > 0 {
+		w.recent.add(acked)
 		if h := w.cfg.Hooks.BeforeMark; h != nil && !h(w.tp, acked) {
 			w.kill()
 			return roundExit
 		}
-		if !w.mark(func(ctx context.Context) error { return w.cfg.Store.MarkPublished(ctx, acked, time.Now()) }) {
-			return roundExit
+		if deferred {
+			w.cfg.Marker.Add(acked)
+			w.unflushed = true
+		} else {
+			if !w.mark(func(ctx context.Context) error { return w.cfg.Store.MarkPublished(ctx, acked, time.Now()) }) {
+				return roundExit
+			}
+			w.cfg.Stats.published.Add(int64(len(acked)))
 		}
-		w.cfg.Stats.published.Add(int64(len(acked)))
 	}
 	for _, i := range failed {
 		cause := errs[i]
