@@ -66,6 +66,8 @@ type PublisherStatus struct {
 	Failed int64
 	// LastError is the last error met (Kafka, MongoDB), or "".
 	LastError string
+	// LastErrorAt is when LastError happened; zero when there is none.
+	LastErrorAt time.Time
 	// LeaseValid reports whether the group session is confirmed recently
 	// enough to publish (see Config.FenceMargin).
 	LeaseValid bool
@@ -106,11 +108,12 @@ func (c *Client) publisherStatus() PublisherStatus {
 		return PublisherStatus{}
 	}
 	st := PublisherStatus{
-		Running:    true,
-		Published:  p.stats.Published(),
-		Failed:     p.stats.Failed(),
-		LastError:  p.stats.LastError(),
-		LeaseValid: p.lease.Valid(),
+		Running:     true,
+		Published:   p.stats.Published(),
+		Failed:      p.stats.Failed(),
+		LastError:   p.stats.LastError(),
+		LastErrorAt: p.stats.LastErrorAt(),
+		LeaseValid:  p.lease.Valid(),
 	}
 	for _, tp := range p.set.Owned() {
 		st.Owned = append(st.Owned, TopicPartition{Topic: tp.Topic, Partition: tp.Partition})

@@ -373,6 +373,7 @@ func TestPublisherKafkaOutageAndRecovery(t *testing.T) {
 				eventually(t, "produce attempts refused", func() bool { return outage.Hits() >= 3 })
 			}
 			eventually(t, "error visible in status", func() bool { return c.publisherStatus().LastError != "" })
+			require.False(t, c.publisherStatus().LastErrorAt.IsZero(), "the error's time is kept")
 			require.Zero(t, b.published(t, cfg), "published during the outage")
 			t.Logf("status during outage: %+v", c.publisherStatus())
 

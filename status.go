@@ -30,11 +30,10 @@ type Status struct {
 	// Store is the state of the service's collections (shared by all
 	// replicas), at most a few seconds old.
 	Store StoreStatus
-	// LastError is the last error the consumer met (handling, re-drive
-	// requests) or else the publisher's, with secrets redacted, or "".
+	// LastError is the most recent of the consumer's last error (handling,
+	// re-drive requests) and the publisher's, with secrets redacted, or "".
 	LastError string
-	// LastErrorAt is when the consumer's last error happened; zero for the
-	// publisher's, whose time is not kept.
+	// LastErrorAt is when LastError happened; zero when there is none.
 	LastErrorAt time.Time
 }
 
@@ -88,8 +87,8 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 		})
 	}
 	st.LastError, st.LastErrorAt = c.tel.lastError()
-	if st.LastError == "" && ps.LastError != "" {
-		st.LastError = redactSecrets(ps.LastError)
+	if ps.LastError != "" && (st.LastError == "" || ps.LastErrorAt.After(st.LastErrorAt)) {
+		st.LastError, st.LastErrorAt = redactSecrets(ps.LastError), ps.LastErrorAt
 	}
 	store, err := c.storeStatus(ctx, statusMaxAge)
 	st.Store = store

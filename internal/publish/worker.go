@@ -58,6 +58,7 @@ type Stats struct {
 	failed    atomic.Int64
 	mu        sync.Mutex
 	lastErr   string
+	lastErrAt time.Time
 }
 
 // Published returns how many events were marked published.
@@ -73,10 +74,18 @@ func (s *Stats) LastError() string {
 	return s.lastErr
 }
 
+// LastErrorAt returns when the last error happened, or the zero time.
+func (s *Stats) LastErrorAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErrAt
+}
+
 // SetError records err as the last error.
 func (s *Stats) SetError(err error) {
 	s.mu.Lock()
 	s.lastErr = err.Error()
+	s.lastErrAt = time.Now().UTC()
 	s.mu.Unlock()
 }
 
