@@ -107,7 +107,7 @@ func producerOpts(e *env, linger time.Duration) []kgo.Opt {
 // with the publisher's producer settings, straight to Kafka: the ceiling
 // of the relay.
 func runRaw(ctx context.Context, e *env, n int) (rawResult, error) {
-	cl, err := kgo.NewClient(producerOpts(e, time.Millisecond)...)
+	cl, err := kgo.NewClient(producerOpts(e, 0)...) // the publisher's linger
 	if err != nil {
 		return rawResult{}, err
 	}
