@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -267,11 +268,46 @@ func newEnv(ctx context.Context, o options_) (_ *env, err error) {
 // db names a database of this run.
 func (e *env) db(phase string) string { return "bench_" + phase + "_" + e.run }
 
-// dropDB drops a phase's database (with the set-up client).
-func (e *env) dropDB(phase string) {
+// phaseTopics names the topics each phase writes.
+func phaseTopics(phase string) []string {
+	switch phase {
+	case "raw":
+		return []string{topics.raw}
+	case "relay":
+		return []string{topics.relay}
+	case "naive":
+		return []string{topics.naive}
+	case "polling":
+		return []string{topics.poll}
+	case "latency":
+		return []string{topics.latency, topics.pollLatency}
+	case "consume":
+		return []string{topics.consume}
+	case "memory":
+		return []string{topics.memory}
+	}
+	return nil
+}
+
+// release frees what a finished phase stored: every database of this run
+// (phases share none) and the phase's topics. With the embedded servers in
+// this process, later phases would otherwise pay for collecting gigabytes
+// of earlier phases' documents and records; a real cluster is left clean.
+func (e *env) release(phase string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = e.setup.Database(e.db(phase)).Drop(ctx)
+	names, err := e.setup.ListDatabaseNames(ctx, bson.D{})
+	if err == nil {
+		for _, n := range names {
+			if strings.HasPrefix(n, "bench_") && strings.HasSuffix(n, "_"+e.run) {
+				_ = e.setup.Database(n).Drop(ctx)
+			}
+		}
+	}
+	if ts := phaseTopics(phase); len(ts) > 0 {
+		_, _ = e.admin.DeleteTopics(ctx, ts...)
+	}
+	runtime.GC()
 }
 
 // config returns a framework config for a phase. mongo picks the client;

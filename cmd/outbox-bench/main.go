@@ -178,6 +178,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := fn(); err != nil {
 			return fmt.Errorf("phase %s: %w", name, err)
 		}
+		e.release(name)
 		return nil
 	}
 	steps := []struct {
