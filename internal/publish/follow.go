@@ -36,7 +36,8 @@ func (w *Worker) push(id uint64, it Item) {
 		w.mu.Unlock()
 		return
 	}
-	if len(w.buffer) >= w.bufferCap() {
+	size := recordSize(it)
+	if len(w.buffer) >= w.bufferCap() || (len(w.buffer) > 0 && w.bufBytes+size > w.bufferBytesCap()) {
 		w.resetLocked()
 		w.mu.Unlock()
 		w.cfg.Logger.Debug("outbox publisher: stream buffer full; scanning", "partition", w.tp.String())
@@ -44,8 +45,28 @@ func (w *Worker) push(id uint64, it Item) {
 		return
 	}
 	w.buffer = append(w.buffer, it)
+	w.bufBytes += size
 	w.mu.Unlock()
 	w.Wake()
+}
+
+func (w *Worker) bufferBytesCap() int {
+	if w.cfg.StreamBufferBytes > 0 {
+		return w.cfg.StreamBufferBytes
+	}
+	return 16 << 20
+}
+
+// recordSize approximates the memory an item's record holds.
+func recordSize(it Item) int {
+	if it.Record == nil {
+		return 0
+	}
+	n := len(it.Record.Key) + len(it.Record.Value)
+	for _, h := range it.Record.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }
 
 func (w *Worker) bufferCap() int {
@@ -71,6 +92,7 @@ func (w *Worker) resetLocked() {
 	w.epoch++
 	clear(w.buffer)
 	w.buffer = w.buffer[:0]
+	w.bufBytes = 0
 }
 
 // epochNow returns the reset count, read before a scan begins.
@@ -107,6 +129,7 @@ func (w *Worker) takeBuffered() (items []Item, ok bool) {
 	for n < len(w.buffer) && len(items) < w.cfg.BatchSize {
 		it := w.buffer[n]
 		n++
+		w.bufBytes -= recordSize(it)
 		if !w.recent.has(it.ID) {
 			items = append(items, it)
 		}

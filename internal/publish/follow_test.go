@@ -122,23 +122,61 @@ func TestFollowSkipsEventsTheScanProduced(t *testing.T) {
 
 func TestFollowBufferOverflowFallsBackToScan(t *testing.T) {
 	t.Parallel()
-	r := newFollowRig(t, 10, 8, 5*time.Millisecond)
-	r.startFollowing(t)
-	// Hold the producer so that the buffer overflows.
-	block := make(chan struct{})
-	r.prod.mu.Lock()
-	r.prod.block = block
-	r.prod.mu.Unlock()
-	r.insert(1)
-	eventually(t, func() bool { r.prod.mu.Lock(); defer r.prod.mu.Unlock(); return r.prod.calls == 1 }, "first event not produced")
-	r.insert(30) // more than the buffer holds: dropped, the worker must scan
-	r.prod.mu.Lock()
-	r.prod.block = nil
-	r.prod.mu.Unlock()
-	close(block)
-	eventually(t, func() bool { return r.published() == 31 }, "events dropped from the buffer were lost")
-	require.Equal(t, seq(0, 31), firstDeliveries(r.prod.delivered()), "order")
-	eventually(t, func() bool { return r.w.Following() }, "worker did not follow again after catching up")
+	for name, capBytes := range map[string]int{"events": 0, "bytes": 12} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := newFollowRig(t, 10, 8, 5*time.Millisecond)
+			r.w.cfg.StreamBufferBytes = capBytes // records here are 2-3 bytes
+			r.startFollowing(t)
+			// Hold the producer so that the buffer overflows.
+			block := make(chan struct{})
+			r.prod.mu.Lock()
+			r.prod.block = block
+			r.prod.mu.Unlock()
+			r.insert(1)
+			eventually(t, func() bool { r.prod.mu.Lock(); defer r.prod.mu.Unlock(); return r.prod.calls == 1 }, "first event not produced")
+			r.insert(30) // more than the buffer holds: dropped, the worker must scan
+			r.prod.mu.Lock()
+			r.prod.block = nil
+			r.prod.mu.Unlock()
+			close(block)
+			eventually(t, func() bool { return r.published() == 31 }, "events dropped from the buffer were lost")
+			require.Equal(t, seq(0, 31), firstDeliveries(r.prod.delivered()), "order")
+			eventually(t, func() bool { return r.w.Following() }, "worker did not follow again after catching up")
+		})
+	}
+}
+
+func TestFollowBufferBytes(t *testing.T) {
+	t.Parallel()
+	// A worker that is never started: the test plays its goroutine.
+	w, _ := newTestWorker(&memStore{}, &fakeProducer{}, validLease(), 10)
+	defer w.kill()
+	w.cfg.StreamBufferBytes = 12
+	r := &followRig{w: w}
+	r.w.attach(1)
+	r.w.mu.Lock()
+	r.w.following = true
+	r.w.mu.Unlock()
+	for i := range 4 { // 2 bytes each (key "k", value "1".."4")
+		r.w.push(1, memItem(testTP, memEvent{id: i + 1, key: "k"}))
+	}
+	r.w.mu.Lock()
+	require.Len(t, r.w.buffer, 4)
+	require.Equal(t, 8, r.w.bufBytes)
+	r.w.mu.Unlock()
+	items, ok := r.w.takeBuffered()
+	require.True(t, ok)
+	require.Len(t, items, 4)
+	r.w.mu.Lock()
+	require.Zero(t, r.w.bufBytes, "taken events release their bytes")
+	r.w.mu.Unlock()
+	for i := range 6 { // 12 bytes: at the cap
+		r.w.push(1, memItem(testTP, memEvent{id: i + 1, key: "k"}))
+	}
+	require.True(t, r.w.Following())
+	r.w.push(1, memItem(testTP, memEvent{id: 7, key: "k"}))
+	require.False(t, r.w.Following(), "a push beyond the byte cap resets the worker")
 }
 
 func TestFollowProduceFailureFallsBackToScan(t *testing.T) {

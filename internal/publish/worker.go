@@ -115,6 +115,9 @@ type WorkerConfig struct {
 	// change stream and not produced yet; beyond it they are dropped and
 	// the worker scans instead. Defaults to 4 * BatchSize.
 	StreamBuffer int
+	// StreamBufferBytes caps the same buffer by the size of its records
+	// (keys, values and headers). Defaults to 16 MiB.
+	StreamBufferBytes int
 	// Backoff spaces retries after errors.
 	Backoff Backoff
 	// Rescan is the period of the safety scan when no wake-up comes.
@@ -174,6 +177,7 @@ type Worker struct {
 	following bool
 	epoch     uint64 // incremented by every reset
 	buffer    []Item // events from the stream, not produced yet
+	bufBytes  int    // record bytes in buffer
 
 	// Owned by the worker goroutine.
 	recent    recentIDs
