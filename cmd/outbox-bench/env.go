@@ -388,6 +388,46 @@ func runClients(cs ...*outbox.Client) (stop func() error) {
 	}
 }
 
+// waitSettled waits until the running clients' group assignments cover
+// every partition of the phase's topics and have not changed for a second,
+// so that a timed measurement does not include the rebalances of replicas
+// joining one after the other. Publishers are the clients with publish
+// topics; every client handles.
+func waitSettled(ctx context.Context, e *env, pubs, cons []*outbox.Client) error {
+	snapshot := func() (string, bool) {
+		var b strings.Builder
+		complete := true
+		for _, role := range []struct {
+			cs  []*outbox.Client
+			get func(outbox.Status) []outbox.TopicPartition
+		}{
+			{pubs, func(s outbox.Status) []outbox.TopicPartition { return s.Publishing }},
+			{cons, func(s outbox.Status) []outbox.TopicPartition { return s.Handling }},
+		} {
+			n := 0
+			for _, c := range role.cs {
+				st, _ := c.Status(ctx) // the runtime part is there even when the counts fail
+				tps := role.get(st)
+				n += len(tps)
+				fmt.Fprintf(&b, "%v;", tps)
+			}
+			if len(role.cs) > 0 && n != e.opts.partitions {
+				complete = false
+			}
+		}
+		return b.String(), complete
+	}
+	last, since := "", time.Now()
+	return waitFor(ctx, 2*time.Minute, "group assignments to settle", func() bool {
+		cur, complete := snapshot()
+		if cur != last || !complete {
+			last, since = cur, time.Now()
+			return false
+		}
+		return time.Since(since) >= time.Second
+	})
+}
+
 // waitFor polls cond every few milliseconds until it holds or timeout.
 func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)

@@ -216,7 +216,7 @@ func runLatencyOurs(ctx context.Context, e *env) (latencyResult, error) {
 	if err != nil {
 		return latencyResult{}, err
 	}
-	var cs []*outbox.Client
+	var cs, pubs, cons []*outbox.Client
 	for range e.opts.replicas {
 		pub, err := outbox.New(e.config(e.pubMongo, phase, "lat", topics.latency))
 		if err != nil {
@@ -231,6 +231,7 @@ func runLatencyOurs(ctx context.Context, e *env) (latencyResult, error) {
 			return nil
 		})
 		cs = append(cs, pub, con)
+		pubs, cons = append(pubs, pub), append(cons, con)
 	}
 	unwatch, err := p.watch(ctx, e, topics.latency)
 	if err != nil {
@@ -238,6 +239,10 @@ func runLatencyOurs(ctx context.Context, e *env) (latencyResult, error) {
 	}
 	defer unwatch()
 	stop := runClients(cs...)
+	if err := waitSettled(ctx, e, pubs, cons); err != nil {
+		_ = stop()
+		return latencyResult{}, err
+	}
 	res, err := measureLatency(ctx, e, rec, p, mk)
 	if serr := stop(); serr != nil && err == nil {
 		err = serr
@@ -280,6 +285,10 @@ func runLatencyPolling(ctx context.Context, e *env) (latencyResult, error) {
 	}
 	defer unwatch()
 	stop := runClients(cs...)
+	if err := waitSettled(ctx, e, nil, cs); err != nil {
+		_ = stop()
+		return latencyResult{}, err
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	rerr := make(chan error, 1)
 	go func() { rerr <- relay.run(rctx, func(int) {}) }()
