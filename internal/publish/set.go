@@ -118,16 +118,6 @@ func (s *Set) Changed() (uint64, <-chan struct{}) {
 	return s.gen, s.changed
 }
 
-// Wake wakes the worker of tp, if owned.
-func (s *Set) Wake(tp TopicPartition) {
-	s.mu.Lock()
-	w := s.workers[tp]
-	s.mu.Unlock()
-	if w != nil {
-		w.Wake()
-	}
-}
-
 // WakeAll wakes every worker.
 func (s *Set) WakeAll() {
 	for _, w := range s.all() {

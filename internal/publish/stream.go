@@ -12,10 +12,9 @@ import (
 
 // Watcher follows inserts into the outbox with a change stream, filtered
 // on the server to inserts of owned partitions, so every replica reads
-// only the events it publishes. With Decode set it hands each inserted
-// event to its partition's worker, which produces it without reading the
-// store once it follows the stream (see Worker); without Decode the stream
-// is projected down to the topic and partition and only wakes workers.
+// only the events it publishes. It hands each inserted event to its
+// partition's worker, which produces it without reading the store once it
+// follows the stream (see Worker).
 //
 // The stream is reopened at the current time after any error and whenever
 // the owned set changes (debounced). After every open the workers it
@@ -28,8 +27,8 @@ type Watcher struct {
 	Set  *Set
 	// TopicField and PartitionField name the document fields.
 	TopicField, PartitionField string
-	// Decode builds a worker's item from an inserted document. When it
-	// fails, the worker of the partition (or every worker, when the
+	// Decode builds a worker's item from an inserted document (required).
+	// When it fails, the worker of the partition (or every worker, when the
 	// partition is unknown) scans instead.
 	Decode func(doc bson.Raw) (TopicPartition, Item, error)
 	// Debounce delays the reopen after an ownership change.
@@ -65,20 +64,12 @@ func (w *Watcher) Pipeline(owned []TopicPartition) bson.A {
 			{Key: "fullDocument." + w.PartitionField, Value: bson.D{{Key: "$in", Value: byTopic[t]}}},
 		})
 	}
-	pipeline := bson.A{
+	return bson.A{
 		bson.D{{Key: "$match", Value: bson.D{
 			{Key: "operationType", Value: "insert"},
 			{Key: "$or", Value: or},
 		}}},
 	}
-	if w.Decode == nil {
-		pipeline = append(pipeline, bson.D{{Key: "$project", Value: bson.D{
-			{Key: "operationType", Value: 1},
-			{Key: "fullDocument." + w.TopicField, Value: 1},
-			{Key: "fullDocument." + w.PartitionField, Value: 1},
-		}}})
-	}
-	return pipeline
 }
 
 // Run follows the stream until ctx ends.
@@ -169,7 +160,7 @@ func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64,
 	}
 }
 
-// deliver hands one change event to its worker, or wakes it.
+// deliver hands one change event to its worker.
 func (w *Watcher) deliver(id uint64, ev bson.Raw) {
 	doc, ok := ev.Lookup("fullDocument").DocumentOK()
 	if !ok {
@@ -183,14 +174,6 @@ func (w *Watcher) deliver(id uint64, ev bson.Raw) {
 	tp := TopicPartition{Topic: topic, Partition: int32(part)}
 	if !ok1 || !ok2 {
 		tp = TopicPartition{}
-	}
-	if w.Decode == nil {
-		if tp == (TopicPartition{}) {
-			w.Set.WakeAll()
-		} else {
-			w.Set.Wake(tp)
-		}
-		return
 	}
 	if tp != (TopicPartition{}) {
 		if dtp, it, err := w.Decode(doc); err == nil && dtp == tp {
