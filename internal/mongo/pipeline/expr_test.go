@@ -1,6 +1,8 @@
 package pipeline
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -343,4 +345,42 @@ func TestEvalRangeLimits(t *testing.T) {
 		{name: "range too big", expr: `{"$range": [-2147483648, 2147483647]}`, code: 146},
 		{name: "range zero step", expr: `{"$range": [0, 1, 0]}`, code: 34449},
 	})
+}
+
+// TestEvalNullishArguments pins the rule shared by the operators built with
+// nullishArgs: a null or missing argument in any position gives null, even
+// when another argument has the wrong type.
+func TestEvalNullishArguments(t *testing.T) {
+	t.Parallel()
+	var cases []exprCase
+	for op, args := range map[string][]string{
+		"$subtract":    {`1`, `2`},
+		"$divide":      {`1`, `2`},
+		"$mod":         {`1`, `2`},
+		"$pow":         {`2`, `3`},
+		"$arrayElemAt": {`[1]`, `0`},
+		"$slice":       {`[1, 2]`, `1`, `1`},
+		"$split":       {`"a,b"`, `","`},
+	} {
+		for i := range args {
+			for _, null := range []string{`null`, `"$nope"`, `"$n"`} {
+				vs := append([]string{}, args...)
+				vs[i] = null
+				cases = append(cases, exprCase{
+					name: fmt.Sprintf("%s arg %d %s", op, i, null),
+					expr: fmt.Sprintf(`{%q: [%s]}`, op, strings.Join(vs, ", ")),
+					want: `null`,
+				})
+				if i > 0 {
+					vs[0] = `{"x": 1}` // wrong type, but a later argument is null
+					cases = append(cases, exprCase{
+						name: fmt.Sprintf("%s arg %d %s beats a bad first argument", op, i, null),
+						expr: fmt.Sprintf(`{%q: [%s]}`, op, strings.Join(vs, ", ")),
+						want: `null`,
+					})
+				}
+			}
+		}
+	}
+	runExprCases(t, cases)
 }

@@ -107,40 +107,27 @@ func millisOf(v any) (int64, error) {
 	return int64(f), nil
 }
 
-func parseSubtract(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parseSubtract = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	a, b := vs[0], vs[1]
+	if isNum(a) && isNum(b) {
+		return numSub(a, b), nil
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		a, b := vs[0], vs[1]
-		if isNullish(a) || isNullish(b) {
-			return nil, nil
-		}
-		if isNum(a) && isNum(b) {
-			return numSub(a, b), nil
-		}
-		if da, ok := a.(bson.DateTime); ok {
-			switch y := b.(type) {
-			case bson.DateTime:
-				return int64(da) - int64(y), nil
-			default:
-				if isNum(b) {
-					ms, err := millisOf(b)
-					if err != nil {
-						return nil, err
-					}
-					return bson.DateTime(int64(da) - ms), nil
+	if da, ok := a.(bson.DateTime); ok {
+		switch y := b.(type) {
+		case bson.DateTime:
+			return int64(da) - int64(y), nil
+		default:
+			if isNum(b) {
+				ms, err := millisOf(b)
+				if err != nil {
+					return nil, err
 				}
+				return bson.DateTime(int64(da) - ms), nil
 			}
 		}
-		return nil, errf(16556, "cant $subtract %s from %s", typeName(b), typeName(a))
-	}, nil
-}
+	}
+	return nil, errf(16556, "cant $subtract %s from %s", typeName(b), typeName(a))
+})
 
 func parseMultiply(p *parser, name string, arg any) (evalFn, error) {
 	fns, err := p.args(arg)
@@ -166,86 +153,69 @@ func parseMultiply(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
-func parseDivide(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parseDivide = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	a, b := vs[0], vs[1]
+	if !isNum(a) || !isNum(b) {
+		return nil, errf(16609, "$divide only supports numeric types, not %s and %s", typeName(a), typeName(b))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		a, b := vs[0], vs[1]
-		if isNullish(a) || isNullish(b) {
-			return nil, nil
-		}
-		if !isNum(a) || !isNum(b) {
-			return nil, errf(16609, "$divide only supports numeric types, not %s and %s", typeName(a), typeName(b))
-		}
-		if isZeroNum(b) {
-			return nil, errf(16608, "can't $divide by zero")
-		}
-		_, da := a.(bson.Decimal128)
-		_, db := b.(bson.Decimal128)
-		if da || db {
-			return decDiv(toDec(a), toDec(b)), nil
-		}
-		return toF(a) / toF(b), nil
-	}, nil
-}
+	if isZeroNum(b) {
+		return nil, errf(16608, "can't $divide by zero")
+	}
+	_, da := a.(bson.Decimal128)
+	_, db := b.(bson.Decimal128)
+	if da || db {
+		return decDiv(toDec(a), toDec(b)), nil
+	}
+	return toF(a) / toF(b), nil
+})
 
-func parseMod(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parseMod = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	a, b := vs[0], vs[1]
+	if !isNum(a) || !isNum(b) {
+		return nil, errf(16611, "$mod only supports numeric types, not %s and %s", typeName(a), typeName(b))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		a, b := vs[0], vs[1]
-		if isNullish(a) || isNullish(b) {
-			return nil, nil
-		}
-		if !isNum(a) || !isNum(b) {
-			return nil, errf(16611, "$mod only supports numeric types, not %s and %s", typeName(a), typeName(b))
-		}
-		if isZeroNum(b) {
-			return nil, errf(16610, "can't $mod by zero")
-		}
-		ka, _ := kindOf(a)
-		kb, _ := kindOf(b)
-		switch max(ka, kb) {
-		case kDecimal:
-			return toDec(math.Mod(toF(a), toF(b))), nil
-		case kDouble:
-			return math.Mod(toF(a), toF(b)), nil
-		case kLong:
-			return toI64(a) % toI64(b), nil
-		}
-		return int32(toI64(a) % toI64(b)), nil
-	}, nil
-}
+	if isZeroNum(b) {
+		return nil, errf(16610, "can't $mod by zero")
+	}
+	ka, _ := kindOf(a)
+	kb, _ := kindOf(b)
+	switch max(ka, kb) {
+	case kDecimal:
+		return toDec(math.Mod(toF(a), toF(b))), nil
+	case kDouble:
+		return math.Mod(toF(a), toF(b)), nil
+	case kLong:
+		return toI64(a) % toI64(b), nil
+	}
+	return int32(toI64(a) % toI64(b)), nil
+})
 
 // unaryNullish builds a one-argument operator that answers null for a null
 // or missing argument and f(v) otherwise.
 func unaryNullish(f func(v any) (any, error)) opParser {
+	return nullishArgs(1, 1, func(_ string, vs []any) (any, error) { return f(vs[0]) })
+}
+
+// nullishArgs builds an operator of min to max arguments: every argument is
+// evaluated, null or missing in any of them gives null, and f sees the
+// values otherwise.
+func nullishArgs(min, max int, f func(name string, vs []any) (any, error)) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
-		fns, err := p.nargs(name, arg, 1, 1)
+		fns, err := p.nargs(name, arg, min, max)
 		if err != nil {
 			return nil, err
 		}
 		return func(c *ctx) (any, error) {
-			v, err := fns[0](c)
+			vs, err := evalAll(c, fns)
 			if err != nil {
 				return nil, err
 			}
-			if isNullish(v) {
-				return nil, nil
+			for _, v := range vs {
+				if isNullish(v) {
+					return nil, nil
+				}
 			}
-			return f(v)
+			return f(name, vs)
 		}, nil
 	}
 }
@@ -429,45 +399,32 @@ func wholeNumber(v any) (int64, bool) {
 	return 0, false
 }
 
-func parsePow(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parsePow = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	b, e := vs[0], vs[1]
+	if !isNum(b) || !isNum(e) {
+		return nil, errf(28762, "$pow's base and exponent must be numeric, found %s and %s", typeName(b), typeName(e))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		b, e := vs[0], vs[1]
-		if isNullish(b) || isNullish(e) {
-			return nil, nil
-		}
-		if !isNum(b) || !isNum(e) {
-			return nil, errf(28762, "$pow's base and exponent must be numeric, found %s and %s", typeName(b), typeName(e))
-		}
-		if isZeroNum(b) && cmpValues(e, int32(0)) < 0 {
-			return nil, errf(28764, "$pow cannot take a base of 0 and a negative exponent")
-		}
-		kb, _ := kindOf(b)
-		ke, _ := kindOf(e)
-		k := max(kb, ke)
-		if k <= kLong && toI64(e) >= 0 && (toI64(e) <= 64 || toI64(b) >= -1 && toI64(b) <= 1) {
-			r := new(big.Int).Exp(big.NewInt(toI64(b)), big.NewInt(toI64(e)), nil)
-			if r.IsInt64() {
-				if k == kInt {
-					return intResult(r.Int64()), nil
-				}
-				return r.Int64(), nil
+	if isZeroNum(b) && cmpValues(e, int32(0)) < 0 {
+		return nil, errf(28764, "$pow cannot take a base of 0 and a negative exponent")
+	}
+	kb, _ := kindOf(b)
+	ke, _ := kindOf(e)
+	k := max(kb, ke)
+	if k <= kLong && toI64(e) >= 0 && (toI64(e) <= 64 || toI64(b) >= -1 && toI64(b) <= 1) {
+		r := new(big.Int).Exp(big.NewInt(toI64(b)), big.NewInt(toI64(e)), nil)
+		if r.IsInt64() {
+			if k == kInt {
+				return intResult(r.Int64()), nil
 			}
+			return r.Int64(), nil
 		}
-		f := math.Pow(toF(b), toF(e))
-		if k == kDecimal {
-			return toDec(f), nil
-		}
-		return f, nil
-	}, nil
-}
+	}
+	f := math.Pow(toF(b), toF(e))
+	if k == kDecimal {
+		return toDec(f), nil
+	}
+	return f, nil
+})
 
 // parseArrayAccumulator is the expression form of $sum, $avg, $min, $max:
 // one argument that is an array folds its elements; otherwise the

@@ -54,33 +54,20 @@ func elemAt(arr bson.A, i int64) any {
 	return arr[i]
 }
 
-func parseArrayElemAt(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parseArrayElemAt = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	arr, ok := asArray(vs[0])
+	if !ok {
+		return nil, errf(28689, "$arrayElemAt's first argument must be an array, but is %s", typeName(vs[0]))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		if isNullish(vs[0]) || isNullish(vs[1]) {
-			return nil, nil
-		}
-		arr, ok := asArray(vs[0])
-		if !ok {
-			return nil, errf(28689, "$arrayElemAt's first argument must be an array, but is %s", typeName(vs[0]))
-		}
-		if !isNum(vs[1]) {
-			return nil, errf(28690, "$arrayElemAt's second argument must be a numeric value, but is %s", typeName(vs[1]))
-		}
-		i, ok := wholeNumber(vs[1])
-		if !ok || i > math.MaxInt32 || i < math.MinInt32 {
-			return nil, errf(28691, "$arrayElemAt's second argument must be representable as a 32-bit integer: %s", render(vs[1]))
-		}
-		return elemAt(arr, i), nil
-	}, nil
-}
+	if !isNum(vs[1]) {
+		return nil, errf(28690, "$arrayElemAt's second argument must be a numeric value, but is %s", typeName(vs[1]))
+	}
+	i, ok := wholeNumber(vs[1])
+	if !ok || i > math.MaxInt32 || i < math.MinInt32 {
+		return nil, errf(28691, "$arrayElemAt's second argument must be representable as a 32-bit integer: %s", render(vs[1]))
+	}
+	return elemAt(arr, i), nil
+})
 
 func parseFirstLast(first bool) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
@@ -171,58 +158,43 @@ func parseConcatArrays(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
-func parseSlice(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 3)
-	if err != nil {
-		return nil, err
+var parseSlice = nullishArgs(2, 3, func(_ string, vs []any) (any, error) {
+	arr, ok := asArray(vs[0])
+	if !ok {
+		return nil, errf(28724, "First argument to $slice must be an array, but is of type: %s", typeName(vs[0]))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		for _, v := range vs {
-			if isNullish(v) {
-				return nil, nil
-			}
-		}
-		arr, ok := asArray(vs[0])
-		if !ok {
-			return nil, errf(28724, "First argument to $slice must be an array, but is of type: %s", typeName(vs[0]))
-		}
-		a, ok := wholeNumber(vs[1])
-		if !ok {
-			return nil, errf(28725, "Second argument to $slice must be a numeric value, but is of type: %s", typeName(vs[1]))
-		}
-		n := int64(len(arr))
-		var start, end int64
-		if len(vs) == 2 {
-			if a >= 0 {
-				start, end = 0, min(a, n)
-			} else {
-				start, end = max(n+max(a, -n), 0), n
-			}
+	a, ok := wholeNumber(vs[1])
+	if !ok {
+		return nil, errf(28725, "Second argument to $slice must be a numeric value, but is of type: %s", typeName(vs[1]))
+	}
+	n := int64(len(arr))
+	var start, end int64
+	if len(vs) == 2 {
+		if a >= 0 {
+			start, end = 0, min(a, n)
 		} else {
-			cnt, ok := wholeNumber(vs[2])
-			if !ok {
-				return nil, errf(28725, "Third argument to $slice must be numeric, but is of type: %s", typeName(vs[2]))
-			}
-			if cnt <= 0 {
-				return nil, errf(28729, "Third argument to $slice must be positive: %s", render(vs[2]))
-			}
-			cnt = min(cnt, n)
-			if a >= 0 {
-				start = min(a, n)
-			} else {
-				start = max(n+max(a, -n), 0)
-			}
-			end = min(start+cnt, n)
+			start, end = max(n+max(a, -n), 0), n
 		}
-		out := make(bson.A, end-start)
-		copy(out, arr[start:end])
-		return out, nil
-	}, nil
-}
+	} else {
+		cnt, ok := wholeNumber(vs[2])
+		if !ok {
+			return nil, errf(28725, "Third argument to $slice must be numeric, but is of type: %s", typeName(vs[2]))
+		}
+		if cnt <= 0 {
+			return nil, errf(28729, "Third argument to $slice must be positive: %s", render(vs[2]))
+		}
+		cnt = min(cnt, n)
+		if a >= 0 {
+			start = min(a, n)
+		} else {
+			start = max(n+max(a, -n), 0)
+		}
+		end = min(start+cnt, n)
+	}
+	out := make(bson.A, end-start)
+	copy(out, arr[start:end])
+	return out, nil
+})
 
 // iterArgs parses the {input, as, <body>} shape of $filter and $map.
 func (p *parser) iterArgs(name string, arg any, body string, extra ...string) (input, bodyFn evalFn, as string, m map[string]any, err error) {

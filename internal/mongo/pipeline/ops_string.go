@@ -173,38 +173,25 @@ func parseStrLen(codePoints bool) opParser {
 	}
 }
 
-func parseSplit(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
+var parseSplit = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
+	s, ok := vs[0].(string)
+	if !ok {
+		return nil, errf(40085, "$split requires an expression that evaluates to a string as a first argument, found: %s", typeName(vs[0]))
 	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
-		if isNullish(vs[0]) || isNullish(vs[1]) {
-			return nil, nil
-		}
-		s, ok := vs[0].(string)
-		if !ok {
-			return nil, errf(40085, "$split requires an expression that evaluates to a string as a first argument, found: %s", typeName(vs[0]))
-		}
-		sep, ok := vs[1].(string)
-		if !ok {
-			return nil, errf(40086, "$split requires an expression that evaluates to a string as a second argument, found: %s", typeName(vs[1]))
-		}
-		if sep == "" {
-			return nil, errf(40087, "$split requires a non-empty separator")
-		}
-		parts := strings.Split(s, sep)
-		out := make(bson.A, len(parts))
-		for i, part := range parts {
-			out[i] = part
-		}
-		return out, nil
-	}, nil
-}
+	sep, ok := vs[1].(string)
+	if !ok {
+		return nil, errf(40086, "$split requires an expression that evaluates to a string as a second argument, found: %s", typeName(vs[1]))
+	}
+	if sep == "" {
+		return nil, errf(40087, "$split requires a non-empty separator")
+	}
+	parts := strings.Split(s, sep)
+	out := make(bson.A, len(parts))
+	for i, part := range parts {
+		out[i] = part
+	}
+	return out, nil
+})
 
 // defaultTrimChars are the characters $trim removes by default: the null
 // character and Unicode whitespace MongoDB lists.
