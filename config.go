@@ -64,6 +64,15 @@ type Config struct {
 	// MaxAttempts is how many times a failing handler runs before its event
 	// is parked. Defaults to 10.
 	MaxAttempts int
+	// PoisonPolicy says what happens to the later events of a partition
+	// key once one of its events is parked by the consumer (its handler
+	// failed MaxAttempts times, or asked to park) or refused for good by
+	// Kafka in the publisher. HoldKey keeps per-key order: the later events
+	// of that key wait behind it (held) until it is re-driven, retried or
+	// purged, while other keys move on. SkipEvent lets the later events of
+	// the key go on without it, giving up per-key order for that key.
+	// Defaults to HoldKey.
+	PoisonPolicy PoisonPolicy
 	// HandleBatchSize caps how many consecutive events of one partition are
 	// handled in one MongoDB transaction. Batching saves a commit per event;
 	// when any event of a batch fails (handler error, duplicate, conflict),
@@ -120,6 +129,32 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
+// PoisonPolicy is what a poison event (parked by the consumer, or refused
+// for good by Kafka in the publisher) does to the later events of its
+// partition key. See Config.PoisonPolicy.
+type PoisonPolicy int
+
+const (
+	// HoldKey holds the later events of the poison event's key, in order,
+	// until the poison event is re-driven, retried or purged: per-key order
+	// is kept. The default.
+	HoldKey PoisonPolicy = iota
+	// SkipEvent lets the later events of the key go on without the poison
+	// event: the key's order is given up for it.
+	SkipEvent
+)
+
+// String returns "hold-key" or "skip-event".
+func (p PoisonPolicy) String() string {
+	switch p {
+	case HoldKey:
+		return "hold-key"
+	case SkipEvent:
+		return "skip-event"
+	}
+	return fmt.Sprintf("PoisonPolicy(%d)", int(p))
+}
+
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("outbox: invalid config")
 
@@ -171,6 +206,8 @@ func (c Config) validate() error {
 		return bad("InboxRetention", "must be at least 1s")
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts", "must be at least 1")
+	case c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent:
+		return bad("PoisonPolicy", "must be HoldKey or SkipEvent")
 	case c.HandleBatchSize < 1:
 		return bad("HandleBatchSize", "must be at least 1")
 	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:

@@ -12,12 +12,14 @@ import (
 )
 
 // InboxID is the inbox document _id of an event: an ordered subdocument
-// {topic, schema, key}. Two deliveries of the same event (same topic,
-// content schema and idempotency key) share it.
+// {topic, content_schema, idempotency_key}, the field names and order of
+// the Python event-outbox library, so that services written with either
+// share an inbox during a migration. Two deliveries of the same event (same
+// topic, content schema and idempotency key) share it.
 type InboxID struct {
 	Topic          string `bson:"topic" json:"topic"`
-	ContentSchema  string `bson:"schema" json:"schema"`
-	IdempotencyKey string `bson:"key" json:"key"`
+	ContentSchema  string `bson:"content_schema" json:"content_schema"`
+	IdempotencyKey string `bson:"idempotency_key" json:"idempotency_key"`
 }
 
 func inboxIDOf(env *Envelope) InboxID {

@@ -89,7 +89,7 @@ func (f ParkedFilter) query() bson.D {
 		q = append(q, bson.E{Key: "_id.topic", Value: f.Topic})
 	}
 	if f.ContentSchema != "" {
-		q = append(q, bson.E{Key: "_id.schema", Value: f.ContentSchema})
+		q = append(q, bson.E{Key: "_id.content_schema", Value: f.ContentSchema})
 	}
 	if !f.ParkedBefore.IsZero() {
 		q = append(q, bson.E{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: f.ParkedBefore.UTC()}}})

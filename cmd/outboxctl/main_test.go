@@ -64,7 +64,7 @@ func (c *ctl) seed() {
 	require.NoError(c.t, err)
 	for i, key := range []string{"k-1", "k-2"} {
 		_, err := inbox.InsertOne(ctx, bson.D{
-			{Key: "_id", Value: bson.D{{Key: "topic", Value: []string{"orders", "payments"}[i]}, {Key: "schema", Value: "Evt.v1"}, {Key: "key", Value: key}}},
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: []string{"orders", "payments"}[i]}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: key}}},
 			{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: now.Add(time.Duration(i-10) * time.Minute)},
 			{Key: "attempts", Value: int32(3)}, {Key: "last_error", Value: "boom\nsecond line"}, {Key: "partition", Value: int32(0)},
 			{Key: "offset", Value: int64(40 + i)}, {Key: "partition_key", Value: "pk"}, {Key: "received_at", Value: now}, {Key: "payload", Value: "{}"},
@@ -123,7 +123,7 @@ func TestParkedListRedrivePurge(t *testing.T) {
 	var listed []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &listed))
 	require.Len(t, listed, 1)
-	require.Equal(t, "k-2", listed[0]["id"].(map[string]any)["key"])
+	require.Equal(t, "k-2", listed[0]["id"].(map[string]any)["idempotency_key"])
 
 	// Re-drive one: a dry run changes nothing.
 	code, out, _ = c.run("-dry-run", "parked", "redrive", "orders/Evt.v1/k-1")
