@@ -52,15 +52,24 @@ type topicPartition struct {
 }
 
 type consumer struct {
-	c   *Client
-	cl  *kgo.Client
-	log *slog.Logger
+	c  *Client
+	cl *kgo.Client
+	// pauser pauses and resumes fetching: cl, or a fake in tests.
+	pauser fetchPauser
+	log    *slog.Logger
 	// work is the context handlers run under. It outlives Run's context by
 	// drainTimeout so in-flight handling can finish and commit.
 	work context.Context
 
 	mu      sync.Mutex
 	workers map[topicPartition]*partitionWorker
+}
+
+// fetchPauser is the part of the kgo client that pauses and resumes the
+// fetching of partitions; tests fake it.
+type fetchPauser interface {
+	PauseFetchPartitions(map[string][]int32) map[string][]int32
+	ResumeFetchPartitions(map[string][]int32)
 }
 
 type partitionWorker struct {
@@ -110,6 +119,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
+	cons.pauser = cl
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming.
@@ -178,7 +188,7 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 	}
 	w.mu.Unlock()
 	if pause {
-		cons.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+		cons.pauser.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
 	}
 	select {
 	case w.wake <- struct{}{}:
@@ -257,10 +267,10 @@ func (cons *consumer) stopWorkers(ws []*partitionWorker, lost bool) {
 	for _, w := range ws {
 		<-w.done
 	}
-	if len(resume) > 0 && cons.cl != nil {
+	if len(resume) > 0 && cons.pauser != nil {
 		// Paused partitions stay paused across assignments: resume them so a
 		// later assignment of the same partition fetches.
-		cons.cl.ResumeFetchPartitions(resume)
+		cons.pauser.ResumeFetchPartitions(resume)
 	}
 }
 
@@ -285,7 +295,7 @@ func (w *partitionWorker) run() {
 			w.paused = false
 			w.mu.Unlock()
 			if resume {
-				w.cons.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+				w.cons.pauser.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 			}
 			if len(batch) == 0 {
 				break
