@@ -35,8 +35,10 @@ import (
 //     stops the revoked partitions' workers and waits for them (each finishes
 //     the record in hand and commits); OnPartitionsLost stops them without
 //     committing, since another member may own the partitions already.
+//   - The lag poller (lag.go) is started and stopped by runConsumer; it
+//     stops when Run's context ends.
 //
-// When Run's context ends, the poll loop stops, every
+// When Run's context ends, the poll loop and the lag poller stop, every
 // worker finishes its record in hand and commits (bounded by drainTimeout),
 // then the client leaves the group (waiting at most leaveTimeout for the
 // coordinator).
@@ -170,6 +172,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		_ = cl.LeaveGroupContext(forced)
 		cl.Close()
 	}()
+	// Deferred after the drain and Close above, so it stops before them: it
+	// uses the client.
+	defer cons.startLagPoller(ctx, topics)()
 	for {
 		fetches := cl.PollRecords(ctx, maxQueue)
 		if ctx.Err() != nil {
