@@ -51,8 +51,8 @@ import (
 // (revoked, lost, shutdown). So kgo's pause state always equals the flag;
 // a worker idle with an empty queue never has its partition paused; a
 // closed worker never pauses again, so no pause outlives the worker that
-// made it (kgo keeps pauses across assignments). A new worker starts with
-// its partition resumed.
+// made it (kgo keeps pauses across assignments), and a later worker of the
+// same partition finds it resumed.
 
 const (
 	// A partition's fetching pauses when its queue holds maxQueue records
@@ -238,24 +238,12 @@ func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 	cons.c.tel.rebalance("consumer", "assigned", assigned)
 	cons.mu.Lock()
 	defer cons.mu.Unlock()
-	fresh := map[string][]int32{}
 	for t, ps := range assigned {
 		for _, p := range ps {
-			if cons.workers[topicPartition{t, p}] == nil {
-				fresh[t] = append(fresh[t], p)
-			}
-		}
-	}
-	if len(fresh) == 0 {
-		return
-	}
-	// A new worker starts unpaused: make kgo agree before any enqueue can
-	// reach the worker, whatever an earlier owner left (kgo keeps pauses
-	// across assignments).
-	cons.pauser.ResumeFetchPartitions(fresh)
-	for t, ps := range fresh {
-		for _, p := range ps {
 			tp := topicPartition{t, p}
+			if cons.workers[tp] != nil {
+				continue
+			}
 			w := &partitionWorker{tp: tp, cons: cons, wake: make(chan struct{}, 1),
 				stop: make(chan struct{}), done: make(chan struct{})}
 			cons.workers[tp] = w
