@@ -46,13 +46,13 @@ import (
 // Pause state: each worker owns its partition's pause state (its paused
 // flag, guarded by its mutex), and every kgo pause or resume call for the
 // partition is made holding that mutex, together with the flag's change:
-// enqueue pauses (queue over its bound), take resumes
-// (the worker emptied the queue), stopWorkers resumes and closes the worker
-// (revoked, lost, shutdown). So kgo's pause state always equals the flag;
-// a worker idle with an empty queue never has its partition paused; a
-// closed worker never pauses again, so no pause outlives the worker that
-// made it (kgo keeps pauses across assignments), and a later worker of the
-// same partition finds it resumed.
+// enqueue pauses (queue over its bound), take resumes (the worker emptied
+// the queue), stopWorkers resumes and closes the worker (revoked, lost,
+// shutdown). So kgo's pause state always equals the flag; a worker idle
+// with an empty queue never has its partition paused; a closed worker never
+// pauses again, so no pause outlives the worker that made it (kgo keeps
+// pauses across assignments), and a later worker of the same partition
+// finds it resumed.
 
 const (
 	// A partition's fetching pauses when its queue holds maxQueue records
