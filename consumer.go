@@ -389,6 +389,14 @@ func (w *partitionWorker) stopping() bool {
 }
 
 // commit commits the offset after rec, unless the partition was lost.
+//
+// Commits go only to owned partitions: the worker is the only committer of
+// its partition, and both rebalance callbacks wait for it to return. A
+// revoked partition commits before OnPartitionsRevoked returns, so before
+// the rebalance hands it over; a lost one does not commit (lost is set
+// before stop closes). A commit that read lost just before it was set
+// finishes before OnPartitionsLost returns, so before kgo rejoins: it
+// carries the lost session's generation, which the broker checks.
 func (w *partitionWorker) commit(rec *kgo.Record) {
 	w.mu.Lock()
 	lost := w.lost
