@@ -26,13 +26,33 @@ import (
 // failing partition never holds back the others or grows memory without
 // bound.
 //
-// Goroutines: Run owns the poll loop; the poll loop's client callbacks start
-// and stop workers. OnPartitionsRevoked stops the revoked partitions'
-// workers and waits for them (each finishes the record in hand and commits);
-// OnPartitionsLost stops them without committing, since another member may
-// own the partitions already. When Run's context ends, the poll loop stops,
-// every worker finishes its record in hand and commits, then the client
-// leaves the group (waiting at most leaveTimeout for the coordinator).
+// Goroutines and how they stop:
+//   - The poll loop runs on runConsumer's goroutine (owned by Run). It is the
+//     only caller of enqueue and stops when Run's context ends.
+//   - The kgo client's rebalance callbacks (OnPartitionsAssigned, Revoked,
+//     Lost; kgo runs them one at a time) start and stop the workers: one
+//     goroutine per owned partition, in cons.workers. OnPartitionsRevoked
+//     stops the revoked partitions' workers and waits for them (each finishes
+//     the record in hand and commits); OnPartitionsLost stops them without
+//     committing, since another member may own the partitions already.
+//   - The lag poller (lag.go) is started and stopped by runConsumer; it
+//     stops when Run's context ends.
+//
+// When Run's context ends, the poll loop and the lag poller stop, every
+// worker finishes its record in hand and commits (bounded by drainTimeout),
+// then the client leaves the group (waiting at most leaveTimeout for the
+// coordinator).
+//
+// Pause state: each worker owns its partition's pause state (its paused
+// flag, guarded by its mutex), and every kgo pause or resume call for the
+// partition is made holding that mutex, together with the flag's change:
+// enqueue pauses (queue over its bound), take resumes (the worker emptied
+// the queue), stopWorkers resumes and closes the worker (revoked, lost,
+// shutdown). So kgo's pause state always equals the flag; a worker idle
+// with an empty queue never has its partition paused; a closed worker never
+// pauses again, so no pause outlives the worker that made it (kgo keeps
+// pauses across assignments), and a later worker of the same partition
+// finds it resumed.
 
 const (
 	// A partition's fetching pauses when its queue holds maxQueue records
@@ -51,10 +71,17 @@ type topicPartition struct {
 	partition int32
 }
 
+// fetchMap is tp in the form kgo's pause and resume calls take.
+func (tp topicPartition) fetchMap() map[string][]int32 {
+	return map[string][]int32{tp.topic: {tp.partition}}
+}
+
 type consumer struct {
-	c   *Client
-	cl  *kgo.Client
-	log *slog.Logger
+	c  *Client
+	cl *kgo.Client
+	// pauser pauses and resumes fetching: cl, or a fake in tests.
+	pauser fetchPauser
+	log    *slog.Logger
 	// work is the context handlers run under. It outlives Run's context by
 	// drainTimeout so in-flight handling can finish and commit.
 	work context.Context
@@ -63,19 +90,32 @@ type consumer struct {
 	workers map[topicPartition]*partitionWorker
 }
 
+// fetchPauser is the part of the kgo client that pauses and resumes the
+// fetching of partitions; tests fake it.
+type fetchPauser interface {
+	PauseFetchPartitions(map[string][]int32) map[string][]int32
+	ResumeFetchPartitions(map[string][]int32)
+}
+
 type partitionWorker struct {
-	tp    topicPartition
-	cons  *consumer
-	wake  chan struct{} // capacity 1: "the queue has records"
-	stop  chan struct{} // closed to stop after the record in hand
-	done  chan struct{} // closed when the worker goroutine returns
-	mu    sync.Mutex    // guards queue, paused, lost
+	tp   topicPartition
+	cons *consumer
+	wake chan struct{} // capacity 1: "the queue has records"
+	stop chan struct{} // closed to stop after the record in hand
+	done chan struct{} // closed when the worker goroutine returns
+	// mu guards the fields below, and every pause or resume of tp's
+	// fetching is called with it held (see the consumer's doc).
+	mu    sync.Mutex
 	queue []*kgo.Record
 	// queuedBytes sums the values of the queued records.
 	queuedBytes int
 	next        int64 // offset after the last queued record: older records are stale
-	paused      bool
-	lost        bool // the partition was lost: do not commit
+	// paused is true exactly when this worker has tp's fetching paused.
+	paused bool
+	// closed is set when the worker is stopped: enqueue drops records and
+	// never pauses again, so a stopped worker leaves no pause behind.
+	closed bool
+	lost   bool // the partition was lost: do not commit
 }
 
 // runConsumer runs the consumer until ctx ends. It returns nil after a clean
@@ -110,6 +150,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
+	cons.pauser = cl
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming.
@@ -131,6 +172,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		_ = cl.LeaveGroupContext(forced)
 		cl.Close()
 	}()
+	// Deferred after the drain and Close above, so it stops before them: it
+	// uses the client.
+	defer cons.startLagPoller(ctx, topics)()
 	for {
 		fetches := cl.PollRecords(ctx, maxQueue)
 		if ctx.Err() != nil {
@@ -161,6 +205,12 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 		return // not owned any more; the next owner fetches from the committed offset
 	}
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		// Revoked or lost since the lookup: the next owner fetches from the
+		// committed offset. Pausing now would outlive the worker.
+		return
+	}
 	for _, r := range recs {
 		// A poll that raced with a revoke and a new assignment of the same
 		// partition may hand over records older than those already queued;
@@ -172,13 +222,11 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 			w.next = r.Offset + 1
 		}
 	}
-	pause := (len(w.queue) >= maxQueue || w.queuedBytes >= maxQueueBytes) && !w.paused
-	if pause {
+	if (len(w.queue) >= maxQueue || w.queuedBytes >= maxQueueBytes) && !w.paused {
+		// Under w.mu, as the worker's resume (take): the two calls cannot
+		// cross, so kgo's pause state always matches w.paused.
 		w.paused = true
-	}
-	w.mu.Unlock()
-	if pause {
-		cons.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+		cons.pauser.PauseFetchPartitions(tp.fetchMap())
 	}
 	select {
 	case w.wake <- struct{}{}:
@@ -243,24 +291,24 @@ func (cons *consumer) stopAll(lost bool) {
 	cons.stopWorkers(stopping, lost)
 }
 
+// stopWorkers stops workers removed from cons.workers and waits for them.
+// Each is closed and resumed under its lock first: kgo keeps pauses across
+// assignments, and a closed worker never pauses again, so no pause outlives
+// it and a later assignment of the partition fetches.
 func (cons *consumer) stopWorkers(ws []*partitionWorker, lost bool) {
-	resume := map[string][]int32{}
 	for _, w := range ws {
 		w.mu.Lock()
 		w.lost = w.lost || lost
+		w.closed = true
 		if w.paused {
-			resume[w.tp.topic] = append(resume[w.tp.topic], w.tp.partition)
+			w.paused = false
+			cons.pauser.ResumeFetchPartitions(w.tp.fetchMap())
 		}
 		w.mu.Unlock()
 		close(w.stop)
 	}
 	for _, w := range ws {
 		<-w.done
-	}
-	if len(resume) > 0 && cons.cl != nil {
-		// Paused partitions stay paused across assignments: resume them so a
-		// later assignment of the same partition fetches.
-		cons.cl.ResumeFetchPartitions(resume)
 	}
 }
 
@@ -277,16 +325,7 @@ func (w *partitionWorker) run() {
 		case <-w.wake:
 		}
 		for {
-			w.mu.Lock()
-			batch := w.queue
-			w.queue = nil
-			w.queuedBytes = 0
-			resume := w.paused
-			w.paused = false
-			w.mu.Unlock()
-			if resume {
-				w.cons.cl.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-			}
+			batch := w.take()
 			if len(batch) == 0 {
 				break
 			}
@@ -325,6 +364,21 @@ func (w *partitionWorker) run() {
 	}
 }
 
+// take empties the queue and returns what it held. When the queue's bound
+// had paused fetching, it resumes it, under w.mu (see enqueue).
+func (w *partitionWorker) take() []*kgo.Record {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	batch := w.queue
+	w.queue = nil
+	w.queuedBytes = 0
+	if w.paused {
+		w.paused = false
+		w.cons.pauser.ResumeFetchPartitions(w.tp.fetchMap())
+	}
+	return batch
+}
+
 func (w *partitionWorker) stopping() bool {
 	select {
 	case <-w.stop:
@@ -335,6 +389,14 @@ func (w *partitionWorker) stopping() bool {
 }
 
 // commit commits the offset after rec, unless the partition was lost.
+//
+// Commits go only to owned partitions: the worker is the only committer of
+// its partition, and both rebalance callbacks wait for it to return. A
+// revoked partition commits before OnPartitionsRevoked returns, so before
+// the rebalance hands it over; a lost one does not commit (lost is set
+// before stop closes). A commit that read lost just before it was set
+// finishes before OnPartitionsLost returns, so before kgo rejoins: it
+// carries the lost session's generation, which the broker checks.
 func (w *partitionWorker) commit(rec *kgo.Record) {
 	w.mu.Lock()
 	lost := w.lost

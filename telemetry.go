@@ -49,9 +49,11 @@ import (
 // unpublished documents (served by the partial index outbox_pending) and one
 // count on the inbox's parked documents (partial index inbox_parked),
 // cached for backlogCacheTTL: a scrape never costs more than that per
-// interval, whatever the scrape rate. Consumer lag uses what the consumer
-// already knows (the high watermark of its last fetch and its committed
-// offsets): no Kafka request per scrape.
+// interval, whatever the scrape rate. Consumer lag uses the high watermarks
+// that the consumer's lag poller lists every few seconds (lag.go), raised by
+// newer ones seen in fetches, and the committed offsets: no Kafka request
+// per scrape, and a partition that is not fetched (stalled, paused) still
+// shows its lag growing.
 //
 // Traces: the trace context of the context passed to Record is stored with
 // the event and sent as the W3C traceparent/tracestate headers. The handler
@@ -96,7 +98,8 @@ type telemetry struct {
 	instrumentErr                      error
 	cons                               atomic.Pointer[consumer] // the running consumer
 	hwmMu                              sync.Mutex
-	hwm                                map[topicPartition]int64 // high watermarks seen by the consumer
+	hwm                                map[topicPartition]int64 // high watermarks listed or fetched by the consumer
+	lagEvery                           time.Duration            // period of the consumer's lag poller (0: lagPollInterval); tests shorten it
 	errMu                              sync.Mutex
 	lastErr                            string
 	lastErrAt                          time.Time
@@ -247,8 +250,23 @@ func (t *telemetry) rebalance(role, change string, parts map[string][]int32) {
 }
 
 // noteHighWatermark remembers the high watermark of a fetched partition,
-// for the lag gauge.
+// for the lag gauge. A fetch only raises it: its watermark may be older than
+// the lag poller's last listing.
 func (t *telemetry) noteHighWatermark(topic string, partition int32, hwm int64) {
+	if hwm < 0 {
+		return
+	}
+	tp := topicPartition{topic, partition}
+	t.hwmMu.Lock()
+	if hwm > t.hwm[tp] {
+		t.hwm[tp] = hwm
+	}
+	t.hwmMu.Unlock()
+}
+
+// setHighWatermark records a partition's high watermark as listed by the lag
+// poller, the authority (it may also lower it, after a truncation).
+func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {
 	if hwm < 0 {
 		return
 	}
@@ -449,8 +467,8 @@ func (c *Client) registerGauges() (unregister func()) {
 	return func() { _ = reg.Unregister() }
 }
 
-// consumerLag returns, per handled partition, the high watermark of the
-// last fetch minus the committed offset; partitions without both are left
+// consumerLag returns, per handled partition, the high watermark (listed
+// or fetched) minus the committed offset; partitions without both are left
 // out.
 func (t *telemetry) consumerLag() map[topicPartition]int64 {
 	cons := t.cons.Load()

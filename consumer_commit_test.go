@@ -1,0 +1,72 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// A partition lost while its worker handles a record must not get that
+// record's offset committed: another member may own the partition already
+// (Kafka does not check ownership, only the generation, which is still
+// valid here). The record is redelivered after the rejoin and the inbox
+// skips it.
+func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "lost")
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
+	blocked, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.Run == b.run && e.Seq == 1 {
+			select {
+			case blocked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	start(t, c)
+	t.Cleanup(unblock) // before Run stops (cleanups run last first)
+
+	b.produceOrders(t, 0, 1)
+	eventually(t, "the first record committed", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 1
+	})
+	b.produceOrders(t, 1, 1)
+	select {
+	case <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not block")
+	}
+	// The group's next heartbeat fails: kgo ends the session and calls
+	// OnPartitionsLost while the worker is in the handler. The member and
+	// its generation stay valid at the broker, so a commit would succeed.
+	b.kafka.Cluster.ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		resp := r.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.IllegalGeneration.Code
+		return resp, nil, true
+	})
+	eventually(t, "partitions lost", func() bool {
+		return sumOf(o.collect(t)["outbox.rebalances"], attrRole.String("consumer"), attrChange.String("lost")) >= 1
+	})
+	unblock()
+	eventually(t, "the record redelivered after the rejoin and skipped as a duplicate", func() bool {
+		return sumOf(o.collect(t)["outbox.events.skipped"], attrTopic.String(ordersTopic), attrReason.String("duplicate")) == 1
+	})
+	eventually(t, "committed past it by the new session", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 2
+	})
+}
