@@ -256,9 +256,17 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []s
 			return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
 		}
 		defer cl.Close()
+		// kgo does not cancel a connection's initialization (ApiVersions,
+		// SASL) with the request's context: a black-holed broker holds the
+		// request for the request timeout overhead (10 s by default).
+		// Closing the client does end it.
+		defer context.AfterFunc(ctx, cl.Close)()
 	}
 	details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
 		return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
 	}
 	counts := map[string]int{}
@@ -354,6 +362,9 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 		return fmt.Errorf("outbox: create the Kafka metadata client: %w", err)
 	}
 	defer cl.Close()
+	// Close ends a metadata read stuck in a connection's initialization
+	// (see fetch), so that Run stops at once.
+	defer context.AfterFunc(ctx, cl.Close)()
 	_ = pc.load(ctx)
 	for attempt := 1; ; {
 		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
