@@ -74,11 +74,11 @@ type PublisherStatus struct {
 
 // Publisher tuning that the Config does not expose.
 const (
-	rescanInterval   = 30 * time.Second // safety scan of every owned partition
-	streamDebounce   = 100 * time.Millisecond
-	streamMaxAwait   = 500 * time.Millisecond
-	markDelay        = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	leaveTimeout     = 5 * time.Second
+	rescanInterval = 30 * time.Second // safety scan of every owned partition
+	streamDebounce = 100 * time.Millisecond
+	streamMaxAwait = 500 * time.Millisecond
+	markDelay      = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	leaveTimeout   = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
