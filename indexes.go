@@ -166,7 +166,13 @@ func ensureIndexes(ctx context.Context, coll *mongo.Collection, specs ...indexSp
 				}
 				break
 			}
-			if attempt == 2 || !isIndexConflict(err) {
+			if !isIndexConflict(err) {
+				return err
+			}
+			if attempt == 2 {
+				if !errors.Is(err, ErrIndexConflict) {
+					err = fmt.Errorf("%w: %w", ErrIndexConflict, err)
+				}
 				return err
 			}
 			if existing, err = listIndexes(ctx, coll); err != nil {
@@ -180,8 +186,15 @@ func ensureIndexes(ctx context.Context, coll *mongo.Collection, specs ...indexSp
 // ensureIndex reconciles one spec with the existing indexes; created
 // reports whether it created the index.
 func ensureIndex(ctx context.Context, coll *mongo.Collection, existing []bson.D, s indexSpec) (created bool, err error) {
-	if ix := findEquivalent(existing, s); ix != nil {
-		return false, adjustIndex(ctx, coll, ix, s)
+	if same := findEquivalents(existing, s); len(same) > 0 {
+		// Every equivalent index gets the spec's TTL: with two TTLs, the
+		// shorter would win.
+		for _, ix := range same {
+			if err := adjustIndex(ctx, coll, ix, s); err != nil {
+				return false, err
+			}
+		}
+		return false, nil
 	}
 	for _, ix := range existing {
 		if indexName(ix) == s.name {
@@ -254,9 +267,10 @@ func listIndexes(ctx context.Context, coll *mongo.Collection) ([]bson.D, error) 
 	return out, nil
 }
 
-// findEquivalent returns the existing index with the spec's key pattern
-// (same fields, order and directions) and partial filter, or nil.
-func findEquivalent(existing []bson.D, s indexSpec) bson.D {
+// findEquivalents returns the existing indexes with the spec's key pattern
+// (same fields, order and directions) and partial filter.
+func findEquivalents(existing []bson.D, s indexSpec) []bson.D {
+	var out []bson.D
 	for _, ix := range existing {
 		key, _ := lookup(ix, "key")
 		partial, ok := lookup(ix, "partialFilterExpression")
@@ -268,10 +282,10 @@ func findEquivalent(existing []bson.D, s indexSpec) bson.D {
 			want = bson.D{}
 		}
 		if sameBSON(key, s.keys, true) && sameBSON(partial, want, false) {
-			return ix
+			out = append(out, ix)
 		}
 	}
-	return nil
+	return out
 }
 
 // document renders the spec as listIndexes shows it.

@@ -54,10 +54,13 @@ var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
 
 // Partition count tuning that the Config does not expose.
 const (
-	// metadataInterval is the period of Run's metadata reads, and the age
-	// after which prepare reloads the counts from MongoDB (a client that
-	// records without running Run still learns added partitions).
+	// metadataInterval is the period of Run's metadata reads.
 	metadataInterval = time.Minute
+	// staleAfter is the age after which prepare reloads the counts from
+	// MongoDB, so that a client recording without Run still learns added
+	// partitions. Longer than metadataInterval: while Run refreshes them,
+	// prepare has nothing to do.
+	staleAfter = 2 * metadataInterval
 	// metadataTimeout bounds one metadata read of Run's refresh loop.
 	metadataTimeout = 10 * time.Second
 	// partitionLookupTimeout bounds the Kafka read of prepare.
@@ -132,7 +135,7 @@ func (pc *partitionCounts) set(topic string, n int) {
 func (pc *partitionCounts) ready(now time.Time) bool {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return len(pc.missingLocked()) == 0 && now.Sub(pc.loadedAt) < metadataInterval
+	return len(pc.missingLocked()) == 0 && now.Sub(pc.loadedAt) < staleAfter
 }
 
 func (pc *partitionCounts) missing() []string {
