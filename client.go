@@ -32,6 +32,7 @@ type Client struct {
 	pub           atomic.Pointer[publisher] // the running publisher, for status
 	tel           *telemetry                // metrics, spans, runtime state for Status
 	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
+	metadataEvery time.Duration             // period of Run's partition count refresh; tests shorten it
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler

@@ -26,6 +26,7 @@ package outbox
 // about lookupTimeout instead of hanging in an open transaction.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -374,7 +375,7 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 		counts, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
 		cancel()
 		pc.apply(ctx, counts)
-		wait := metadataInterval
+		wait := cmp.Or(c.metadataEvery, metadataInterval)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

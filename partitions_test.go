@@ -151,3 +151,33 @@ func TestRunPersistsPartitionCounts(t *testing.T) {
 }
 
 func (b *bundle) orders() *mongo.Collection { return b.db.Collection("orders") }
+
+// Partitions added to a topic reach recording through Run's refresh: the new
+// count is persisted, and later events use it.
+func TestRunRefreshesPartitionCountsAfterIncrease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, b.config("grow"))
+	c.metadataEvery = 20 * time.Millisecond
+	start(t, c)
+	stored := func(n int) func() bool {
+		return func() bool {
+			return count(t, c.meta, bson.D{{Key: "_id.topic", Value: ordersTopic}, {Key: "partitions", Value: n}}) == 1
+		}
+	}
+	eventually(t, "3 partitions stored", stored(3))
+
+	_, err := b.kafka.Admin().CreatePartitions(context.Background(), 4, ordersTopic)
+	require.NoError(t, err)
+	eventually(t, "7 partitions stored", stored(7))
+	eventually(t, "7 partitions in memory", func() bool { return c.topics.snapshot()[ordersTopic] == 7 })
+
+	key := "o-grow"
+	for i := 0; kafkax.Partition([]byte(key), 7) == kafkax.Partition([]byte(key), 3); i++ {
+		key = "o-grow-" + itoa(i) // a key whose partition changes
+	}
+	require.NoError(t, transactWithin(t, c, b, key))
+	var doc outboxDoc
+	require.NoError(t, c.outbox.FindOne(context.Background(), bson.D{{Key: "key", Value: key}}).Decode(&doc))
+	require.Equal(t, kafkax.Partition([]byte(key), 7), doc.Partition)
+}
