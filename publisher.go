@@ -35,7 +35,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -75,12 +74,11 @@ type PublisherStatus struct {
 
 // Publisher tuning that the Config does not expose.
 const (
-	rescanInterval   = 30 * time.Second // safety scan of every owned partition
-	streamDebounce   = 100 * time.Millisecond
-	streamMaxAwait   = 500 * time.Millisecond
-	markDelay        = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	metadataInterval = time.Minute
-	leaveTimeout     = 5 * time.Second
+	rescanInterval = 30 * time.Second // safety scan of every owned partition
+	streamDebounce = 100 * time.Millisecond
+	streamMaxAwait = 500 * time.Millisecond
+	markDelay      = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	leaveTimeout   = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
@@ -278,7 +276,6 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}
 		w.Run(bg)
 	})
-	wg.Go(func() { p.refreshTopics(bg, group, log) })
 
 	<-ctx.Done()
 
@@ -300,35 +297,6 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	wg.Wait()
 	group.Close()
 	return nil
-}
-
-// refreshTopics learns the partition counts of the publish topics at start
-// and every metadataInterval, for recording.
-func (p *publisher) refreshTopics(ctx context.Context, cl *kgo.Client, log interface {
-	Warn(string, ...any)
-}) {
-	adm := kadm.NewClient(cl)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		details, err := adm.ListTopics(rctx, p.c.cfg.PublishTopics...)
-		cancel()
-		if err == nil {
-			for topic, d := range details {
-				if d.Err == nil {
-					p.c.topics.set(topic, len(d.Partitions))
-				}
-			}
-		} else if ctx.Err() == nil {
-			log.Warn("publisher: reading topic metadata failed", "error", err)
-		}
-		t := time.NewTimer(metadataInterval)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
 }
 
 func cmpOrDuration(a, b time.Duration) time.Duration {
