@@ -75,12 +75,16 @@ type PublisherStatus struct {
 
 // Publisher tuning that the Config does not expose.
 const (
-	rescanInterval   = 30 * time.Second // safety scan of every owned partition
-	streamDebounce   = 100 * time.Millisecond
-	streamMaxAwait   = 500 * time.Millisecond
-	markDelay        = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	metadataInterval = time.Minute
-	leaveTimeout     = 5 * time.Second
+	rescanInterval = 30 * time.Second // safety scan of every owned partition
+	// A partition holding keys (Config.PoisonPolicy HoldKey) re-reads its
+	// failed keys this often, to release the keys an operator retried or
+	// discarded: one indexed query per holding partition per interval.
+	holdRecheckInterval = 5 * time.Second
+	streamDebounce      = 100 * time.Millisecond
+	streamMaxAwait      = 500 * time.Millisecond
+	markDelay           = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	metadataInterval    = time.Minute
+	leaveTimeout        = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
@@ -93,6 +97,7 @@ type publisherOptions struct {
 	producerOpts []kgo.Opt // added to the producer client
 	hooks        publish.Hooks
 	rescan       time.Duration
+	holdRecheck  time.Duration
 	streamOpened func()
 }
 
@@ -177,6 +182,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		BatchSize:   cfg.PublishBatchSize,
 		Backoff:     publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff},
 		Rescan:      cmpOrDuration(o.rescan, rescanInterval),
+		Hold:        cfg.PoisonPolicy == HoldKey,
+		HoldRecheck: cmpOrDuration(o.holdRecheck, holdRecheckInterval),
 		MarkTimeout: markTimeout,
 		// A graceful stop must end even when Kafka is unreachable and the
 		// producer never resolves the batch (found by cmd/outbox-chaos:
@@ -343,14 +350,19 @@ type outboxStore struct {
 	coll *mongo.Collection
 }
 
-func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int) ([]publish.Item, error) {
+func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int, exclude []string) ([]publish.Item, error) {
 	// Served by the partial index outbox_pending {topic, partition, seq, _id}
-	// where published is false.
+	// where published is false. Held keys are filtered on the server while
+	// it walks the index in order; their events are few (they wait for an
+	// operator).
 	filter := bson.D{
 		{Key: "published", Value: false},
 		{Key: "topic", Value: tp.Topic},
 		{Key: "partition", Value: tp.Partition},
 		{Key: "failed", Value: false},
+	}
+	if len(exclude) > 0 {
+		filter = append(filter, bson.E{Key: "key", Value: bson.D{{Key: "$nin", Value: exclude}}})
 	}
 	opts := options.Find().
 		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
@@ -412,4 +424,32 @@ func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at tim
 			{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
 		})
 	return err
+}
+
+// FailedKeys returns the partition keys of tp's failed events. It reads
+// the failed events of the collection through the partial index
+// outbox_failed (failed is true); they are few, as each waits for an
+// operator.
+func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) ([]string, error) {
+	filter := bson.D{
+		{Key: "failed", Value: true},
+		{Key: "topic", Value: tp.Topic},
+		{Key: "partition", Value: tp.Partition},
+	}
+	cur, err := s.coll.Find(ctx, filter, options.Find().
+		SetProjection(bson.D{{Key: "_id", Value: 0}, {Key: "key", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("find failed events: %w", err)
+	}
+	var docs []struct {
+		Key string `bson:"key"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("read failed events: %w", err)
+	}
+	keys := make([]string, 0, len(docs))
+	for _, d := range docs {
+		keys = append(keys, d.Key)
+	}
+	return keys, nil
 }
