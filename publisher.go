@@ -64,6 +64,10 @@ type PublisherStatus struct {
 	Published int64
 	// Failed counts the events Kafka refused for good (marked failed).
 	Failed int64
+	// HeldKeys counts the partition keys this process holds in the
+	// partitions it owns: keys with a failed event, whose later events wait
+	// in the outbox (Config.PoisonPolicy HoldKey; always 0 under SkipEvent).
+	HeldKeys int64
 	// LastError is the last error met (Kafka, MongoDB), or "".
 	LastError string
 	// LastErrorAt is when LastError happened; zero when there is none.
@@ -119,6 +123,7 @@ func (c *Client) publisherStatus() PublisherStatus {
 		Running:     true,
 		Published:   p.stats.Published(),
 		Failed:      p.stats.Failed(),
+		HeldKeys:    p.set.HeldKeys(),
 		LastError:   p.stats.LastError(),
 		LastErrorAt: p.stats.LastErrorAt(),
 		LeaseValid:  p.lease.Valid(),

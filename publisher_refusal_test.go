@@ -1,0 +1,134 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/kafkax"
+)
+
+// paddedOrder is an orderPlaced with incompressible padding, to reach a
+// given record size.
+type paddedOrder struct {
+	orderPlaced
+	Pad string `json:"pad"`
+}
+
+func pad(n int) string {
+	b := make([]byte, n/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// setMaxMessageBytes sets the orders topic's max.message.bytes.
+func (b *bundle) setMaxMessageBytes(t *testing.T, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v := strconv.Itoa(n)
+	res, err := b.kafka.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, ordersTopic)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+	}
+}
+
+// recordPadded records one transaction with one event per key, each padded
+// to about size bytes of JSON (0: no padding).
+func (r *recorder) recordPadded(t *testing.T, size int, keys ...string) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.c.Transact(context.Background(), func(ctx context.Context) error {
+		next := map[string]int{} // the callback may run more than once
+		for _, k := range keys {
+			e := paddedOrder{orderPlaced: orderPlaced{Run: r.b.run, OrderID: k, Amount: 1, Seq: r.next[k] + next[k]}}
+			next[k]++
+			if size > 0 {
+				e.Pad = pad(size)
+			}
+			if err := Record(ctx, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for _, k := range keys {
+		r.next[k]++
+	}
+	r.all += len(keys)
+}
+
+// samePartitionKeys returns n keys that land on the same partition of a
+// 3-partition topic.
+func samePartitionKeys(n int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		k := "key-" + strconv.Itoa(i)
+		if kafkax.Partition([]byte(k), 3) == 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func failedCount(t *testing.T, b *bundle) int64 {
+	return countFind(t, b.db.Collection("outbox"), bson.D{{Key: "failed", Value: true}})
+}
+
+// Issue 12, item 1, first case: max.message.bytes=1500 and eight events of
+// about 700 bytes. Each fits alone; a batch of them does not. Before the
+// fix all eight were marked failed.
+func TestPublisherBatchRefusalPublishesInnocentEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	c := b.client(t, cfg)
+	b.setMaxMessageBytes(t, 1500)
+	r := newRecorder(b, c)
+	r.recordPadded(t, 600, "k", "k", "k", "k", "k", "k", "k", "k") // one partition, one batch
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "all 8 published", func() bool { return b.published(t, cfg) == 8 })
+	require.Zero(t, failedCount(t, b), "innocent events marked failed")
+	checkDelivery(t, r, b.kafkaEvents(t, ordersTopic, 8))
+}
+
+// Issue 12, item 1, second case: one 6 KB event among seven tiny ones under
+// a 4000-byte limit: the big one fails, the seven are published in order.
+func TestPublisherBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	c := b.client(t, cfg)
+	b.setMaxMessageBytes(t, 4000)
+	keys := samePartitionKeys(8) // one batch; distinct keys, so nothing is held
+	r := newRecorder(b, c)
+	r.recordPadded(t, 0, keys[:3]...)
+	r.recordPadded(t, 6000, keys[3])
+	r.recordPadded(t, 0, keys[4:]...)
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "7 published, 1 failed", func() bool { return b.published(t, cfg) == 7 && failedCount(t, b) == 1 })
+	var doc outboxDoc
+	require.NoError(t, b.db.Collection("outbox").FindOne(context.Background(), bson.D{{Key: "failed", Value: true}}).Decode(&doc))
+	require.Equal(t, keys[3], doc.Key)
+	require.Contains(t, doc.Error, "MESSAGE_TOO_LARGE")
+	delete(r.next, keys[3]) // refused: never in Kafka
+	recs := b.kafkaEvents(t, ordersTopic, 7)
+	checkDelivery(t, r, recs)
+	var got []string
+	for _, rec := range recs {
+		got = append(got, string(rec.Key))
+	}
+	require.Equal(t, append(append([]string{}, keys[:3]...), keys[4:]...), got, "published out of order")
+}
