@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/kafkax"
@@ -131,4 +133,92 @@ func TestPublisherBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 		got = append(got, string(rec.Key))
 	}
 	require.Equal(t, append(append([]string{}, keys[:3]...), keys[4:]...), got, "published out of order")
+}
+
+// firstSeqs returns, per key, the seqs of this run's events in the order
+// of their first delivery.
+func firstSeqs(t *testing.T, b *bundle, recs []*kgo.Record) map[string][]int {
+	t.Helper()
+	out := map[string][]int{}
+	seen := map[string]map[int]bool{}
+	for _, rec := range recs {
+		var e orderPlaced
+		require.NoError(t, json.Unmarshal(rec.Value, &e))
+		if e.Run != b.run {
+			continue
+		}
+		if seen[e.OrderID] == nil {
+			seen[e.OrderID] = map[int]bool{}
+		}
+		if !seen[e.OrderID][e.Seq] {
+			seen[e.OrderID][e.Seq] = true
+			out[e.OrderID] = append(out[e.OrderID], e.Seq)
+		}
+	}
+	return out
+}
+
+// holdScenario records, under a 4000-byte limit, with keys a and b on one
+// partition: a0, a1 (6 KB: refused), a2, b0, a3, b1 before the publisher
+// starts, then a4 and b2 while it runs. Under HoldKey a2, a3 and a4 wait
+// behind a1; b's events go on.
+func holdScenario(t *testing.T) (*bundle, *Client, *recorder, string, string) {
+	t.Helper()
+	b := setup(t)
+	cfg := pubConfig(b)
+	c := b.client(t, cfg)
+	b.setMaxMessageBytes(t, 4000)
+	keys := samePartitionKeys(2)
+	ka, kb := keys[0], keys[1]
+	r := newRecorder(b, c)
+	r.recordPadded(t, 0, ka)
+	r.recordPadded(t, 6000, ka)
+	r.recordPadded(t, 0, ka)
+	r.recordPadded(t, 0, kb)
+	r.recordPadded(t, 0, ka)
+	r.recordPadded(t, 0, kb)
+	runPub(t, c, publisherOptions{holdRecheck: 50 * time.Millisecond})
+	eventually(t, "a0, b0, b1 published, a1 failed", func() bool { return b.published(t, cfg) == 3 && failedCount(t, b) == 1 })
+	// Live events (change stream): a4 is committed before b2, so once b2 is
+	// published a4 has been seen and held.
+	r.recordPadded(t, 0, ka)
+	r.recordPadded(t, 0, kb)
+	eventually(t, "b2 published", func() bool { return b.published(t, cfg) == 4 })
+
+	require.EqualValues(t, 1, c.publisherStatus().HeldKeys)
+	st, err := c.Admin().StoreStatus(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.OutboxHeldKeys)
+	require.EqualValues(t, 3, st.OutboxHeldEvents, "a2, a3, a4 wait behind a1")
+	require.EqualValues(t, 3, st.Pending, "a1 is failed, not pending; a2..a4 are")
+	unpublished := countFind(t, b.db.Collection("outbox"), bson.D{{Key: "key", Value: ka}, {Key: "published", Value: false}, {Key: "failed", Value: false}})
+	require.EqualValues(t, 3, unpublished)
+	return b, c, r, ka, kb
+}
+
+func TestPublisherRefusedEventHoldsKeyUntilRetried(t *testing.T) {
+	t.Parallel()
+	b, c, _, ka, kb := holdScenario(t)
+	b.setMaxMessageBytes(t, 1<<20) // the operator fixes the cause
+	n, err := c.Admin().RetryFailed(context.Background(), FailedFilter{}, nil, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	eventually(t, "the key released", func() bool { return b.published(t, Config{}) == 8 })
+	seqs := firstSeqs(t, b, b.kafkaEvents(t, ordersTopic, 8))
+	require.Equal(t, []int{0, 1, 2, 3, 4}, seqs[ka], "a's events out of order after the retry")
+	require.Equal(t, []int{0, 1, 2}, seqs[kb])
+	eventually(t, "no key held", func() bool { return c.publisherStatus().HeldKeys == 0 })
+}
+
+func TestPublisherRefusedEventHoldsKeyUntilDiscarded(t *testing.T) {
+	t.Parallel()
+	b, c, _, ka, kb := holdScenario(t)
+	n, err := c.Admin().DiscardFailed(context.Background(), FailedFilter{Topic: ordersTopic}, nil, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	eventually(t, "the key released", func() bool { return b.published(t, Config{}) == 7 })
+	seqs := firstSeqs(t, b, b.kafkaEvents(t, ordersTopic, 7))
+	require.Equal(t, []int{0, 2, 3, 4}, seqs[ka], "a's events out of order after the discard")
+	require.Equal(t, []int{0, 1, 2}, seqs[kb])
+	eventually(t, "no key held", func() bool { return c.publisherStatus().HeldKeys == 0 })
 }

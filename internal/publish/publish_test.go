@@ -812,3 +812,25 @@ func TestWorkerSkipEventPolicyPublishesPastRefusedEvent(t *testing.T) {
 	require.Zero(t, w.HeldKeys())
 	require.Zero(t, store.failedKeyReadsNow(), "no failed-key reads without the hold policy")
 }
+
+// A new owner (after a rebalance or a restart) reads the failed keys before
+// its first batch and holds them too.
+func TestWorkerNewOwnerHoldsKeysFailedBefore(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 6, "a", "b") // a: 0 2 4, b: 1 3 5
+	store.events[0].published = true
+	store.events[2].failed = true // refused under the previous owner
+	prod := &fakeProducer{}
+	w, _ := newTestWorker(store, prod, validLease(), 10)
+	w.cfg.Hold = true
+	w.cfg.HoldRecheck = 5 * time.Millisecond
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 4 }, "b's events not published")
+	require.Equal(t, []int{1, 3, 5}, firstDeliveries(prod.delivered()), "a's event 4 must wait behind failed event 2")
+	require.EqualValues(t, 1, w.HeldKeys())
+	store.retry(2)
+	eventually(t, func() bool { p, _ := store.counts(); return p == 6 }, "not released")
+	require.Equal(t, []int{1, 3, 5, 2, 4}, firstDeliveries(prod.delivered()))
+}
