@@ -18,11 +18,16 @@ package outbox
 // periodic rescan) sends the worker back to scanning, so a lost stream
 // never loses events.
 //
-// Fencing: a lease renewed by successful group round trips (kafkax.SessionHook)
-// lasts SessionTimeout minus FenceMargin from the send time of the last
-// heartbeat. Workers produce only while it is valid and each batch is
-// cancelled when it lapses, so a member cut off from the group coordinator
-// stops publishing before the group hands its partitions to another member.
+// Fencing: a lease lasts SessionTimeout minus FenceMargin from the send
+// time of the last heartbeat the group coordinator answered with error code
+// 0 (kafkax.SessionProbe: heartbeats of its own with the group client's
+// member id and generation, because kgo's hooks never see a response's
+// error code, and a heartbeat answered UNKNOWN_MEMBER_ID must not renew).
+// Workers produce only while it is valid and each batch is cancelled when it
+// lapses, so a member cut off from the group coordinator, or told that its
+// session ended, stops publishing before the group hands its partitions to
+// another member. The group's end (kafkax.SessionHook, OnPartitionsLost)
+// revokes the lease at once.
 //
 // Revocation stops a partition's worker after its batch in flight is
 // acknowledged and marked (bounded by the producer's delivery timeout);
@@ -37,6 +42,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -214,8 +220,18 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}
 		return out
 	}
+	var group *kgo.Client
+	probe := &kafkax.SessionProbe{
+		Group:    cfg.PublisherGroup,
+		Member:   func() (string, int32) { return group.GroupMetadata() },
+		Request:  func(ctx context.Context, req kmsg.Request) (kmsg.Response, error) { return group.Request(ctx, req) },
+		Renewed:  p.lease.Renew,
+		Interval: cfg.HeartbeatInterval,
+		// An answer older than the lease is worthless.
+		Timeout: max(cfg.HeartbeatInterval, p.lease.TTL()/2),
+	}
+	probe.Init()
 	hook := &kafkax.SessionHook{
-		Renewed: p.lease.Renew,
 		Ended: func(err error) {
 			log.Warn("publisher group session ended; publishing paused", "error", err)
 			p.stats.SetError(fmt.Errorf("publisher group: %w", err))
@@ -231,10 +247,14 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(rebalanceTimeout),
 		kgo.DisableAutoCommit(),
+		// The classic protocol, whatever KafkaOptions say: SessionProbe's
+		// heartbeats are classic heartbeats.
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.WithHooks(hook),
 		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			c.tel.rebalance("publisher", "assigned", m)
+			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
 				p.set.Assign(tps)
@@ -257,7 +277,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}),
 	)
 	gopts = append(gopts, o.groupOpts...)
-	group, err := kgo.NewClient(gopts...)
+	group, err = kgo.NewClient(gopts...)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
 	}
@@ -291,6 +311,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		w.Run(bg)
 	})
 	wg.Go(func() { p.refreshTopics(bg, group, log) })
+	wg.Go(func() { probe.Run(bg) })
 
 	<-ctx.Done()
 
