@@ -196,9 +196,11 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	return st, nil
 }
 
-// FailedEvent is an outbox event Kafka refused for good (for example larger
-// than the topic's maximum message size). It stays in the outbox,
-// unpublished, until an operator retries (RetryFailed) or deletes it.
+// FailedEvent is an outbox event Kafka refused for good, sent on its own
+// (for example larger than the topic's maximum message size). It stays in
+// the outbox, unpublished, until an operator retries (RetryFailed) or
+// discards it (DiscardFailed); under Config.PoisonPolicy HoldKey the later
+// events of its partition key wait behind it until then.
 type FailedEvent struct {
 	// ID is the outbox document's _id (hex ObjectID).
 	ID             string    `json:"id"`
