@@ -29,6 +29,13 @@ import (
 // Publishing an event therefore costs no extra query: the check is a map
 // lookup. A worker that holds nothing re-reads once per Rescan.
 //
+// Why a periodic re-read and not the change stream: the stream carries
+// inserts only, filtered on the server to the owned partitions. Following
+// updates as well would deliver every "published" mark of every replica to
+// every replica, and a delete event carries no topic or partition to
+// filter on. A held key is rare and waits for a human, so a re-read every
+// few seconds, only while a key is held, costs far less.
+//
 // Why no event is lost or reordered:
 //
 //   - Held events are never marked: they stay pending in the outbox, so a
