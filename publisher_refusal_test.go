@@ -222,3 +222,38 @@ func TestPublisherRefusedEventHoldsKeyUntilDiscarded(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2}, seqs[kb])
 	eventually(t, "no key held", func() bool { return c.publisherStatus().HeldKeys == 0 })
 }
+
+// The held gauges count the keys failed events hold and the events waiting
+// behind them; under SkipEvent nothing is held.
+func TestHeldGauges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	coll := b.db.Collection("outbox")
+	for i, failed := range []bool{true, false, false} {
+		_, err := coll.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Partition: 1, Key: "k",
+			Schema: "X.v1", IdempotencyKey: "h-" + strconv.Itoa(i), Failed: failed, CreatedAt: time.Now()})
+		require.NoError(t, err)
+	}
+	for _, policy := range []PoisonPolicy{HoldKey, SkipEvent} {
+		// A client that publishes payments only reports the orders backlog.
+		cfg := b.config("held-" + policy.String())
+		cfg.PublishTopics = []string{paymentsTopic}
+		cfg.PoisonPolicy = policy
+		o := newOtel(t, &cfg)
+		c := b.client(t, cfg)
+		stop := start(t, c)
+		want := map[PoisonPolicy][2]float64{HoldKey: {1, 2}, SkipEvent: {0, 0}}[policy]
+		eventually(t, "held gauges under "+policy.String(), func() bool {
+			m := o.collect(t)
+			return sumOf(m["outbox.pending"], attrTopic.String(ordersTopic)) == 2 &&
+				sumOf(m["outbox.held_keys"], attrTopic.String(ordersTopic)) == want[0] &&
+				sumOf(m["outbox.held_events"], attrTopic.String(ordersTopic)) == want[1]
+		})
+		st, err := c.Status(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, want[0], st.Store.OutboxHeldKeys)
+		require.EqualValues(t, want[1], st.Store.OutboxHeldEvents)
+		stop()
+	}
+}
