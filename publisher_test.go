@@ -420,11 +420,14 @@ func TestPublisherCrashBeforeMarkRepublishes(t *testing.T) {
 	t.Logf("%d duplicates after the crash", dups)
 }
 
+// Under SkipEvent a refused event does not hold its key: the later events
+// of the key are published without it.
 func TestPublisherPermanentFailureMarksEventFailed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := pubConfig(b)
 	cfg.PublishTopics = []string{ordersTopic}
+	cfg.PoisonPolicy = SkipEvent
 	c := b.client(t, cfg)
 	r := newRecorder(b, c)
 	r.record(t, "k")
