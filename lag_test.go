@@ -36,7 +36,9 @@ func TestConsumerLagGrowsWhileStalled(t *testing.T) {
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)
 	c.tel.lagEvery = 50 * time.Millisecond
-	blocked, release := make(chan struct{}), make(chan struct{})
+	// blocked has room for the signal: the handler may run before the test
+	// waits on it, and a dropped signal would fail the test.
+	blocked, release := make(chan struct{}, 1), make(chan struct{})
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		if e.Run == b.run && e.Seq == 1 {
 			select {
