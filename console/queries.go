@@ -89,7 +89,7 @@ func parkedByTopic(ctx context.Context, s *service) (map[string]*parkedTopic, er
 	}
 	var groups []struct {
 		ID struct {
-			Topic string   `bson:"topic"`
+			Topic string        `bson:"topic"`
 			Head  bson.RawValue `bson:"head"`
 		} `bson:"_id"`
 		N int64 `bson:"n"`
