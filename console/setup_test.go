@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,7 +49,17 @@ type bundle struct {
 	client  *outbox.Client
 	console *Console
 	srv     *httptest.Server
-	handled sync.Map // order id -> times handled
+	handled sync.Map    // order id -> *atomic.Int64, times handled
+	heal    atomic.Bool // poison orders are handled once set
+}
+
+// timesHandled is how often the handler succeeded for an order.
+func (b *bundle) timesHandled(orderID string) int64 {
+	n, ok := b.handled.Load(orderID)
+	if !ok {
+		return 0
+	}
+	return n.(*atomic.Int64).Load()
 }
 
 // setup starts MongoDB and Kafka, a framework Client for service "shop"
@@ -63,7 +74,7 @@ func setup(t *testing.T, actions bool) *bundle {
 	}
 	b := &bundle{mongo: m, kafka: k, db: m.DB(t)}
 	b.cfg = outbox.Config{
-		Mongo: m.Client, Database: b.db.Name(), Brokers: k.Seeds, Service: "shop-" + kafkatest.UniqueName(t),
+		Mongo: m.Client, Database: b.db.Name(), Brokers: k.Seeds, Service: "shop", // each test has its own Kafka cluster and database
 		PublishTopics: []string{ordersTopic}, RetryMinBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond,
 		MaxAttempts: 2, SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, FenceMargin: 2 * time.Second,
 	}
@@ -71,11 +82,11 @@ func setup(t *testing.T, actions bool) *bundle {
 	require.NoError(t, err)
 	b.client = c
 	require.NoError(t, outbox.Handle(c, func(ctx context.Context, e orderPlaced, _ outbox.Metadata) error {
-		if strings.HasPrefix(e.OrderID, "poison") {
+		if strings.HasPrefix(e.OrderID, "poison") && !b.heal.Load() {
 			return fmt.Errorf("cannot charge order %s: card declined", e.OrderID)
 		}
-		n, _ := b.handled.LoadOrStore(e.OrderID, new(int))
-		*n.(*int)++
+		n, _ := b.handled.LoadOrStore(e.OrderID, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
 		return nil
 	}))
 	require.NoError(t, c.EnsureIndexes(context.Background()))
