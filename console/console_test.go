@@ -17,7 +17,7 @@ import (
 	"github.com/event-outbox/outbox"
 )
 
-func jarClient(t *testing.T) *http.Client {
+func jarClient(t testing.TB) *http.Client {
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
 	return &http.Client{Jar: jar, Timeout: 30 * time.Second}

@@ -65,7 +65,7 @@ func (b *bundle) timesHandled(orderID string) int64 {
 // setup starts MongoDB and Kafka, a framework Client for service "shop"
 // (not running; see run) with a handler of orderPlaced, and a console on
 // an httptest server mounted at /outbox/ui/.
-func setup(t *testing.T, actions bool) *bundle {
+func setup(t testing.TB, actions bool) *bundle {
 	t.Helper()
 	m := mongotest.Start(t)
 	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic))
@@ -100,7 +100,7 @@ func setup(t *testing.T, actions bool) *bundle {
 }
 
 // run runs the client until the test ends.
-func (b *bundle) run(t *testing.T) {
+func (b *bundle) run(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -165,7 +165,7 @@ func outboxDocOf(key string, created time.Time, published, failed bool) bson.D {
 	return d
 }
 
-func insert(t *testing.T, coll *mongo.Collection, docs ...bson.D) {
+func insert(t testing.TB, coll *mongo.Collection, docs ...bson.D) {
 	t.Helper()
 	anys := make([]any, len(docs))
 	for i := range docs {
@@ -175,7 +175,7 @@ func insert(t *testing.T, coll *mongo.Collection, docs ...bson.D) {
 	require.NoError(t, err)
 }
 
-func count(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {
+func count(t testing.TB, coll *mongo.Collection, filter bson.D) int64 {
 	t.Helper()
 	n, err := coll.CountDocuments(context.Background(), filter)
 	require.NoError(t, err)
@@ -183,7 +183,7 @@ func count(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {
 }
 
 // get fetches a page and returns its status and body.
-func get(t *testing.T, cl *http.Client, u string) (int, string) {
+func get(t testing.TB, cl *http.Client, u string) (int, string) {
 	t.Helper()
 	resp, err := cl.Get(u)
 	require.NoError(t, err)
