@@ -45,6 +45,15 @@ type StoreStatus struct {
 	// Failed counts outbox events Kafka refused for good; they are not
 	// retried (see FailedEvents).
 	Failed int64
+	// OutboxHeldKeys counts the partition keys that have a failed event.
+	// Under Config.PoisonPolicy HoldKey (the default) each holds the later
+	// events of its key in the outbox until the failed event is retried
+	// (RetryFailed) or discarded (DiscardFailed). Client.Status reports 0
+	// under SkipEvent.
+	OutboxHeldKeys int64
+	// OutboxHeldEvents counts the pending events of those keys (included in
+	// Pending): what waits behind failed events under HoldKey.
+	OutboxHeldEvents int64
 	// Parked counts parked inbox events (see ParkedEvents).
 	Parked int64
 	// RedriveRequested counts parked events waiting for a running consumer
@@ -66,6 +75,9 @@ type TopicBacklog struct {
 	OldestPendingAge time.Duration
 	// Failed counts events Kafka refused for good.
 	Failed int64
+	// HeldKeys and HeldEvents are StoreStatus.OutboxHeldKeys and
+	// OutboxHeldEvents for this topic.
+	HeldKeys, HeldEvents int64
 }
 
 // MarshalJSON writes snake_case keys and the age in seconds.
@@ -75,7 +87,9 @@ func (b TopicBacklog) MarshalJSON() ([]byte, error) {
 		Pending          int64   `json:"pending"`
 		OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
 		Failed           int64   `json:"failed"`
-	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed})
+		HeldKeys         int64   `json:"held_keys"`
+		HeldEvents       int64   `json:"held_events"`
+	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed, b.HeldKeys, b.HeldEvents})
 }
 
 // storeStatusJSON is the JSON form of StoreStatus, shared with Status.
@@ -83,6 +97,8 @@ type storeStatusJSON struct {
 	Pending          int64          `json:"pending"`
 	OldestPendingAge float64        `json:"oldest_pending_age_seconds"`
 	Failed           int64          `json:"failed"`
+	OutboxHeldKeys   int64          `json:"outbox_held_keys"`
+	OutboxHeldEvents int64          `json:"outbox_held_events"`
 	Parked           int64          `json:"parked"`
 	RedriveRequested int64          `json:"redrive_requested"`
 	Topics           []TopicBacklog `json:"topics"`
@@ -94,7 +110,9 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	if topics == nil {
 		topics = []TopicBacklog{}
 	}
-	return storeStatusJSON{s.Pending, s.OldestPendingAge.Seconds(), s.Failed, s.Parked, s.RedriveRequested, topics, s.CheckedAt}
+	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
+		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked,
+		RedriveRequested: s.RedriveRequested, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.
@@ -105,7 +123,10 @@ func (s StoreStatus) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonF
 // Cost: one aggregation over the outbox's unpublished documents (the
 // partial index outbox_pending holds exactly those), grouped by topic, and
 // two counts over the inbox's parked documents (partial index
-// inbox_parked). Published and handled documents are never read.
+// inbox_parked). When events failed, one more read of the failed events
+// (partial index outbox_failed) and one count of the pending events of
+// their partitions give the held keys and events. Published and handled
+// documents are never read.
 func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	now := time.Now().UTC()
 	st := StoreStatus{CheckedAt: now}
@@ -151,6 +172,11 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 			st.OldestPendingAge = max(st.OldestPendingAge, age)
 		}
 	}
+	if st.Failed > 0 {
+		if err := a.heldCounts(ctx, &st, byTopic); err != nil {
+			return st, err
+		}
+	}
 	for _, b := range byTopic {
 		st.Topics = append(st.Topics, *b)
 	}
@@ -170,9 +196,11 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	return st, nil
 }
 
-// FailedEvent is an outbox event Kafka refused for good (for example larger
-// than the topic's maximum message size). It stays in the outbox,
-// unpublished, until an operator retries (RetryFailed) or deletes it.
+// FailedEvent is an outbox event Kafka refused for good, sent on its own
+// (for example larger than the topic's maximum message size). It stays in
+// the outbox, unpublished, until an operator retries (RetryFailed) or
+// discards it (DiscardFailed); under Config.PoisonPolicy HoldKey the later
+// events of its partition key wait behind it until then.
 type FailedEvent struct {
 	// ID is the outbox document's _id (hex ObjectID).
 	ID             string    `json:"id"`
@@ -234,23 +262,16 @@ func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent
 
 // RetryFailed clears the failed mark of the selected failed events (those
 // of f, Limit ignored, narrowed to ids when not empty), so that the
-// publisher tries them again at its next scan of their partition (at most
-// 30 s). Use it after the cause is fixed (for example the topic's maximum
-// message size raised). A retried event is published after the events of
-// its partition key that were published meanwhile. With dryRun it only
-// counts them. It returns how many events were (or would be) retried.
+// publisher tries them again at its next scan of their partition (within
+// seconds under Config.PoisonPolicy HoldKey, at most 30 s otherwise). Use it
+// after the cause is fixed (for example the topic's maximum message size
+// raised). Under HoldKey a retried event is published before the events of
+// its key that waited behind it, in order; under SkipEvent after the events
+// of its key published meanwhile. With dryRun it only counts them. It returns how many events were (or would be) retried.
 func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
-	q := f.query()
-	if len(ids) > 0 {
-		oids := make(bson.A, 0, len(ids))
-		for _, id := range ids {
-			oid, err := bson.ObjectIDFromHex(id)
-			if err != nil {
-				return 0, fmt.Errorf("outbox: failed event id %q is not a hex ObjectID", id)
-			}
-			oids = append(oids, oid)
-		}
-		q = append(q, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: oids}}})
+	q, err := f.withIDs(ids)
+	if err != nil {
+		return 0, err
 	}
 	if dryRun {
 		n, err := a.outbox.CountDocuments(ctx, q)

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/go-playground/validator/v10"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // Client is the framework's entry point in a service: it records events in
@@ -25,12 +25,14 @@ import (
 type Client struct {
 	cfg           Config
 	outbox, inbox *mongo.Collection
+	meta          *mongo.Collection // metaCollection: inbox stamps, partition counts
 	validate      *validator.Validate
 	publishTopics map[string]bool
-	topics        *topicCache
+	topics        *partitionCounts
 	pub           atomic.Pointer[publisher] // the running publisher, for status
 	tel           *telemetry                // metrics, spans, runtime state for Status
 	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
+	metadataEvery time.Duration             // period of Run's partition count refresh; tests shorten it
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler
@@ -51,9 +53,10 @@ func New(cfg Config) (*Client, error) {
 		inbox:         db.Collection(cfg.InboxCollection),
 		validate:      validator.New(validator.WithRequiredStructEnabled()),
 		publishTopics: make(map[string]bool, len(cfg.PublishTopics)),
-		topics:        &topicCache{cfg: &cfg, counts: map[string]int{}},
+		meta:          db.Collection(metaCollection, options.Collection().SetWriteConcern(writeconcern.Majority())),
 		handlers:      map[handlerKey]*handler{},
 	}
+	c.topics = newPartitionCounts(&c.cfg, c.meta)
 	c.tel = newTelemetry(&c.cfg)
 	if c.tel.instrumentErr != nil {
 		cfg.Logger.Warn("outbox: some metric instruments could not be created", "err", c.tel.instrumentErr)
@@ -80,65 +83,4 @@ func (c *Client) validateEvent(schema string, e Event) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s: %v", ErrInvalidEvent, schema, err)
-}
-
-// topicCache holds the partition counts of the topics events are recorded
-// for. A count is fetched from Kafka on first use and kept; the publisher
-// refreshes counts it sees in its own metadata.
-type topicCache struct {
-	cfg    *Config
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-// ErrTopicMetadata wraps failures to learn a topic's partition count.
-var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
-
-func (tc *topicCache) partitions(ctx context.Context, topic string) (int, error) {
-	tc.mu.Lock()
-	n, ok := tc.counts[topic]
-	tc.mu.Unlock()
-	if ok {
-		return n, nil
-	}
-	n, err := tc.fetch(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	tc.set(topic, n)
-	return n, nil
-}
-
-func (tc *topicCache) set(topic string, n int) {
-	if n <= 0 {
-		return
-	}
-	tc.mu.Lock()
-	tc.counts[topic] = n
-	tc.mu.Unlock()
-}
-
-// fetch asks Kafka for a topic's partition count with a short-lived client.
-func (tc *topicCache) fetch(ctx context.Context, topic string) (int, error) {
-	opts := append([]kgo.Opt{}, tc.cfg.KafkaOptions...)
-	opts = append(opts, kgo.SeedBrokers(tc.cfg.Brokers...))
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return 0, fmt.Errorf("%w %q: %v", ErrTopicMetadata, topic, err)
-	}
-	defer cl.Close()
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
-	if err != nil {
-		return 0, fmt.Errorf("%w %q: %v", ErrTopicMetadata, topic, err)
-	}
-	d, ok := details[topic]
-	switch {
-	case !ok:
-		return 0, fmt.Errorf("%w %q: not in metadata", ErrTopicMetadata, topic)
-	case d.Err != nil:
-		return 0, fmt.Errorf("%w %q: %v", ErrTopicMetadata, topic, d.Err)
-	case len(d.Partitions) == 0:
-		return 0, fmt.Errorf("%w %q: no partitions", ErrTopicMetadata, topic)
-	}
-	return len(d.Partitions), nil
 }

@@ -90,12 +90,21 @@ func TestConsumerConcurrentHandlersCommitOnce(t *testing.T) {
 	b := setup(t)
 	// Two services with different consumer groups both receive every record
 	// and share one inbox: the optimistic lock lets one handling commit.
+	// Run refuses this configuration (ErrInboxOwned: an inbox belongs to
+	// one group); the test hands the stamp over to the second group once
+	// the first has passed its check, to race two handlers on every entry.
 	var calls atomic.Int64
 	effects := b.db.Collection("effects")
 	for _, name := range []string{"a", "b"} {
 		c := b.client(t, consumerConfig(b, name))
 		MustHandle(c, effectHandler(b, &calls))
+		_, err := c.meta.DeleteMany(context.Background(), bson.D{})
+		require.NoError(t, err)
 		start(t, c)
+		eventually(t, name+" past its inbox check", func() bool {
+			_, ok := indexSpecs(t, c.inbox)[indexInboxTTL]
+			return ok
+		})
 	}
 	const n = 20
 	for i := range n {

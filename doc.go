@@ -74,6 +74,10 @@
 // published and handled documents after Config.OutboxRetention and
 // Config.InboxRetention; nothing unpublished, unhandled or parked expires.
 // The inbox retention must outlast the time a record can be redelivered.
+// An inbox collection belongs to one consumer group (ErrInboxOwned): services
+// sharing a database need their own collections. The outbox_meta collection
+// holds the inbox stamps and the publish topics' partition counts, which let
+// Transact record without Kafka (ErrPartitionsUnknown).
 //
 // # Telemetry
 //

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -33,6 +34,7 @@ func TestEnsureIndexesIdempotentAndRetentionChange(t *testing.T) {
 	cfg := b.config("svc")
 	cfg.OutboxRetention = time.Hour
 	c := b.client(t, cfg)
+	consume(t, c) // the inbox indexes are a consumer's
 	// Several replicas starting at once.
 	errs := make(chan error, 3)
 	for range 3 {
@@ -63,6 +65,7 @@ func TestTTLRemovesOnlyPublishedAndHandled(t *testing.T) {
 	cfg.OutboxRetention = time.Second
 	cfg.InboxRetention = time.Second
 	c := b.client(t, cfg)
+	consume(t, c)
 	require.NoError(t, c.EnsureIndexes(ctx))
 	old := time.Now().Add(-time.Hour)
 	_, err := c.outbox.InsertMany(ctx, []any{
@@ -82,4 +85,101 @@ func TestTTLRemovesOnlyPublishedAndHandled(t *testing.T) {
 	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "_id", Value: "pending"}}))
 	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "_id", Value: "published-new"}}))
 	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: "parked"}}))
+}
+
+// consume registers a no-op handler, making c a consumer.
+func consume(t *testing.T, c *Client) {
+	t.Helper()
+	require.NoError(t, Handle(c, func(context.Context, orderPlaced, Metadata) error { return nil }))
+}
+
+// createIndex creates an index as another tool would, bypassing the
+// framework.
+func createIndex(t *testing.T, coll *mongo.Collection, name string, keys, partial bson.D, ttl int32) {
+	t.Helper()
+	opts := options.Index().SetName(name)
+	if partial != nil {
+		opts.SetPartialFilterExpression(partial)
+	}
+	if ttl >= 0 {
+		opts.SetExpireAfterSeconds(ttl)
+	}
+	_, err := coll.Indexes().CreateOne(context.Background(), mongo.IndexModel{Keys: keys, Options: opts})
+	require.NoError(t, err)
+}
+
+// The Python event-outbox library's indexes (event_outbox/outbox.py,
+// create_indexes): TTL indexes named "expiration" with our key and partial
+// filter, and a unique "idempotency" index on the outbox. EnsureIndexes used
+// to get IndexOptionsConflict, then IndexNotFound from collMod on its own
+// name, and Run retried forever.
+func TestEnsureIndexesReusesEquivalentIndexesOfAnotherName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config("py")
+	cfg.OutboxRetention = time.Hour
+	cfg.InboxRetention = 2 * time.Hour
+	c := b.client(t, cfg)
+	consume(t, c)
+	day := int32(24 * 3600)
+	createIndex(t, c.outbox, "idempotency", bson.D{
+		{Key: "payload.topic", Value: int32(1)}, {Key: "payload.content_schema", Value: int32(1)}, {Key: "payload.idempotency_key", Value: int32(1)},
+	}, nil, -1)
+	createIndex(t, c.outbox, "expiration", bson.D{{Key: "published_at", Value: int32(1)}}, bson.D{{Key: "published", Value: true}}, day)
+	createIndex(t, c.inbox, "expiration", bson.D{{Key: "handled_at", Value: int32(1)}}, bson.D{{Key: "handled", Value: true}}, day)
+
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, c.EnsureIndexes(ctx), "idempotent")
+
+	out := indexSpecs(t, c.outbox)
+	require.NotContains(t, out, indexOutboxTTL, "the equivalent index is reused, not doubled")
+	require.EqualValues(t, 3600, out["expiration"]["expireAfterSeconds"], "its TTL follows OutboxRetention")
+	require.Contains(t, out, indexOutboxPending)
+	require.Contains(t, out, "idempotency")
+	in := indexSpecs(t, c.inbox)
+	require.NotContains(t, in, indexInboxTTL)
+	require.EqualValues(t, 7200, in["expiration"]["expireAfterSeconds"], "its TTL follows InboxRetention")
+	require.Contains(t, in, indexInboxParked)
+
+	// Run starts on these collections (it used to retry forever).
+	stop := start(t, c)
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		return Record(ctx, orderPlaced{Run: b.run, OrderID: "o-1"})
+	}))
+	eventually(t, "the event published", func() bool {
+		return count(t, c.outbox, bson.D{{Key: "published", Value: true}}) == 1
+	})
+	stop()
+}
+
+// An index that cannot be reconciled ends Run with a clear error instead of
+// a retry loop that never ends.
+func TestRunEndsOnIndexConflict(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(t *testing.T, c *Client){
+		"our name, another key": func(t *testing.T, c *Client) {
+			createIndex(t, c.outbox, indexOutboxTTL, bson.D{{Key: "created_at", Value: 1}}, nil, 60)
+		},
+		"our key and filter, not TTL": func(t *testing.T, c *Client) {
+			createIndex(t, c.outbox, "by_hand", bson.D{{Key: "published_at", Value: 1}}, bson.D{{Key: "published", Value: true}}, -1)
+		},
+	}
+	for name, prepare := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.client(t, b.config("conflict"))
+			prepare(t, c)
+			err := c.EnsureIndexes(context.Background())
+			require.ErrorIs(t, err, ErrIndexConflict)
+			require.ErrorContains(t, err, c.outbox.Name())
+
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err = c.Run(ctx)
+			require.ErrorIs(t, err, ErrIndexConflict)
+			require.NoError(t, ctx.Err(), "Run returned the error, it did not retry until the deadline")
+		})
+	}
 }

@@ -98,6 +98,13 @@ func txFrom(ctx context.Context) *txState {
 //
 // Called with the context of a handler or of another Transact, it joins that
 // transaction instead of starting one.
+//
+// Transact never calls Kafka inside the transaction. Before starting it, it
+// makes sure the partition counts of Config.PublishTopics are known: from
+// memory, else from MongoDB (persisted by earlier reads), else, on a
+// service's first-ever start, from Kafka with a bound of a few seconds.
+// When none of these works (first start while Kafka is down), Record fails
+// at once with ErrPartitionsUnknown.
 func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
 	if txFrom(ctx) != nil {
 		return fn(ctx)
@@ -115,6 +122,9 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 // not nil, wraps an error of that insert. It returns the state of the last
 // attempt, the one that committed when the error is nil.
 func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context) error, wrapFlush func(error) error) (*txState, error) {
+	// Partition counts are learnt now, never inside the transaction:
+	// Record only reads them from memory (see partitions.go).
+	c.topics.prepare(ctx)
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)
@@ -176,7 +186,10 @@ var traceContext = propagation.TraceContext{}
 // validated now: an invalid event returns an error that wraps
 // ErrInvalidEvent (a *ValidationError names the field), and the caller
 // returning it aborts the transaction. The trace context of ctx, if any, is
-// captured now and travels with the event.
+// captured now and travels with the event. Record does no I/O: the event's
+// partition comes from the partition count learnt before the transaction
+// (an error wrapping ErrPartitionsUnknown when there is none, see
+// Client.Transact).
 func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	tx := txFrom(ctx)
 	if tx == nil {
@@ -227,7 +240,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: encode JSON: %v", ErrInvalidEvent, schema, err)
 	}
-	partitions, err := c.topics.partitions(ctx, topic)
+	partitions, err := c.topics.get(topic)
 	if err != nil {
 		return nil, err
 	}

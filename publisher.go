@@ -18,11 +18,16 @@ package outbox
 // periodic rescan) sends the worker back to scanning, so a lost stream
 // never loses events.
 //
-// Fencing: a lease renewed by successful group round trips (kafkax.SessionHook)
-// lasts SessionTimeout minus FenceMargin from the send time of the last
-// heartbeat. Workers produce only while it is valid and each batch is
-// cancelled when it lapses, so a member cut off from the group coordinator
-// stops publishing before the group hands its partitions to another member.
+// Fencing: a lease lasts SessionTimeout minus FenceMargin from the send
+// time of the last heartbeat the group coordinator answered with error code
+// 0 (kafkax.SessionProbe: heartbeats of its own with the group client's
+// member id and generation, because kgo's hooks never see a response's
+// error code, and a heartbeat answered UNKNOWN_MEMBER_ID must not renew).
+// Workers produce only while it is valid and each batch is cancelled when it
+// lapses, so a member cut off from the group coordinator, or told that its
+// session ended, stops publishing before the group hands its partitions to
+// another member. The group's end (kafkax.SessionHook, OnPartitionsLost)
+// revokes the lease at once.
 //
 // Revocation stops a partition's worker after its batch in flight is
 // acknowledged and marked (bounded by the producer's delivery timeout);
@@ -35,8 +40,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -64,6 +69,10 @@ type PublisherStatus struct {
 	Published int64
 	// Failed counts the events Kafka refused for good (marked failed).
 	Failed int64
+	// HeldKeys counts the partition keys this process holds in the
+	// partitions it owns: keys with a failed event, whose later events wait
+	// in the outbox (Config.PoisonPolicy HoldKey; always 0 under SkipEvent).
+	HeldKeys int64
 	// LastError is the last error met (Kafka, MongoDB), or "".
 	LastError string
 	// LastErrorAt is when LastError happened; zero when there is none.
@@ -75,12 +84,15 @@ type PublisherStatus struct {
 
 // Publisher tuning that the Config does not expose.
 const (
-	rescanInterval   = 30 * time.Second // safety scan of every owned partition
-	streamDebounce   = 100 * time.Millisecond
-	streamMaxAwait   = 500 * time.Millisecond
-	markDelay        = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	metadataInterval = time.Minute
-	leaveTimeout     = 5 * time.Second
+	rescanInterval = 30 * time.Second // safety scan of every owned partition
+	// A partition holding keys (Config.PoisonPolicy HoldKey) re-reads its
+	// failed keys this often, to release the keys an operator retried or
+	// discarded: one indexed query per holding partition per interval.
+	holdRecheckInterval = 5 * time.Second
+	streamDebounce      = 100 * time.Millisecond
+	streamMaxAwait      = 500 * time.Millisecond
+	markDelay           = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	leaveTimeout        = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
@@ -93,6 +105,7 @@ type publisherOptions struct {
 	producerOpts []kgo.Opt // added to the producer client
 	hooks        publish.Hooks
 	rescan       time.Duration
+	holdRecheck  time.Duration
 	streamOpened func()
 }
 
@@ -114,6 +127,7 @@ func (c *Client) publisherStatus() PublisherStatus {
 		Running:     true,
 		Published:   p.stats.Published(),
 		Failed:      p.stats.Failed(),
+		HeldKeys:    p.set.HeldKeys(),
 		LastError:   p.stats.LastError(),
 		LastErrorAt: p.stats.LastErrorAt(),
 		LeaseValid:  p.lease.Valid(),
@@ -177,6 +191,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		BatchSize:   cfg.PublishBatchSize,
 		Backoff:     publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff},
 		Rescan:      cmpOrDuration(o.rescan, rescanInterval),
+		Hold:        cfg.PoisonPolicy == HoldKey,
+		HoldRecheck: cmpOrDuration(o.holdRecheck, holdRecheckInterval),
 		MarkTimeout: markTimeout,
 		// A graceful stop must end even when Kafka is unreachable and the
 		// producer never resolves the batch (found by cmd/outbox-chaos:
@@ -202,8 +218,18 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}
 		return out
 	}
+	var group *kgo.Client
+	probe := &kafkax.SessionProbe{
+		Group:    cfg.PublisherGroup,
+		Member:   func() (string, int32) { return group.GroupMetadata() },
+		Request:  func(ctx context.Context, req kmsg.Request) (kmsg.Response, error) { return group.Request(ctx, req) },
+		Renewed:  p.lease.Renew,
+		Interval: cfg.HeartbeatInterval,
+		// An answer older than the lease is worthless.
+		Timeout: max(cfg.HeartbeatInterval, p.lease.TTL()/2),
+	}
+	probe.Init()
 	hook := &kafkax.SessionHook{
-		Renewed: p.lease.Renew,
 		Ended: func(err error) {
 			log.Warn("publisher group session ended; publishing paused", "error", err)
 			p.stats.SetError(fmt.Errorf("publisher group: %w", err))
@@ -219,10 +245,14 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(rebalanceTimeout),
 		kgo.DisableAutoCommit(),
+		// The classic protocol, whatever KafkaOptions say: SessionProbe's
+		// heartbeats are classic heartbeats.
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.WithHooks(hook),
 		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			c.tel.rebalance("publisher", "assigned", m)
+			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
 				p.set.Assign(tps)
@@ -245,7 +275,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}),
 	)
 	gopts = append(gopts, o.groupOpts...)
-	group, err := kgo.NewClient(gopts...)
+	group, err = kgo.NewClient(gopts...)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
 	}
@@ -278,7 +308,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}
 		w.Run(bg)
 	})
-	wg.Go(func() { p.refreshTopics(bg, group, log) })
+	wg.Go(func() { probe.Run(bg) })
 
 	<-ctx.Done()
 
@@ -302,35 +332,6 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	return nil
 }
 
-// refreshTopics learns the partition counts of the publish topics at start
-// and every metadataInterval, for recording.
-func (p *publisher) refreshTopics(ctx context.Context, cl *kgo.Client, log interface {
-	Warn(string, ...any)
-}) {
-	adm := kadm.NewClient(cl)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		details, err := adm.ListTopics(rctx, p.c.cfg.PublishTopics...)
-		cancel()
-		if err == nil {
-			for topic, d := range details {
-				if d.Err == nil {
-					p.c.topics.set(topic, len(d.Partitions))
-				}
-			}
-		} else if ctx.Err() == nil {
-			log.Warn("publisher: reading topic metadata failed", "error", err)
-		}
-		t := time.NewTimer(metadataInterval)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
-}
-
 func cmpOrDuration(a, b time.Duration) time.Duration {
 	if a > 0 {
 		return a
@@ -343,14 +344,19 @@ type outboxStore struct {
 	coll *mongo.Collection
 }
 
-func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int) ([]publish.Item, error) {
+func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int, exclude []string) ([]publish.Item, error) {
 	// Served by the partial index outbox_pending {topic, partition, seq, _id}
-	// where published is false.
+	// where published is false. Held keys are filtered on the server while
+	// it walks the index in order; their events are few (they wait for an
+	// operator).
 	filter := bson.D{
 		{Key: "published", Value: false},
 		{Key: "topic", Value: tp.Topic},
 		{Key: "partition", Value: tp.Partition},
 		{Key: "failed", Value: false},
+	}
+	if len(exclude) > 0 {
+		filter = append(filter, bson.E{Key: "key", Value: bson.D{{Key: "$nin", Value: exclude}}})
 	}
 	opts := options.Find().
 		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
@@ -412,4 +418,32 @@ func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at tim
 			{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
 		})
 	return err
+}
+
+// FailedKeys returns the partition keys of tp's failed events. It reads
+// the failed events of the collection through the partial index
+// outbox_failed (failed is true); they are few, as each waits for an
+// operator.
+func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) ([]string, error) {
+	filter := bson.D{
+		{Key: "failed", Value: true},
+		{Key: "topic", Value: tp.Topic},
+		{Key: "partition", Value: tp.Partition},
+	}
+	cur, err := s.coll.Find(ctx, filter, options.Find().
+		SetProjection(bson.D{{Key: "_id", Value: 0}, {Key: "key", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("find failed events: %w", err)
+	}
+	var docs []struct {
+		Key string `bson:"key"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("read failed events: %w", err)
+	}
+	keys := make([]string, 0, len(docs))
+	for _, d := range docs {
+		keys = append(keys, d.Key)
+	}
+	return keys, nil
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -9,10 +10,15 @@ import (
 // ends, then drains and returns nil. It is meant to live for the whole
 // process, next to the HTTP server.
 //
-// On start it creates the indexes (EnsureIndexes, retried with backoff while
-// MongoDB is unreachable). The publisher runs when Config.PublishTopics is
-// not empty, the consumer when handlers are registered. MongoDB and Kafka
-// outages are retried with backoff and never end Run. When ctx ends, the
+// On start it creates the indexes and checks that the inbox collection
+// belongs to Config.ConsumerGroup (EnsureIndexes, retried with backoff while
+// MongoDB is unreachable; an index conflict or an inbox of another group
+// ends Run with an error wrapping ErrIndexConflict or ErrInboxOwned). The
+// publisher runs when Config.PublishTopics is not empty, together with a
+// goroutine that keeps the topics' partition counts current for recording
+// (loaded from MongoDB, read from Kafka every minute, persisted; see
+// ErrPartitionsUnknown); the consumer runs when handlers are registered.
+// MongoDB and Kafka outages are retried with backoff and never end Run. When ctx ends, the
 // consumer finishes the events in hand (at most 30 s), commits their
 // offsets and leaves its group; the publisher finishes its batches in
 // flight and leaves its group. A fatal error (for example a Kafka client
@@ -41,6 +47,10 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, ErrIndexConflict) || errors.Is(err, ErrInboxOwned) {
+			// Retrying cannot fix these: the error says what to change.
+			return err
+		}
 		c.cfg.Logger.Warn("outbox: ensure indexes failed; retrying", "err", err, "attempt", attempt)
 		if !sleepCtx(ctx, nil, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
 			return nil
@@ -68,6 +78,7 @@ func (c *Client) Run(ctx context.Context) error {
 		})
 	}
 	if len(c.cfg.PublishTopics) > 0 {
+		start(c.refreshPartitions)
 		start(c.runPublisher)
 	}
 	start(c.runConsumer)

@@ -95,7 +95,10 @@ func TestStatusCountsFailedAndParked(t *testing.T) {
 	require.Zero(t, st.OldestPendingAge)
 	require.EqualValues(t, 1, st.Failed)
 	require.EqualValues(t, 1, st.Parked)
-	require.EqualValues(t, []TopicBacklog{{Topic: ordersTopic, Failed: 1}}, st.Topics)
+	// The failed event holds its key (nothing waits behind it).
+	require.EqualValues(t, 1, st.OutboxHeldKeys)
+	require.Zero(t, st.OutboxHeldEvents)
+	require.EqualValues(t, []TopicBacklog{{Topic: ordersTopic, Failed: 1, HeldKeys: 1}}, st.Topics)
 
 	failed, err := c.Admin().FailedEvents(ctx, FailedFilter{Topic: ordersTopic})
 	require.NoError(t, err)

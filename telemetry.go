@@ -40,6 +40,8 @@ import (
 //	outbox.pending              gauge      unpublished, not failed outbox events {topic}
 //	outbox.pending.oldest_age   gauge      s, age of the oldest pending event {topic}
 //	outbox.failed               gauge      outbox events Kafka refused for good {topic}
+//	outbox.held_keys            gauge      keys with a failed outbox event, holding their later events (HoldKey) {topic}
+//	outbox.held_events          gauge      pending outbox events waiting behind a failed event of their key (HoldKey) {topic}
 //	outbox.parked               gauge      parked inbox events
 //	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
 //	outbox.consumer.lag         gauge      records between the committed offset and the high watermark {topic, partition}
@@ -93,6 +95,7 @@ type telemetry struct {
 	rebalances                         metric.Int64Counter
 	publishDuration, handleDuration    metric.Float64Histogram
 	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
+	heldKeysG, heldEventsG             metric.Int64ObservableGauge
 	lagG                               metric.Int64ObservableGauge
 	oldestG                            metric.Float64ObservableGauge
 	instrumentErr                      error
@@ -145,6 +148,8 @@ func newTelemetry(cfg *Config) *telemetry {
 	t.handleDuration = hist("outbox.handle.duration", "Duration of one handling attempt, transaction included.")
 	t.pendingG = gauge("outbox.pending", "{event}", "Outbox events not yet published (failed ones excluded).")
 	t.failedG = gauge("outbox.failed", "{event}", "Outbox events Kafka refused for good.")
+	t.heldKeysG = gauge("outbox.held_keys", "{key}", "Partition keys with a failed outbox event, holding their later events (PoisonPolicy HoldKey).")
+	t.heldEventsG = gauge("outbox.held_events", "{event}", "Pending outbox events waiting behind a failed event of their key (PoisonPolicy HoldKey).")
 	t.parkedG = gauge("outbox.parked", "{event}", "Parked inbox events.")
 	t.ownedG = gauge("outbox.partitions.owned", "{partition}", "Partitions this process publishes (role publisher) or handles (role consumer).")
 	t.lagG = gauge("outbox.consumer.lag", "{record}", "Records between the committed offset and the high watermark of a handled partition.")
@@ -411,6 +416,13 @@ func (c *Client) storeStatus(ctx context.Context, maxAge time.Duration) (StoreSt
 	if err != nil {
 		return StoreStatus{}, err
 	}
+	if c.cfg.PoisonPolicy == SkipEvent {
+		// Failed events hold nothing under SkipEvent.
+		st.OutboxHeldKeys, st.OutboxHeldEvents = 0, 0
+		for i := range st.Topics {
+			st.Topics[i].HeldKeys, st.Topics[i].HeldEvents = 0, 0
+		}
+	}
 	t.backlog = &st
 	return st, nil
 }
@@ -446,6 +458,8 @@ func (c *Client) registerGauges() (unregister func()) {
 			seen[b.Topic] = true
 			o.ObserveInt64(t.pendingG, b.Pending, topicAttrs(b.Topic))
 			o.ObserveInt64(t.failedG, b.Failed, topicAttrs(b.Topic))
+			o.ObserveInt64(t.heldKeysG, b.HeldKeys, topicAttrs(b.Topic))
+			o.ObserveInt64(t.heldEventsG, b.HeldEvents, topicAttrs(b.Topic))
 			o.ObserveFloat64(t.oldestG, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
 		}
 		// Topics with nothing waiting read 0 rather than vanishing, so that
@@ -454,12 +468,14 @@ func (c *Client) registerGauges() (unregister func()) {
 			if !seen[topic] {
 				o.ObserveInt64(t.pendingG, 0, topicAttrs(topic))
 				o.ObserveInt64(t.failedG, 0, topicAttrs(topic))
+				o.ObserveInt64(t.heldKeysG, 0, topicAttrs(topic))
+				o.ObserveInt64(t.heldEventsG, 0, topicAttrs(topic))
 				o.ObserveFloat64(t.oldestG, 0, topicAttrs(topic))
 			}
 		}
 		o.ObserveInt64(t.parkedG, st.Parked)
 		return nil
-	}, t.pendingG, t.failedG, t.parkedG, t.ownedG, t.lagG, t.oldestG)
+	}, t.pendingG, t.failedG, t.parkedG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}

@@ -21,9 +21,8 @@ import (
 // confirm=yes nothing changes: the console answers with the number of
 // events the action would change (the dry-run count outboxctl prints) and
 // a form to confirm. With confirm=yes it acts and reports how many events
-// changed. Re-drive and purge go through outbox.Admin (RequestRedrive,
-// PurgeParked), retry through Admin.RetryFailed; discard has no Admin
-// method yet and is discardFailed.
+// changed. Every action is an outbox.Admin method: RequestRedrive,
+// PurgeParked, RetryFailed, DiscardFailed.
 
 type actionKind int
 
@@ -164,7 +163,6 @@ func (c *Console) parkedAction(ctx context.Context, s *service, kind actionKind,
 func (c *Console) failedAction(ctx context.Context, s *service, kind actionKind, r *http.Request, dryRun bool) (int64, error) {
 	topic := strings.TrimSpace(r.PostFormValue("topic"))
 	var hexIDs []string
-	var oids []bson.ObjectID
 	switch r.PostFormValue("scope") {
 	case "all":
 	case "ids", "":
@@ -173,17 +171,16 @@ func (c *Console) failedAction(ctx context.Context, s *service, kind actionKind,
 			return 0, badRequest{errors.New("no event selected: tick at least one, or choose all")}
 		}
 		for _, h := range hexIDs {
-			oid, err := bson.ObjectIDFromHex(h)
-			if err != nil {
+			if _, err := bson.ObjectIDFromHex(h); err != nil {
 				return 0, badRequest{fmt.Errorf("failed event id %q is not a hex ObjectID", h)}
 			}
-			oids = append(oids, oid)
 		}
 	default:
 		return 0, badRequest{fmt.Errorf("scope must be ids or all, not %q", r.PostFormValue("scope"))}
 	}
+	f := outbox.FailedFilter{Topic: topic}
 	if kind == actRetry {
-		return s.admin.RetryFailed(ctx, outbox.FailedFilter{Topic: topic}, hexIDs, dryRun)
+		return s.admin.RetryFailed(ctx, f, hexIDs, dryRun)
 	}
-	return discardFailed(ctx, s, topic, oids, dryRun)
+	return s.admin.DiscardFailed(ctx, f, hexIDs, dryRun)
 }

@@ -36,8 +36,10 @@ type overviewTopic struct {
 	Pending          int64
 	OldestPendingAge time.Duration
 	Failed           int64
-	Heads, Held      int64
-	HeldKeys         int64
+	// OutboxHeldKeys and OutboxHeldEvents wait behind failed events.
+	OutboxHeldKeys, OutboxHeldEvents int64
+	Heads, Held                      int64
+	HeldKeys                         int64
 }
 
 // overview shows each service's backlog, failed, parked and held events
@@ -45,8 +47,9 @@ type overviewTopic struct {
 // hour.
 //
 // Queries per service: Admin.StoreStatus (outbox aggregate over
-// {published: false}, index outbox_pending; inbox counts over {parked:
-// true}, index inbox_parked); parkedByTopic (index inbox_parked); perMinute
+// {published: false}, index outbox_pending; when events failed, a read of
+// them, index outbox_failed, and a count of the pending events of their
+// keys; inbox counts over {parked: true}, index inbox_parked); parkedByTopic (index inbox_parked); perMinute
 // on the outbox (index outbox_published_ttl) and on the inbox (index
 // inbox_handled_ttl).
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -84,6 +87,7 @@ func (c *Console) overviewOf(ctx context.Context, s *service, o *overviewService
 	for _, b := range st.Topics {
 		t := get(b.Topic)
 		t.Pending, t.OldestPendingAge, t.Failed = b.Pending, b.OldestPendingAge, b.Failed
+		t.OutboxHeldKeys, t.OutboxHeldEvents = b.HeldKeys, b.HeldEvents
 	}
 	for name, p := range parked {
 		t := get(name)

@@ -61,7 +61,6 @@ type outboxDoc struct {
 	FailedAt       *time.Time    `bson:"failed_at"`
 	Error          string        `bson:"error"`
 	Attempts       int32         `bson:"attempts"`
-	DiscardedAt    *time.Time    `bson:"discarded_at"`
 }
 
 // parkedTopic counts the parked events of a topic: heads (parked on their
@@ -306,42 +305,6 @@ func getOutbox(ctx context.Context, s *service, id bson.ObjectID) (*outboxDoc, e
 		return nil, fmt.Errorf("read outbox event: %w", err)
 	}
 	return &d, nil
-}
-
-// discardFailed gives up on failed outbox events, the outbox counterpart of
-// Admin.PurgeParked (outbox.Admin has no such method yet): each is marked
-// published and discarded (discarded_at), so the publisher never sends it,
-// its key's later events are no longer held behind it, and the TTL index
-// outbox_published_ttl deletes it after the outbox retention. With dryRun
-// it only counts.
-//
-// Query: update (or count) {failed: true, published: false, _id: {$in}}
-// (or with topic), served by the partial index outbox_failed / the _id
-// index.
-func discardFailed(ctx context.Context, s *service, topic string, ids []bson.ObjectID, dryRun bool) (int64, error) {
-	f := bson.D{{Key: "failed", Value: true}, {Key: "published", Value: false}}
-	if topic != "" {
-		f = append(f, bson.E{Key: "topic", Value: topic})
-	}
-	if len(ids) > 0 {
-		f = append(f, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
-	}
-	if dryRun {
-		n, err := s.outbox.CountDocuments(ctx, f)
-		if err != nil {
-			return 0, fmt.Errorf("count failed events: %w", err)
-		}
-		return n, nil
-	}
-	now := time.Now().UTC()
-	res, err := s.outbox.UpdateMany(ctx, f, bson.D{{Key: "$set", Value: bson.D{
-		{Key: "published", Value: true}, {Key: "published_at", Value: now},
-		{Key: "failed", Value: false}, {Key: "discarded_at", Value: now},
-	}}})
-	if err != nil {
-		return 0, fmt.Errorf("discard failed events: %w", err)
-	}
-	return res.MatchedCount, nil
 }
 
 // Find needs indexes the framework does not create: an event is looked up

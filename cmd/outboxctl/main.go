@@ -10,6 +10,7 @@
 //	outboxctl [flags] parked purge (<id>... | -all)
 //	outboxctl [flags] outbox failed list
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
+//	outboxctl [flags] outbox failed discard (<id>... | -all)
 //	outboxctl [flags] ui [-addr 127.0.0.1:8090] [-brokers ...] [-service ...] [-actions]
 //
 // "ui" serves the operations console (package console) in a browser; see
@@ -23,7 +24,7 @@
 //	-inbox    inbox collection (default "inbox")
 //	-json     JSON output instead of tables
 //	-dry-run  report what a destructive command would change, change nothing
-//	-all      act on every selected event (redrive, purge, retry)
+//	-all      act on every selected event (redrive, purge, retry, discard)
 //	-topic, -schema   narrow the selection
 //	-before   only events parked before this time (RFC 3339) or this long ago (duration, e.g. 24h)
 //	-limit    list at most this many events (default 100; 0 for all)
@@ -38,7 +39,10 @@
 // "Operations"). "parked purge" gives up on events: they are
 // marked handled (discarded), so a redelivery is skipped, and the inbox TTL
 // removes them later. "outbox failed retry" clears the failed mark so the
-// publisher tries the events again.
+// publisher tries the events again; "outbox failed discard" deletes them.
+// Under the default poison policy (HoldKey) a failed event holds the later
+// events of its partition key in the outbox: "status" counts these held
+// keys and events, and a retry or a discard releases them, in order.
 //
 // Exit status: 0 success, 1 failure (MongoDB unreachable, event not
 // parked...), 2 usage error. Passwords in the connection string never
@@ -135,6 +139,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] parked purge (<id>... | -all)
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
+  outboxctl [flags] outbox failed discard (<id>... | -all)
   outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-actions]
 flags:
 `)
@@ -216,10 +221,10 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 		do = o.parkedChange
 	case len(o.words) == 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "list":
 		do = o.failedList
-	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "retry":
-		do = o.failedRetry
+	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && (o.words[2] == "retry" || o.words[2] == "discard"):
+		do = o.failedChange
 	default:
-		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry, ui)", cmd)
+		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
 	}
 	// Check the whole command line before connecting.
 	if _, err := o.parkedFilter(); err != nil {
@@ -236,8 +241,8 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 				return usagef("%v", err)
 			}
 		}
-	case o.words[0] == "outbox" && o.words[2] == "retry":
-		if _, err := o.ids(3, "outbox failed retry"); err != nil {
+	case o.words[0] == "outbox" && o.words[2] != "list":
+		if _, err := o.ids(3, "outbox failed "+o.words[2]); err != nil {
 			return err
 		}
 	}
@@ -306,13 +311,13 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "database\t%s (collections %s, %s)\n", o.db, o.outbox, o.inbox)
 	fmt.Fprintf(tw, "pending\t%d\toldest %s\n", st.Pending, age(st.OldestPendingAge))
-	fmt.Fprintf(tw, "failed\t%d\n", st.Failed)
+	fmt.Fprintf(tw, "failed\t%d\theld keys %d, held events %d (under PoisonPolicy HoldKey)\n", st.Failed, st.OutboxHeldKeys, st.OutboxHeldEvents)
 	fmt.Fprintf(tw, "parked\t%d\tre-drive requested %d\n", st.Parked, st.RedriveRequested)
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
-		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED")
+		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")
 		for _, b := range st.Topics {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", b.Topic, b.Pending, age(b.OldestPendingAge), b.Failed)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\n", b.Topic, b.Pending, age(b.OldestPendingAge), b.Failed, b.HeldKeys, b.HeldEvents)
 		}
 	}
 	return tw.Flush()
@@ -405,23 +410,27 @@ func (o *cliOptions) failedList(ctx context.Context, admin *outbox.Admin, w io.W
 	return tw.Flush()
 }
 
-func (o *cliOptions) failedRetry(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
-	ids, err := o.ids(3, "outbox failed retry")
+func (o *cliOptions) failedChange(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	action := o.words[2]
+	ids, err := o.ids(3, "outbox failed "+action)
 	if err != nil {
 		return err
 	}
-	n, err := admin.RetryFailed(ctx, outbox.FailedFilter{Topic: o.topic}, ids, o.dryRun)
+	change, what := admin.RetryFailed, "retrying %d failed event(s): the publisher tries them again at its next scan (the events their keys held follow, in order)"
+	if action == "discard" {
+		change, what = admin.DiscardFailed, "discarded %d failed event(s): the events their keys held are published, in order"
+	}
+	n, err := change(ctx, outbox.FailedFilter{Topic: o.topic}, ids, o.dryRun)
 	if err != nil {
 		return err
 	}
 	if n == 0 && len(ids) > 0 {
 		return fmt.Errorf("no failed outbox event with id %s", strings.Join(ids, ", "))
 	}
-	what := "retrying %d failed event(s): the publisher tries them again at its next scan"
 	if o.dryRun {
-		what = "dry run: would retry %d failed event(s)"
+		what = "dry run: would " + action + " %d failed event(s)"
 	}
-	return o.report(w, "outbox failed retry", n, what)
+	return o.report(w, "outbox failed "+action, n, what)
 }
 
 // report prints the outcome of a change.

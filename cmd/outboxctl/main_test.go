@@ -232,3 +232,46 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	require.Equal(t, "mongodb://u:xxxxx@h/db", redactURI("mongodb://u:p%40ss@h/db"))
 	require.Equal(t, "connect to xxxxx failed", redact("connect to p@ss failed", "p@ss"))
 }
+
+func TestOutboxFailedHeldAndDiscard(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	coll := c.db.Collection("outbox")
+	doc := func(key string, failed bool) bson.D {
+		d := bson.D{{Key: "_id", Value: bson.NewObjectID()}, {Key: "topic", Value: "orders"}, {Key: "partition", Value: int32(5)},
+			{Key: "key", Value: key}, {Key: "schema", Value: "OrderPlaced.v1"}, {Key: "payload", Value: "{}"},
+			{Key: "created_at", Value: now}, {Key: "published", Value: false}, {Key: "failed", Value: failed}}
+		if failed {
+			d = append(d, bson.E{Key: "failed_at", Value: now}, bson.E{Key: "error", Value: "MESSAGE_TOO_LARGE"})
+		}
+		return d
+	}
+	for _, d := range []bson.D{doc("k", true), doc("k", false), doc("k", false), doc("other", false)} {
+		_, err := coll.InsertOne(ctx, d)
+		require.NoError(t, err)
+	}
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `failed\s+1\s+held keys 1, held events 2`, out)
+	code, out, _ = c.run("status", "-json")
+	require.Equal(t, exitOK, code)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.EqualValues(t, 1, st["outbox_held_keys"])
+	require.EqualValues(t, 2, st["outbox_held_events"])
+
+	code, out, _ = c.run("outbox", "failed", "discard", "-all", "-dry-run")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "would discard 1")
+	require.EqualValues(t, 4, c.count("outbox", bson.D{}))
+	code, out, _ = c.run("outbox", "failed", "discard", "-all")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "discarded 1")
+	require.EqualValues(t, 3, c.count("outbox", bson.D{}))
+	require.Zero(t, c.count("outbox", bson.D{{Key: "failed", Value: true}}))
+	code, out, _ = c.run("status")
+	require.Equal(t, exitOK, code)
+	require.Regexp(t, `failed\s+0\s+held keys 0, held events 0`, out)
+}

@@ -22,6 +22,10 @@
 //     its context after every worker has stopped; it then writes what is
 //     left (bounded by Marker.Timeout) and returns.
 //
+// Kafka's refusals for good are judged per record (a refused batch is sent
+// again one record at a time), and under the hold policy a refused event
+// holds the later events of its key: see Worker and the holds type.
+//
 // Nothing here knows the outbox document format: the root package provides
 // a Store that reads and marks events and builds their Kafka records.
 package publish

@@ -9,10 +9,12 @@ import (
 // Lease fences a group member that can no longer confirm its group
 // session.
 //
-// Every successful group round trip (heartbeat, join, sync) renews it with
-// the time the request was sent: the coordinator saw the member alive at
-// some time after that, so it cannot expire the member's session before
-// sentAt + session timeout. The lease is valid until sentAt + TTL, where
+// Every heartbeat the group coordinator answers with error code 0 renews it
+// with the time the request was sent (kafkax.SessionProbe): the coordinator
+// knew the member, in its generation, at some time after that, so it cannot
+// expire the member's session before sentAt + session timeout. Nothing else
+// renews it: a response with any other error code (UNKNOWN_MEMBER_ID,
+// ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS...) proves no such thing. The lease is valid until sentAt + TTL, where
 // TTL is the session timeout minus a safety margin. A member whose
 // connection to the coordinator is cut therefore stops publishing (its
 // workers pause) before the group can hand its partitions to another

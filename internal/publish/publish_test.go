@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,6 +136,8 @@ type memStore struct {
 	findCalls int
 	markCalls int
 	failMark  int // fail the next n MarkPublished calls
+
+	failedKeyReads int
 }
 
 type memEvent struct {
@@ -142,6 +145,7 @@ type memEvent struct {
 	key       string
 	published bool
 	failed    bool
+	discarded bool
 	cause     string
 }
 
@@ -155,7 +159,7 @@ func (s *memStore) add(tp TopicPartition, n int, keys ...string) {
 	}
 }
 
-func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([]Item, error) {
+func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.findCalls++
@@ -165,7 +169,7 @@ func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int) ([
 	}
 	var out []Item
 	for _, e := range s.events {
-		if e.published || e.failed {
+		if e.published || e.failed || slices.Contains(exclude, e.key) {
 			continue
 		}
 		out = append(out, memItem(tp, e))
@@ -202,6 +206,25 @@ func (s *memStore) MarkFailed(_ context.Context, id any, cause error, _ time.Tim
 	s.events[id.(int)].failed = true
 	s.events[id.(int)].cause = cause.Error()
 	return nil
+}
+
+func (s *memStore) FailedKeys(context.Context, TopicPartition) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failedKeyReads++
+	var out []string
+	for _, e := range s.events {
+		if e.failed && !slices.Contains(out, e.key) {
+			out = append(out, e.key)
+		}
+	}
+	return out, nil
+}
+
+func (s *memStore) failedKeyReadsNow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failedKeyReads
 }
 
 func (s *memStore) counts() (published, failed int) {
@@ -554,4 +577,260 @@ func TestWatcherPipeline(t *testing.T) {
 	w := &Watcher{TopicField: "topic", PartitionField: "partition"}
 	p := w.Pipeline([]TopicPartition{{"a", 1}, {"a", 3}, {"b", 0}})
 	require.Equal(t, `[{"$match":{"operationType":"insert","$or":[{"fullDocument.topic":"a","fullDocument.partition":{"$in":[1,3]}},{"fullDocument.topic":"b","fullDocument.partition":{"$in":[0]}}]}}]`, toJSON(t, p))
+}
+
+// refusingProducer models a broker with a size limit per produce batch, as
+// a topic's max.message.bytes is: records produced before release form one
+// batch; after release every record is its own batch. A batch larger than
+// limit is refused whole with MESSAGE_TOO_LARGE, as Kafka and kgo do.
+type refusingProducer struct {
+	mu        sync.Mutex
+	limit     int
+	released  bool
+	queue     []queuedRecord
+	log       []int // ids acknowledged, in order
+	calls     int
+	failedCtx context.Context
+}
+
+type queuedRecord struct {
+	ctx     context.Context
+	r       *kgo.Record
+	promise func(*kgo.Record, error)
+}
+
+func (p *refusingProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	p.mu.Lock()
+	p.calls++
+	p.queue = append(p.queue, queuedRecord{ctx, r, promise})
+	if !p.released {
+		p.mu.Unlock()
+		return
+	}
+	p.deliverLocked()
+}
+
+// deliverLocked judges the queued records as one batch, unlocks and
+// resolves their promises.
+func (p *refusingProducer) deliverLocked() {
+	batch := p.queue
+	p.queue = nil
+	size := 0
+	for _, q := range batch {
+		size += len(q.r.Value)
+	}
+	ids := make([]int, len(batch))
+	for i, q := range batch {
+		fmt.Sscan(string(q.r.Value), &ids[i])
+	}
+	var err error
+	if size > p.limit || (len(batch) > 0 && batch[0].ctx == p.failedCtx) {
+		// Like kgo, a refused batch fails every record of the partition
+		// buffered behind it: here, the rest of the same Produce burst
+		// (the worker produces a batch with one context).
+		err = kerr.MessageTooLarge
+		p.failedCtx = batch[0].ctx
+	} else {
+		p.log = append(p.log, ids...)
+	}
+	p.mu.Unlock()
+	for _, q := range batch {
+		q.promise(q.r, err)
+	}
+}
+
+func (p *refusingProducer) release() {
+	p.mu.Lock()
+	p.released = true
+	p.deliverLocked()
+}
+
+func (p *refusingProducer) setLimit(n int) {
+	p.mu.Lock()
+	p.limit = n
+	p.mu.Unlock()
+}
+
+func (p *refusingProducer) produced() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
+}
+
+func (p *refusingProducer) delivered() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.log)
+}
+
+// sizedStore is a memStore whose events have values of given sizes: the
+// id, padded with spaces (fmt.Sscan reads the id back).
+type sizedStore struct {
+	memStore
+	sizes map[int]int
+}
+
+func (s *sizedStore) Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error) {
+	items, err := s.memStore.Pending(ctx, tp, limit, exclude)
+	for _, it := range items {
+		if n := s.sizes[it.ID.(int)]; n > len(it.Record.Value) {
+			it.Record.Value = append(it.Record.Value, strings.Repeat(" ", n-len(it.Record.Value))...)
+		}
+	}
+	return items, err
+}
+
+// retry clears the failed mark of id, as Admin.RetryFailed does.
+func (s *memStore) retry(id int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events[id].failed = false
+}
+
+// discard removes id, as Admin.DiscardFailed does.
+func (s *memStore) discard(id int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events[id].failed = false
+	s.events[id].published = true // gone from the backlog
+	s.events[id].discarded = true
+}
+
+func (s *memStore) isFailed(id int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.events[id].failed
+}
+
+// runRefusal produces the store's events through a refusingProducer whose
+// first batch holds them all, and returns when the worker settled.
+func runRefusal(t *testing.T, store *sizedStore, limit int, hold bool) (*refusingProducer, *Worker) {
+	t.Helper()
+	prod := &refusingProducer{limit: limit}
+	w, _ := newTestWorker(store, prod, validLease(), 10)
+	w.cfg.Hold = hold
+	w.cfg.HoldRecheck = 5 * time.Millisecond
+	w.Start()
+	t.Cleanup(w.Stop)
+	n := len(store.events)
+	eventually(t, func() bool { return prod.produced() == n }, "the first batch was not produced whole")
+	prod.release()
+	return prod, w
+}
+
+// Issue 12, item 1, first case: eight events of about 700 bytes under a
+// 1500-byte limit. Each fits alone; the batch of eight does not.
+func TestWorkerBatchRefusalPublishesInnocentEvents(t *testing.T) {
+	t.Parallel()
+	store := &sizedStore{sizes: map[int]int{}}
+	store.add(testTP, 8, "a", "b", "c")
+	for i := range 8 {
+		store.sizes[i] = 700
+	}
+	prod, _ := runRefusal(t, store, 1500, true)
+	eventually(t, func() bool { p, _ := store.counts(); return p == 8 }, "innocent events were not published")
+	_, failed := store.counts()
+	require.Zero(t, failed, "an event was failed because its batch was refused")
+	require.Equal(t, seq(0, 8), firstDeliveries(prod.delivered()), "published out of order")
+}
+
+// Issue 12, item 1, second case: one 6 KB event among seven tiny ones under
+// a 4000-byte limit: the big one is failed, the seven are published in
+// order.
+func TestWorkerBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
+	t.Parallel()
+	store := &sizedStore{sizes: map[int]int{3: 6000}}
+	store.add(testTP, 8, "a", "b", "c", "d", "e", "f", "g", "h") // distinct keys: nothing held
+	prod, _ := runRefusal(t, store, 4000, true)
+	eventually(t, func() bool { p, f := store.counts(); return p == 7 && f == 1 }, "want 7 published, 1 failed")
+	require.True(t, store.isFailed(3))
+	require.Contains(t, store.events[3].cause, "MESSAGE_TOO_LARGE")
+	require.Equal(t, []int{0, 1, 2, 4, 5, 6, 7}, firstDeliveries(prod.delivered()))
+}
+
+// holdSetup: ten events of keys a and b alternating (a: 0 2 4 6 8, b: 1 3 5
+// 7 9); event 2 (key a) is too large.
+func holdSetup(t *testing.T, hold bool) (*sizedStore, *refusingProducer, *Worker) {
+	t.Helper()
+	store := &sizedStore{sizes: map[int]int{2: 6000}}
+	store.add(testTP, 10, "a", "b")
+	prod, w := runRefusal(t, store, 4000, hold)
+	return store, prod, w
+}
+
+func TestWorkerHoldsKeyOfRefusedEvent(t *testing.T) {
+	t.Parallel()
+	store, prod, w := holdSetup(t, true)
+	eventually(t, func() bool { p, f := store.counts(); return p == 6 && f == 1 }, "want b's 5 events and a's first published")
+	require.Equal(t, []int{0, 1, 3, 5, 7, 9}, firstDeliveries(prod.delivered()), "a's events after the refused one must wait")
+	require.EqualValues(t, 1, w.HeldKeys())
+	// Later events of a, produced in later rounds (scan and stream), wait too.
+	store.add(testTP, 2, "a", "b") // 10 (a), 11 (b)
+	w.Wake()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 7 }, "b's new event not published")
+	require.NotContains(t, prod.delivered(), 10)
+	require.EqualValues(t, 1, w.HeldKeys())
+}
+
+func TestWorkerReleasesKeyInOrderOnRetry(t *testing.T) {
+	t.Parallel()
+	store, prod, w := holdSetup(t, true)
+	eventually(t, func() bool { p, f := store.counts(); return p == 6 && f == 1 }, "not held")
+	prod.setLimit(1 << 20) // the operator raised the topic's limit
+	store.retry(2)
+	eventually(t, func() bool { p, _ := store.counts(); return p == 10 }, "held events not released")
+	require.Equal(t, []int{0, 1, 3, 5, 7, 9, 2, 4, 6, 8}, firstDeliveries(prod.delivered()), "a's events out of order after release")
+	require.Zero(t, w.HeldKeys())
+}
+
+func TestWorkerRetriedEventRefusedAgainHoldsAgain(t *testing.T) {
+	t.Parallel()
+	store, prod, w := holdSetup(t, true)
+	eventually(t, func() bool { p, f := store.counts(); return p == 6 && f == 1 }, "not held")
+	reads := store.failedKeyReadsNow()
+	store.retry(2) // the cause is not fixed
+	eventually(t, func() bool { return store.isFailed(2) && store.failedKeyReadsNow() > reads+1 }, "not refused again")
+	require.Equal(t, []int{0, 1, 3, 5, 7, 9}, firstDeliveries(prod.delivered()))
+	require.EqualValues(t, 1, w.HeldKeys())
+}
+
+func TestWorkerReleasesKeyOnDiscard(t *testing.T) {
+	t.Parallel()
+	store, prod, w := holdSetup(t, true)
+	eventually(t, func() bool { p, f := store.counts(); return p == 6 && f == 1 }, "not held")
+	store.discard(2)
+	eventually(t, func() bool { p, _ := store.counts(); return p == 10 }, "held events not released") // 9 + the discarded one
+	require.Equal(t, []int{0, 1, 3, 5, 7, 9, 4, 6, 8}, firstDeliveries(prod.delivered()))
+	require.Zero(t, w.HeldKeys())
+}
+
+func TestWorkerSkipEventPolicyPublishesPastRefusedEvent(t *testing.T) {
+	t.Parallel()
+	store, prod, w := holdSetup(t, false)
+	eventually(t, func() bool { p, f := store.counts(); return p == 9 && f == 1 }, "want all but the refused event published")
+	require.Equal(t, []int{0, 1, 3, 4, 5, 6, 7, 8, 9}, firstDeliveries(prod.delivered()))
+	require.Zero(t, w.HeldKeys())
+	require.Zero(t, store.failedKeyReadsNow(), "no failed-key reads without the hold policy")
+}
+
+// A new owner (after a rebalance or a restart) reads the failed keys before
+// its first batch and holds them too.
+func TestWorkerNewOwnerHoldsKeysFailedBefore(t *testing.T) {
+	t.Parallel()
+	store := &memStore{}
+	store.add(testTP, 6, "a", "b") // a: 0 2 4, b: 1 3 5
+	store.events[0].published = true
+	store.events[2].failed = true // refused under the previous owner
+	prod := &fakeProducer{}
+	w, _ := newTestWorker(store, prod, validLease(), 10)
+	w.cfg.Hold = true
+	w.cfg.HoldRecheck = 5 * time.Millisecond
+	w.Start()
+	defer w.Stop()
+	eventually(t, func() bool { p, _ := store.counts(); return p == 4 }, "b's events not published")
+	require.Equal(t, []int{1, 3, 5}, firstDeliveries(prod.delivered()), "a's event 4 must wait behind failed event 2")
+	require.EqualValues(t, 1, w.HeldKeys())
+	store.retry(2)
+	eventually(t, func() bool { p, _ := store.counts(); return p == 6 }, "not released")
+	require.Equal(t, []int{1, 3, 5, 2, 4}, firstDeliveries(prod.delivered()))
 }

@@ -201,3 +201,12 @@ func (s *Set) Following() int {
 	}
 	return n
 }
+
+// HeldKeys returns how many partition keys the workers hold (see holds).
+func (s *Set) HeldKeys() int64 {
+	var n int64
+	for _, w := range s.all() {
+		n += w.HeldKeys()
+	}
+	return n
+}

@@ -24,12 +24,16 @@ type Item struct {
 // Store reads and marks the events of the outbox.
 type Store interface {
 	// Pending returns up to limit events of tp that are neither published
-	// nor failed, in publishing order.
-	Pending(ctx context.Context, tp TopicPartition, limit int) ([]Item, error)
+	// nor failed, in publishing order, leaving out the events whose
+	// partition key is in exclude (the keys held, see Hold).
+	Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error)
 	// MarkPublished marks the events published at the given time.
 	MarkPublished(ctx context.Context, ids []any, at time.Time) error
 	// MarkFailed marks one event as refused for good by Kafka.
 	MarkFailed(ctx context.Context, id any, cause error, at time.Time) error
+	// FailedKeys returns the partition keys of tp that have a failed event
+	// (the keys held under the hold policy, see Hold).
+	FailedKeys(ctx context.Context, tp TopicPartition) ([]string, error)
 }
 
 // Producer sends records; *kgo.Client implements it.
@@ -89,9 +93,13 @@ func (s *Stats) SetError(err error) {
 	s.mu.Unlock()
 }
 
-// IsPermanent reports whether Kafka refuses a record for good, so that
-// retrying it can never succeed: the event is marked failed instead of
-// blocking its partition.
+// IsPermanent reports whether Kafka refused a record for good, so that
+// retrying it as it was sent can never succeed. Kafka gives these errors
+// to a whole produce batch (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+// INVALID_RECORD, CORRUPT_MESSAGE describe the batch, not one record), so
+// such an error proves a record guilty only when it was sent on its own:
+// the worker then marks it failed; otherwise it sends the batch's records
+// again one at a time (see Worker).
 func IsPermanent(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) ||
 		errors.Is(err, kerr.RecordListTooLarge) ||
@@ -120,8 +128,18 @@ type WorkerConfig struct {
 	StreamBufferBytes int
 	// Backoff spaces retries after errors.
 	Backoff Backoff
-	// Rescan is the period of the safety scan when no wake-up comes.
+	// Rescan is the period of the safety scan when no wake-up comes. The
+	// worker also re-reads its partition's failed keys at each rescan when
+	// Hold is set.
 	Rescan time.Duration
+	// Hold makes an event Kafka refused for good hold the later events of
+	// its partition key (see Worker). Without it the later events are
+	// published without it.
+	Hold bool
+	// HoldRecheck is how often a worker that holds keys re-reads its
+	// partition's failed keys, to learn that an operator retried or
+	// discarded a failed event. Defaults to Rescan.
+	HoldRecheck time.Duration
 	// MarkTimeout bounds marking a batch published on graceful stop.
 	MarkTimeout time.Duration
 	// StopTimeout bounds a graceful Stop: when the batch in flight has not
@@ -141,6 +159,13 @@ type WorkerConfig struct {
 // in the next round (duplicates are possible, reordering of first
 // deliveries is not: the idempotent producer fails every later record of
 // the partition when one fails).
+//
+// Refusals for good (IsPermanent) are judged per record, not per batch:
+// from the first refused record on, the records of the batch are sent again
+// one at a time, in order, and only a record refused on its own is marked
+// failed (see publish). With WorkerConfig.Hold a failed event also holds
+// the later events of its partition key until it is retried or discarded
+// (see holds).
 //
 // A worker reads its events in one of two modes:
 //
@@ -182,6 +207,7 @@ type Worker struct {
 	// Owned by the worker goroutine.
 	recent    recentIDs
 	unflushed bool // ids handed to the Marker since the last Flush
+	holds     holds
 }
 
 // NewWorker returns a worker for tp; Start runs it.
@@ -284,7 +310,10 @@ func (w *Worker) run() {
 	defer rescan.Stop()
 	// wait waits for a wake-up; a rescan tick resets a following worker.
 	wait := func() bool {
+		holdC, stopHold := w.holdTimer()
+		defer stopHold()
 		select {
+		case <-holdC: // the loop re-reads the held keys
 		case <-w.wake:
 		case <-rescan.C:
 			rescan.Reset(w.cfg.Rescan)
@@ -300,6 +329,14 @@ loop:
 	for !w.stopping() {
 		if _, ok := w.cfg.Lease.Wait(w.ctx, w.stop); !ok {
 			break loop
+		}
+		if w.holdsDue() {
+			if err := w.refreshHolds(); err != nil {
+				if w.stopping() || !w.fail(&attempt, "read the failed keys of", err) {
+					break loop
+				}
+				continue
+			}
 		}
 		if items, ok := w.takeBuffered(); ok {
 			// Following the stream. The safety rescan also runs when the
@@ -347,7 +384,7 @@ loop:
 			}
 		}
 		epoch := w.epochNow()
-		items, err := w.cfg.Store.Pending(w.ctx, w.tp, w.cfg.BatchSize)
+		items, err := w.cfg.Store.Pending(w.ctx, w.tp, w.cfg.BatchSize, w.heldKeys())
 		if err != nil {
 			if w.stopping() || !w.fail(&attempt, "read pending events of", err) {
 				break loop
@@ -431,50 +468,82 @@ const (
 	roundExit                 // the worker must exit
 )
 
-// publish produces one batch and marks what Kafka acknowledged: at once,
-// or through the Marker when deferred.
+// publish produces one batch and marks what Kafka acknowledged (at once,
+// or through the Marker when deferred) and what it refused for good.
+//
+// Kafka refuses whole produce batches (see IsPermanent), and kgo then
+// fails every record of the batch, and the records after it, with that
+// error. So a refusal proves nothing about a record sent together with
+// others: from the first refused record on, every record not acknowledged
+// is sent again on its own, in order, and only a record refused on its own
+// is marked failed. Innocent records are published in their order; the
+// cost, one round trip per record, is paid only after a refusal.
 func (w *Worker) publish(items []Item, deferred bool) round {
+	items = w.withoutHeld(items)
+	if len(items) == 0 {
+		return roundDone
+	}
 	if !w.cfg.Lease.Valid() {
 		return roundLapsed
 	}
 	bctx, cancel := w.cfg.Lease.Bind(w.ctx)
 	defer cancel()
 	start := time.Now()
-	errs := make([]error, len(items))
-	var wg sync.WaitGroup
-	wg.Add(len(items))
-	for i, it := range items {
-		it.Record.Context = nil
-		w.cfg.Producer.Produce(bctx, it.Record, func(_ *kgo.Record, err error) {
-			errs[i] = err
-			wg.Done()
-		})
-	}
-	all := make(chan struct{})
-	go func() { wg.Wait(); close(all) }()
-	select {
-	case <-all:
-	case <-w.ctx.Done():
+	errs, ok := w.produce(bctx, items)
+	if !ok {
 		return roundExit // lost: do not wait, do not mark
 	}
-	// Acknowledged prefix: everything up to the first transient failure.
-	// Permanent failures inside it are marked failed; they never reach
-	// Kafka, so the order of what does is kept.
+	// Walk the batch in order: acknowledged records are done; from the
+	// first refusal on, records are sent alone; a transient failure ends
+	// the round (it and everything after it are produced again next round).
 	var acked []any
-	var failed []int
+	failed, skipped := 0, 0
 	firstErr := -1
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			acked = append(acked, items[i].ID)
-		case IsPermanent(err):
-			failed = append(failed, i)
-		default:
-			firstErr = i
+	alone, isolating := len(items) == 1, false
+	for i, it := range items {
+		err := errs[i]
+		key := string(it.Record.Key)
+		if err == nil {
+			if w.isHeld(key) {
+				// Cannot happen with kgo's idempotent producer (a refused
+				// batch fails every later record of the partition); if it
+				// did, the record is in Kafka and must be marked.
+				w.cfg.Logger.Warn("outbox publisher: Kafka acknowledged an event after refusing an earlier event of its key",
+					"partition", w.tp.String(), "id", it.ID)
+			}
+			acked = append(acked, it.ID)
+			continue
 		}
-		if firstErr >= 0 {
+		if w.isHeld(key) {
+			// An earlier event of this key was refused in this round: this
+			// one waits behind it, unpublished.
+			skipped++
+			continue
+		}
+		if !isolating && !IsPermanent(err) {
+			firstErr = i
 			break
 		}
+		if !alone {
+			isolating = true
+			if err = w.produceOne(bctx, it); errors.Is(err, errKilled) {
+				return roundExit
+			}
+			if err == nil {
+				acked = append(acked, it.ID)
+				continue
+			}
+			if !IsPermanent(err) {
+				errs[i] = err
+				firstErr = i
+				break
+			}
+		}
+		// Refused on its own: failed for good.
+		if !w.markFailed(it, err) {
+			return roundExit
+		}
+		failed++
 	}
 	if h := w.cfg.Hooks.Produced; h != nil {
 		h(w.tp, items, start, time.Now(), len(acked))
@@ -495,16 +564,6 @@ func (w *Worker) publish(items []Item, deferred bool) round {
 			w.cfg.Stats.published.Add(int64(len(acked)))
 		}
 	}
-	for _, i := range failed {
-		cause := errs[i]
-		w.cfg.Logger.Error("outbox publisher: Kafka refused an event for good; marked failed",
-			"partition", w.tp.String(), "id", items[i].ID, "error", cause)
-		w.cfg.Stats.SetError(fmt.Errorf("produce to %s: event %v refused: %w", w.tp, items[i].ID, cause))
-		if !w.mark(func(ctx context.Context) error { return w.cfg.Store.MarkFailed(ctx, items[i].ID, cause, time.Now()) }) {
-			return roundExit
-		}
-		w.cfg.Stats.failed.Add(1)
-	}
 	if firstErr >= 0 {
 		err := errs[firstErr]
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -513,12 +572,74 @@ func (w *Worker) publish(items []Item, deferred bool) round {
 			err = fmt.Errorf("not acknowledged before the batch deadline (lease expiry or stop): %w", err)
 		}
 		w.cfg.Stats.SetError(fmt.Errorf("produce to %s: %w", w.tp, err))
-		if len(acked) > 0 || len(failed) > 0 {
+		if len(acked) > 0 || failed > 0 || skipped > 0 {
 			return roundPartial
 		}
 		return roundNone
 	}
 	return roundDone
+}
+
+// produce hands items to the producer and waits for every promise. It
+// reports false when the worker was killed meanwhile (the promises are
+// then not waited for).
+func (w *Worker) produce(ctx context.Context, items []Item) ([]error, bool) {
+	errs := make([]error, len(items))
+	var wg sync.WaitGroup
+	wg.Add(len(items))
+	for i, it := range items {
+		it.Record.Context = nil
+		w.cfg.Producer.Produce(ctx, it.Record, func(_ *kgo.Record, err error) {
+			errs[i] = err
+			wg.Done()
+		})
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+		return errs, true
+	case <-w.ctx.Done():
+		return nil, false
+	}
+}
+
+// produceOne sends a copy of it's record on its own: nothing else of the
+// partition is in flight (the worker waits for every promise of a batch),
+// so Kafka's answer is about this record alone.
+// It returns errKilled when the worker was killed meanwhile.
+func (w *Worker) produceOne(ctx context.Context, it Item) error {
+	r := it.Record
+	one := Item{ID: it.ID, Record: &kgo.Record{
+		Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers,
+	}}
+	// A context of its own marks the record as a produce call of its own
+	// for Producers that batch per call.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs, ok := w.produce(ctx, []Item{one})
+	if !ok {
+		return errKilled
+	}
+	return errs[0]
+}
+
+// errKilled reports that the worker was killed while it waited.
+var errKilled = errors.New("outbox publisher: worker killed")
+
+// markFailed marks an event Kafka refused on its own as failed and, under
+// the hold policy, holds its key. It reports false when the worker must
+// exit.
+func (w *Worker) markFailed(it Item, cause error) bool {
+	w.cfg.Logger.Error("outbox publisher: Kafka refused an event for good; marked failed",
+		"partition", w.tp.String(), "id", it.ID, "error", cause, "holds_key", w.cfg.Hold)
+	w.cfg.Stats.SetError(fmt.Errorf("produce to %s: event %v refused: %w", w.tp, it.ID, cause))
+	if !w.mark(func(ctx context.Context) error { return w.cfg.Store.MarkFailed(ctx, it.ID, cause, time.Now()) }) {
+		return false
+	}
+	w.cfg.Stats.failed.Add(1)
+	w.hold(string(it.Record.Key))
+	return true
 }
 
 // mark runs a store write, retrying with backoff: the records are in Kafka,

@@ -1,0 +1,126 @@
+package outbox
+
+// Failed outbox events and the keys they hold: the operator's side of the
+// publisher's hold policy (Config.PoisonPolicy; the mechanics are in
+// internal/publish, see its holds type).
+
+import (
+	"context"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// partitionKeys identifies the keys of one partition.
+type partitionKeys struct {
+	topic     string
+	partition int32
+}
+
+// heldCounts fills the held keys and events of st and byTopic: the distinct
+// (topic, partition, key) of the failed events, and the pending events of
+// those keys.
+func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[string]*TopicBacklog) error {
+	cur, err := a.outbox.Find(ctx, bson.D{{Key: "failed", Value: true}},
+		optionsProjection("topic", "partition", "key"))
+	if err != nil {
+		return fmt.Errorf("outbox: read failed events: %w", err)
+	}
+	var docs []struct {
+		Topic     string `bson:"topic"`
+		Partition int32  `bson:"partition"`
+		Key       string `bson:"key"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return fmt.Errorf("outbox: read failed events: %w", err)
+	}
+	keys := map[partitionKeys]map[string]bool{}
+	for _, d := range docs {
+		pk := partitionKeys{d.Topic, d.Partition}
+		if keys[pk] == nil {
+			keys[pk] = map[string]bool{}
+		}
+		if !keys[pk][d.Key] {
+			keys[pk][d.Key] = true
+			st.OutboxHeldKeys++
+			if b := byTopic[d.Topic]; b != nil {
+				b.HeldKeys++
+			} else {
+				byTopic[d.Topic] = &TopicBacklog{Topic: d.Topic, HeldKeys: 1}
+			}
+		}
+	}
+	for pk, ks := range keys {
+		in := make(bson.A, 0, len(ks))
+		for k := range ks {
+			in = append(in, k)
+		}
+		// Served by outbox_pending (published false, topic, partition).
+		n, err := a.outbox.CountDocuments(ctx, bson.D{
+			{Key: "published", Value: false},
+			{Key: "topic", Value: pk.topic},
+			{Key: "partition", Value: pk.partition},
+			{Key: "failed", Value: false},
+			{Key: "key", Value: bson.D{{Key: "$in", Value: in}}},
+		})
+		if err != nil {
+			return fmt.Errorf("outbox: count held events: %w", err)
+		}
+		st.OutboxHeldEvents += n
+		byTopic[pk.topic].HeldEvents += n
+	}
+	return nil
+}
+
+// DiscardFailed deletes the selected failed events (those of f, Limit
+// ignored, narrowed to ids when not empty) from the outbox: they are never
+// published. Under Config.PoisonPolicy HoldKey this releases their keys:
+// the publisher publishes the events that waited behind them, in order,
+// within seconds. With dryRun it only counts them. It returns how many
+// events were (or would be) discarded.
+func (a *Admin) DiscardFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
+	q, err := f.withIDs(ids)
+	if err != nil {
+		return 0, err
+	}
+	if dryRun {
+		n, err := a.outbox.CountDocuments(ctx, q)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: count failed events: %w", err)
+		}
+		return n, nil
+	}
+	res, err := a.outbox.DeleteMany(ctx, q)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: discard failed events: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+// withIDs returns the query of f narrowed to ids (hex ObjectIDs) when not
+// empty.
+func (f FailedFilter) withIDs(ids []string) (bson.D, error) {
+	q := f.query()
+	if len(ids) == 0 {
+		return q, nil
+	}
+	oids := make(bson.A, 0, len(ids))
+	for _, id := range ids {
+		oid, err := bson.ObjectIDFromHex(id)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: failed event id %q is not a hex ObjectID", id)
+		}
+		oids = append(oids, oid)
+	}
+	return append(q, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: oids}}}), nil
+}
+
+// optionsProjection returns find options projecting fields (no _id).
+func optionsProjection(fields ...string) *options.FindOptionsBuilder {
+	p := bson.D{{Key: "_id", Value: 0}}
+	for _, f := range fields {
+		p = append(p, bson.E{Key: f, Value: 1})
+	}
+	return options.Find().SetProjection(p)
+}

@@ -1,0 +1,396 @@
+package outbox
+
+// Partition counts for recording.
+//
+// Record stores the partition of each event (murmur2 of its key modulo the
+// topic's partition count), so it needs the count of every publish topic,
+// and it must never ask Kafka for it: it runs inside the caller's MongoDB
+// transaction, and a Kafka outage must only delay publishing. The counts
+// therefore live in memory (partitionCounts), persisted in MongoDB (one
+// outbox_meta document per topic, from the last successful Kafka metadata
+// read), and are obtained before any transaction starts:
+//
+//   - Run's refresh goroutine (Client.refreshPartitions) loads them from
+//     MongoDB at start, then reads Kafka's metadata every metadataInterval
+//     (with backoff after failures) and persists changed counts;
+//   - Transact and the handlers' transactions first call prepare, outside
+//     the transaction: it returns at once when every count is known and
+//     fresh, else loads them from MongoDB, and only for a topic still
+//     unknown (a first-ever start: nothing persisted) reads Kafka, bounded
+//     by lookupTimeout and at most once per kafkaRetry while Kafka fails.
+//     So Transact works before Run (and without it) when Kafka is up.
+//
+// A restart during a Kafka outage records normally with the persisted
+// counts. A first-ever start with Kafka down records nothing: Record fails
+// at once with ErrPartitionsUnknown, and Transact returns that error within
+// about lookupTimeout instead of hanging in an open transaction.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// ErrPartitionsUnknown is returned by Record for an event whose topic's
+// partition count is unknown: never read from Kafka by this service (no
+// count persisted in MongoDB) and Kafka unreachable now. The transaction is
+// aborted when the caller returns the error; retry once Kafka is reachable.
+// It happens only on a service's first-ever start during a Kafka outage
+// (or for a topic that does not exist): later starts use the persisted
+// counts.
+var ErrPartitionsUnknown = errors.New("outbox: partition count of topic unknown")
+
+// ErrTopicMetadata wraps failures to learn a topic's partition count from
+// Kafka.
+var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
+
+// Partition count tuning that the Config does not expose.
+const (
+	// metadataInterval is the period of Run's metadata reads.
+	metadataInterval = time.Minute
+	// staleAfter is the age after which prepare reloads the counts from
+	// MongoDB, so that a client recording without Run still learns added
+	// partitions. Longer than metadataInterval: while Run refreshes them,
+	// prepare has nothing to do.
+	staleAfter = 2 * metadataInterval
+	// metadataTimeout bounds one metadata read of Run's refresh loop.
+	metadataTimeout = 10 * time.Second
+	// partitionLookupTimeout bounds the Kafka read of prepare.
+	partitionLookupTimeout = 5 * time.Second
+	// kafkaRetry is how long prepare leaves Kafka alone after a failed
+	// read (its own or the refresh loop's): while Kafka is down, Transact
+	// fails fast instead of waiting lookupTimeout every time.
+	kafkaRetry = 10 * time.Second
+	// loadRetry is the least time between two loads from MongoDB by
+	// prepare while a count is unknown.
+	loadRetry = time.Second
+)
+
+// partitionCount is a topic's partition count and when Kafka reported it.
+type partitionCount struct {
+	n  int
+	at time.Time
+}
+
+// partitionCounts holds the partition counts of the publish topics.
+type partitionCounts struct {
+	cfg           *Config
+	meta          *mongo.Collection
+	lookupTimeout time.Duration // bound of prepare's Kafka read; tests shorten it
+	slow          chan struct{} // one prepare slow path at a time
+
+	mu        sync.Mutex
+	counts    map[string]partitionCount
+	persisted map[string]int // counts known to be stored in MongoDB
+	loadedAt  time.Time      // last load from MongoDB or read from Kafka that succeeded
+	triedAt   time.Time      // last load attempt from MongoDB
+	failedAt  time.Time      // last failed Kafka read
+	lastErr   error          // last failure to learn a count, for ErrPartitionsUnknown
+}
+
+func newPartitionCounts(cfg *Config, meta *mongo.Collection) *partitionCounts {
+	return &partitionCounts{
+		cfg:           cfg,
+		meta:          meta,
+		lookupTimeout: partitionLookupTimeout,
+		slow:          make(chan struct{}, 1),
+		counts:        map[string]partitionCount{},
+		persisted:     map[string]int{},
+	}
+}
+
+// get returns the partition count of topic from memory; it does no I/O.
+func (pc *partitionCounts) get(topic string) (int, error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if c, ok := pc.counts[topic]; ok {
+		return c.n, nil
+	}
+	msg := fmt.Sprintf("%q: no count stored in %s.%s and none read from Kafka yet", topic, pc.cfg.Database, metaCollection)
+	if pc.lastErr != nil {
+		return 0, fmt.Errorf("%w %s (last failure: %w)", ErrPartitionsUnknown, msg, pc.lastErr)
+	}
+	return 0, fmt.Errorf("%w %s", ErrPartitionsUnknown, msg)
+}
+
+// set records a count read from Kafka in memory.
+func (pc *partitionCounts) set(topic string, n int) {
+	if n <= 0 {
+		return
+	}
+	pc.mu.Lock()
+	pc.counts[topic] = partitionCount{n: n, at: time.Now()}
+	pc.mu.Unlock()
+}
+
+// ready reports whether every publish topic's count is known and fresh.
+func (pc *partitionCounts) ready(now time.Time) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return len(pc.missingLocked()) == 0 && now.Sub(pc.loadedAt) < staleAfter
+}
+
+func (pc *partitionCounts) missing() []string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.missingLocked()
+}
+
+func (pc *partitionCounts) missingLocked() []string {
+	var out []string
+	for _, t := range pc.cfg.PublishTopics {
+		if _, ok := pc.counts[t]; !ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// prepare makes the counts of the publish topics known before a
+// transaction starts (see the file comment). It never fails: a count it
+// cannot learn makes Record fail with ErrPartitionsUnknown, so a
+// transaction that records no event for that topic still runs.
+func (pc *partitionCounts) prepare(ctx context.Context) {
+	if len(pc.cfg.PublishTopics) == 0 || pc.ready(time.Now()) {
+		return
+	}
+	select {
+	case pc.slow <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-pc.slow }()
+	now := time.Now()
+	if pc.ready(now) {
+		return
+	}
+	pc.mu.Lock()
+	load := now.Sub(pc.triedAt) >= loadRetry
+	pc.mu.Unlock()
+	if load {
+		_ = pc.load(ctx)
+	}
+	missing := pc.missing()
+	pc.mu.Lock()
+	askKafka := len(missing) > 0 && (pc.failedAt.IsZero() || now.Sub(pc.failedAt) >= kafkaRetry)
+	pc.mu.Unlock()
+	if !askKafka || ctx.Err() != nil {
+		return
+	}
+	kctx, cancel := context.WithTimeout(ctx, pc.lookupTimeout)
+	defer cancel()
+	counts, err := pc.fetch(kctx, nil, missing)
+	pc.apply(ctx, counts)
+	if err != nil && ctx.Err() == nil {
+		pc.failed(err)
+		pc.cfg.Logger.Warn("outbox: partition counts unknown and Kafka unreachable; recording for these topics fails until Kafka answers",
+			"topics", missing, "error", err)
+	}
+}
+
+// load reads the persisted counts of the publish topics from MongoDB. A
+// stored count replaces the one in memory when it was read from Kafka more
+// recently (by another replica).
+func (pc *partitionCounts) load(ctx context.Context) error {
+	pc.mu.Lock()
+	pc.triedAt = time.Now()
+	pc.mu.Unlock()
+	ids := make(bson.A, len(pc.cfg.PublishTopics))
+	for i, t := range pc.cfg.PublishTopics {
+		ids[i] = pc.id(t)
+	}
+	cur, err := pc.meta.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+	if err != nil {
+		return pc.loadFailed(err)
+	}
+	var docs []struct {
+		ID struct {
+			Topic string `bson:"topic"`
+		} `bson:"_id"`
+		Partitions int       `bson:"partitions"`
+		ReadAt     time.Time `bson:"read_at"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return pc.loadFailed(err)
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for _, d := range docs {
+		if d.Partitions <= 0 {
+			continue
+		}
+		pc.persisted[d.ID.Topic] = d.Partitions
+		if c, ok := pc.counts[d.ID.Topic]; !ok || d.ReadAt.After(c.at) {
+			pc.counts[d.ID.Topic] = partitionCount{n: d.Partitions, at: d.ReadAt}
+		}
+	}
+	pc.loadedAt = time.Now()
+	return nil
+}
+
+func (pc *partitionCounts) loadFailed(err error) error {
+	err = fmt.Errorf("outbox: load partition counts from %s: %w", metaCollection, err)
+	pc.mu.Lock()
+	pc.lastErr = err
+	pc.mu.Unlock()
+	return err
+}
+
+// id is the _id of a topic's count document.
+func (pc *partitionCounts) id(topic string) bson.D {
+	return bson.D{{Key: "outbox", Value: pc.cfg.OutboxCollection}, {Key: "topic", Value: topic}}
+}
+
+// fetch reads the partition counts of topics from Kafka, with cl or, when
+// cl is nil, a short-lived client. It returns the counts it learnt, and an
+// error wrapping ErrTopicMetadata when it could not learn them all.
+func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int, error) {
+	if cl == nil {
+		var err error
+		if cl, err = pc.newKafkaClient(); err != nil {
+			return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
+		}
+		defer cl.Close()
+		// kgo does not cancel a connection's initialization (ApiVersions,
+		// SASL) with the request's context: a black-holed broker holds the
+		// request for the request timeout overhead (10 s by default).
+		// Closing the client does end it.
+		defer context.AfterFunc(ctx, cl.Close)()
+	}
+	details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
+	}
+	counts := map[string]int{}
+	var errs []error
+	for _, topic := range topics {
+		d, ok := details[topic]
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("%w %q: not in metadata", ErrTopicMetadata, topic))
+		case d.Err != nil:
+			errs = append(errs, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topic, d.Err))
+		case len(d.Partitions) == 0:
+			errs = append(errs, fmt.Errorf("%w %q: no partitions", ErrTopicMetadata, topic))
+		default:
+			counts[topic] = len(d.Partitions)
+		}
+	}
+	return counts, errors.Join(errs...)
+}
+
+func (pc *partitionCounts) newKafkaClient() (*kgo.Client, error) {
+	opts := append([]kgo.Opt{}, pc.cfg.KafkaOptions...)
+	opts = append(opts, kgo.SeedBrokers(pc.cfg.Brokers...))
+	return kgo.NewClient(opts...)
+}
+
+// apply records counts read from Kafka in memory and persists the ones
+// that differ from what MongoDB holds. A failed write is logged and tried
+// again at the next read.
+func (pc *partitionCounts) apply(ctx context.Context, counts map[string]int) {
+	if len(counts) == 0 {
+		return
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	pc.mu.Lock()
+	var changed []string
+	for topic, n := range counts {
+		pc.counts[topic] = partitionCount{n: n, at: now}
+		if pc.persisted[topic] != n {
+			changed = append(changed, topic)
+		}
+	}
+	pc.loadedAt = time.Now()
+	pc.failedAt = time.Time{}
+	pc.lastErr = nil
+	pc.mu.Unlock()
+	for _, topic := range changed {
+		n := counts[topic]
+		_, err := pc.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: pc.id(topic)}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "partitions", Value: n}, {Key: "read_at", Value: now}}}},
+			options.UpdateOne().SetUpsert(true))
+		if err != nil && !mongo.IsDuplicateKeyError(err) {
+			pc.cfg.Logger.Warn("outbox: storing a partition count failed", "topic", topic, "partitions", n, "error", err)
+			continue
+		}
+		pc.mu.Lock()
+		pc.persisted[topic] = n
+		pc.mu.Unlock()
+	}
+}
+
+// failed records a failed Kafka read.
+func (pc *partitionCounts) failed(err error) {
+	pc.mu.Lock()
+	pc.failedAt = time.Now()
+	pc.lastErr = err
+	pc.mu.Unlock()
+}
+
+// snapshot returns the counts in memory (for tests and status).
+func (pc *partitionCounts) snapshot() map[string]int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	out := make(map[string]int, len(pc.counts))
+	for t, c := range pc.counts {
+		out[t] = c.n
+	}
+	return out
+}
+
+// refreshPartitions keeps the partition counts of the publish topics
+// current while Run runs: one goroutine of Run's group, started when
+// Config.PublishTopics is not empty and stopped by Run's context (it never
+// ends Run). It loads the persisted counts from MongoDB, then reads Kafka's
+// metadata with a client of its own every metadataInterval, persisting
+// counts that changed. After a failed read it reloads the counts from
+// MongoDB (another replica may reach Kafka) and retries with backoff
+// (Config.RetryMinBackoff to RetryMaxBackoff).
+func (c *Client) refreshPartitions(ctx context.Context) error {
+	pc := c.topics
+	cl, err := pc.newKafkaClient()
+	if err != nil {
+		return fmt.Errorf("outbox: create the Kafka metadata client: %w", err)
+	}
+	defer cl.Close()
+	// Close ends a metadata read stuck in a connection's initialization
+	// (see fetch), so that Run stops at once.
+	defer context.AfterFunc(ctx, cl.Close)()
+	_ = pc.load(ctx)
+	for attempt := 1; ; {
+		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
+		counts, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
+		cancel()
+		pc.apply(ctx, counts)
+		wait := cmp.Or(c.metadataEvery, metadataInterval)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			pc.failed(err)
+			c.cfg.Logger.Warn("outbox: reading topic metadata failed; recording uses the stored partition counts",
+				"error", err, "attempt", attempt)
+			_ = pc.load(ctx)
+			wait = backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)
+			attempt++
+		} else {
+			attempt = 1
+		}
+		if !sleepCtx(ctx, nil, wait) {
+			return nil
+		}
+	}
+}
