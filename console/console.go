@@ -274,7 +274,10 @@ func (c *Console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 
 // page is what every template gets.
 type page struct {
-	Title, Page   string
+	Title, Page string
+	// ListPage is the page the service switcher links to: the listing
+	// of the page's kind (parked, failed), never a detail.
+	ListPage      string
 	Services      []*service
 	Service       *service
 	Actions       bool
@@ -286,8 +289,11 @@ type page struct {
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, svc *service, data any, start time.Time) {
-	p := page{Title: c.opts.Title, Page: name, Services: c.services, Service: svc, Actions: c.opts.EnableActions,
-		Data: data, RenderedAt: time.Now().UTC()}
+	p := page{Title: c.opts.Title, Page: name, ListPage: "parked", Services: c.services, Service: svc,
+		Actions: c.opts.EnableActions, Data: data, RenderedAt: time.Now().UTC()}
+	if name == "failed" || name == "outbox-event" {
+		p.ListPage = "failed"
+	}
 	if c.opts.EnableActions {
 		p.CSRF = c.csrfToken(w, r)
 	}
@@ -306,6 +312,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, sv
 // driver error may quote a connection string.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
 	c.opts.Logger.Warn("console: request failed", "path", r.URL.Path, "err", err)
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
 	p := page{Title: c.opts.Title, Page: "error", Services: c.services, Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
 	_ = c.pages["error"].ExecuteTemplate(w, "layout", p)

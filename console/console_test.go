@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -377,4 +378,31 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	require.ErrorContains(t, err, "Database is required")
 	_, err = New(Options{Services: []Service{{Name: "x", Database: nil}}, CSRFKey: []byte("short")})
 	require.ErrorIs(t, err, ErrOptions)
+}
+
+// A console shows several services; the svc parameter picks one and the
+// switcher links to the same listing of the others.
+func TestSeveralServices(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	seed(t, b)
+	other := b.mongo.DB(t)
+	insert(t, other.Collection("inbox"), parkDoc("k-x", "o-x", time.Now(), nil))
+	c, err := New(Options{Services: []Service{ServiceOf(b.cfg), {Name: "billing", Database: other}}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	cl := jarClient(t)
+	_, body := get(t, cl, srv.URL+"/")
+	st := stats(body)
+	require.Equal(t, "2", st["shop/parked"])
+	require.Equal(t, "1", st["billing/parked"])
+	require.Equal(t, "0", st["billing/pending"])
+	_, body = get(t, cl, srv.URL+"/parked?svc=billing")
+	require.Equal(t, "1", stats(body)["matching"])
+	require.Contains(t, body, `href="parked?svc=shop"`)
+	_, body = get(t, cl, srv.URL+"/event?svc=billing&id=orders/OrderPlaced.v1/k-x")
+	require.Contains(t, body, `href="parked?svc=shop"`, "the switcher leaves a detail page for the listing")
+	_, err = New(Options{Services: []Service{ServiceOf(b.cfg), ServiceOf(b.cfg)}})
+	require.ErrorContains(t, err, "twice")
 }
