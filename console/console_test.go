@@ -181,7 +181,7 @@ func TestParkedPageWithoutHeldByField(t *testing.T) {
 func TestFailedPagesListAndShowFailedEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, false)
-	seed(t, b)
+	seed(t, b) // p-3 has f-1's key
 	cl := jarClient(t)
 	code, body := get(t, cl, b.url("failed"))
 	require.Equal(t, http.StatusOK, code, body)
@@ -195,6 +195,8 @@ func TestFailedPagesListAndShowFailedEvents(t *testing.T) {
 	code, body = get(t, cl, b.url("outbox-event?id="+d.ID.Hex()))
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "failed", stats(body)["state"])
+	require.Equal(t, "1", stats(body)["heldcount"], "p-3 waits behind f-1")
+	require.Contains(t, body, "OrderPlaced.v1 / p-3")
 	code, _ = get(t, cl, b.url("outbox-event?id=zz"))
 	require.Equal(t, http.StatusBadRequest, code)
 }

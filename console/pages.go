@@ -291,12 +291,18 @@ func (c *Console) failed(w http.ResponseWriter, r *http.Request) {
 
 // outboxEventPage is the outbox event page's data.
 type outboxEventPage struct {
-	Doc     *outboxDoc
-	Payload string
-	TraceID string
+	Doc       *outboxDoc
+	Payload   string
+	TraceID   string
+	Held      []outboxDoc
+	HeldTotal int64
 }
 
-// outboxEvent shows one outbox event. Query: getOutbox (the _id index).
+// outboxEvent shows one outbox event and, when it failed, the pending
+// events of its key that wait behind it.
+//
+// Queries: getOutbox (the _id index), heldBehindFailed (index
+// outbox_pending).
 func (c *Console) outboxEvent(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	s, err := c.service(r)
@@ -320,7 +326,14 @@ func (c *Console) outboxEvent(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, fmt.Errorf("no outbox event %s in service %s", oid.Hex(), s.Name))
 		return
 	}
-	c.render(w, r, "outbox-event", s, outboxEventPage{Doc: d, Payload: prettyJSON(d.Payload), TraceID: traceID(d.TraceParent)}, start)
+	p := outboxEventPage{Doc: d, Payload: prettyJSON(d.Payload), TraceID: traceID(d.TraceParent)}
+	if d.Failed && !d.Published {
+		if p.Held, p.HeldTotal, err = heldBehindFailed(ctx, s, d, c.opts.PageSize); err != nil {
+			c.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+	}
+	c.render(w, r, "outbox-event", s, p, start)
 }
 
 // findPage is the find page's data.

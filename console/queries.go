@@ -425,3 +425,32 @@ func findEvents(ctx context.Context, s *service, by, q string, limit int) (journ
 	sort.SliceStable(j.Inbox, func(a, b int) bool { return strings.Compare(j.Inbox[a].ID.String(), j.Inbox[b].ID.String()) < 0 })
 	return j, nil
 }
+
+// heldBehindFailed lists the pending events of a failed event's key, in
+// publishing order, and counts them: under Config.PoisonPolicy HoldKey they
+// wait until the failed event is retried or discarded.
+//
+// Queries: outbox count and find {published: false, topic, partition,
+// failed: false, key} sorted by {seq, _id}, served by the partial index
+// outbox_pending (topic, partition, seq, _id).
+func heldBehindFailed(ctx context.Context, s *service, d *outboxDoc, size int) ([]outboxDoc, int64, error) {
+	f := bson.D{{Key: "published", Value: false}, {Key: "topic", Value: d.Topic}, {Key: "partition", Value: d.Partition},
+		{Key: "failed", Value: false}, {Key: "key", Value: d.Key}}
+	n, err := s.outbox.CountDocuments(ctx, f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count held outbox events: %w", err)
+	}
+	if n == 0 {
+		return nil, 0, nil
+	}
+	cur, err := s.outbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
+		SetLimit(int64(size)).SetProjection(listFields))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list held outbox events: %w", err)
+	}
+	var docs []outboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, 0, fmt.Errorf("list held outbox events: %w", err)
+	}
+	return docs, n, nil
+}
