@@ -28,6 +28,9 @@ import (
 //	GET  /metrics                     -> the framework's metrics (both contexts), Go runtime and process
 //	                                     metrics, in Prometheus text format
 //	GET  /healthz                     -> 200 when MongoDB answers
+//	GET  /outbox/ui/                  -> the operations console of both contexts (package console);
+//	                                     actions only when listening on a loopback address
+//	GET  /outbox/charges              -> whether every order was charged exactly once
 func (r *replica) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", r.createOrder)
@@ -39,6 +42,8 @@ func (r *replica) routes() http.Handler {
 	mux.HandleFunc("GET /outbox/parked", r.parked)
 	mux.Handle("GET /metrics", r.metrics.handler)
 	mux.HandleFunc("GET /healthz", r.healthz)
+	mux.Handle("/outbox/ui/", http.StripPrefix("/outbox/ui", r.console))
+	mux.HandleFunc("GET /outbox/charges", r.charges)
 	return mux
 }
 

@@ -38,6 +38,9 @@ type replica struct {
 	ln       net.Listener
 	// metrics feeds GET /metrics; both contexts' clients report to it.
 	metrics *metrics
+	// console is served at /outbox/ui/; consoleKafka reads its groups.
+	console      http.Handler
+	consoleKafka *kgo.Client
 }
 
 // tuning adjusts the framework configuration of a replica (tests shorten
@@ -98,6 +101,12 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 		ln:       ln,
 		metrics:  m,
 	}
+	cons, consKafka, err := r.newConsole()
+	if err != nil {
+		_ = m.shutdown(context.Background())
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	r.console, r.consoleKafka = cons, consKafka
 	r.server = &http.Server{
 		Handler:           r.routes(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -118,6 +127,7 @@ func (r *replica) clients() map[string]*outbox.Client {
 // (run releases it otherwise).
 func (r *replica) close() {
 	_ = r.metrics.shutdown(context.Background())
+	r.consoleKafka.Close()
 }
 
 // run serves HTTP and runs both framework clients until ctx ends. Shutdown
@@ -161,6 +171,7 @@ func (r *replica) run(ctx context.Context) error {
 	}
 	stopClients()
 	wg.Wait()
+	r.consoleKafka.Close()
 	close(errs)
 	for err := range errs {
 		fatal = cmpErr(fatal, err)

@@ -11,6 +11,10 @@
 //	outboxctl [flags] outbox failed list
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
 //	outboxctl [flags] outbox failed discard (<id>... | -all)
+//	outboxctl [flags] ui [-addr 127.0.0.1:8090] [-brokers ...] [-service ...] [-actions]
+//
+// "ui" serves the operations console (package console) in a browser; see
+// ui.go.
 //
 // Flags may come before or after the command:
 //
@@ -101,6 +105,9 @@ type cliOptions struct {
 	limit                  int
 	timeout                time.Duration
 	words                  []string // command words and ids
+	// ui only
+	addr, brokers, services string
+	actions, findIndexes    bool
 }
 
 func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOptions, error) {
@@ -119,6 +126,11 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.before, "before", "", "only events parked before this RFC 3339 time, or this long ago (e.g. 24h)")
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "overall deadline")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8090", "ui: listen address")
+	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "ui: Kafka brokers, comma-separated, for the partitions page (default $KAFKA_BROKERS)")
+	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
+	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
+	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
   outboxctl [flags] status
@@ -128,6 +140,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
   outboxctl [flags] outbox failed discard (<id>... | -all)
+  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-actions]
 flags:
 `)
 		fs.PrintDefaults()
@@ -195,6 +208,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	cmd := strings.Join(o.words[:min(len(o.words), 3)], " ")
+	if len(o.words) == 1 && o.words[0] == "ui" {
+		return o.ui(ctx, stdout)
+	}
 	var do func(context.Context, *outbox.Admin, io.Writer) error
 	switch {
 	case len(o.words) == 1 && o.words[0] == "status":
@@ -208,7 +224,7 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && (o.words[2] == "retry" || o.words[2] == "discard"):
 		do = o.failedChange
 	default:
-		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry|discard)", cmd)
+		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
 	}
 	// Check the whole command line before connecting.
 	if _, err := o.parkedFilter(); err != nil {

@@ -1,0 +1,186 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox"
+)
+
+// Actions.
+//
+// An action is a POST of a form: svc, csrf, scope ("ids" with one or more
+// id fields, or "all" with the parked page's filters), and confirm. Without
+// confirm=yes nothing changes: the console answers with the number of
+// events the action would change (the dry-run count outboxctl prints) and
+// a form to confirm. With confirm=yes it acts and reports how many events
+// changed. Every action is an outbox.Admin method: RequestRedrive,
+// PurgeParked, RetryFailed, DiscardFailed.
+
+type actionKind int
+
+const (
+	actRedrive actionKind = iota
+	actPurge
+	actRetry
+	actDiscard
+)
+
+var actionNames = map[actionKind]struct{ path, verb, done string }{
+	actRedrive: {"redrive", "Re-drive", "re-drive requested for"},
+	actPurge:   {"purge", "Purge", "purged"},
+	actRetry:   {"retry", "Retry", "retried"},
+	actDiscard: {"discard", "Discard", "discarded"},
+}
+
+// actionPage is the confirmation and result pages' data.
+type actionPage struct {
+	Verb, Path, Done string
+	Count            int64
+	Confirmed        bool
+	Fields           []field
+	Back             string
+	Parked           bool
+}
+
+type field struct{ Name, Value string }
+
+func (c *Console) action(kind actionKind) http.HandlerFunc {
+	names := actionNames[kind]
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		r.Body = http.MaxBytesReader(w, r.Body, 8<<20)
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
+			return
+		}
+		if err := c.checkCSRF(r); err != nil {
+			c.fail(w, r, http.StatusForbidden, err)
+			return
+		}
+		s, err := c.service(r)
+		if err != nil {
+			c.fail(w, r, http.StatusNotFound, err)
+			return
+		}
+		confirmed := r.PostFormValue("confirm") == "yes"
+		ctx, cancel := c.ctx(r)
+		defer cancel()
+		p := actionPage{Verb: names.verb, Path: names.path, Done: names.done, Confirmed: confirmed,
+			Parked: kind == actRedrive || kind == actPurge}
+		for k, vs := range r.PostForm {
+			if k == csrfField || k == "confirm" {
+				continue
+			}
+			for _, v := range vs {
+				p.Fields = append(p.Fields, field{k, v})
+			}
+		}
+		back := url.Values{"svc": {s.Name}}
+		if p.Parked {
+			for _, k := range []string{"topic", "schema", "key", "before", "after", "view"} {
+				if v := r.PostFormValue(k); v != "" {
+					back.Set(k, v)
+				}
+			}
+			p.Back = "parked?" + back.Encode()
+			p.Count, err = c.parkedAction(ctx, s, kind, r, !confirmed)
+		} else {
+			if v := r.PostFormValue("topic"); v != "" {
+				back.Set("topic", v)
+			}
+			p.Back = "failed?" + back.Encode()
+			p.Count, err = c.failedAction(ctx, s, kind, r, !confirmed)
+		}
+		if errors.Is(err, outbox.ErrNotParked) {
+			err = nil // a stale page: nothing to do, and the count says so
+		}
+		var bad badRequest
+		switch {
+		case errors.As(err, &bad):
+			c.fail(w, r, http.StatusBadRequest, err)
+			return
+		case err != nil:
+			c.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+		if confirmed {
+			c.opts.Logger.Info("console: action", "action", names.path, "service", s.Name, "events", p.Count)
+		}
+		c.render(w, r, "action", s, p, start)
+	}
+}
+
+// badRequest is an error in the submitted form.
+type badRequest struct{ error }
+
+func (c *Console) parkedAction(ctx context.Context, s *service, kind actionKind, r *http.Request, dryRun bool) (int64, error) {
+	var f outbox.ParkedFilter
+	switch r.PostFormValue("scope") {
+	case "all":
+		q, err := parseParkedQuery(r)
+		if err != nil {
+			return 0, badRequest{err}
+		}
+		var ok bool
+		if f, ok = q.adminFilter(); !ok {
+			ids, err := parkedIDs(ctx, s, q)
+			if err != nil {
+				return 0, err
+			}
+			if len(ids) == 0 {
+				return 0, nil
+			}
+			f = outbox.ParkedFilter{IDs: ids}
+		}
+	case "ids", "":
+		for _, raw := range r.PostForm["id"] {
+			id, err := outbox.ParseInboxID(raw)
+			if err != nil {
+				return 0, badRequest{err}
+			}
+			f.IDs = append(f.IDs, id)
+		}
+		if len(f.IDs) == 0 {
+			return 0, badRequest{errors.New("no event selected: tick at least one, or choose all matching")}
+		}
+	default:
+		return 0, badRequest{fmt.Errorf("scope must be ids or all, not %q", r.PostFormValue("scope"))}
+	}
+	if kind == actRedrive {
+		return s.admin.RequestRedrive(ctx, f, dryRun)
+	}
+	return s.admin.PurgeParked(ctx, f, dryRun)
+}
+
+func (c *Console) failedAction(ctx context.Context, s *service, kind actionKind, r *http.Request, dryRun bool) (int64, error) {
+	topic := strings.TrimSpace(r.PostFormValue("topic"))
+	var hexIDs []string
+	switch r.PostFormValue("scope") {
+	case "all":
+	case "ids", "":
+		hexIDs = r.PostForm["id"]
+		if len(hexIDs) == 0 {
+			return 0, badRequest{errors.New("no event selected: tick at least one, or choose all")}
+		}
+		for _, h := range hexIDs {
+			if _, err := bson.ObjectIDFromHex(h); err != nil {
+				return 0, badRequest{fmt.Errorf("failed event id %q is not a hex ObjectID", h)}
+			}
+		}
+	default:
+		return 0, badRequest{fmt.Errorf("scope must be ids or all, not %q", r.PostFormValue("scope"))}
+	}
+	f := outbox.FailedFilter{Topic: topic}
+	if kind == actRetry {
+		return s.admin.RetryFailed(ctx, f, hexIDs, dryRun)
+	}
+	return s.admin.DiscardFailed(ctx, f, hexIDs, dryRun)
+}

@@ -1,0 +1,219 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox"
+)
+
+// The browser test drives headless Chromium through the console of a
+// running service: it reads the numbers each page shows and compares them
+// with the database, re-drives a parked event with the buttons and waits
+// for its handler to run, and checks that a form posted from another
+// origin is refused.
+//
+// It needs Chromium (Debian: apt-get install chromium); without it the test
+// skips. CONSOLE_SCREENSHOTS=<dir> keeps a PNG of each page there (the
+// README's screenshots: CONSOLE_SCREENSHOTS=$PWD/docs go test -run
+// TestBrowser ./console).
+
+// chromium finds the browser: $CHROMIUM, then the usual names.
+func chromium() string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	for _, n := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func TestBrowser(t *testing.T) {
+	exe := chromium()
+	if exe == "" {
+		t.Skip("browser test skipped: no Chromium found (install Debian's chromium package or set CHROMIUM=/path/to/chrome)")
+	}
+	b := setup(t, true)
+	ctx := context.Background()
+	svc := b.cfg.Service
+
+	// A running service: three orders handled, one poison order parked
+	// after MaxAttempts, plus (seeded directly, as the consumer's poison
+	// handling writes them) two events held behind it and a failed outbox
+	// event.
+	// (The failed event goes in before the publisher starts: its backlog
+	// scan skips failed events, its change stream does not filter inserts.)
+	insert(t, b.outbox(), outboxDocOf("too-big", time.Now().Add(-time.Minute), false, true))
+	b.run(t)
+	for _, id := range []string{"o-1", "o-2", "o-3", "poison-1"} {
+		require.NoError(t, b.client.Transact(ctx, func(ctx context.Context) error {
+			return outbox.Record(ctx, orderPlaced{OrderID: id, Amount: 42})
+		}))
+	}
+	waitFor(t, "the poison order parked and the others handled", func() bool {
+		return count(t, b.inbox(), bson.D{{Key: "parked", Value: true}}) == 1 &&
+			count(t, b.inbox(), bson.D{{Key: "handled", Value: true}}) == 3
+	})
+	var head struct {
+		ID outbox.InboxID `bson:"_id"`
+	}
+	require.NoError(t, b.inbox().FindOne(ctx, bson.D{{Key: "parked", Value: true}}).Decode(&head))
+	now := time.Now().UTC()
+	insert(t, b.inbox(), parkDoc("held-a", "poison-1", now, &head.ID), parkDoc("held-b", "poison-1", now.Add(time.Second), &head.ID))
+	require.NoError(t, EnsureFindIndexes(ctx, ServiceOf(b.cfg)))
+	waitFor(t, "nothing pending", func() bool {
+		return count(t, b.outbox(), bson.D{{Key: "published", Value: false}, {Key: "failed", Value: false}}) == 0
+	})
+	waitFor(t, "both groups stable with every partition assigned", func() bool {
+		lags, err := b.kafka.Admin().Lag(ctx, b.cfg.Service, b.cfg.Service+".outbox-publisher")
+		if err != nil {
+			return false
+		}
+		for _, g := range lags {
+			if g.State != "Stable" || len(g.Members) == 0 {
+				return false
+			}
+		}
+		c := lags[b.cfg.Service]
+		return c.Lag.Total() == 0 && len(c.Lag.Sorted()) == 3
+	})
+
+	shots := os.Getenv("CONSOLE_SCREENSHOTS")
+	if shots == "" {
+		shots = t.TempDir()
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
+	defer cancelAlloc()
+	bctx, cancelB := chromedp.NewContext(alloc)
+	defer cancelB()
+	require.NoError(t, chromedp.Do(bctx), "start Chromium") // the first run may not have a deadline
+	bctx, cancelT := context.WithTimeout(bctx, 2*time.Minute)
+	defer cancelT()
+
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return strings.TrimSpace(s)
+	}
+	stat := func(name string) string { return text(`[data-stat="` + name + `"]`) }
+	num := func(name string) int64 {
+		t.Helper()
+		n, err := strconv.ParseInt(stat(name), 10, 64)
+		require.NoError(t, err, name)
+		return n
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644))
+	}
+	open := func(path string) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(b.url(path)), chromedp.WaitReady(chromedp.CSS("footer"))))
+	}
+
+	// Overview: the numbers are the database's.
+	open("")
+	st, err := b.client.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, st.Pending, num(svc+"/pending"))
+	require.Equal(t, st.Failed, num(svc+"/failed"))
+	require.Equal(t, int64(1), num(svc+"/failed"))
+	require.Equal(t, count(t, b.inbox(), bson.D{{Key: "parked", Value: true}, {Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}}}), num(svc+"/parked"))
+	require.Equal(t, int64(2), num(svc+"/held"))
+	require.Equal(t, count(t, b.outbox(), bson.D{{Key: "published", Value: true}}), num(svc+"/published1h"))
+	require.Equal(t, count(t, b.inbox(), bson.D{{Key: "handled", Value: true}}), num(svc+"/handled1h"))
+	shot("overview")
+
+	// Partitions: owners and offsets as kadm reports them.
+	open("partitions")
+	lags, err := b.kafka.Admin().Lag(ctx, b.cfg.Service)
+	require.NoError(t, err)
+	for _, l := range lags[b.cfg.Service].Lag.Sorted() {
+		p := fmt.Sprintf("%s/%s/%d/", svc, l.Topic, l.Partition)
+		require.Equal(t, strconv.FormatInt(l.End.Offset, 10), stat(p+"end"), p)
+		require.Equal(t, "0", stat(p+"lag"), p)
+		if l.Commit.At >= 0 {
+			require.Equal(t, strconv.FormatInt(l.Commit.At, 10), stat(p+"committed"), p)
+		}
+	}
+	require.NotContains(t, text("main"), "nobody")
+	shot("partitions")
+
+	open("failed")
+	require.Equal(t, "1", stat("matching"))
+	shot("failed")
+
+	open("find?by=partition&q=poison-1")
+	require.Equal(t, "3", stat(svc+"/inbox"))
+	require.Equal(t, "1", stat(svc+"/outbox"))
+	shot("find")
+
+	// Parked page, then the head's detail, then re-drive it with the
+	// buttons: a confirmation with the count, then the request.
+	open("parked")
+	require.Equal(t, "3", stat("matching"))
+	shot("parked")
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`a.evt[href*="`+head.ID.IdempotencyKey+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#redrive"))))
+	require.Equal(t, "parked", stat("state"))
+	require.Equal(t, "2", stat("heldcount"))
+	shot("event")
+	b.heal.Store(true)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#redrive")), chromedp.WaitVisible(chromedp.CSS("#confirm"))))
+	require.Equal(t, "1", stat("count"))
+	shot("confirm")
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#confirm")), chromedp.WaitVisible(chromedp.CSS(`[data-stat="done"]`))))
+	require.Equal(t, "1", stat("done"))
+	waitFor(t, "the re-driven order handled", func() bool { return b.timesHandled("poison-1") == 1 })
+	waitFor(t, "its inbox document handled", func() bool {
+		return count(t, b.inbox(), bson.D{{Key: "_id", Value: head.ID}, {Key: "handled", Value: true}, {Key: "parked", Value: false}}) == 1
+	})
+	open("event?id=" + head.ID.String())
+	require.Equal(t, "handled", stat("state"))
+
+	// A form posted from another site is refused, with the right cookie
+	// attached by the browser and even a valid-looking token field.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<form id="f" method="post" action="%s"><input name="scope" value="all"><input name="confirm" value="yes"><input name="csrf" value="%s"></form><script>document.getElementById("f").submit()</script>`,
+			b.url("purge"), strings.Repeat("ab", 32))
+	}))
+	defer evil.Close()
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1) // another site, not only another port
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(evilURL), chromedp.WaitReady(chromedp.CSS(".error"))))
+	require.Contains(t, text(".error"), "CSRF")
+	shot("csrf-refused")
+	require.Equal(t, int64(2), count(t, b.inbox(), bson.D{{Key: "parked", Value: true}}), "the held events are not purged")
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

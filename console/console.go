@@ -1,0 +1,319 @@
+// Package console is the operations console of the outbox framework: an
+// http.Handler that shows, for one or more services, the outbox backlog,
+// the partitions each replica publishes and handles, the parked and held
+// events and the failed outbox events, and (when enabled) lets an operator
+// re-drive, purge, retry or discard them.
+//
+// Pages are rendered on the server with html/template; the stylesheet and
+// the small script (auto-refresh only) are embedded in the binary. Nothing
+// is fetched from another site, and every page reads without JavaScript.
+//
+// # Mounting
+//
+// The handler serves its pages under its own root with relative links, so
+// mount it under a prefix with http.StripPrefix:
+//
+//	ui, err := console.New(console.Options{Services: []console.Service{console.ServiceOf(cfg)}})
+//	mux.Handle("/outbox/ui/", http.StripPrefix("/outbox/ui", ui))
+//
+// # Safety
+//
+// The console is read-only unless Options.EnableActions is set. Actions are
+// POST requests that must pass a same-origin check (Sec-Fetch-Site, Origin
+// or Referer) and carry a CSRF token bound to a cookie of the browser; a
+// first POST only shows how many events the action would change (the same
+// dry-run count outboxctl prints) and asks for confirmation. No page shows a
+// connection string or credential. The console has no authentication of its
+// own: put it behind the service's (see the README's Operations console
+// section for a middleware example).
+//
+// # Reads
+//
+// Each page states the MongoDB queries it runs; all are served by the
+// framework's indexes (outbox_pending, outbox_failed, outbox_published_ttl,
+// inbox_parked, inbox_handled_ttl, the _id index) except the find page's,
+// which needs the indexes EnsureFindIndexes creates and refuses to run
+// without them.
+package console
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed assets
+var assetFS embed.FS
+
+// Service is one service the console shows: its database, collections and
+// Kafka groups.
+type Service struct {
+	// Name labels the service in pages and links. Required; unique among
+	// Options.Services.
+	Name string
+	// Database holds the service's outbox and inbox collections. Required.
+	Database *mongo.Database
+	// OutboxCollection is the outbox collection's name. Defaults to
+	// "outbox".
+	OutboxCollection string
+	// InboxCollection is the inbox collection's name. Defaults to "inbox".
+	InboxCollection string
+	// ConsumerGroup is the service's consumer group (Config.ConsumerGroup).
+	// Defaults to Name.
+	ConsumerGroup string
+	// PublisherGroup is the service's publisher group
+	// (Config.PublisherGroup). Defaults to Name + ".outbox-publisher".
+	PublisherGroup string
+}
+
+// ServiceOf returns the Service that shows the service cfg configures, with
+// Config's defaults applied. cfg.Mongo must be set.
+func ServiceOf(cfg outbox.Config) Service {
+	s := Service{Name: cfg.Service, OutboxCollection: cfg.OutboxCollection, InboxCollection: cfg.InboxCollection,
+		ConsumerGroup: cfg.ConsumerGroup, PublisherGroup: cfg.PublisherGroup}
+	if cfg.Mongo != nil {
+		s.Database = cfg.Mongo.Database(cfg.Database)
+	}
+	return s
+}
+
+func (s Service) withDefaults() Service {
+	s.OutboxCollection = cmp.Or(s.OutboxCollection, "outbox")
+	s.InboxCollection = cmp.Or(s.InboxCollection, "inbox")
+	s.ConsumerGroup = cmp.Or(s.ConsumerGroup, s.Name)
+	s.PublisherGroup = cmp.Or(s.PublisherGroup, s.Name+".outbox-publisher")
+	return s
+}
+
+// Options configures a Console.
+type Options struct {
+	// Services are the services shown. Required: at least one.
+	Services []Service
+	// Kafka reads the consumer and publisher groups for the partitions page.
+	// Defaults to nil: the partitions page says that Kafka is not
+	// configured.
+	Kafka *kadm.Client
+	// EnableActions allows re-drive, purge, retry and discard. Defaults to
+	// false: the console is read-only and refuses every POST.
+	EnableActions bool
+	// CSRFKey signs the CSRF tokens. Replicas behind one load balancer need
+	// the same key (at least 32 bytes), or a form rendered by one replica
+	// is refused by another. Defaults to a random key per Console.
+	CSRFKey []byte
+	// Title is shown in every page's header. Defaults to "outbox console".
+	Title string
+	// PageSize caps the events listed per page. Defaults to 100.
+	PageSize int
+	// QueryTimeout bounds the reads and writes of one request. Defaults to
+	// 10 s.
+	QueryTimeout time.Duration
+	// Logger receives the errors of failed requests. Defaults to a logger
+	// that discards everything.
+	Logger *slog.Logger
+}
+
+// Console is the operations console's http.Handler. It is safe for
+// concurrent use and starts no goroutines.
+type Console struct {
+	opts     Options
+	services []*service
+	byName   map[string]*service
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+	csrfKey  []byte
+}
+
+// service is a Service with its Admin.
+type service struct {
+	Service
+	admin         *outbox.Admin
+	outbox, inbox *mongo.Collection
+	findIdx       indexCache
+}
+
+// ErrOptions wraps every configuration error of New.
+var ErrOptions = errors.New("console: invalid options")
+
+// New returns a Console for opts.
+func New(opts Options) (*Console, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrOptions, fmt.Sprintf(format, args...))
+	}
+	if len(opts.Services) == 0 {
+		return nil, bad("Services is required")
+	}
+	opts.Title = cmp.Or(opts.Title, "outbox console")
+	opts.PageSize = cmp.Or(opts.PageSize, 100)
+	opts.QueryTimeout = cmp.Or(opts.QueryTimeout, 10*time.Second)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PageSize < 1 {
+		return nil, bad("PageSize must be positive")
+	}
+	c := &Console{opts: opts, byName: map[string]*service{}}
+	for i, s := range opts.Services {
+		if s.Name == "" {
+			return nil, bad("Services[%d].Name is required", i)
+		}
+		if s.Database == nil {
+			return nil, bad("Services[%d].Database is required", i)
+		}
+		if c.byName[s.Name] != nil {
+			return nil, bad("Services has %q twice", s.Name)
+		}
+		s = s.withDefaults()
+		svc := &service{Service: s, admin: outbox.NewAdmin(s.Database, s.OutboxCollection, s.InboxCollection),
+			outbox: s.Database.Collection(s.OutboxCollection), inbox: s.Database.Collection(s.InboxCollection)}
+		c.services = append(c.services, svc)
+		c.byName[s.Name] = svc
+	}
+	switch {
+	case opts.CSRFKey == nil:
+		c.csrfKey = make([]byte, 32)
+		_, _ = rand.Read(c.csrfKey) // never fails (crypto/rand doc)
+	case len(opts.CSRFKey) < 32:
+		return nil, bad("CSRFKey must have at least 32 bytes")
+	default:
+		c.csrfKey = opts.CSRFKey
+	}
+	pages, err := parseTemplates()
+	if err != nil {
+		return nil, err
+	}
+	c.pages = pages
+	c.mux = c.routes()
+	return c, nil
+}
+
+// routes are the console's pages, relative to where it is mounted:
+//
+//	GET  /              overview
+//	GET  /parked        parked and held events (filters in the query)
+//	GET  /event         one inbox event (?svc=&id=topic/schema/key)
+//	GET  /failed        failed outbox events
+//	GET  /outbox-event  one outbox event (?svc=&id=hex)
+//	GET  /partitions    partitions and their owners, offsets and lag
+//	GET  /find          an event's journey (?q=&by=idempotency|partition)
+//	GET  /assets/...    stylesheet and script
+//	POST /redrive, /purge, /retry, /discard   actions (Options.EnableActions)
+func (c *Console) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", c.overview)
+	mux.HandleFunc("GET /parked", c.parked)
+	mux.HandleFunc("GET /event", c.inboxEvent)
+	mux.HandleFunc("GET /failed", c.failed)
+	mux.HandleFunc("GET /outbox-event", c.outboxEvent)
+	mux.HandleFunc("GET /partitions", c.partitions)
+	mux.HandleFunc("GET /find", c.find)
+	assets, _ := fs.Sub(assetFS, "assets")
+	mux.Handle("GET /assets/", http.StripPrefix("/assets", http.FileServerFS(assets)))
+	mux.HandleFunc("POST /redrive", c.action(actRedrive))
+	mux.HandleFunc("POST /purge", c.action(actPurge))
+	mux.HandleFunc("POST /retry", c.action(actRetry))
+	mux.HandleFunc("POST /discard", c.action(actDiscard))
+	return mux
+}
+
+// ServeHTTP serves the console. Every response forbids framing and
+// caching, and pages may load nothing but their own assets.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("Cache-Control", "no-store")
+	if r.URL.Path == "" { // mounted with StripPrefix("/x/ui") and asked for /x/ui
+		u, _, _ := strings.Cut(r.RequestURI, "?")
+		w.Header().Set("Location", u+"/")
+		w.WriteHeader(http.StatusFound)
+		return
+	}
+	if r.Method == http.MethodPost && !c.opts.EnableActions {
+		http.Error(w, "the console is read-only: actions are not enabled (console.Options.EnableActions)", http.StatusForbidden)
+		return
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// service returns the service named in the request's svc parameter, or the
+// first one when it names none.
+func (c *Console) service(r *http.Request) (*service, error) {
+	name := r.FormValue("svc")
+	if name == "" {
+		return c.services[0], nil
+	}
+	s := c.byName[name]
+	if s == nil {
+		return nil, fmt.Errorf("no service named %q", name)
+	}
+	return s, nil
+}
+
+func (c *Console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), c.opts.QueryTimeout)
+}
+
+// page is what every template gets.
+type page struct {
+	Title, Page string
+	// ListPage is the page the service switcher links to: the listing
+	// of the page's kind (parked, failed), never a detail.
+	ListPage      string
+	Services      []*service
+	Service       *service
+	Actions       bool
+	CSRF          string
+	Error         string
+	Data          any
+	RenderedAt    time.Time
+	RenderSeconds string
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, svc *service, data any, start time.Time) {
+	p := page{Title: c.opts.Title, Page: name, ListPage: "parked", Services: c.services, Service: svc,
+		Actions: c.opts.EnableActions, Data: data, RenderedAt: time.Now().UTC()}
+	if name == "failed" || name == "outbox-event" {
+		p.ListPage = "failed"
+	}
+	if c.opts.EnableActions {
+		p.CSRF = c.csrfToken(w, r)
+	}
+	p.RenderSeconds = fmt.Sprintf("%.3f", time.Since(start).Seconds())
+	var b strings.Builder
+	if err := c.pages[name].ExecuteTemplate(&b, "layout", p); err != nil {
+		c.opts.Logger.Error("console: render page", "page", name, "err", err)
+		http.Error(w, "console: render page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// fail renders the error page. The error text goes through redact: a
+// driver error may quote a connection string.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
+	c.opts.Logger.Warn("console: request failed", "path", r.URL.Path, "err", err)
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	p := page{Title: c.opts.Title, Page: "error", Services: c.services, Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
+	_ = c.pages["error"].ExecuteTemplate(w, "layout", p)
+}

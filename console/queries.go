@@ -1,0 +1,456 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox"
+)
+
+// The console's own reads, for what outbox.Admin does not offer. Each
+// names the index that serves it. The field names are the framework's
+// storage format (inbox.go, outbox.go of the root package).
+
+// inboxDoc is an inbox document as the console shows it. HeldBy is set on a
+// held event: parked behind the head of its key, which it names (written
+// by the consumer's poison handling; absent in older data).
+type inboxDoc struct {
+	ID                 outbox.InboxID  `bson:"_id"`
+	Handled            bool            `bson:"handled"`
+	HandledAt          *time.Time      `bson:"handled_at"`
+	Parked             bool            `bson:"parked"`
+	ParkedAt           *time.Time      `bson:"parked_at"`
+	HeldBy             *outbox.InboxID `bson:"held_by"`
+	Attempts           int32           `bson:"attempts"`
+	LastError          string          `bson:"last_error"`
+	Partition          int32           `bson:"partition"`
+	Offset             int64           `bson:"offset"`
+	PartitionKey       string          `bson:"partition_key"`
+	OccurredAt         *time.Time      `bson:"occurred_at"`
+	ReceivedAt         *time.Time      `bson:"received_at"`
+	TraceParent        string          `bson:"traceparent"`
+	Payload            string          `bson:"payload"`
+	RedriveRequestedAt *time.Time      `bson:"redrive_requested_at"`
+	DiscardedAt        *time.Time      `bson:"discarded_at"`
+}
+
+// outboxDoc is an outbox document as the console shows it.
+type outboxDoc struct {
+	ID             bson.ObjectID `bson:"_id"`
+	Topic          string        `bson:"topic"`
+	Partition      int32         `bson:"partition"`
+	Key            string        `bson:"key"`
+	Schema         string        `bson:"schema"`
+	IdempotencyKey string        `bson:"idempotency_key"`
+	OccurredAt     *time.Time    `bson:"occurred_at"`
+	Payload        string        `bson:"payload"`
+	TraceParent    string        `bson:"traceparent"`
+	CreatedAt      *time.Time    `bson:"created_at"`
+	Published      bool          `bson:"published"`
+	PublishedAt    *time.Time    `bson:"published_at"`
+	Failed         bool          `bson:"failed"`
+	FailedAt       *time.Time    `bson:"failed_at"`
+	Error          string        `bson:"error"`
+	Attempts       int32         `bson:"attempts"`
+}
+
+// parkedTopic counts the parked events of a topic: heads (parked on their
+// own account) and held events (parked behind a head), and the keys held.
+type parkedTopic struct {
+	Topic                  string
+	Heads, Held, HeldHeads int64
+}
+
+// parkedByTopic groups the parked events by topic and head.
+//
+// Query: inbox aggregate [$match {parked: true}, $group by {_id.topic,
+// held_by}]; the match is served by the partial index inbox_parked, so only
+// parked documents are read.
+func parkedByTopic(ctx context.Context, s *service) (map[string]*parkedTopic, error) {
+	cur, err := s.inbox.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "parked", Value: true}}}},
+		{{Key: "$group", Value: bson.D{
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$_id.topic"}, {Key: "head", Value: "$held_by"}}},
+			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
+		}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count parked events: %w", err)
+	}
+	var groups []struct {
+		ID struct {
+			Topic string        `bson:"topic"`
+			Head  bson.RawValue `bson:"head"`
+		} `bson:"_id"`
+		N int64 `bson:"n"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, fmt.Errorf("count parked events: %w", err)
+	}
+	out := map[string]*parkedTopic{}
+	for _, g := range groups {
+		t := out[g.ID.Topic]
+		if t == nil {
+			t = &parkedTopic{Topic: g.ID.Topic}
+			out[g.ID.Topic] = t
+		}
+		if g.ID.Head.Type == 0 || g.ID.Head.Type == bson.TypeNull {
+			t.Heads += g.N
+		} else {
+			t.Held += g.N
+			t.HeldHeads++
+		}
+	}
+	return out, nil
+}
+
+// perMinute counts the documents whose timeField falls in each of the last
+// 60 minutes (oldest first, the current minute last).
+//
+// Query: aggregate [$match {flag: true, timeField: {$gte: an hour ago}},
+// $group by $dateToString(minute)]. The match is served by the partial TTL
+// index on timeField (outbox_published_ttl on published_at where
+// published, inbox_handled_ttl on handled_at where handled): only the
+// last hour's documents are read.
+func perMinute(ctx context.Context, coll *mongo.Collection, flag, timeField string, now time.Time) ([]int64, error) {
+	end := now.UTC().Truncate(time.Minute).Add(time.Minute)
+	since := end.Add(-60 * time.Minute)
+	cur, err := coll.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: flag, Value: true}, {Key: timeField, Value: bson.D{{Key: "$gte", Value: since}}}}}},
+		{{Key: "$group", Value: bson.D{
+			{Key: "_id", Value: bson.D{{Key: "$dateToString", Value: bson.D{{Key: "format", Value: "%Y-%m-%dT%H:%M"}, {Key: "date", Value: "$" + timeField}}}}},
+			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
+		}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count %s per minute: %w", timeField, err)
+	}
+	var groups []struct {
+		ID string `bson:"_id"`
+		N  int64  `bson:"n"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, fmt.Errorf("count %s per minute: %w", timeField, err)
+	}
+	out := make([]int64, 60)
+	for _, g := range groups {
+		t, err := time.Parse("2006-01-02T15:04", g.ID)
+		if err != nil {
+			continue
+		}
+		i := int(t.Sub(since) / time.Minute)
+		if i >= 0 && i < 60 {
+			out[i] += g.N
+		}
+	}
+	return out, nil
+}
+
+// parkedQuery selects parked events in the parked page.
+type parkedQuery struct {
+	Topic, Schema, Key string
+	After, Before      time.Time
+	// View is "all", "heads" (parked on their own) or "held" (behind a head).
+	View string
+	Page int
+}
+
+func (q parkedQuery) filter() bson.D {
+	f := bson.D{{Key: "parked", Value: true}}
+	if q.Topic != "" {
+		f = append(f, bson.E{Key: "_id.topic", Value: q.Topic})
+	}
+	if q.Schema != "" {
+		f = append(f, bson.E{Key: "_id.content_schema", Value: q.Schema})
+	}
+	if q.Key != "" {
+		f = append(f, bson.E{Key: "partition_key", Value: q.Key})
+	}
+	if !q.After.IsZero() || !q.Before.IsZero() {
+		r := bson.D{}
+		if !q.After.IsZero() {
+			r = append(r, bson.E{Key: "$gte", Value: q.After.UTC()})
+		}
+		if !q.Before.IsZero() {
+			r = append(r, bson.E{Key: "$lt", Value: q.Before.UTC()})
+		}
+		f = append(f, bson.E{Key: "parked_at", Value: r})
+	}
+	switch q.View {
+	case "heads":
+		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}})
+	case "held":
+		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}})
+	}
+	return f
+}
+
+// adminFilter is the outbox.ParkedFilter of q when Admin can express it
+// (no key, no lower time bound, no view); ok is false otherwise.
+func (q parkedQuery) adminFilter() (f outbox.ParkedFilter, ok bool) {
+	if q.Key != "" || !q.After.IsZero() || (q.View != "" && q.View != "all") {
+		return f, false
+	}
+	return outbox.ParkedFilter{Topic: q.Topic, ContentSchema: q.Schema, ParkedBefore: q.Before}, true
+}
+
+// listFields leaves the payload out of listings.
+var listFields = bson.D{{Key: "payload", Value: 0}}
+
+// listParked returns a page of the parked events q selects, oldest first,
+// and how many it selects.
+//
+// Queries: inbox find {parked: true, ...q} sort {parked_at, _id} skip
+// limit, and count of the same filter; both are served by the partial
+// index inbox_parked (parked documents only; the filters on topic, schema,
+// key and held_by are applied to those).
+func listParked(ctx context.Context, s *service, q parkedQuery, size int) ([]inboxDoc, int64, error) {
+	f := q.filter()
+	n, err := s.inbox.CountDocuments(ctx, f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count parked events: %w", err)
+	}
+	cur, err := s.inbox.Find(ctx, f, options.Find().
+		SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}}).
+		SetSkip(int64(q.Page*size)).SetLimit(int64(size)).SetProjection(listFields))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list parked events: %w", err)
+	}
+	var docs []inboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, 0, fmt.Errorf("list parked events: %w", err)
+	}
+	return docs, n, nil
+}
+
+// parkedIDs returns the ids of every parked event q selects, for an action
+// on "all matching" that outbox.ParkedFilter cannot express (a key, a lower
+// time bound or a view). Same index as listParked.
+func parkedIDs(ctx context.Context, s *service, q parkedQuery) ([]outbox.InboxID, error) {
+	cur, err := s.inbox.Find(ctx, q.filter(), options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("select parked events: %w", err)
+	}
+	var docs []struct {
+		ID outbox.InboxID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("select parked events: %w", err)
+	}
+	ids := make([]outbox.InboxID, len(docs))
+	for i, d := range docs {
+		ids[i] = d.ID
+	}
+	return ids, nil
+}
+
+// getInbox reads one inbox document. Query: find by _id (the _id index).
+func getInbox(ctx context.Context, s *service, id outbox.InboxID) (*inboxDoc, error) {
+	var d inboxDoc
+	err := s.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read inbox event: %w", err)
+	}
+	return &d, nil
+}
+
+// heldBehind lists the events held behind head, oldest first, and counts
+// them.
+//
+// Queries: inbox find and count {parked: true, held_by.topic,
+// held_by.content_schema, held_by.idempotency_key}, served by the partial
+// index inbox_parked.
+func heldBehind(ctx context.Context, s *service, head outbox.InboxID, size int) ([]inboxDoc, int64, error) {
+	f := bson.D{{Key: "parked", Value: true}, {Key: "held_by.topic", Value: head.Topic},
+		{Key: "held_by.content_schema", Value: head.ContentSchema}, {Key: "held_by.idempotency_key", Value: head.IdempotencyKey}}
+	n, err := s.inbox.CountDocuments(ctx, f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count held events: %w", err)
+	}
+	if n == 0 {
+		return nil, 0, nil
+	}
+	cur, err := s.inbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}}).
+		SetLimit(int64(size)).SetProjection(listFields))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list held events: %w", err)
+	}
+	var docs []inboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, 0, fmt.Errorf("list held events: %w", err)
+	}
+	return docs, n, nil
+}
+
+// getOutbox reads one outbox document. Query: find by _id (the _id index).
+func getOutbox(ctx context.Context, s *service, id bson.ObjectID) (*outboxDoc, error) {
+	var d outboxDoc
+	err := s.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read outbox event: %w", err)
+	}
+	return &d, nil
+}
+
+// Find needs indexes the framework does not create: an event is looked up
+// by its idempotency key or partition key in both collections. Scanning a
+// collection from a page load is what the console promises not to do, so
+// the find page refuses to run until EnsureFindIndexes created them.
+const (
+	indexOutboxIdem = "console_idempotency_key"
+	indexOutboxKey  = "console_partition_key"
+	indexInboxIdem  = "console_idempotency_key"
+	indexInboxKey   = "console_partition_key"
+)
+
+// EnsureFindIndexes creates, on the service's outbox and inbox, the indexes
+// the find page needs: outbox {idempotency_key}, {key}; inbox
+// {_id.idempotency_key}, {partition_key}. It is idempotent. Each index
+// costs a little on every insert, which is why the framework does not
+// create them itself.
+func EnsureFindIndexes(ctx context.Context, s Service) error {
+	s = s.withDefaults()
+	if s.Database == nil {
+		return fmt.Errorf("%w: Service.Database is required", ErrOptions)
+	}
+	_, err := s.Database.Collection(s.OutboxCollection).Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "idempotency_key", Value: 1}}, Options: options.Index().SetName(indexOutboxIdem)},
+		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetName(indexOutboxKey)},
+	})
+	if err != nil {
+		return fmt.Errorf("console: create find indexes on %s: %w", s.OutboxCollection, err)
+	}
+	_, err = s.Database.Collection(s.InboxCollection).Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "_id.idempotency_key", Value: 1}}, Options: options.Index().SetName(indexInboxIdem)},
+		{Keys: bson.D{{Key: "partition_key", Value: 1}}, Options: options.Index().SetName(indexInboxKey)},
+	})
+	if err != nil {
+		return fmt.Errorf("console: create find indexes on %s: %w", s.InboxCollection, err)
+	}
+	return nil
+}
+
+// indexCache remembers for a minute whether a service has the find
+// indexes. Query: listIndexes on both collections.
+type indexCache struct {
+	mu      sync.Mutex
+	checked time.Time
+	missing []string
+}
+
+func (c *indexCache) missingIndexes(ctx context.Context, s *service) ([]string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.checked) < time.Minute {
+		return c.missing, nil
+	}
+	var missing []string
+	for _, x := range []struct {
+		coll  *mongo.Collection
+		names []string
+	}{{s.outbox, []string{indexOutboxIdem, indexOutboxKey}}, {s.inbox, []string{indexInboxIdem, indexInboxKey}}} {
+		specs, err := x.coll.Indexes().ListSpecifications(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list indexes of %s: %w", x.coll.Name(), err)
+		}
+		have := map[string]bool{}
+		for _, sp := range specs {
+			have[sp.Name] = true
+		}
+		for _, n := range x.names {
+			if !have[n] {
+				missing = append(missing, x.coll.Name()+"."+n)
+			}
+		}
+	}
+	if len(missing) == 0 { // remember only success: a fix shows at once
+		c.checked = time.Now()
+	}
+	c.missing = missing
+	return missing, nil
+}
+
+// journey is where one event is in a service: its outbox and inbox
+// documents.
+type journey struct {
+	Service string
+	Outbox  []outboxDoc
+	Inbox   []inboxDoc
+}
+
+// findEvents looks an event up by idempotency key (by == "idempotency") or
+// partition key, at most limit documents per collection.
+//
+// Queries: outbox find {idempotency_key: q} or {key: q}, inbox find
+// {_id.idempotency_key: q} or {partition_key: q}, each hinted to the index
+// EnsureFindIndexes creates, sorted by the index order, limited.
+func findEvents(ctx context.Context, s *service, by, q string, limit int) (journey, error) {
+	j := journey{Service: s.Name}
+	of, oi, ifield, ii := "idempotency_key", indexOutboxIdem, "_id.idempotency_key", indexInboxIdem
+	if by == "partition" {
+		of, oi, ifield, ii = "key", indexOutboxKey, "partition_key", indexInboxKey
+	}
+	cur, err := s.outbox.Find(ctx, bson.D{{Key: of, Value: q}},
+		options.Find().SetHint(oi).SetLimit(int64(limit)).SetProjection(listFields))
+	if err != nil {
+		return j, fmt.Errorf("find in outbox: %w", err)
+	}
+	if err := cur.All(ctx, &j.Outbox); err != nil {
+		return j, fmt.Errorf("find in outbox: %w", err)
+	}
+	cur, err = s.inbox.Find(ctx, bson.D{{Key: ifield, Value: q}},
+		options.Find().SetHint(ii).SetLimit(int64(limit)).SetProjection(listFields))
+	if err != nil {
+		return j, fmt.Errorf("find in inbox: %w", err)
+	}
+	if err := cur.All(ctx, &j.Inbox); err != nil {
+		return j, fmt.Errorf("find in inbox: %w", err)
+	}
+	sort.SliceStable(j.Outbox, func(a, b int) bool { return j.Outbox[a].ID.Timestamp().Before(j.Outbox[b].ID.Timestamp()) })
+	sort.SliceStable(j.Inbox, func(a, b int) bool { return strings.Compare(j.Inbox[a].ID.String(), j.Inbox[b].ID.String()) < 0 })
+	return j, nil
+}
+
+// heldBehindFailed lists the pending events of a failed event's key, in
+// publishing order, and counts them: under Config.PoisonPolicy HoldKey they
+// wait until the failed event is retried or discarded.
+//
+// Queries: outbox count and find {published: false, topic, partition,
+// failed: false, key} sorted by {seq, _id}, served by the partial index
+// outbox_pending (topic, partition, seq, _id).
+func heldBehindFailed(ctx context.Context, s *service, d *outboxDoc, size int) ([]outboxDoc, int64, error) {
+	f := bson.D{{Key: "published", Value: false}, {Key: "topic", Value: d.Topic}, {Key: "partition", Value: d.Partition},
+		{Key: "failed", Value: false}, {Key: "key", Value: d.Key}}
+	n, err := s.outbox.CountDocuments(ctx, f)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count held outbox events: %w", err)
+	}
+	if n == 0 {
+		return nil, 0, nil
+	}
+	cur, err := s.outbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
+		SetLimit(int64(size)).SetProjection(listFields))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list held outbox events: %w", err)
+	}
+	var docs []outboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, 0, fmt.Errorf("list held outbox events: %w", err)
+	}
+	return docs, n, nil
+}
