@@ -45,8 +45,12 @@ type StoreStatus struct {
 	// Failed counts outbox events Kafka refused for good; they are not
 	// retried (see FailedEvents).
 	Failed int64
-	// Parked counts parked inbox events (see ParkedEvents).
+	// Parked counts parked inbox events (see ParkedEvents), held ones
+	// included.
 	Parked int64
+	// Held counts the parked events held behind an earlier parked event of
+	// their partition key (Config.PoisonPolicy HoldKey).
+	Held int64
 	// RedriveRequested counts parked events waiting for a running consumer
 	// to re-drive them (see RequestRedrive).
 	RedriveRequested int64
@@ -84,6 +88,7 @@ type storeStatusJSON struct {
 	OldestPendingAge float64        `json:"oldest_pending_age_seconds"`
 	Failed           int64          `json:"failed"`
 	Parked           int64          `json:"parked"`
+	Held             int64          `json:"held"`
 	RedriveRequested int64          `json:"redrive_requested"`
 	Topics           []TopicBacklog `json:"topics"`
 	CheckedAt        time.Time      `json:"checked_at"`
@@ -94,7 +99,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	if topics == nil {
 		topics = []TopicBacklog{}
 	}
-	return storeStatusJSON{s.Pending, s.OldestPendingAge.Seconds(), s.Failed, s.Parked, s.RedriveRequested, topics, s.CheckedAt}
+	return storeStatusJSON{s.Pending, s.OldestPendingAge.Seconds(), s.Failed, s.Parked, s.Held, s.RedriveRequested, topics, s.CheckedAt}
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.
@@ -104,7 +109,7 @@ func (s StoreStatus) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonF
 //
 // Cost: one aggregation over the outbox's unpublished documents (the
 // partial index outbox_pending holds exactly those), grouped by topic, and
-// two counts over the inbox's parked documents (partial index
+// up to three counts over the inbox's parked documents (partial index
 // inbox_parked). Published and handled documents are never read.
 func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	now := time.Now().UTC()
@@ -159,6 +164,13 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		return st, fmt.Errorf("outbox: count parked events: %w", err)
 	}
 	if st.Parked > 0 {
+		st.Held, err = a.inbox.CountDocuments(ctx, bson.D{
+			{Key: "parked", Value: true},
+			{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}},
+		})
+		if err != nil {
+			return st, fmt.Errorf("outbox: count held events: %w", err)
+		}
 		st.RedriveRequested, err = a.inbox.CountDocuments(ctx, bson.D{
 			{Key: "parked", Value: true},
 			{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
