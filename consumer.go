@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
 // The consumer.
@@ -386,8 +387,8 @@ func (e *commitError) Error() string {
 func (e *commitError) Unwrap() error { return e.err }
 
 // errRunAgain stops the driver from running a handler again inside one
-// attempt after the commit of a successful run failed (see commitError).
-var errRunAgain = errors.New("outbox: commit failed after the handler returned")
+// attempt (see handleOnce).
+var errRunAgain = errors.New("outbox: the transaction failed with a transient error (aborted by the server, or its commit failed)")
 
 // handleRecord handles one record to a final state: handled, skipped
 // (duplicate, parked earlier, no handler), parked or held (see keyHolds). It
@@ -448,7 +449,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			return err
 		}
 	}
-	infraFailures, snoozes := 0, 0
+	infraFailures, snoozes, conflicts := 0, 0, 0
 	for {
 		select {
 		case <-stop:
@@ -473,6 +474,14 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			log.Debug("handler snoozed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "for", snooze.Duration, "snoozes", snoozes)
 			c.tel.retried.Add(ctx, 1, eventAttrs(&env, attrReason.String("snooze")))
 			if !sleepCtx(ctx, stop, snooze.Duration) {
+				return errInterrupted
+			}
+		case errors.As(err, &herr) && isWriteConflict(herr.err) && conflicts < maxFreeConflicts:
+			// A business write of the handler met a concurrent transaction:
+			// not the event's fault. The first few are free.
+			conflicts++
+			log.Debug("handler met a write conflict; retrying", "schema", env.ContentSchema, "key", env.IdempotencyKey, "conflicts", conflicts)
+			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, conflicts)) {
 				return errInterrupted
 			}
 		case errors.As(err, &herr) || errors.As(err, &cerr):
@@ -505,6 +514,16 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 
 var errInterrupted = errors.New("outbox: interrupted")
 
+// maxFreeConflicts is how many write conflicts of one event's handler are
+// retried without counting as attempts.
+const maxFreeConflicts = 10
+
+// isWriteConflict reports a MongoDB WriteConflict (code 112).
+func isWriteConflict(err error) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCode(112)
+}
+
 // ErrAttemptsExhausted is the last error of an event parked because its
 // attempts ran out without a handler error to show: the processes that ran
 // them stopped (or lost the partition) during each of them.
@@ -529,26 +548,35 @@ func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Met
 	}()
 	actx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 	defer cancel()
-	ran := false
+	ran := false     // the handler ran in this attempt
+	var runErr error // and returned this
 	last, err = c.inTransaction(actx, func(tctx context.Context) error {
 		if ran {
-			// The driver retries the whole transaction when its commit
-			// fails with a transient error (NoSuchTransaction once the
-			// server aborted it for its age): that is a new attempt, and
-			// the caller decides on it.
+			// The driver runs the whole transaction again when it fails
+			// with a transient error: NoSuchTransaction once the server
+			// aborted it for its age, in the handler's writes or at the
+			// commit. Each run of the handler is an attempt, decided by the
+			// caller: a handler that always outlives its transaction would
+			// otherwise run for as long as the driver retries (120 s), and
+			// not count at all.
 			return errRunAgain
 		}
 		if err := c.claim(tctx, &meta.Envelope, meta.Offset, nil, time.Now().UTC()); err != nil {
 			return err
 		}
-		if err := safeRun(tctx, h, evt, meta); err != nil {
-			return &handlerError{err}
-		}
 		ran = true
+		if err := safeRun(tctx, h, evt, meta); err != nil {
+			runErr = &handlerError{err}
+			return runErr
+		}
 		return nil
 	}, wrapHandlerError)
 	var herr *handlerError
-	if err != nil && ran && !errors.As(err, &herr) {
+	switch {
+	case err == nil || !ran:
+	case errors.Is(err, errRunAgain) && runErr != nil:
+		err = runErr
+	case !errors.As(err, &herr):
 		err = &commitError{err}
 	}
 	return err
