@@ -329,3 +329,40 @@ func TestHandlerParkAndSnooze(t *testing.T) {
 	require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: "snooze"}, {Key: "attempt", Value: 1}}))
 	require.GreaterOrEqual(t, calls["forever"], 3+5)
 }
+
+func TestPoisonConfig(t *testing.T) {
+	t.Parallel()
+	for field, mutate := range map[string]func(*Config){
+		"HandlerTimeout": func(c *Config) { c.HandlerTimeout = -time.Second },
+		"MaxSnoozes":     func(c *Config) { c.MaxSnoozes = -1 },
+	} {
+		cfg := validConfig(t)
+		mutate(&cfg)
+		_, err := New(cfg)
+		require.ErrorIs(t, err, ErrConfig, field)
+		require.Contains(t, err.Error(), field)
+	}
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	require.Equal(t, 45*time.Second, c.cfg.HandlerTimeout)
+	require.Equal(t, 100, c.cfg.MaxSnoozes)
+	require.Equal(t, HoldKey, c.cfg.PoisonPolicy)
+}
+
+// The index of held keys is created idempotently and serves the chain
+// queries.
+func TestInboxHoldIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "idx"))
+	ctx := context.Background()
+	require.NoError(t, ensureInboxHoldIndexes(ctx, c.inbox))
+	require.NoError(t, ensureInboxHoldIndexes(ctx, c.inbox))
+	specs, err := c.inbox.Indexes().ListSpecifications(ctx)
+	require.NoError(t, err)
+	found := false
+	for _, s := range specs {
+		found = found || s.Name == indexInboxParkedPartition
+	}
+	require.True(t, found)
+}
