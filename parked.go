@@ -144,7 +144,9 @@ func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent
 // parked events f selects (Limit ignored): one replica that has the
 // event's handler runs it within a few seconds, as Client.Redrive does. An
 // event whose handler no replica has keeps its request (it shows in
-// StoreStatus.RedriveRequested). With dryRun nothing changes. It returns
+// StoreStatus.RedriveRequested). A held event (Config.PoisonPolicy
+// HoldKey) is re-driven after the event it is held behind, never alone: a
+// request for it alone is dropped when served. With dryRun nothing changes. It returns
 // how many events were (or would be) marked; when f names IDs and none of
 // them is parked, the error wraps ErrNotParked.
 func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
