@@ -178,3 +178,27 @@ func TestClaimHonoursInboxDocumentWithoutParkedField(t *testing.T) {
 	eventually(t, "both handled", func() bool { return count(t, effects, bson.D{}) == 2 })
 	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: true}}))
 }
+
+// A parked event redelivered as the first record after an assignment (whose
+// attempt is counted before it runs) is skipped, untouched.
+func TestParkedEventFirstAfterAssignmentIsSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "first"))
+	ctx := context.Background()
+	env := b.keyed("parked-1", "p")
+	_, err := c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: false},
+		{Key: "parked", Value: true}, {Key: "attempts", Value: int32(10)}, {Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "p"}})
+	require.NoError(t, err)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	b.produce(t, env, b.payload(t, "o-1", 0))
+	b.produce(t, b.keyed("next", "q"), b.payload(t, "o-2", 1))
+	start(t, c)
+	eventually(t, "next handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
+	require.EqualValues(t, 1, calls.Load())
+	var doc inboxDoc
+	require.NoError(t, c.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}}).Decode(&doc))
+	require.True(t, doc.Parked)
+	require.EqualValues(t, 10, doc.Attempts)
+}

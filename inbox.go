@@ -166,23 +166,17 @@ func (c *Client) noteAttempt(ctx context.Context, env *Envelope, offset int64) (
 	onInsert := append(deliveryFields(env, offset, nil, time.Now().UTC(), false), bson.E{Key: "parked", Value: false})
 	var got struct {
 		Attempts int32 `bson:"attempts"`
-		Parked   bool  `bson:"parked"`
 	}
 	err := c.inboxMajority().FindOneAndUpdate(ctx,
-		bson.D{{Key: "_id", Value: inboxIDOf(env)}, {Key: "handled", Value: false}},
+		bson.D{{Key: "_id", Value: inboxIDOf(env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
 		bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}}, {Key: "$setOnInsert", Value: onInsert}},
 		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
-			SetProjection(bson.D{{Key: "attempts", Value: 1}, {Key: "parked", Value: 1}})).Decode(&got)
+			SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
 	if mongo.IsDuplicateKeyError(err) {
-		return 0, errAlreadyDone
+		return 0, errAlreadyDone // handled or parked: the upsert met its _id
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count attempt of %s: %w", inboxIDOf(env), err)
-	}
-	if got.Parked {
-		// The count of a parked event is left one too high; it is only
-		// shown, never used to decide anything for it.
-		return got.Attempts, errAlreadyDone
 	}
 	return got.Attempts, nil
 }
@@ -221,8 +215,10 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// ParkedEvent is an event the consumer gave up on: its handler failed
-// Config.MaxAttempts times, or its record was malformed.
+// ParkedEvent is an event the consumer set aside: its handler failed
+// Config.MaxAttempts times or asked to park it (Park), its record was
+// malformed, or (State ParkedStateHeld) it waits behind an earlier parked
+// event of its partition key (Config.PoisonPolicy HoldKey).
 type ParkedEvent struct {
 	ID           InboxID   `json:"id"`
 	Partition    int32     `json:"partition"`

@@ -35,7 +35,7 @@ func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	pad := strings.Repeat("é", 9<<20) // 18 MiB of two-byte runes
 	rec := encodeRecord(&env, []byte(`{"run":"`+b.run+`","order_id":"big","pad":"`+pad+`"}`))
 	rec.Partition = 0
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // 16 MiB documents are slow under -race
 	defer cancel()
 	require.NoError(t, c.handleRecord(ctx, nil, &keyHolds{loaded: true}, rec))
 
