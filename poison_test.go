@@ -366,3 +366,34 @@ func TestInboxHoldIndexes(t *testing.T) {
 	}
 	require.True(t, found)
 }
+
+// Events of a held key keep arriving while its head is re-driven: each is
+// either released by the re-drive or, once the chain is closed, handled by
+// the consumer; none is left behind and the key's order holds.
+func TestHoldKeyRedriveWhileEventsArrive(t *testing.T) {
+	t.Parallel()
+	h := holdSetup(t, func(cfg *Config) { cfg.MaxAttempts = 1 })
+	b, c := h.b, h.c
+	h.setFailing("a0")
+	start(t, c)
+	b.produce(t, b.keyed("a0", "A"), b.payload(t, "a0", 0))
+	b.produce(t, b.keyed("a1", "A"), b.payload(t, "a1", 1))
+	eventually(t, "a1 held", func() bool { return h.held(t) == 1 })
+	h.setFailing()
+	const n = 40
+	redriven := make(chan error, 1)
+	go func() {
+		redriven <- c.Redrive(context.Background(), InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a0"})
+	}()
+	for i := 2; i < n; i++ {
+		b.produce(t, b.keyed("a"+itoa(i), "A"), b.payload(t, "a"+itoa(i), i))
+	}
+	require.NoError(t, <-redriven)
+	eventually(t, "every event of the key handled", func() bool { return len(h.effectKeys(t, "A")) == n })
+	want := make([]string, n)
+	for i := range want {
+		want[i] = "a" + itoa(i)
+	}
+	require.Equal(t, want, h.effectKeys(t, "A"))
+	require.Zero(t, h.held(t))
+}
