@@ -202,3 +202,30 @@ func TestParkedEventFirstAfterAssignmentIsSkipped(t *testing.T) {
 	require.True(t, doc.Parked)
 	require.EqualValues(t, 10, doc.Attempts)
 }
+
+// A handler's write that meets a write conflict (a transient transaction
+// error other than NoSuchTransaction) is retried without using an attempt.
+func TestHandlerWriteConflictIsFree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's fail points")
+	}
+	cfg := consumerConfig(b, "conflict")
+	cfg.MaxAttempts = 1
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	ctx := context.Background()
+	require.NoError(t, b.mongo.Client.Database("admin").RunCommand(ctx, bson.D{
+		{Key: "configureFailPoint", Value: "failCommand"},
+		{Key: "mode", Value: bson.D{{Key: "times", Value: 3}}},
+		{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{"insert"}}, {Key: "errorCode", Value: 112},
+			{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
+	}).Err())
+	start(t, c)
+	b.produce(t, b.envelope("wc-1"), b.payload(t, "o-1", 0))
+	eventually(t, "handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
+	require.EqualValues(t, 4, calls.Load())
+	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
+}

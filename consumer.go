@@ -476,11 +476,11 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			if !sleepCtx(ctx, stop, snooze.Duration) {
 				return errInterrupted
 			}
-		case errors.As(err, &herr) && isWriteConflict(herr.err) && conflicts < maxFreeConflicts:
-			// A business write of the handler met a concurrent transaction:
-			// not the event's fault. The first few are free.
+		case errors.As(err, &herr) && isTransientNotAborted(herr.err) && conflicts < maxFreeConflicts:
+			// A write of the handler met a concurrent transaction or a
+			// failover: not the event's fault. The first few are free.
 			conflicts++
-			log.Debug("handler met a write conflict; retrying", "schema", env.ContentSchema, "key", env.IdempotencyKey, "conflicts", conflicts)
+			log.Debug("handler met a transient transaction error; retrying", "schema", env.ContentSchema, "key", env.IdempotencyKey, "err", herr.err, "conflicts", conflicts)
 			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, conflicts)) {
 				return errInterrupted
 			}
@@ -514,15 +514,27 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 
 var errInterrupted = errors.New("outbox: interrupted")
 
-// maxFreeConflicts is how many write conflicts of one event's handler are
-// retried without counting as attempts.
+// maxFreeConflicts is how many transient transaction errors (see
+// isTransientNotAborted) of one event's handler are retried without
+// counting as attempts.
 const maxFreeConflicts = 10
 
-// isWriteConflict reports a MongoDB WriteConflict (code 112).
-func isWriteConflict(err error) bool {
+// isTransientNotAborted reports an error labelled TransientTransactionError
+// (a write conflict, a failover) other than NoSuchTransaction: that one
+// means the server aborted the transaction under the handler, typically for
+// its age, and retrying it for free would loop for ever on a handler that
+// always outlives its transaction.
+func isTransientNotAborted(err error) bool {
+	var le mongo.LabeledError
+	if !errors.As(err, &le) || !le.HasErrorLabel("TransientTransactionError") {
+		return false
+	}
 	var se mongo.ServerError
-	return errors.As(err, &se) && se.HasErrorCode(112)
+	return !errors.As(err, &se) || !se.HasErrorCode(codeNoSuchTransaction)
 }
+
+// codeNoSuchTransaction is MongoDB's NoSuchTransaction error code.
+const codeNoSuchTransaction = 251
 
 // ErrAttemptsExhausted is the last error of an event parked because its
 // attempts ran out without a handler error to show: the processes that ran
