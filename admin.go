@@ -54,8 +54,12 @@ type StoreStatus struct {
 	// OutboxHeldEvents counts the pending events of those keys (included in
 	// Pending): what waits behind failed events under HoldKey.
 	OutboxHeldEvents int64
-	// Parked counts parked inbox events (see ParkedEvents).
+	// Parked counts parked inbox events (see ParkedEvents), held ones
+	// included.
 	Parked int64
+	// Held counts the parked events held behind an earlier parked event of
+	// their partition key (Config.PoisonPolicy HoldKey).
+	Held int64
 	// RedriveRequested counts parked events waiting for a running consumer
 	// to re-drive them (see RequestRedrive).
 	RedriveRequested int64
@@ -100,6 +104,7 @@ type storeStatusJSON struct {
 	OutboxHeldKeys   int64          `json:"outbox_held_keys"`
 	OutboxHeldEvents int64          `json:"outbox_held_events"`
 	Parked           int64          `json:"parked"`
+	Held             int64          `json:"held"`
 	RedriveRequested int64          `json:"redrive_requested"`
 	Topics           []TopicBacklog `json:"topics"`
 	CheckedAt        time.Time      `json:"checked_at"`
@@ -111,7 +116,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 		topics = []TopicBacklog{}
 	}
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
-		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked,
+		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
 		RedriveRequested: s.RedriveRequested, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
@@ -122,7 +127,7 @@ func (s StoreStatus) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonF
 //
 // Cost: one aggregation over the outbox's unpublished documents (the
 // partial index outbox_pending holds exactly those), grouped by topic, and
-// two counts over the inbox's parked documents (partial index
+// up to three counts over the inbox's parked documents (partial index
 // inbox_parked). When events failed, one more read of the failed events
 // (partial index outbox_failed) and one count of the pending events of
 // their partitions give the held keys and events. Published and handled
@@ -185,6 +190,13 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		return st, fmt.Errorf("outbox: count parked events: %w", err)
 	}
 	if st.Parked > 0 {
+		st.Held, err = a.inbox.CountDocuments(ctx, bson.D{
+			{Key: "parked", Value: true},
+			{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}},
+		})
+		if err != nil {
+			return st, fmt.Errorf("outbox: count held events: %w", err)
+		}
 		st.RedriveRequested, err = a.inbox.CountDocuments(ctx, bson.D{
 			{Key: "parked", Value: true},
 			{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},

@@ -73,6 +73,19 @@ type Config struct {
 	// the key go on without it, giving up per-key order for that key.
 	// Defaults to HoldKey.
 	PoisonPolicy PoisonPolicy
+	// HandlerTimeout bounds one handling attempt: a handler's context
+	// (and the MongoDB transaction it runs in, claim and commit included)
+	// ends this long after the attempt starts. It must stay below the
+	// server's transactionLifetimeLimitSeconds (60 s by default): a
+	// transaction older than that is aborted by the server, and its commit
+	// fails. A handler that returns nil but whose commit fails (deadline
+	// passed, transaction aborted) has used an attempt. Defaults to 45 s.
+	HandlerTimeout time.Duration
+	// MaxSnoozes bounds how often a handler may return Snooze for one event
+	// without using an attempt: the snoozes after the first MaxSnoozes of
+	// an event in a process count as attempts, so a handler that snoozes
+	// for ever still ends parked. Defaults to 100.
+	MaxSnoozes int
 	// HandleBatchSize caps how many consecutive events of one partition are
 	// handled in one MongoDB transaction. Batching saves a commit per event;
 	// when any event of a batch fails (handler error, duplicate, conflict),
@@ -169,6 +182,8 @@ func (c Config) withDefaults() Config {
 	c.InboxRetention = cmp.Or(c.InboxRetention, 30*24*time.Hour)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
 	c.HandleBatchSize = cmp.Or(c.HandleBatchSize, 32)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 45*time.Second)
+	c.MaxSnoozes = cmp.Or(c.MaxSnoozes, 100)
 	c.RetryMinBackoff = cmp.Or(c.RetryMinBackoff, 100*time.Millisecond)
 	c.RetryMaxBackoff = cmp.Or(c.RetryMaxBackoff, 10*time.Second)
 	c.PublishBatchSize = cmp.Or(c.PublishBatchSize, 500)
@@ -208,6 +223,10 @@ func (c Config) validate() error {
 		return bad("MaxAttempts", "must be at least 1")
 	case c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent:
 		return bad("PoisonPolicy", "must be HoldKey or SkipEvent")
+	case c.HandlerTimeout < 0:
+		return bad("HandlerTimeout", "must not be negative")
+	case c.MaxSnoozes < 0:
+		return bad("MaxSnoozes", "must not be negative")
 	case c.HandleBatchSize < 1:
 		return bad("HandleBatchSize", "must be at least 1")
 	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:

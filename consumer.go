@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
 // The consumer.
@@ -116,6 +117,9 @@ type partitionWorker struct {
 	// never pauses again, so a stopped worker leaves no pause behind.
 	closed bool
 	lost   bool // the partition was lost: do not commit
+	// holds is the poison state of the partition, owned by the worker
+	// goroutine (see keyHolds in poison.go).
+	holds keyHolds
 }
 
 // runConsumer runs the consumer until ctx ends. It returns nil after a clean
@@ -338,7 +342,7 @@ func (w *partitionWorker) run() {
 					break
 				}
 				if single == 0 {
-					n, failedAt := w.cons.c.handleBatch(w.cons.work, batch[i:])
+					n, failedAt := w.handleBatch(batch[i:])
 					if n > 0 {
 						last = batch[i+n-1]
 						i += n
@@ -346,7 +350,7 @@ func (w *partitionWorker) run() {
 					}
 					single = failedAt + 1
 				}
-				if err := w.cons.c.handleRecord(w.cons.work, w.stop, batch[i]); err != nil {
+				if err := w.handleRecord(batch[i]); err != nil {
 					stopped = true // interrupted: this record is not done
 					break
 				}
@@ -431,15 +435,41 @@ type handlerError struct{ err error }
 func (e *handlerError) Error() string { return e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
 
+// commitError marks a transaction that failed after the handler returned
+// nil: its commit (or the insert of the events it recorded) failed, for
+// example because the attempt outlived Config.HandlerTimeout or the
+// server's transaction lifetime. It counts as an attempt: retrying it as an
+// infrastructure failure would run a handler that always outlives the
+// transaction for ever.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string {
+	return "transaction failed after the handler returned: " + e.err.Error()
+}
+func (e *commitError) Unwrap() error { return e.err }
+
+// errRunAgain stops the driver from running a handler again inside one
+// attempt (see handleOnce).
+var errRunAgain = errors.New("outbox: the transaction failed with a transient error (aborted by the server, or its commit failed)")
+
 // handleRecord handles one record to a final state: handled, skipped
-// (duplicate, parked earlier, no handler) or parked. It returns an error only
-// when it was interrupted (stop or shutdown) before reaching one, in which
-// case the record's offset must not be committed.
-func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kgo.Record) error {
+// (duplicate, parked earlier, no handler), parked or held (see keyHolds). It
+// returns an error only when it was interrupted (stop or shutdown) before
+// reaching one, in which case the record's offset must not be committed.
+//
+// Attempts: each run of the handler that fails, or whose transaction fails
+// after it returned nil, is an attempt; failures are noted in the inbox
+// (noteFailure) and the stored count is read back, so the attempts of
+// earlier owners of the partition count too. The first record a worker
+// handles after its partition is assigned gets its attempt counted before it
+// runs (kh.suspect): if the previous owner died while running it, nothing
+// else would count that attempt. Infrastructure failures before the handler
+// ran are retried with backoff and do not count.
+func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *keyHolds, rec *kgo.Record) error {
 	log := c.cfg.Logger.With("topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
 	env, err := decodeRecord(rec)
 	if err != nil {
-		return c.parkMalformed(ctx, stop, &env, rec, err, log)
+		return c.parkMalformed(ctx, stop, kh, &env, rec, err, log)
 	}
 	h := c.handlerFor(env.Topic, env.ContentSchema)
 	if h == nil {
@@ -447,15 +477,52 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 		c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("no_handler")))
 		return nil
 	}
+	if kh.holding(env.PartitionKey) {
+		if err := c.holdRecord(ctx, stop, kh, &env, rec, log); !errors.Is(err, errKeyFree) {
+			return err
+		}
+	}
 	evt, err := h.decode(c, rec.Value)
 	if err != nil {
-		return c.parkMalformed(ctx, stop, &env, rec, err, log)
+		return c.parkMalformed(ctx, stop, kh, &env, rec, err, log)
 	}
-	infraFailures := 0
-	for attempt := 1; ; {
+	attempt, counted := 1, false
+	if kh != nil && kh.suspect {
+		var n int32
+		err := c.retryInfra(ctx, stop, func() (err error) {
+			n, err = c.noteAttempt(ctx, &env, rec.Offset)
+			if errors.Is(err, errAlreadyDone) {
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			log.Debug("duplicate or parked event skipped", "schema", env.ContentSchema, "key", env.IdempotencyKey)
+			return nil // the next record is the suspect
+		}
+		kh.suspect = false
+		attempt, counted = int(n), true
+		if attempt > c.cfg.MaxAttempts {
+			cause := fmt.Errorf("%w: attempt %d started after earlier attempts ended without a result (the process stopped or lost the partition during them)", ErrAttemptsExhausted, attempt)
+			_, err := c.fail(ctx, stop, kh, &env, rec, cause, attempt, true, log)
+			return err
+		}
+	}
+	infraFailures, snoozes, conflicts := 0, 0, 0
+	for {
+		select {
+		case <-stop:
+			return errInterrupted
+		default:
+		}
 		meta := Metadata{Envelope: env, Offset: rec.Offset, Attempt: attempt}
 		err := c.handleOnce(ctx, h, evt, meta)
 		var herr *handlerError
+		var cerr *commitError
+		var snooze *SnoozeError
 		switch {
 		case err == nil:
 			return nil
@@ -464,27 +531,40 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.As(err, &herr):
-			park := attempt >= c.cfg.MaxAttempts
-			log.Warn("handler failed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "attempt", attempt, "parked", park, "err", herr.err)
-			if nerr := c.retryInfra(ctx, stop, func() error {
-				return c.noteFailure(ctx, &env, rec.Offset, rec.Value, herr.err, park)
-			}); nerr != nil {
-				return nerr
+		case errors.As(err, &herr) && errors.As(herr.err, &snooze) && snoozes < c.cfg.MaxSnoozes:
+			snoozes++
+			log.Debug("handler snoozed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "for", snooze.Duration, "snoozes", snoozes)
+			c.tel.retried.Add(ctx, 1, eventAttrs(&env, attrReason.String("snooze")))
+			if !sleepCtx(ctx, stop, snooze.Duration) {
+				return errInterrupted
 			}
-			c.tel.setError(fmt.Errorf("handler of %s/%s (key %s, attempt %d): %w", env.Topic, env.ContentSchema, env.IdempotencyKey, attempt, herr.err))
-			if park {
-				c.tel.parked.Add(ctx, 1, eventAttrs(&env, attrReason.String("handler_error")))
-				return nil
+		case errors.As(err, &herr) && isTransientNotAborted(herr.err) && conflicts < maxFreeConflicts:
+			// A write of the handler met a concurrent transaction or a
+			// failover: not the event's fault. The first few are free.
+			conflicts++
+			log.Debug("handler met a transient transaction error; retrying", "schema", env.ContentSchema, "key", env.IdempotencyKey, "err", herr.err, "conflicts", conflicts)
+			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, conflicts)) {
+				return errInterrupted
 			}
+		case errors.As(err, &herr) || errors.As(err, &cerr):
+			cause := err
+			if herr != nil {
+				cause = herr.err
+			}
+			stored, err := c.fail(ctx, stop, kh, &env, rec, cause, attempt, counted, log)
+			if !errors.Is(err, errRetry) {
+				return err
+			}
+			counted = false
 			c.tel.retried.Add(ctx, 1, eventAttrs(&env))
 			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
 				return errInterrupted
 			}
-			attempt++
+			attempt = max(attempt, stored) + 1
 		default:
 			// MongoDB unavailable or another failure of the framework's own
-			// calls: not the event's fault, so it does not count as an attempt.
+			// calls before the handler ran: not the event's fault, so it
+			// does not count as an attempt.
 			infraFailures++
 			log.Warn("handling interrupted by an infrastructure error; retrying", "err", err, "failures", infraFailures)
 			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, infraFailures)) {
@@ -496,8 +576,36 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 
 var errInterrupted = errors.New("outbox: interrupted")
 
+// maxFreeConflicts is how many transient transaction errors (see
+// isTransientNotAborted) of one event's handler are retried without
+// counting as attempts.
+const maxFreeConflicts = 10
+
+// isTransientNotAborted reports an error labelled TransientTransactionError
+// (a write conflict, a failover) other than NoSuchTransaction: that one
+// means the server aborted the transaction under the handler, typically for
+// its age, and retrying it for free would loop for ever on a handler that
+// always outlives its transaction.
+func isTransientNotAborted(err error) bool {
+	var le mongo.LabeledError
+	if !errors.As(err, &le) || !le.HasErrorLabel("TransientTransactionError") {
+		return false
+	}
+	var se mongo.ServerError
+	return !errors.As(err, &se) || !se.HasErrorCode(codeNoSuchTransaction)
+}
+
+// codeNoSuchTransaction is MongoDB's NoSuchTransaction error code.
+const codeNoSuchTransaction = 251
+
+// ErrAttemptsExhausted is the last error of an event parked because its
+// attempts ran out without a handler error to show: the processes that ran
+// them stopped (or lost the partition) during each of them.
+var ErrAttemptsExhausted = errors.New("outbox: attempts exhausted")
+
 // handleOnce runs one attempt: claim, handler and the events it recorded,
-// in one transaction.
+// in one transaction, within Config.HandlerTimeout. A failure after the
+// handler returned nil is a *commitError.
 //
 // The attempt runs in a span whose parent is the trace context recorded
 // with the event, so the handler's work and the events it records continue
@@ -512,15 +620,39 @@ func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Met
 		}
 		c.tel.endHandle(ctx, span, &meta.Envelope, start, err)
 	}()
-	last, err = c.inTransaction(ctx, func(tctx context.Context) error {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+	defer cancel()
+	ran := false     // the handler ran in this attempt
+	var runErr error // and returned this
+	last, err = c.inTransaction(actx, func(tctx context.Context) error {
+		if ran {
+			// The driver runs the whole transaction again when it fails
+			// with a transient error: NoSuchTransaction once the server
+			// aborted it for its age, in the handler's writes or at the
+			// commit. Each run of the handler is an attempt, decided by the
+			// caller: a handler that always outlives its transaction would
+			// otherwise run for as long as the driver retries (120 s), and
+			// not count at all.
+			return errRunAgain
+		}
 		if err := c.claim(tctx, &meta.Envelope, meta.Offset, nil, time.Now().UTC()); err != nil {
 			return err
 		}
+		ran = true
 		if err := safeRun(tctx, h, evt, meta); err != nil {
-			return &handlerError{err}
+			runErr = &handlerError{err}
+			return runErr
 		}
 		return nil
 	}, wrapHandlerError)
+	var herr *handlerError
+	switch {
+	case err == nil || !ran:
+	case errors.Is(err, errRunAgain) && runErr != nil:
+		err = runErr
+	case !errors.As(err, &herr):
+		err = &commitError{err}
+	}
 	return err
 }
 
@@ -528,19 +660,30 @@ func (c *Client) handleOnce(ctx context.Context, h *handler, evt Event, meta Met
 func wrapHandlerError(err error) error { return &handlerError{err} }
 
 // parkMalformed parks a record that cannot be handled. A record without an
-// idempotency key is parked under its position.
-func (c *Client) parkMalformed(ctx context.Context, stop <-chan struct{}, env *Envelope, rec *kgo.Record, cause error, log *slog.Logger) error {
+// idempotency key is parked under its position. A record of a held key is
+// held instead: it gets its turn when the key is released.
+func (c *Client) parkMalformed(ctx context.Context, stop <-chan struct{}, kh *keyHolds, env *Envelope, rec *kgo.Record, cause error, log *slog.Logger) error {
 	if env.ContentSchema == "" {
 		env.ContentSchema = "unknown"
 	}
 	if env.IdempotencyKey == "" {
 		env.IdempotencyKey = fmt.Sprintf("malformed:%d:%d", rec.Partition, rec.Offset)
 	}
+	if kh.holding(env.PartitionKey) {
+		if err := c.holdRecord(ctx, stop, kh, env, rec, log); !errors.Is(err, errKeyFree) {
+			return err
+		}
+	}
 	log.Warn("malformed record parked", "err", cause)
 	err := c.retryInfra(ctx, stop, func() error {
-		return c.noteFailure(ctx, env, rec.Offset, rec.Value, cause, true)
+		_, err := c.noteFailure(ctx, env, rec.Offset, rec.Value, cause, true, 1)
+		if errors.Is(err, errAlreadyDone) {
+			return nil
+		}
+		return err
 	})
 	if err == nil {
+		kh.hold(c, env)
 		c.tel.parked.Add(ctx, 1, eventAttrs(env, attrReason.String("malformed")))
 		c.tel.setError(fmt.Errorf("malformed record %s/%d@%d parked: %w", rec.Topic, rec.Partition, rec.Offset, cause))
 	}

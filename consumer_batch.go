@@ -27,7 +27,10 @@ type batchItem struct {
 // again: the one that failed the batch, or 0 when no batch was possible. The
 // events of an aborted batch are rolled back; handling them one by one
 // (handleRecord) gives each its retries, parking and duplicate skipping.
-func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, failedAt int) {
+//
+// A record whose partition key is held (kh) ends the batch: it is held by
+// handleRecord. The transaction runs within Config.HandlerTimeout.
+func (c *Client) handleBatch(ctx context.Context, kh *keyHolds, recs []*kgo.Record) (handled, failedAt int) {
 	limit := min(len(recs), c.cfg.HandleBatchSize)
 	items := make([]batchItem, 0, limit)
 	for _, rec := range recs[:limit] {
@@ -36,7 +39,7 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 			break
 		}
 		h := c.handlerFor(env.Topic, env.ContentSchema)
-		if h == nil {
+		if h == nil || kh.holding(env.PartitionKey) {
 			break
 		}
 		evt, err := h.decode(c, rec.Value)
@@ -64,7 +67,9 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 		}
 		spans = nil
 	}
-	last, err := c.inTransaction(ctx, func(tctx context.Context) error {
+	actx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+	defer cancel()
+	last, err := c.inTransaction(actx, func(tctx context.Context) error {
 		endAborted() // spans of an earlier attempt of this transaction
 		// All claims in one command (an ordered bulk of upserts): a handled
 		// or parked event stops it with a duplicate key error at its index.

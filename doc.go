@@ -22,7 +22,12 @@
 //     after the other committed).
 //   - A handler that keeps failing is retried with backoff, then its event
 //     is parked (listed by ParkedEvents, re-driven by Redrive); a malformed
-//     record is parked at once. Neither blocks its partition.
+//     record is parked at once. Neither blocks its partition: under
+//     Config.PoisonPolicy HoldKey (the default) the later events of its
+//     partition key are held behind it, in order, until it is re-driven or
+//     purged, and other keys move on; SkipEvent lets them go on without it.
+//     Handlers return Park(err) to park at once and Snooze(d) to retry
+//     later without using an attempt.
 //
 // # Declaring events
 //

@@ -13,7 +13,11 @@ import (
 // commit together with the handling (they join the transaction) and to
 // Record for the events the handling causes. Returning an error aborts the
 // transaction; the event is retried with backoff and parked after
-// Config.MaxAttempts attempts. A panic is treated as an error.
+// Config.MaxAttempts attempts (Park parks it at once, Snooze retries it
+// later without using an attempt). A panic is treated as an error. ctx
+// ends after Config.HandlerTimeout; a run whose transaction cannot commit
+// (for example because it outlived the server's transaction lifetime) has
+// used an attempt even if the handler returned nil.
 //
 // A handler may run more than once for the same event (a retried
 // transaction, a redelivery before the first run committed, a rolled-back
@@ -29,8 +33,11 @@ type Metadata struct {
 	Envelope
 	// Offset is the Kafka offset of the record.
 	Offset int64
-	// Attempt counts the runs of the handler for this event in this
-	// process, starting at 1.
+	// Attempt numbers this run of the handler for this event, starting at
+	// 1. Failed attempts are stored in the inbox, so the count goes on
+	// across processes (a partition that moved, a process that crashed);
+	// runs of a batch that rolled back (Config.HandleBatchSize) and
+	// snoozes within Config.MaxSnoozes do not count.
 	Attempt int
 }
 

@@ -21,6 +21,8 @@ const (
 	indexOutboxFailed  = "outbox_failed"
 	indexInboxTTL      = "inbox_handled_ttl"
 	indexInboxParked   = "inbox_parked"
+	// indexInboxParkedPartition serves the held keys (PoisonPolicy HoldKey).
+	indexInboxParkedPartition = "inbox_parked_partition"
 )
 
 // MongoDB error codes met while creating indexes.
@@ -87,6 +89,15 @@ func (c *Client) inboxIndexes() []indexSpec {
 			partial: bson.D{{Key: "parked", Value: true}},
 		},
 		{
+			// The held keys of a partition, the chain of a key and the
+			// events held behind a head, in offset order (PoisonPolicy
+			// HoldKey, poison.go). Partial: it holds parked events only.
+			name: indexInboxParkedPartition,
+			keys: bson.D{{Key: "_id.topic", Value: 1}, {Key: "partition", Value: 1},
+				{Key: "partition_key", Value: 1}, {Key: "offset", Value: 1}},
+			partial: bson.D{{Key: "parked", Value: true}},
+		},
+		{
 			name:    indexInboxTTL,
 			keys:    bson.D{{Key: "handled_at", Value: 1}},
 			partial: bson.D{{Key: "handled", Value: true}},
@@ -111,7 +122,10 @@ func (c *Client) inboxIndexes() []indexSpec {
 //   - inbox_handled_ttl: TTL on handled_at where handled is true, deleting
 //     handled events after Config.InboxRetention;
 //   - inbox_parked: {parked_at} where parked is true, for listing parked
-//     events.
+//     events;
+//   - inbox_parked_partition: {_id.topic, partition, partition_key, offset}
+//     where parked is true, for the held keys of a partition
+//     (Config.PoisonPolicy HoldKey).
 //
 // A client without handlers leaves the inbox alone: its InboxRetention
 // must not change the TTL of another service's inbox.

@@ -105,7 +105,11 @@ type parkedDoc struct {
 
 func (d *parkedDoc) event() ParkedEvent {
 	p := ParkedEvent{ID: d.Doc.ID, Partition: d.Doc.Partition, Offset: d.Doc.Offset, PartitionKey: d.Doc.PartitionKey,
-		Attempts: d.Doc.Attempts, LastError: d.Doc.LastError, Payload: d.Doc.Payload, OccurredAt: d.Doc.OccurredAt}
+		Attempts: d.Doc.Attempts, LastError: d.Doc.LastError, Payload: d.Doc.Payload, OccurredAt: d.Doc.OccurredAt,
+		State: ParkedStateParked, HeldBy: d.Doc.HeldBy, PayloadTruncated: d.Doc.PayloadTruncated}
+	if d.Doc.HeldBy != nil {
+		p.State = ParkedStateHeld
+	}
 	if d.Doc.ParkedAt != nil {
 		p.ParkedAt = *d.Doc.ParkedAt
 	}
@@ -140,7 +144,9 @@ func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent
 // parked events f selects (Limit ignored): one replica that has the
 // event's handler runs it within a few seconds, as Client.Redrive does. An
 // event whose handler no replica has keeps its request (it shows in
-// StoreStatus.RedriveRequested). With dryRun nothing changes. It returns
+// StoreStatus.RedriveRequested). A held event (Config.PoisonPolicy
+// HoldKey) is re-driven after the event it is held behind, never alone: a
+// request for it alone is dropped when served. With dryRun nothing changes. It returns
 // how many events were (or would be) marked; when f names IDs and none of
 // them is parked, the error wraps ErrNotParked.
 func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
@@ -152,20 +158,49 @@ func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool)
 // PurgeParked gives up on the parked events f selects (Limit ignored): each
 // is marked handled and discarded (discarded_at), so a redelivery of the
 // same event is skipped as a duplicate, and the inbox TTL index deletes it
-// after Config.InboxRetention. With dryRun nothing changes. It returns how
-// many events were (or would be) purged; when f names IDs and none of them
-// is parked, the error wraps ErrNotParked.
+// after Config.InboxRetention. The events held behind a purged event
+// (Config.PoisonPolicy HoldKey) and not purged themselves are released in
+// order: the first becomes the parked head of its key with a re-drive
+// request, which a running consumer serves, handling it and then the rest.
+// With dryRun nothing changes. It returns how many events were (or would
+// be) purged; when f names IDs and none of them is parked, the error wraps
+// ErrNotParked.
 func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
+	if dryRun {
+		return a.updateParked(ctx, f, true, "purge", nil)
+	}
+	// The heads among the selection, whose chains go on after them.
+	cur, err := a.inbox.Find(ctx, append(f.query(), bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}}),
+		options.Find().SetProjection(bson.D{{Key: "partition", Value: 1}}))
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge parked events: %w", err)
+	}
+	var heads []struct {
+		ID        InboxID `bson:"_id"`
+		Partition int32   `bson:"partition"`
+	}
+	if err := cur.All(ctx, &heads); err != nil {
+		return 0, fmt.Errorf("outbox: purge parked events: %w", err)
+	}
 	now := time.Now().UTC()
-	return a.updateParked(ctx, f, dryRun, "purge", bson.D{
+	n, err := a.updateParked(ctx, f, false, "purge", bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "parked", Value: false},
 			{Key: "handled", Value: true},
 			{Key: "handled_at", Value: now},
 			{Key: "discarded_at", Value: now},
 		}},
-		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}, {Key: "held_by", Value: ""}}},
 	})
+	if err != nil {
+		return n, err
+	}
+	for _, h := range heads {
+		if err := releaseAfterPurge(ctx, a.inbox, h.ID, h.Partition); err != nil {
+			return n, fmt.Errorf("outbox: release the events held behind purged %s: %w", h.ID, err)
+		}
+	}
+	return n, nil
 }
 
 func (a *Admin) updateParked(ctx context.Context, f ParkedFilter, dryRun bool, what string, update bson.D) (int64, error) {
@@ -265,7 +300,8 @@ func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
 		case err == nil:
 			c.cfg.Logger.Info("outbox: parked event re-driven", "id", d.ID.String())
 			c.tel.handled.Add(work, 1, eventAttrs(&env))
-		case errors.Is(err, ErrNotParked):
+		case errors.Is(err, ErrNotParked), errors.Is(err, ErrHeld):
+			// Handled or purged meanwhile, or held: re-driven with its head.
 		default:
 			c.cfg.Logger.Warn("outbox: re-drive failed; event stays parked", "id", d.ID.String(), "err", err)
 			c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))

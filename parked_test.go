@@ -32,6 +32,9 @@ func parkedSetup(t *testing.T) (*bundle, *Client, *atomic.Bool, *atomic.Int64) {
 	b := setup(t)
 	cfg := consumerConfig(b, "parked")
 	cfg.MaxAttempts = 1
+	// The events of these tests share a key; held keys have tests of their
+	// own (poison_test.go).
+	cfg.PoisonPolicy = SkipEvent
 	c := b.client(t, cfg)
 	c.redriveEvery = 20 * time.Millisecond
 	var fail atomic.Bool

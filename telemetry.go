@@ -32,8 +32,8 @@ import (
 //	outbox.events.publish_failed counter   events Kafka refused for good (marked failed) {topic}
 //	outbox.events.handled       counter    events whose handling committed {topic, schema}
 //	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
-//	outbox.events.retried       counter    handler failures that will be retried {topic, schema}
-//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|malformed}
+//	outbox.events.retried       counter    handler failures that will be retried {topic, schema, reason: snooze when snoozed}
+//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|handler_parked|malformed|held|redrive_failed}
 //	outbox.publish.duration     histogram  s, one Kafka batch from first send to last ack {topic}
 //	outbox.handle.duration      histogram  s, one handling attempt (transaction included) {topic, schema, outcome}
 //	outbox.rebalances           counter    partition assignment changes {role: publisher|consumer, change: assigned|revoked|lost}
@@ -42,7 +42,8 @@ import (
 //	outbox.failed               gauge      outbox events Kafka refused for good {topic}
 //	outbox.held_keys            gauge      keys with a failed outbox event, holding their later events (HoldKey) {topic}
 //	outbox.held_events          gauge      pending outbox events waiting behind a failed event of their key (HoldKey) {topic}
-//	outbox.parked               gauge      parked inbox events
+//	outbox.parked               gauge      parked inbox events (held ones included)
+//	outbox.held                 gauge      parked inbox events held behind an earlier one of their key
 //	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
 //	outbox.consumer.lag         gauge      records between the committed offset and the high watermark {topic, partition}
 //
@@ -95,7 +96,7 @@ type telemetry struct {
 	rebalances                         metric.Int64Counter
 	publishDuration, handleDuration    metric.Float64Histogram
 	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
-	heldKeysG, heldEventsG             metric.Int64ObservableGauge
+	heldKeysG, heldEventsG, heldG      metric.Int64ObservableGauge
 	lagG                               metric.Int64ObservableGauge
 	oldestG                            metric.Float64ObservableGauge
 	instrumentErr                      error
@@ -151,6 +152,7 @@ func newTelemetry(cfg *Config) *telemetry {
 	t.heldKeysG = gauge("outbox.held_keys", "{key}", "Partition keys with a failed outbox event, holding their later events (PoisonPolicy HoldKey).")
 	t.heldEventsG = gauge("outbox.held_events", "{event}", "Pending outbox events waiting behind a failed event of their key (PoisonPolicy HoldKey).")
 	t.parkedG = gauge("outbox.parked", "{event}", "Parked inbox events.")
+	t.heldG = gauge("outbox.held", "{event}", "Parked inbox events held behind an earlier parked event of their key.")
 	t.ownedG = gauge("outbox.partitions.owned", "{partition}", "Partitions this process publishes (role publisher) or handles (role consumer).")
 	t.lagG = gauge("outbox.consumer.lag", "{record}", "Records between the committed offset and the high watermark of a handled partition.")
 	var err error
@@ -474,8 +476,9 @@ func (c *Client) registerGauges() (unregister func()) {
 			}
 		}
 		o.ObserveInt64(t.parkedG, st.Parked)
+		o.ObserveInt64(t.heldG, st.Held)
 		return nil
-	}, t.pendingG, t.failedG, t.parkedG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG)
+	}, t.pendingG, t.failedG, t.parkedG, t.heldG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}

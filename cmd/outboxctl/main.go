@@ -31,7 +31,9 @@
 //	-timeout  overall deadline (default 30s)
 //
 // Parked event ids have the form topic/schema/key, as "parked list" prints
-// them; failed outbox event ids are hex ObjectIDs.
+// them; failed outbox event ids are hex ObjectIDs. "parked list" shows each
+// event's state: "parked", or "held" behind an earlier parked event of its
+// partition key (HELD BY), which releases it when re-driven or purged.
 //
 // "parked redrive" does not run handlers itself: it marks the events, and a
 // running consumer of the service that has their handler re-drives them
@@ -312,7 +314,7 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 	fmt.Fprintf(tw, "database\t%s (collections %s, %s)\n", o.db, o.outbox, o.inbox)
 	fmt.Fprintf(tw, "pending\t%d\toldest %s\n", st.Pending, age(st.OldestPendingAge))
 	fmt.Fprintf(tw, "failed\t%d\theld keys %d, held events %d (under PoisonPolicy HoldKey)\n", st.Failed, st.OutboxHeldKeys, st.OutboxHeldEvents)
-	fmt.Fprintf(tw, "parked\t%d\tre-drive requested %d\n", st.Parked, st.RedriveRequested)
+	fmt.Fprintf(tw, "parked\t%d\tre-drive requested %d, held %d\n", st.Parked, st.RedriveRequested, st.Held)
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")
@@ -336,13 +338,17 @@ func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.W
 		return writeJSON(w, events)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPARKED AT\tATTEMPTS\tPARTITION@OFFSET\tREDRIVE\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tSTATE\tHELD BY\tPARKED AT\tATTEMPTS\tPARTITION@OFFSET\tREDRIVE\tLAST ERROR")
 	for _, e := range events {
 		redrive := "-"
 		if !e.RedriveRequestedAt.IsZero() {
 			redrive = "requested"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d@%d\t%s\t%s\n", e.ID, e.ParkedAt.UTC().Format(time.RFC3339), e.Attempts,
+		heldBy := "-"
+		if e.HeldBy != nil {
+			heldBy = e.HeldBy.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d@%d\t%s\t%s\n", e.ID, e.State, heldBy, e.ParkedAt.UTC().Format(time.RFC3339), e.Attempts,
 			e.Partition, e.Offset, redrive, oneLine(e.LastError, 80))
 	}
 	if err := tw.Flush(); err != nil {

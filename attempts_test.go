@@ -1,0 +1,231 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+// keyed is an envelope of ordersTopic with its own partition key.
+func (b *bundle) keyed(id, key string) Envelope {
+	env := b.envelope(id)
+	env.PartitionKey = key
+	return env
+}
+
+// Issue 12 item 3: a handler that outlives the transaction lifetime used to
+// get NoSuchTransaction at every commit, never counted as an attempt: it
+// ran for ever and the next event waited for ever.
+func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(300*time.Millisecond)))
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's short transaction lifetime")
+	}
+	cfg := consumerConfig(b, "slow")
+	cfg.MaxAttempts = 3
+	cfg.HandlerTimeout = 20 * time.Second
+	c := b.client(t, cfg)
+	var slowRuns atomic.Int64
+	var sawDeadline atomic.Bool
+	effects := b.db.Collection("effects")
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.OrderID == "slow" {
+			slowRuns.Add(1)
+			if d, ok := ctx.Deadline(); ok && time.Until(d) <= cfg.HandlerTimeout {
+				sawDeadline.Store(true)
+			}
+			// Ignores ctx, as careless handlers do, and writes nothing: the
+			// commit is what fails.
+			time.Sleep(600 * time.Millisecond)
+			return nil
+		}
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
+		return err
+	})
+	start(t, c)
+	b.produce(t, b.keyed("slow-1", "a"), b.payload(t, "slow", 0))
+	b.produce(t, b.keyed("next-1", "b"), b.payload(t, "fast", 1))
+	eventually(t, "the event after the slow one handled", func() bool {
+		return count(t, effects, bson.D{{Key: "key", Value: "next-1"}}) == 1
+	})
+	parked, err := c.ParkedEvents(context.Background(), 0)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "slow-1", parked[0].ID.IdempotencyKey)
+	require.EqualValues(t, 3, parked[0].Attempts)
+	require.Contains(t, parked[0].LastError, "transaction failed after the handler returned")
+	require.EqualValues(t, 3, slowRuns.Load(), "one run per attempt")
+	require.True(t, sawDeadline.Load(), "the handler's context has a deadline within HandlerTimeout")
+	require.Zero(t, count(t, effects, bson.D{{Key: "key", Value: "slow-1"}}))
+}
+
+// Issue 12 item 3: a revoke or a shutdown does not wait for the retries of a
+// handler that outlives its transactions (the driver used to retry such a
+// transaction for 120 s, past the 30 s drain).
+func TestShutdownDoesNotWaitForSlowHandlerRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(300*time.Millisecond)))
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's short transaction lifetime")
+	}
+	cfg := consumerConfig(b, "slowstop")
+	cfg.MaxAttempts = 1000
+	c := b.client(t, cfg)
+	var runs atomic.Int64
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		runs.Add(1)
+		time.Sleep(400 * time.Millisecond)
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	b.produce(t, b.envelope("slow"), b.payload(t, "slow", 0))
+	eventually(t, "two runs", func() bool { return runs.Load() >= 2 })
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second): // the drain alone lasts 30 s
+		t.Fatal("Run waited for the handler's transaction retries")
+		<-done
+	}
+}
+
+// Issue 12 item 3: attempts are read back from the inbox. A partition that
+// moved after two failed attempts (or whose owners crashed during them)
+// gets one attempt left, not MaxAttempts new ones.
+func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "owners")
+	cfg.MaxAttempts = 3
+	cfg.HandleBatchSize = 1 // a rolled-back batch would run the handler once more
+	c := b.client(t, cfg)
+	ctx := context.Background()
+	// Two earlier attempts, as two owners that crashed while running the
+	// handler (noteAttempt) or noted a failure leave them.
+	env := b.keyed("moved", "m")
+	_, err := c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: false},
+		{Key: "parked", Value: false}, {Key: "attempts", Value: int32(2)}, {Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "m"}})
+	require.NoError(t, err)
+	// And one whose earlier owners crashed MaxAttempts times: it is parked
+	// without running again.
+	env2 := b.keyed("crasher", "x")
+	_, err = c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env2)}, {Key: "handled", Value: false},
+		{Key: "parked", Value: false}, {Key: "attempts", Value: int32(3)}, {Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "x"}})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	var crasherRuns atomic.Int64
+	effects := b.db.Collection("effects")
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		switch e.OrderID {
+		case "moved":
+			runs.Add(1)
+			return errors.New("still failing")
+		case "crasher":
+			crasherRuns.Add(1)
+		}
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
+		return err
+	})
+	b.produce(t, env2, b.payload(t, "crasher", 0))
+	b.produce(t, env, b.payload(t, "moved", 1))
+	b.produce(t, b.keyed("after", "y"), b.payload(t, "after", 2))
+	start(t, c)
+	eventually(t, "the event after them handled", func() bool {
+		return count(t, effects, bson.D{{Key: "key", Value: "after"}}) == 1
+	})
+	require.Zero(t, crasherRuns.Load(), "its attempts were used up by the crashes")
+	require.EqualValues(t, 1, runs.Load(), "two of three attempts were used before")
+	parked, err := c.ParkedEvents(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, parked, 2)
+	byKey := map[string]ParkedEvent{}
+	for _, p := range parked {
+		byKey[p.ID.IdempotencyKey] = p
+	}
+	require.EqualValues(t, 3, byKey["moved"].Attempts)
+	require.Contains(t, byKey["moved"].LastError, "still failing")
+	require.Contains(t, byKey["crasher"].LastError, ErrAttemptsExhausted.Error())
+}
+
+// Issue 13 item 3: an unhandled inbox document without a parked field (the
+// Python event-outbox library writes none) is not parked: the event is
+// handled, not skipped.
+func TestClaimHonoursInboxDocumentWithoutParkedField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "py"))
+	env := b.envelope("from-python")
+	_, err := c.inbox.InsertOne(context.Background(), bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: false}})
+	require.NoError(t, err)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	start(t, c)
+	b.produce(t, env, b.payload(t, "o-1", 0))
+	b.produce(t, b.envelope("next"), b.payload(t, "o-2", 1))
+	effects := b.db.Collection("effects")
+	eventually(t, "both handled", func() bool { return count(t, effects, bson.D{}) == 2 })
+	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: true}}))
+}
+
+// A parked event redelivered as the first record after an assignment (whose
+// attempt is counted before it runs) is skipped, untouched.
+func TestParkedEventFirstAfterAssignmentIsSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "first"))
+	ctx := context.Background()
+	env := b.keyed("parked-1", "p")
+	_, err := c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: false},
+		{Key: "parked", Value: true}, {Key: "attempts", Value: int32(10)}, {Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "p"}})
+	require.NoError(t, err)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	b.produce(t, env, b.payload(t, "o-1", 0))
+	b.produce(t, b.keyed("next", "q"), b.payload(t, "o-2", 1))
+	start(t, c)
+	eventually(t, "next handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
+	require.EqualValues(t, 1, calls.Load())
+	var doc inboxDoc
+	require.NoError(t, c.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}}).Decode(&doc))
+	require.True(t, doc.Parked)
+	require.EqualValues(t, 10, doc.Attempts)
+}
+
+// A handler's write that meets a write conflict (a transient transaction
+// error other than NoSuchTransaction) is retried without using an attempt.
+func TestHandlerWriteConflictIsFree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's fail points")
+	}
+	cfg := consumerConfig(b, "conflict")
+	cfg.MaxAttempts = 1
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	ctx := context.Background()
+	require.NoError(t, b.mongo.Client.Database("admin").RunCommand(ctx, bson.D{
+		{Key: "configureFailPoint", Value: "failCommand"},
+		{Key: "mode", Value: bson.D{{Key: "times", Value: 3}}},
+		{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{"insert"}}, {Key: "errorCode", Value: 112},
+			{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
+	}).Err())
+	start(t, c)
+	b.produce(t, b.envelope("wc-1"), b.payload(t, "o-1", 0))
+	eventually(t, "handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
+	require.EqualValues(t, 4, calls.Load())
+	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Issue 12 item 6: parked list and status show held events and what they
+// wait for.
+func TestParkedListShowsHeld(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	id := func(key string) bson.D {
+		return bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: key}}
+	}
+	for i, key := range []string{"head", "held"} {
+		doc := bson.D{{Key: "_id", Value: id(key)}, {Key: "handled", Value: false}, {Key: "parked", Value: true},
+			{Key: "parked_at", Value: now.Add(time.Duration(i) * time.Second)}, {Key: "partition", Value: int32(0)},
+			{Key: "offset", Value: int64(i)}, {Key: "partition_key", Value: "pk"}, {Key: "payload", Value: "{}"}}
+		if key == "held" {
+			doc = append(doc, bson.E{Key: "held_by", Value: id("head")})
+		}
+		_, err := c.db.Collection("inbox").InsertOne(ctx, doc)
+		require.NoError(t, err)
+	}
+	code, out, errOut := c.run("parked", "list")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3)
+	require.Contains(t, lines[0], "STATE")
+	require.Contains(t, lines[0], "HELD BY")
+	require.Regexp(t, `^orders/Evt.v1/head\s+parked\s+-\s`, lines[1])
+	require.Regexp(t, `^orders/Evt.v1/held\s+held\s+orders/Evt.v1/head\s`, lines[2])
+
+	code, out, _ = c.run("parked", "list", "-json")
+	require.Equal(t, exitOK, code)
+	var listed []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	require.Len(t, listed, 2)
+	require.Equal(t, "held", listed[1]["state"])
+	require.Equal(t, "head", listed[1]["held_by"].(map[string]any)["idempotency_key"])
+
+	code, out, _ = c.run("status")
+	require.Equal(t, exitOK, code)
+	require.Regexp(t, `parked\s+2\s+re-drive requested 0, held 1`, out)
+	code, out, _ = c.run("status", "-json")
+	require.Equal(t, exitOK, code)
+	var st map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.EqualValues(t, 1, st["held"])
+}
