@@ -59,9 +59,9 @@ func countPoison(r *result) int { return r.Poisons }
 // TestScheduleIsReproducible: the same seed gives the same schedule.
 func TestScheduleIsReproducible(t *testing.T) {
 	t.Parallel()
-	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
-	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
-	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
+	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
+	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
+	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
 	require.Equal(t, a, b)
 	require.NotEqual(t, a, c)
 	kills := 0

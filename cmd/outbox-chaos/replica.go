@@ -45,8 +45,13 @@ type replicaEnv struct {
 	sessionTimeout time.Duration
 }
 
-func startReplica(env *replicaEnv, name string) (*replica, error) {
+// startReplica starts a replica. With kafkaDown > 0 its Kafka is
+// unreachable for that long from the start (refused, or black-holed).
+func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHole bool) (*replica, error) {
 	sw := newNetSwitch()
+	if kafkaDown > 0 {
+		sw.kafkaDown(kafkaDown, blackHole)
+	}
 	mopts := options.Client().ApplyURI(env.mongoURI).
 		SetDialer(sw).
 		SetAppName(env.appName).
