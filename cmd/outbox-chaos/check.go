@@ -182,11 +182,21 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			res.DoubleEffects += n - 1
 		}
 	}
-	violations, err := h.db.Collection(collViolations).CountDocuments(ctx, bson.D{})
-	if err != nil {
+	var handledOutOfOrder []struct {
+		Event   string `bson:"event"`
+		Key     string `bson:"key"`
+		Seq     int64  `bson:"seq"`
+		Last    int64  `bson:"last"`
+		Replica string `bson:"replica"`
+	}
+	if err := h.findAll(ctx, collViolations, bson.D{}, nil, &handledOutOfOrder); err != nil {
 		return nil, err
 	}
-	res.OrderViolations += int(violations)
+	violations := len(handledOutOfOrder)
+	for _, v := range handledOutOfOrder {
+		failN("handle-order", "key %s: seq %d (%s) handled on %s after seq %d", v.Key, v.Seq, v.Event, v.Replica, v.Last)
+	}
+	res.OrderViolations += violations
 	res.Leaked = len(leaked)
 
 	// Parked, held and purged.

@@ -162,7 +162,7 @@ func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faul
 		// The first scenario comes early, the rest spaced by at least a
 		// third of the mean; none starts in the last tenth of the run, so
 		// that windows close before the load ends.
-		for t := scenarioEvery / 3; t < duration*9/10; t += scenarioEvery/3 + time.Duration(srng.ExpFloat64()*float64(scenarioEvery*2/3)) {
+		for t := min(scenarioEvery/3, 2*time.Second); t < duration*9/10; t += scenarioEvery/3 + time.Duration(srng.ExpFloat64()*float64(scenarioEvery*2/3)) {
 			a := action{at: t, kind: kinds[next%len(kinds)], pick: srng.Uint64(), slot: srng.IntN(replicas)}
 			next++
 			switch a.kind {
@@ -320,7 +320,7 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 		headers[0].Value = []byte("99")
 		value = []byte(`{}`)
 	}
-	rec := &kgo.Record{Topic: in.topic, Partition: int32(a.pick>>8) % in.parts, Key: []byte(key), Value: value, Headers: headers}
+	rec := &kgo.Record{Topic: in.topic, Partition: int32((a.pick >> 8) % uint64(in.parts)), Key: []byte(key), Value: value, Headers: headers}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := in.raw.ProduceSync(pctx, rec).FirstErr()

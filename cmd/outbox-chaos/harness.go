@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -69,6 +70,8 @@ type result struct {
 	// limit alone.
 	KafkaRecordFailures, FailedInnocent int
 	Kills, Rebalances, Faults           int
+	// Scenarios counts the scenarios carried out, by kind.
+	Scenarios map[actionKind]int
 	// Poisons counts the committed poison events (part of Events).
 	Poisons int
 	// Failures lists every broken invariant, in words.
@@ -109,8 +112,9 @@ type harness struct {
 	began    time.Time
 	op       *operator
 
-	kafkaRecordFailures int      // guarded by mu
-	failures            []string // violations seen during the run; guarded by mu
+	kafkaRecordFailures int                // guarded by mu
+	scenarios           map[actionKind]int // scenarios carried out; guarded by mu
+	failures            []string           // violations seen during the run; guarded by mu
 }
 
 // maxFailLines caps the FAIL lines of each kind of violation.
@@ -142,7 +146,8 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
 	topic := "chaos-" + runID
 	topicName.Store(&topic)
-	h := &harness{began: time.Now(), cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{}}
+	h := &harness{began: time.Now(), cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{},
+		scenarios: map[actionKind]int{}}
 
 	// Servers.
 	mongoURI, brokers := cfg.mongoURI, splitList(cfg.brokers)
@@ -271,6 +276,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}
 	h.mu.Lock()
 	res.Kills, res.Faults = h.kills, h.faults
+	res.Scenarios = maps.Clone(h.scenarios)
 	h.mu.Unlock()
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
@@ -381,6 +387,7 @@ func (h *harness) execute(ctx context.Context, a action) {
 		if ok {
 			h.mu.Lock()
 			h.faults++
+			h.scenarios[a.kind]++
 			h.mu.Unlock()
 		}
 	default:

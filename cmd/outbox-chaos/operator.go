@@ -123,6 +123,7 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 			if !o.h.work.hadOutage(d.Key) {
 				o.unexpected[id] = true
 			}
+			o.h.work.sawParked(d.Key)
 			if o.h.work.isDown(d.Key) {
 				continue
 			}

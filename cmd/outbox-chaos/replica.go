@@ -68,7 +68,7 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		KafkaOptions:      []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name)},
 		Service:           env.service,
 		PublishTopics:     []string{chaosTopic()},
-		MaxAttempts:       4,
+		MaxAttempts:       6,
 		RetryMinBackoff:   10 * time.Millisecond,
 		RetryMaxBackoff:   250 * time.Millisecond,
 		PublishBatchSize:  500,

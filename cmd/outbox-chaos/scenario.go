@@ -57,15 +57,16 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 		if old != nil {
 			old.stop() // a deploy: the old version leaves gracefully
 		}
-		blackHole := a.pick%2 == 1
+		// Black hole and refuse in turns, black hole first (a hang inside
+		// an open transaction is the worse outcome).
+		h.mu.Lock()
+		blackHole := h.scenarios[fKafkaDownStart]%2 == 0
+		h.mu.Unlock()
 		if err := h.startWith(a.slot, a.d, blackHole); err != nil {
 			return true, fmt.Errorf("start with Kafka down: %w", err)
 		}
 		h.logf("%s started with Kafka unreachable (black hole %v)", a, blackHole)
 	case fPauseStorm:
-		if w.smallLimit.Load() != 0 {
-			return false, nil // its events would all be oversize
-		}
 		h.bg.Go(func() { h.pauseStorm(ctx, a, rng) })
 	default:
 		return false, fmt.Errorf("unknown scenario %q", a.kind)
@@ -120,7 +121,7 @@ func (h *harness) setMaxMessageBytes(ctx context.Context, n int) error {
 // maxQueue = 5000 records): without a knob to lower it, a storm needs about
 // 10 MiB of events per pause.
 func (h *harness) pauseStorm(ctx context.Context, a action, rng *rand.Rand) {
-	p := int32(a.pick>>16) % int32(h.cfg.partitions)
+	p := int32((a.pick >> 16) % uint64(h.cfg.partitions))
 	part := kgo.StickyKeyPartitioner(nil).ForTopic(h.topic)
 	var keys []string
 	for _, k := range h.work.keys {
@@ -132,7 +133,15 @@ func (h *harness) pauseStorm(ctx context.Context, a action, rng *rand.Rand) {
 		}
 	}
 	if len(keys) == 0 {
+		h.logf("%s: no key of partition %d", a, p)
 		return
+	}
+	// Inside a small-limit window its events would all be oversize: wait
+	// for the window to close.
+	for h.work.smallLimit.Load() != 0 {
+		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			return
+		}
 	}
 	failed := 0
 	for i := 0; i < a.n; i += 4 {
@@ -140,6 +149,7 @@ func (h *harness) pauseStorm(ctx context.Context, a action, rng *rand.Rand) {
 		pl := plan{keys: []string{k, k, k, k}, pads: []int{stormPad, stormPad, stormPad, stormPad}}
 		r := h.pick(rng)
 		if r == nil || ctx.Err() != nil {
+			h.logf("%s on partition %d: stopped after %d transactions (load over or no replica)", a, p, i/4)
 			return
 		}
 		tctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
@@ -200,8 +210,10 @@ func (h *harness) noteKafkaRecording(r *replica, err error, took time.Duration) 
 }
 
 // kafkaCaused reports whether a transaction failed because Kafka was
-// unreachable.
+// unreachable (or because the partition count was unknown without it).
 func kafkaCaused(err error) bool {
+	msg := strings.ToLower(err.Error())
 	return errors.Is(err, outbox.ErrTopicMetadata) || errors.Is(err, errKafkaDown) ||
-		strings.Contains(err.Error(), errKafkaDown.Error())
+		strings.Contains(msg, errKafkaDown.Error()) || strings.Contains(msg, "kafka") ||
+		strings.Contains(msg, "partition count") || strings.Contains(msg, "topic metadata")
 }

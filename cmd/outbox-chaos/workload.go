@@ -103,9 +103,22 @@ type workload struct {
 
 	// Downstream outages: while a key is down its step handler fails, so
 	// its events exhaust MaxAttempts and are parked.
-	outMu    sync.Mutex
-	outUntil map[string]time.Time // key -> end of its current (last) outage
+	outMu   sync.Mutex
+	outages map[string]*outage // by key: the current (last) outage
 }
+
+// outage is one key's downstream outage. It lasts until `until` and, when
+// the consumer lags, longer: until one of the key's events was seen parked
+// (so that every outage exceeds the retry budget of some event), at most
+// until hardEnd.
+type outage struct {
+	until, hardEnd time.Time
+	parked         bool
+}
+
+// outageCap bounds an outage that no parked event ends (a key without
+// traffic).
+const outageCap = 30 * time.Second
 
 var (
 	errPlannedAbort = errors.New("chaos: transaction aborted on purpose")
@@ -337,18 +350,16 @@ func (w *workload) isSlow(id string) bool {
 	}
 }
 
-// startOutage makes keys' downstream fail for d.
+// startOutage makes keys' downstream fail for at least d.
 func (w *workload) startOutage(keys []string, d time.Duration) {
-	until := time.Now().Add(d)
+	now := time.Now()
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	if w.outUntil == nil {
-		w.outUntil = map[string]time.Time{}
+	if w.outages == nil {
+		w.outages = map[string]*outage{}
 	}
 	for _, k := range keys {
-		if until.After(w.outUntil[k]) {
-			w.outUntil[k] = until
-		}
+		w.outages[k] = &outage{until: now.Add(d), hardEnd: now.Add(d + outageCap)}
 	}
 }
 
@@ -356,7 +367,21 @@ func (w *workload) startOutage(keys []string, d time.Duration) {
 func (w *workload) isDown(key string) bool {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	return time.Now().Before(w.outUntil[key])
+	o := w.outages[key]
+	if o == nil {
+		return false
+	}
+	now := time.Now()
+	return now.Before(o.until) || !o.parked && now.Before(o.hardEnd)
+}
+
+// sawParked tells key's outage that one of its events was parked.
+func (w *workload) sawParked(key string) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	if o := w.outages[key]; o != nil {
+		o.parked = true
+	}
 }
 
 // hadOutage reports whether key's downstream was ever down: only such
@@ -364,19 +389,15 @@ func (w *workload) isDown(key string) bool {
 func (w *workload) hadOutage(key string) bool {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	_, ok := w.outUntil[key]
-	return ok
+	return w.outages[key] != nil
 }
 
 // endOutages ends every outage (quiescence).
 func (w *workload) endOutages() {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	now := time.Now()
-	for k, t := range w.outUntil {
-		if t.After(now) {
-			w.outUntil[k] = now
-		}
+	for _, o := range w.outages {
+		o.until, o.hardEnd = time.Time{}, time.Time{}
 	}
 }
 
