@@ -220,12 +220,15 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		}
 	}
 	defer h.shutdown()
+	// The operator runs until the final check (or an early return).
 	opCtx, stopOp := context.WithCancel(ctx)
-	defer stopOp()
 	h.op = newOperator(h)
 	var opWg sync.WaitGroup
 	opWg.Go(func() { h.op.run(opCtx) })
-	defer opWg.Wait()
+	defer func() {
+		stopOp()
+		opWg.Wait()
+	}()
 
 	acts := schedule(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, srv != nil, h.cluster != nil)
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
