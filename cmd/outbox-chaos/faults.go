@@ -109,6 +109,11 @@ func (a action) String() string {
 // over the scenario kinds from a seed-drawn start, so a run with at least
 // len(scenarios) of them has every kind.
 func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool) []action {
+	return scheduleStorms(seed, duration, replicas, killEvery, faultEvery, scenarioEvery, mongoOK, kafkaOK, 10)
+}
+
+// scheduleStorms is schedule with pause storms of stormMiB MiB.
+func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool, stormMiB int) []action {
 	rng := rand.New(rand.NewPCG(seed, 0x0c4a05))
 	var acts []action
 	exp := func(mean time.Duration) time.Duration {
@@ -176,7 +181,7 @@ func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faul
 			case fKafkaDownStart:
 				a.d = 3*time.Second + time.Duration(srng.Int64N(int64(4*time.Second)))
 			case fPauseStorm:
-				a.n = 48 // events of stormPad bytes
+				a.n = max(4, (stormMiB<<20)/stormPad/4*4) // events of stormPad bytes, four per transaction
 			}
 			acts = append(acts, a)
 		}

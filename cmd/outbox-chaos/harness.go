@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,7 @@ type config struct {
 	scenarioEvery time.Duration
 	txnLifetime   time.Duration // the embedded MongoDB's transaction lifetime
 	sameKey       float64       // probability that a multi-event transaction uses one key
+	stormMiB      int           // MiB of events per pause storm; 0: 10
 }
 
 // result is the outcome of a run.
@@ -230,7 +232,8 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		opWg.Wait()
 	}()
 
-	acts := schedule(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, srv != nil, h.cluster != nil)
+	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery,
+		srv != nil, h.cluster != nil, cmp.Or(cfg.stormMiB, 10))
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
 	h.logf("run %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
 		runID, cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)

@@ -130,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.poison, "poison", 0.01, "probability that a transaction also records a poison event")
 	fs.Float64Var(&cfg.abort, "abort", 0.05, "probability that a transaction aborts on purpose")
 	fs.DurationVar(&cfg.scenarioEvery, "scenario-every", 5*time.Second, "mean time between scenarios: slow handlers, downstream outages, small max.message.bytes windows, Kafka down at start, pause storms (0: none)")
+	fs.IntVar(&cfg.stormMiB, "storm-mib", 10, "MiB of 200 KiB events per pause storm (the consumer pauses a partition at 8 MiB queued)")
 	fs.DurationVar(&cfg.txnLifetime, "txn-lifetime", 3*time.Second, "the embedded MongoDB's transaction lifetime (slow handlers outlast it)")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
