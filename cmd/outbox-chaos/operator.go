@@ -183,8 +183,27 @@ func (o *operator) failedEvents(ctx context.Context) error {
 	if len(failed) == 0 {
 		return nil
 	}
+	// An event held behind a failed one (publisher side, HoldKey) is not
+	// refused by Kafka; should the framework mark it failed as well, its
+	// hold marker tells it apart.
+	var heldDocs []struct {
+		Key string `bson:"idempotency_key"`
+	}
+	if err := o.h.findAll(ctx, "outbox", bson.D{{Key: "failed", Value: true}, {Key: "$or", Value: bson.A{
+		bson.D{{Key: "held_by", Value: bson.D{{Key: "$ne", Value: nil}}}},
+		bson.D{{Key: "held", Value: true}},
+	}}}, bson.D{{Key: "idempotency_key", Value: 1}}, &heldDocs); err != nil {
+		return err
+	}
+	held := map[string]bool{}
+	for _, d := range heldDocs {
+		held[d.Key] = true
+	}
 	o.mu.Lock()
 	for _, f := range failed {
+		if held[f.IdempotencyKey] {
+			continue
+		}
 		if f.PayloadSize < smallMaxMessageBytes {
 			o.innocent[f.IdempotencyKey] = true
 		} else {
