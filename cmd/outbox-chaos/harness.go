@@ -88,6 +88,15 @@ func (r *result) summary() string {
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults)
 }
 
+// scenarioLine lists how many scenarios of each kind ran.
+func (r *result) scenarioLine() string {
+	parts := make([]string, 0, len(scenarios))
+	for _, k := range scenarios {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Scenarios[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
 // harness is one run.
 type harness struct {
 	cfg     config

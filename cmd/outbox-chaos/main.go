@@ -21,8 +21,9 @@
 // run; leaked the events of aborted transactions found in the outbox, the
 // topic, the inbox or the effects; stalled_partitions the partitions whose
 // consumer group offset had not reached the partition's end when the quiesce
-// ended), each broken invariant on stderr (at most ten lines per kind), and
-// exits 1 when any invariant fails (2 on a setup error).
+// ended), each broken invariant on stderr (at most ten lines per kind) with
+// the number of scenarios run of each kind, and exits 1 when any invariant
+// fails (2 on a setup error).
 //
 // # The workload
 //
@@ -165,6 +166,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintln(stdout, res.summary())
+	fmt.Fprintln(stderr, "outbox-chaos: scenarios run:", res.scenarioLine())
 	for _, f := range res.Failures {
 		fmt.Fprintln(stderr, "FAIL:", f)
 	}
