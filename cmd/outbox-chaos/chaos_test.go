@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -10,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/event-outbox/outbox"
 )
 
 func TestMain(m *testing.M) {
@@ -18,26 +23,32 @@ func TestMain(m *testing.M) {
 
 // TestChaosShort is the CI run of the harness: a short, small-rate run on
 // the embedded servers with kills, joins, MongoDB and Kafka faults, poison
-// and malformed records. It asserts the invariants, never timings.
+// and malformed records, and every scenario kind (slow handlers, downstream
+// outages with re-drives, a small max.message.bytes window, a replica
+// started with Kafka down, a pause storm). It asserts the invariants, never
+// timings.
 func TestChaosShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run skipped in -short mode")
 	}
 	var progress bytes.Buffer
 	cfg := config{
-		duration:   12 * time.Second,
-		replicas:   3,
-		rate:       120,
-		seed:       7,
-		keys:       40,
-		partitions: 6,
-		killEvery:  2 * time.Second,
-		faultEvery: 300 * time.Millisecond,
-		quiesce:    2 * time.Minute,
-		transient:  5,
-		poison:     0.02,
-		abort:      0.05,
-		progress:   &progress,
+		duration:      15 * time.Second,
+		replicas:      3,
+		rate:          120,
+		seed:          7,
+		keys:          40,
+		partitions:    6,
+		killEvery:     2 * time.Second,
+		faultEvery:    300 * time.Millisecond,
+		scenarioEvery: 2 * time.Second,
+		txnLifetime:   2 * time.Second,
+		sameKey:       0.5,
+		quiesce:       2 * time.Minute,
+		transient:     5,
+		poison:        0.02,
+		abort:         0.05,
+		progress:      &progress,
 	}
 	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
 		cfg.progress = os.Stderr
@@ -50,6 +61,10 @@ func TestChaosShort(t *testing.T) {
 	require.Equal(t, res.Events, res.Handled+countPoison(res), "every committed step event handled")
 	require.Positive(t, res.Kills)
 	require.Positive(t, res.Faults)
+	for _, k := range scenarios {
+		require.Positive(t, res.Scenarios[k], "scenario %s never ran", k)
+	}
+	require.Positive(t, res.Redriven, "the downstream outage parked nothing to re-drive")
 }
 
 // countPoison is the number of committed poison events: every parked event
@@ -59,9 +74,9 @@ func countPoison(r *result) int { return r.Poisons }
 // TestScheduleIsReproducible: the same seed gives the same schedule.
 func TestScheduleIsReproducible(t *testing.T) {
 	t.Parallel()
-	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
-	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
-	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, true, true)
+	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
+	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
+	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
 	require.Equal(t, a, b)
 	require.NotEqual(t, a, c)
 	kills := 0
@@ -71,6 +86,61 @@ func TestScheduleIsReproducible(t *testing.T) {
 		}
 	}
 	require.Positive(t, kills)
+	seen := map[actionKind]bool{}
+	for _, x := range a {
+		seen[x.kind] = true
+	}
+	for _, k := range scenarios {
+		require.True(t, seen[k], "scenario %s not scheduled", k)
+	}
+	without := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, false, true)
+	for _, x := range without {
+		require.NotEqual(t, fSlowHandler, x.kind, "slow handlers need the embedded MongoDB")
+	}
+}
+
+// TestShortRunSchedulesEveryScenario: the go test run's schedule has every
+// scenario kind, whatever the timing of the run.
+func TestShortRunSchedulesEveryScenario(t *testing.T) {
+	t.Parallel()
+	seen := map[actionKind]int{}
+	for _, x := range schedule(7, 15*time.Second, 3, 2*time.Second, 300*time.Millisecond, 2*time.Second, true, true) {
+		seen[x.kind]++
+	}
+	for _, k := range scenarios {
+		require.Positive(t, seen[k], "scenario %s not scheduled", k)
+	}
+}
+
+// TestPlanSameKey: multi-event transactions often record consecutive
+// events of one key, so that a swap inside a batch is visible.
+func TestPlanSameKey(t *testing.T) {
+	t.Parallel()
+	w := &workload{keys: []string{"a", "b", "c", "d", "e", "f", "g", "h"}, sameKey: 0.5}
+	rng := rand.New(rand.NewPCG(1, 2))
+	multi, same := 0, 0
+	for range 1000 {
+		p := w.newPlan(rng)
+		if len(p.keys) < 2 {
+			continue
+		}
+		multi++
+		if p.keys[0] == p.keys[1] {
+			same++
+		}
+	}
+	require.Greater(t, same, multi/3, "%d of %d multi-event transactions record one key", same, multi)
+}
+
+// TestKafkaCaused: the errors a replica gets when it needs Kafka to record
+// are recognised; MongoDB's are not.
+func TestKafkaCaused(t *testing.T) {
+	t.Parallel()
+	require.True(t, kafkaCaused(fmt.Errorf("%w %q: unable to dial: %v", outbox.ErrTopicMetadata, "t", errKafkaDown)))
+	require.True(t, kafkaCaused(fmt.Errorf("record: %w", errKafkaDown)))
+	require.True(t, kafkaCaused(errors.New("outbox: partition count of topic t unknown")))
+	require.False(t, kafkaCaused(errors.New("(WriteConflict) chaos: write conflict")))
+	require.False(t, kafkaCaused(errKilled))
 }
 
 // TestRunFlags: bad flags are refused with exit code 2, without a run.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,15 +30,42 @@ type ledgerEntry struct {
 //   - the ledger (written in each recording transaction) is consistent: each
 //     key's seqs are 1..n with n its counter;
 //   - every committed event is in the outbox, marked published, and in the
-//     topic; nothing else is (no event of an aborted transaction);
+//     topic; no event of an aborted transaction is anywhere (leaked);
 //   - per key, the first publication of each seq comes in seq order;
 //   - every committed step event has exactly one effect, nothing else has
-//     one; no handling saw a key's seqs out of order;
-//   - every poison event and every malformed record is parked, and no step
-//     event is.
+//     one; no handling saw a key's seqs out of order, parked and re-driven
+//     keys included (their handler checks the same "last applied seq");
+//   - every poison event ended parked or purged, every malformed record
+//     parked; no step event stays parked or held; a step event parked on a
+//     key that never had a downstream outage is a violation;
+//   - no outbox event that fits the topic's limit alone was marked failed;
+//   - recording never failed or hung because Kafka was unreachable;
+//   - every partition's consumer caught up (stalled_partitions).
+//
+// Each kind of per-event FAIL line is capped at maxFailLines; the counts
+// are in the summary.
 func (h *harness) check(ctx context.Context) (*result, error) {
 	res := &result{}
 	fail := func(format string, args ...any) { res.Failures = append(res.Failures, fmt.Sprintf(format, args...)) }
+	lines := map[string]int{}
+	var kinds []string
+	failN := func(kind, format string, args ...any) {
+		if lines[kind] == 0 {
+			kinds = append(kinds, kind)
+		}
+		lines[kind]++
+		if lines[kind] <= maxFailLines {
+			fail(format, args...)
+		}
+	}
+	defer func() {
+		for _, k := range kinds {
+			if n := lines[k]; n > maxFailLines {
+				fail("... %d more %s lines not shown (%d in all)", n-maxFailLines, k, n)
+			}
+		}
+	}()
+	leaked := map[string]bool{}
 
 	// Ledger.
 	var ledger []ledgerEntry
@@ -69,7 +98,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			ok = ok && v == int64(i+1)
 		}
 		if !ok {
-			fail("ledger of key %s: counter %d, %d events, seqs not 1..n", c.Key, c.Seq, len(s))
+			failN("ledger", "ledger of key %s: counter %d, %d events, seqs not 1..n", c.Key, c.Seq, len(s))
 		}
 	}
 	res.Events = len(ledger)
@@ -94,26 +123,34 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	inOutbox := make(map[string]bool, len(outboxDocs))
-	unpublished := 0
 	for _, d := range outboxDocs {
 		inOutbox[d.Key] = true
 		switch {
 		case aborted[d.Key]:
-			fail("event %s of an aborted transaction is in the outbox", d.Key)
+			leaked[d.Key] = true
+			failN("leaked", "leaked: event %s of an aborted transaction is in the outbox", d.Key)
 		case byID[d.Key] == nil:
-			fail("outbox event %s is not in the ledger", d.Key)
+			failN("outbox-unknown", "outbox event %s is not in the ledger", d.Key)
 		case d.Failed:
-			fail("outbox event %s marked failed", d.Key)
+			failN("outbox-failed", "outbox event %s marked failed at the end", d.Key)
 		case !d.Published:
-			unpublished++
-			if unpublished <= 5 {
-				fail("outbox event %s not published", d.Key)
-			}
+			failN("outbox-unpublished", "outbox event %s not published", d.Key)
 		}
+	}
+	h.op.mu.Lock()
+	innocent := slices.Sorted(maps.Keys(h.op.innocent))
+	unexpected := slices.Sorted(maps.Keys(h.op.unexpected))
+	parkedSeen := maps.Clone(h.op.parked)
+	heldSeen := maps.Clone(h.op.held)
+	res.Redriven = h.op.redrives
+	h.op.mu.Unlock()
+	res.FailedInnocent = len(innocent)
+	for _, id := range innocent {
+		failN("failed-innocent", "outbox event %s marked failed although it fits the topic's max.message.bytes alone", id)
 	}
 
 	// Kafka.
-	published, orderViolations, err := h.readTopic(ctx, byID, aborted, fail)
+	published, orderViolations, err := h.readTopic(ctx, byID, aborted, leaked, failN)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +169,12 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	}
 	for id, n := range effectCount {
 		if e := byID[id]; e == nil || e.Poison {
-			fail("effect of %s, which is not a committed step event (aborted: %v)", id, aborted[id])
+			if aborted[id] {
+				leaked[id] = true
+				failN("leaked", "leaked: effect of %s, an event of an aborted transaction", id)
+			} else {
+				failN("effect-unknown", "effect of %s, which is not a committed step event", id)
+			}
 			continue
 		}
 		res.Handled++
@@ -140,32 +182,72 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			res.DoubleEffects += n - 1
 		}
 	}
-	violations, err := h.db.Collection(collViolations).CountDocuments(ctx, bson.D{})
-	if err != nil {
+	var handledOutOfOrder []struct {
+		Event   string `bson:"event"`
+		Key     string `bson:"key"`
+		Seq     int64  `bson:"seq"`
+		Last    int64  `bson:"last"`
+		Replica string `bson:"replica"`
+	}
+	if err := h.findAll(ctx, collViolations, bson.D{}, nil, &handledOutOfOrder); err != nil {
 		return nil, err
 	}
-	res.OrderViolations += int(violations)
+	violations := len(handledOutOfOrder)
+	for _, v := range handledOutOfOrder {
+		failN("handle-order", "key %s: seq %d (%s) handled on %s after seq %d", v.Key, v.Seq, v.Event, v.Replica, v.Last)
+	}
+	res.OrderViolations += violations
+	res.Leaked = len(leaked)
 
-	// Parked.
-	var parked []struct {
-		ID outbox.InboxID `bson:"_id"`
+	// Parked, held and purged.
+	var inbox []struct {
+		ID          outbox.InboxID `bson:"_id"`
+		Key         string         `bson:"partition_key"`
+		Parked      bool           `bson:"parked"`
+		HeldBy      bson.RawValue  `bson:"held_by"`
+		DiscardedAt *time.Time     `bson:"discarded_at"`
 	}
-	if err := h.findAll(ctx, "inbox", bson.D{{Key: "parked", Value: true}}, bson.D{{Key: "_id", Value: 1}}, &parked); err != nil {
+	if err := h.findAll(ctx, "inbox", bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: "parked", Value: true}},
+		bson.D{{Key: "discarded_at", Value: bson.D{{Key: "$exists", Value: true}}}},
+	}}}, bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "parked", Value: 1},
+		{Key: "held_by", Value: 1}, {Key: "discarded_at", Value: 1}}, &inbox); err != nil {
 		return nil, err
 	}
-	res.Parked = len(parked)
-	isParked := map[string]bool{}
+	poisonDone := map[string]bool{}
 	parkedMalformed := 0
-	for _, p := range parked {
-		isParked[p.ID.IdempotencyKey] = true
-		switch e := byID[p.ID.IdempotencyKey]; {
-		case e != nil && !e.Poison:
-			fail("step event %s (key %s seq %d) parked", e.ID, e.Key, e.Seq)
-		case e == nil && (strings.HasPrefix(p.ID.IdempotencyKey, "malformed") || p.ID.ContentSchema == "unknown"):
-			parkedMalformed++
-		case e == nil:
-			fail("parked event %+v is not a committed event", p.ID)
+	for _, p := range inbox {
+		e := byID[p.ID.IdempotencyKey]
+		held := p.HeldBy.Type != 0 && p.HeldBy.Type != bson.TypeNull
+		if p.Parked {
+			if held {
+				heldSeen[p.ID.String()] = true
+			} else {
+				parkedSeen[p.ID.String()] = true
+			}
 		}
+		switch {
+		case e != nil && e.Poison:
+			poisonDone[e.ID] = p.Parked || p.DiscardedAt != nil
+		case e != nil && p.DiscardedAt != nil:
+			failN("step-discarded", "step event %s (key %s seq %d) discarded", e.ID, e.Key, e.Seq)
+		case e != nil && held:
+			failN("held", "step event %s (key %s seq %d) still held at the end", e.ID, e.Key, e.Seq)
+		case e != nil:
+			failN("parked", "step event %s (key %s seq %d) still parked at the end", e.ID, e.Key, e.Seq)
+		case p.Parked && (strings.HasPrefix(p.ID.IdempotencyKey, "malformed") || strings.HasPrefix(p.Key, "malformed") || p.ID.ContentSchema == "unknown"):
+			parkedMalformed++
+		case aborted[p.ID.IdempotencyKey]:
+			leaked[p.ID.IdempotencyKey] = true
+			failN("leaked", "leaked: inbox entry %+v of an aborted transaction", p.ID)
+		default:
+			failN("parked-unknown", "parked event %+v is not a committed event", p.ID)
+		}
+	}
+	res.Leaked = len(leaked)
+	res.Parked, res.Held = len(parkedSeen), len(heldSeen)
+	for _, id := range unexpected {
+		failN("parked-unexpected", "step event %s parked although its key's downstream never failed", id)
 	}
 	h.inj.mu.Lock()
 	malformed, uncertain := h.inj.malformed, h.inj.uncertain
@@ -175,17 +257,34 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	}
 
 	// Lost: committed, and not (in the outbox, published to Kafka, and
-	// handled or parked as its kind requires).
+	// handled, or parked or purged, as its kind requires).
 	for _, e := range ledger {
-		done := e.Poison && isParked[e.ID] || !e.Poison && effectCount[e.ID] > 0
+		done := e.Poison && poisonDone[e.ID] || !e.Poison && effectCount[e.ID] > 0
 		if !inOutbox[e.ID] || !published[e.ID] || !done {
 			res.Lost++
-			if res.Lost <= 10 {
-				fail("lost: %s (key %s seq %d poison %v): outbox %v, published %v, handled/parked %v",
-					e.ID, e.Key, e.Seq, e.Poison, inOutbox[e.ID], published[e.ID], done)
-			}
+			failN("lost", "lost: %s (key %s seq %d poison %v): outbox %v, published %v, handled/parked %v",
+				e.ID, e.Key, e.Seq, e.Poison, inOutbox[e.ID], published[e.ID], done)
 		}
 	}
+
+	// Recording with Kafka down, and the run's other violations.
+	h.mu.Lock()
+	res.KafkaRecordFailures = h.kafkaRecordFailures
+	res.Failures = append(res.Failures, h.failures...)
+	h.mu.Unlock()
+
+	// Stalled partitions.
+	lags, err := h.lag(ctx)
+	if err != nil {
+		fail("consumer lag unknown: %v", err)
+	}
+	for _, p := range slices.Sorted(maps.Keys(lags)) {
+		if lags[p] > 0 {
+			res.StalledPartitions++
+			failN("stalled", "partition %d stalled: the consumer group is %d records behind the end", p, lags[p])
+		}
+	}
+
 	if res.Lost > 0 {
 		fail("%d committed events lost", res.Lost)
 	}
@@ -195,7 +294,41 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	if res.OrderViolations > 0 {
 		fail("%d order violations (%d in handling, the rest in publishing)", res.OrderViolations, violations)
 	}
+	if res.Leaked > 0 {
+		fail("%d events of aborted transactions leaked", res.Leaked)
+	}
+	if res.KafkaRecordFailures > 0 {
+		fail("%d transactions failed or hung because Kafka was unreachable", res.KafkaRecordFailures)
+	}
 	return res, nil
+}
+
+// lag returns, per partition of the topic, how far the consumer group's
+// committed offset is behind the partition's end.
+func (h *harness) lag(ctx context.Context) (map[int32]int64, error) {
+	adm := kadm.NewClient(h.inj.raw)
+	ends, err := adm.ListEndOffsets(ctx, h.topic)
+	if err != nil {
+		return nil, fmt.Errorf("end offsets: %w", err)
+	}
+	offs, err := adm.FetchOffsets(ctx, h.env.service)
+	if err != nil {
+		return nil, fmt.Errorf("group offsets: %w", err)
+	}
+	lags := map[int32]int64{}
+	var ferr error
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			ferr = o.Err
+			return
+		}
+		var at int64
+		if c, ok := offs.Lookup(h.topic, o.Partition); ok && c.Err == nil && c.At > 0 {
+			at = c.At
+		}
+		lags[o.Partition] = max(0, o.Offset-at)
+	})
+	return lags, ferr
 }
 
 func (h *harness) findAll(ctx context.Context, coll string, filter, projection bson.D, out any) error {
@@ -217,7 +350,7 @@ func (h *harness) findAll(ctx context.Context, coll string, filter, projection b
 // number of per-key order violations among first publications: the first
 // record of each seq of a key must come right after the first record of
 // the previous seq.
-func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, aborted map[string]bool, fail func(string, ...any)) (map[string]bool, int, error) {
+func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, failN func(kind, format string, args ...any)) (map[string]bool, int, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(h.env.brokers...), kgo.ConsumeTopics(h.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
@@ -261,8 +394,13 @@ func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, a
 				return
 			}
 			e := byID[id]
-			if e == nil {
-				fail("record %s/%d@%d (id %q, aborted %v) is not a committed event", r.Topic, r.Partition, r.Offset, id, aborted[id])
+			switch {
+			case e == nil && aborted[id]:
+				leaked[id] = true
+				failN("leaked", "leaked: record %s/%d@%d (id %q) of an aborted transaction", r.Topic, r.Partition, r.Offset, id)
+				return
+			case e == nil:
+				failN("record-unknown", "record %s/%d@%d (id %q) is not a committed event", r.Topic, r.Partition, r.Offset, id)
 				return
 			}
 			published[id] = true
@@ -271,7 +409,7 @@ func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, a
 			}
 			var ev stepEvent
 			if err := json.Unmarshal(r.Value, &ev); err != nil || ev.ID != id || ev.Seq != e.Seq || ev.Key != e.Key {
-				fail("record %s/%d@%d does not match its ledger entry", r.Topic, r.Partition, r.Offset)
+				failN("record-mismatch", "record %s/%d@%d does not match its ledger entry", r.Topic, r.Partition, r.Offset)
 				return
 			}
 			last := firstSeq[e.Key]
@@ -282,9 +420,7 @@ func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, a
 				firstSeq[e.Key] = e.Seq
 			default:
 				violations++
-				if violations <= 10 {
-					fail("key %s: seq %d first published after seq %d", e.Key, e.Seq, last)
-				}
+				failN("publish-order", "key %s: seq %d first published after seq %d", e.Key, e.Seq, last)
 				firstSeq[e.Key] = e.Seq
 			}
 		})

@@ -48,6 +48,36 @@ const (
 
 	// Bad records written straight to Kafka (any backend).
 	fMalformed actionKind = "malformed-record"
+
+	// Scenarios: longer disturbances that the issue-12 bugs need, scheduled
+	// on their own cadence, round-robin so that every kind occurs.
+	//
+	// slow-handler: the next n step events' first handling attempt outlasts
+	// the MongoDB transaction lifetime (embedded server only).
+	fSlowHandler actionKind = "slow-handler"
+	// downstream-outage: the handlers of a few keys fail for d, longer than
+	// the retry budget, so their events are parked (and, under HoldKey,
+	// their later events held); the operator re-drives them afterwards.
+	fOutage actionKind = "downstream-outage"
+	// small-max-message-bytes: the topic's max.message.bytes drops to
+	// smallMaxMessageBytes for d while transactions mix in innocent padded
+	// events (two do not fit one batch) and oversize ones; afterwards the
+	// limit is restored and the operator retries the failed events.
+	fSmallMaxBytes actionKind = "small-max-message-bytes"
+	// kafka-down-start: a replica restarts (a deploy) with Kafka
+	// unreachable for d (refused or black-holed) and records meanwhile.
+	fKafkaDownStart actionKind = "kafka-down-start"
+	// pause-storm: about 10 MiB of large events on the keys of one
+	// partition, handled slowly, so its consumer queue fills and its
+	// fetching pauses and resumes again and again.
+	fPauseStorm actionKind = "pause-storm"
+)
+
+// smallMaxMessageBytes is the topic's max.message.bytes during a
+// small-max-message-bytes window; defaultMaxMessageBytes is restored.
+const (
+	smallMaxMessageBytes   = 4096
+	defaultMaxMessageBytes = 1048588
 )
 
 var (
@@ -55,6 +85,7 @@ var (
 		fMongoWriteError, fMongoDrop, fMongoStreamError, fMongoStreamFatal, fMongoStreamClose, fMongoFindError}
 	kafkaFaults = []actionKind{fKafkaProduceError, fKafkaProduceStall, fKafkaFetchError, fKafkaFetchStall,
 		fKafkaCommitError, fKafkaHeartbeat}
+	scenarios = []actionKind{fOutage, fSlowHandler, fSmallMaxBytes, fKafkaDownStart, fPauseStorm}
 )
 
 // action is one entry of the fault schedule.
@@ -73,7 +104,16 @@ func (a action) String() string {
 
 // schedule draws the whole fault schedule from the seed, before the run
 // starts, so that a seed always gives the same schedule.
-func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery time.Duration, mongoOK, kafkaOK bool) []action {
+//
+// Scenarios come every scenarioEvery on average (0: none), round-robin
+// over the scenario kinds from a seed-drawn start, so a run with at least
+// len(scenarios) of them has every kind.
+func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool) []action {
+	return scheduleStorms(seed, duration, replicas, killEvery, faultEvery, scenarioEvery, mongoOK, kafkaOK, 10)
+}
+
+// scheduleStorms is schedule with pause storms of stormMiB MiB.
+func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool, stormMiB int) []action {
 	rng := rand.New(rand.NewPCG(seed, 0x0c4a05))
 	var acts []action
 	exp := func(mean time.Duration) time.Duration {
@@ -111,6 +151,39 @@ func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faul
 				d:    100*time.Millisecond + time.Duration(rng.Int64N(int64(900*time.Millisecond))),
 				pick: rng.Uint64(),
 			})
+		}
+	}
+	if scenarioEvery > 0 {
+		var kinds []actionKind
+		for _, k := range scenarios {
+			if k != fSlowHandler || mongoOK {
+				kinds = append(kinds, k)
+			}
+		}
+		// A separate stream, so that adding scenarios keeps the rest of a
+		// seed's schedule.
+		srng := rand.New(rand.NewPCG(seed, 0x5ce4a))
+		next := srng.IntN(len(kinds))
+		// The first scenario comes early, the rest spaced by at least a
+		// third of the mean; none starts in the last tenth of the run, so
+		// that windows close before the load ends.
+		for t := min(scenarioEvery/3, 2*time.Second); t < duration*9/10; t += scenarioEvery/3 + time.Duration(srng.ExpFloat64()*float64(scenarioEvery*2/3)) {
+			a := action{at: t, kind: kinds[next%len(kinds)], pick: srng.Uint64(), slot: srng.IntN(replicas)}
+			next++
+			switch a.kind {
+			case fSlowHandler:
+				a.n = 1 + srng.IntN(2)
+			case fOutage:
+				a.n = 1 + srng.IntN(3) // keys
+				a.d = 2*time.Second + time.Duration(srng.Int64N(int64(3*time.Second)))
+			case fSmallMaxBytes:
+				a.d = 3*time.Second + time.Duration(srng.Int64N(int64(4*time.Second)))
+			case fKafkaDownStart:
+				a.d = 3*time.Second + time.Duration(srng.Int64N(int64(4*time.Second)))
+			case fPauseStorm:
+				a.n = max(4, (stormMiB<<20)/stormPad/4*4) // events of stormPad bytes, four per transaction
+			}
+			acts = append(acts, a)
 		}
 	}
 	slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
@@ -252,7 +325,7 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 		headers[0].Value = []byte("99")
 		value = []byte(`{}`)
 	}
-	rec := &kgo.Record{Topic: in.topic, Partition: int32(a.pick>>8) % in.parts, Key: []byte(key), Value: value, Headers: headers}
+	rec := &kgo.Record{Topic: in.topic, Partition: int32((a.pick >> 8) % uint64(in.parts)), Key: []byte(key), Value: value, Headers: headers}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := in.raw.ProduceSync(pctx, rec).FirstErr()

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -43,12 +45,35 @@ type config struct {
 	logger     *slog.Logger        // framework logs
 	progress   io.Writer           // progress lines; nil for none
 	skip       map[actionKind]bool // fault kinds left out of the schedule
+	// scenarioEvery is the mean time between scenarios (slow handlers,
+	// downstream outages, small max.message.bytes windows, Kafka down at
+	// start, pause storms); 0 disables them.
+	scenarioEvery time.Duration
+	txnLifetime   time.Duration // the embedded MongoDB's transaction lifetime
+	sameKey       float64       // probability that a multi-event transaction uses one key
+	stormMiB      int           // MiB of events per pause storm; 0: 10
 }
 
 // result is the outcome of a run.
 type result struct {
 	Events, Handled, Lost, DoubleEffects, OrderViolations, Parked int
-	Kills, Rebalances, Faults                                     int
+	// Held counts the events seen held behind a parked event of their key;
+	// Redriven the re-drives the operator made (requests and calls).
+	Held, Redriven int
+	// StalledPartitions counts the partitions whose consumer group offset
+	// had not reached the end of the partition when the quiesce ended.
+	StalledPartitions int
+	// Leaked counts the events of aborted transactions found in the
+	// outbox, the topic or the effects.
+	Leaked int
+	// KafkaRecordFailures counts the transactions that failed or hung
+	// because their replica could not reach Kafka; FailedInnocent the
+	// events marked failed in the outbox although they fit the topic's
+	// limit alone.
+	KafkaRecordFailures, FailedInnocent int
+	Kills, Rebalances, Faults           int
+	// Scenarios counts the scenarios carried out, by kind.
+	Scenarios map[actionKind]int
 	// Poisons counts the committed poison events (part of Events).
 	Poisons int
 	// Failures lists every broken invariant, in words.
@@ -57,8 +82,19 @@ type result struct {
 
 // summary is the one line the command prints.
 func (r *result) summary() string {
-	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d kills=%d rebalances=%d faults=%d",
-		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Kills, r.Rebalances, r.Faults)
+	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d held=%d redriven=%d "+
+		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d",
+		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
+		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults)
+}
+
+// scenarioLine lists how many scenarios of each kind ran.
+func (r *result) scenarioLine() string {
+	parts := make([]string, 0, len(scenarios))
+	for _, k := range scenarios {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Scenarios[k]))
+	}
+	return strings.Join(parts, " ")
 }
 
 // harness is one run.
@@ -83,13 +119,30 @@ type harness struct {
 	txErrors atomic.Int64
 	logMu    sync.Mutex
 	expireWg sync.WaitGroup
+	bg       sync.WaitGroup // scenario goroutines (windows, storms)
+	began    time.Time
+	op       *operator
+
+	kafkaRecordFailures int                // guarded by mu
+	scenarios           map[actionKind]int // scenarios carried out; guarded by mu
+	failures            []string           // violations seen during the run; guarded by mu
+}
+
+// maxFailLines caps the FAIL lines of each kind of violation.
+const maxFailLines = 10
+
+// addFailure records a violation seen during the run.
+func (h *harness) addFailure(f string) {
+	h.mu.Lock()
+	h.failures = append(h.failures, f)
+	h.mu.Unlock()
 }
 
 func (h *harness) logf(format string, args ...any) {
 	h.logMu.Lock()
 	defer h.logMu.Unlock()
 	if h.cfg.progress != nil {
-		fmt.Fprintf(h.cfg.progress, "chaos: "+format+"\n", args...)
+		fmt.Fprintf(h.cfg.progress, "chaos: %7.2fs "+format+"\n", append([]any{time.Since(h.began).Seconds()}, args...)...)
 	}
 }
 
@@ -98,17 +151,21 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.txnLifetime <= 0 {
+		cfg.txnLifetime = 3 * time.Second
+	}
 	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
 	topic := "chaos-" + runID
 	topicName.Store(&topic)
-	h := &harness{cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{}}
+	h := &harness{began: time.Now(), cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{},
+		scenarios: map[actionKind]int{}}
 
 	// Servers.
 	mongoURI, brokers := cfg.mongoURI, splitList(cfg.brokers)
 	var srv *mongofake.Server
 	if mongoURI == "" {
 		var err error
-		srv, err = mongofake.NewServer(mongofake.TransactionLifetime(10 * time.Second))
+		srv, err = mongofake.NewServer(mongofake.TransactionLifetime(cfg.txnLifetime))
 		if err != nil {
 			return nil, err
 		}
@@ -156,7 +213,8 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%05d", i)
 	}
-	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort, runID: runID}
+	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort,
+		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second}
 	if err := h.work.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -173,8 +231,18 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		}
 	}
 	defer h.shutdown()
+	// The operator runs until the final check (or an early return).
+	opCtx, stopOp := context.WithCancel(ctx)
+	h.op = newOperator(h)
+	var opWg sync.WaitGroup
+	opWg.Go(func() { h.op.run(opCtx) })
+	defer func() {
+		stopOp()
+		opWg.Wait()
+	}()
 
-	acts := schedule(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, srv != nil, h.cluster != nil)
+	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery,
+		srv != nil, h.cluster != nil, cmp.Or(cfg.stormMiB, 10))
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
 	h.logf("run %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
 		runID, cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)
@@ -187,6 +255,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.runLoad(loadCtx, &wg)
 	wg.Wait()
 	h.expireWg.Wait()
+	h.bg.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -194,6 +263,8 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	// Quiescence: no more faults, every slot up, then wait until every
 	// committed event is handled (or parked) and the outbox is empty.
 	h.inj.clear()
+	h.work.endOutages()
+	h.closeSmallLimit()
 	for slot := range cfg.replicas {
 		h.mu.Lock()
 		live := h.slots[slot] != nil
@@ -207,16 +278,20 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.logf("load done: %d transactions committed, %d aborted on purpose, %d failed; waiting for quiescence",
 		h.work.recorded.Load(), h.work.aborted.Load(), h.work.failedTx.Load())
 	quiet := h.waitQuiescence(ctx)
+	stopOp()
+	opWg.Wait()
 
 	res, err := h.check(ctx)
 	if err != nil {
 		return nil, err
 	}
+	h.logf("checked")
 	if !quiet {
 		res.Failures = append(res.Failures, fmt.Sprintf("no quiescence within %s", cfg.quiesce))
 	}
 	h.mu.Lock()
 	res.Kills, res.Faults = h.kills, h.faults
+	res.Scenarios = maps.Clone(h.scenarios)
 	h.mu.Unlock()
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
@@ -238,12 +313,16 @@ func splitList(s string) []string {
 }
 
 // start starts a new incarnation of a slot.
-func (h *harness) start(slot int) error {
+func (h *harness) start(slot int) error { return h.startWith(slot, 0, false) }
+
+// startWith starts a new incarnation of a slot whose Kafka is unreachable
+// for kafkaDown (refused, or black-holed).
+func (h *harness) startWith(slot int, kafkaDown time.Duration, blackHole bool) error {
 	h.mu.Lock()
 	h.incarn[slot]++
 	name := fmt.Sprintf("r%d.%d", slot, h.incarn[slot])
 	h.mu.Unlock()
-	r, err := startReplica(h.env, name)
+	r, err := startReplica(h.env, name, kafkaDown, blackHole)
 	if err != nil {
 		return err
 	}
@@ -314,6 +393,18 @@ func (h *harness) execute(ctx context.Context, a action) {
 			h.logf("%s stop %s", a, r.name)
 			r.stop()
 		}
+	case fSlowHandler, fOutage, fSmallMaxBytes, fKafkaDownStart, fPauseStorm:
+		h.logf("%s", a)
+		ok, err := h.scenario(ctx, a)
+		if err != nil {
+			h.logf("%s: %v", a, err)
+		}
+		if ok {
+			h.mu.Lock()
+			h.faults++
+			h.scenarios[a.kind]++
+			h.mu.Unlock()
+		}
 	default:
 		h.logf("%s", a)
 		ok, err := h.inj.apply(ctx, a)
@@ -352,13 +443,21 @@ func (h *harness) runLoad(ctx context.Context, wg *sync.WaitGroup) {
 				}
 				tctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
 				stop := context.AfterFunc(ctx, cancel)
-				if err := h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng); err != nil && !errors.Is(err, errPlannedAbort) && ctx.Err() == nil {
-					if n := h.txErrors.Add(1); n <= 5 || n%1000 == 0 {
-						h.logf("transaction on %s failed (%d so far): %v", r.name, n, err)
-					}
-				}
+				kafkaDown := r.sw.kafkaIsDown(0)
+				start := time.Now()
+				err := h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng, h.work.newPlan(rng))
+				took := time.Since(start)
 				stop()
 				cancel()
+				if ctx.Err() != nil || r.ctx.Err() != nil {
+					continue // the load ended, or the replica was stopped or killed
+				}
+				if kafkaDown {
+					h.noteKafkaRecording(r, err, took)
+				}
+				if err != nil {
+					h.noteTxError(r, err, took)
+				}
 			}
 		})
 	}
@@ -379,19 +478,36 @@ func (h *harness) pick(rng *rand.Rand) *replica {
 }
 
 // waitQuiescence polls until every committed step event has an effect,
-// every committed event is published and every poison and malformed record
-// is parked, or cfg.quiesce passes.
+// every committed event is published, every poison event is parked or
+// purged, every malformed record parked, no event is held or failed, and
+// the consumer group has caught up on every partition; or until
+// cfg.quiesce passes. The operator keeps re-driving, purging and retrying
+// meanwhile.
 func (h *harness) waitQuiescence(ctx context.Context) bool {
 	deadline := time.Now().Add(h.cfg.quiesce)
 	last := time.Time{}
 	for {
 		st, err := h.progressCounts(ctx)
 		if err == nil {
+			done := st.done(h.inj) && h.distinctEffects(ctx) >= st.steps
+			if done {
+				lags, err := h.lag(ctx)
+				st.behind = -1
+				if err == nil {
+					st.behind = 0
+					for _, l := range lags {
+						if l > 0 {
+							st.behind++
+						}
+					}
+				}
+				done = st.behind == 0
+			}
 			if time.Since(last) > 5*time.Second {
 				h.logf("quiescence: %s", st)
 				last = time.Now()
 			}
-			if st.done(h.inj) && h.distinctEffects(ctx) >= st.steps {
+			if done {
 				h.logf("quiet: %s", st)
 				return true
 			}
@@ -404,19 +520,20 @@ func (h *harness) waitQuiescence(ctx context.Context) bool {
 }
 
 type counts struct {
-	steps, poisons, unpublished, effects, parked int64
+	steps, poisons, unpublished, effects, poisonsDone, parkedOther, held, failed int64
+	behind                                                                       int // partitions behind (-1: unknown)
 }
 
 func (c counts) String() string {
-	return fmt.Sprintf("committed steps=%d poisons=%d unpublished=%d effects=%d parked=%d",
-		c.steps, c.poisons, c.unpublished, c.effects, c.parked)
+	return fmt.Sprintf("committed steps=%d poisons=%d unpublished=%d failed=%d effects=%d poisons parked/purged=%d other parked=%d held=%d partitions behind=%d",
+		c.steps, c.poisons, c.unpublished, c.failed, c.effects, c.poisonsDone, c.parkedOther, c.held, c.behind)
 }
 
 func (c counts) done(in *injector) bool {
 	in.mu.Lock()
 	malformed := int64(in.malformed)
 	in.mu.Unlock()
-	return c.unpublished == 0 && c.effects >= c.steps && c.parked >= c.poisons+malformed
+	return c.unpublished == 0 && c.effects >= c.steps && c.poisonsDone >= c.poisons && c.parkedOther >= malformed && c.held == 0
 }
 
 func (h *harness) progressCounts(ctx context.Context) (counts, error) {
@@ -430,11 +547,19 @@ func (h *harness) progressCounts(ctx context.Context) (counts, error) {
 		v, err = h.db.Collection(coll).CountDocuments(ctx, filter)
 		return v
 	}
+	held := bson.D{{Key: "$ne", Value: nil}} // held_by set (missing or null: not held)
 	c.steps = n(collLedger, bson.D{{Key: "poison", Value: false}})
 	c.poisons = n(collLedger, bson.D{{Key: "poison", Value: true}})
 	c.unpublished = n("outbox", bson.D{{Key: "published", Value: false}})
+	c.failed = n("outbox", bson.D{{Key: "failed", Value: true}})
 	c.effects = n(collEffects, bson.D{})
-	c.parked = n("inbox", bson.D{{Key: "parked", Value: true}})
+	c.poisonsDone = n("inbox", bson.D{{Key: "_id.content_schema", Value: schemaPoison}, {Key: "$or", Value: bson.A{
+		bson.D{{Key: "parked", Value: true}},
+		bson.D{{Key: "discarded_at", Value: bson.D{{Key: "$exists", Value: true}}}},
+	}}})
+	c.parkedOther = n("inbox", bson.D{{Key: "parked", Value: true}, {Key: "_id.content_schema", Value: bson.D{{Key: "$ne", Value: schemaPoison}}},
+		{Key: "held_by", Value: nil}})
+	c.held = n("inbox", bson.D{{Key: "parked", Value: true}, {Key: "held_by", Value: held}})
 	return c, err
 }
 

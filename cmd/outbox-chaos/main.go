@@ -9,14 +9,21 @@
 //
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
+//	    [-scenario-every 5s] [-txn-lifetime 3s] [-same-key 0.5] [-skip kind,...]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
 // It prints one summary line on stdout,
 //
-//	events=N handled=N lost=N double_effects=N order_violations=N parked=N kills=N rebalances=N faults=N
+//	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
+//	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
 //
-// each broken invariant on stderr, and exits 1 when any invariant fails (2 on
-// a setup error).
+// (parked and held count the distinct events seen parked or held during the
+// run; leaked the events of aborted transactions found in the outbox, the
+// topic, the inbox or the effects; stalled_partitions the partitions whose
+// consumer group offset had not reached the partition's end when the quiesce
+// ended), each broken invariant on stderr (at most ten lines per kind) with
+// the number of scenarios run of each kind, and exits 1 when any invariant
+// fails (2 on a setup error).
 //
 // # The workload
 //
@@ -24,7 +31,9 @@
 // Kafka clients and the same service name, so the replicas share the
 // publisher group and the consumer group. Load generators run transactions
 // on random replicas; each transaction records one to three "step" events of
-// random keys, the Seq of each taken from the key's counter document
+// random keys (in half of the multi-event transactions, -same-key,
+// consecutive events of one key, so that a reordering inside a batch shows),
+// the Seq of each taken from the key's counter document
 // incremented in the same transaction (so per key the commit order is
 // 1, 2, 3...), and writes each event to a ledger collection, also in the
 // transaction: the ledger is the ground truth of what committed. Some
@@ -48,6 +57,31 @@
 // kfake's fault hooks; malformed records written straight to the topic.
 // Against real servers (-mongo-uri, -kafka-brokers) the server faults are
 // skipped; kills, rebalances, poison and malformed records remain.
+//
+// # Scenarios
+//
+// Every -scenario-every on average comes a scenario, the kinds in turn (see
+// faults.go): slow-handler (the first handling attempt of a few step events
+// outlasts the embedded MongoDB's transaction lifetime, -txn-lifetime; it
+// must fail, count as an attempt and leave the next attempt to succeed),
+// downstream-outage (a few keys' handlers fail for seconds, longer than the
+// retry budget, until one of their events is parked), small-max-message-bytes
+// (the topic's max.message.bytes drops to 4 KiB for seconds while
+// transactions mix in events of 55% and 150% of it), kafka-down-start (a
+// replica restarts with Kafka refused or black-holed for seconds and
+// records meanwhile) and pause-storm (about 10 MiB of 200 KiB events on one
+// partition, handled slowly, so its consumer queue passes its byte bound
+// again and again).
+//
+// An operator goroutine acts on the outcome as an on-call engineer would
+// (operator.go): it purges parked poison events, re-drives parked step
+// events once their key's outage is over (Admin.RequestRedrive or
+// Client.Redrive, in turns), leaves held events (parked with held_by) to
+// the framework, and retries failed outbox events once the small-limit
+// window has closed. Violations it sees: a step event parked on a key that
+// never had an outage, an outbox event marked failed although it fits the
+// limit alone. Transactions that start on a replica whose Kafka is down
+// must neither fail because of Kafka nor hang (3 s).
 //
 // A kill is abrupt: every connection of the replica (MongoDB and Kafka, all
 // dialled through a per-replica switch) is closed at once and new dials are
@@ -96,6 +130,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.transient, "transient", 5, "percent of step events whose first handling attempt fails")
 	fs.Float64Var(&cfg.poison, "poison", 0.01, "probability that a transaction also records a poison event")
 	fs.Float64Var(&cfg.abort, "abort", 0.05, "probability that a transaction aborts on purpose")
+	fs.DurationVar(&cfg.scenarioEvery, "scenario-every", 5*time.Second, "mean time between scenarios: slow handlers, downstream outages, small max.message.bytes windows, Kafka down at start, pause storms (0: none)")
+	fs.IntVar(&cfg.stormMiB, "storm-mib", 10, "MiB of 200 KiB events per pause storm (the consumer pauses a partition at 8 MiB queued)")
+	fs.DurationVar(&cfg.txnLifetime, "txn-lifetime", 3*time.Second, "the embedded MongoDB's transaction lifetime (slow handlers outlast it)")
+	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
 	fs.StringVar(&cfg.brokers, "kafka-brokers", "", "real Kafka brokers, comma-separated (default: embedded kfake)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
@@ -128,6 +166,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintln(stdout, res.summary())
+	fmt.Fprintln(stderr, "outbox-chaos: scenarios run:", res.scenarioLine())
 	for _, f := range res.Failures {
 		fmt.Fprintln(stderr, "FAIL:", f)
 	}

@@ -45,8 +45,13 @@ type replicaEnv struct {
 	sessionTimeout time.Duration
 }
 
-func startReplica(env *replicaEnv, name string) (*replica, error) {
+// startReplica starts a replica. With kafkaDown > 0 its Kafka is
+// unreachable for that long from the start (refused, or black-holed).
+func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHole bool) (*replica, error) {
 	sw := newNetSwitch()
+	if kafkaDown > 0 {
+		sw.kafkaDown(kafkaDown, blackHole)
+	}
 	mopts := options.Client().ApplyURI(env.mongoURI).
 		SetDialer(sw).
 		SetAppName(env.appName).
@@ -57,16 +62,13 @@ func startReplica(env *replicaEnv, name string) (*replica, error) {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
 	}
 	client, err := outbox.New(outbox.Config{
-		Mongo:         mc,
-		Database:      env.database,
-		Brokers:       env.brokers,
-		KafkaOptions:  []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name)},
-		Service:       env.service,
-		PublishTopics: []string{chaosTopic()},
-		MaxAttempts:   4,
-		// The checker still expects every step event handled: until it
-		// re-drives held keys (issue 12 item 8), keep the old behaviour.
-		PoisonPolicy:      outbox.SkipEvent,
+		Mongo:             mc,
+		Database:          env.database,
+		Brokers:           env.brokers,
+		KafkaOptions:      []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name)},
+		Service:           env.service,
+		PublishTopics:     []string{chaosTopic()},
+		MaxAttempts:       6,
 		RetryMinBackoff:   10 * time.Millisecond,
 		RetryMaxBackoff:   250 * time.Millisecond,
 		PublishBatchSize:  500,
