@@ -66,11 +66,13 @@ func (f *fakePauser) resumeCalls() int {
 
 // newPauseTestConsumer returns a consumer whose workers run for real but
 // whose records have no handler (so handling needs no MongoDB) and whose
-// fetch pausing is faked. Its kgo client is in no group: commits return at
+// fetch pausing is faked. PoisonPolicy SkipEvent: under HoldKey a worker
+// reads its partition's held keys from MongoDB first. Its kgo client is in no group: commits return at
 // once without a broker.
 func newPauseTestConsumer(t *testing.T) (*consumer, *fakePauser) {
 	t.Helper()
-	cfg := Config{MeterProvider: noop.NewMeterProvider(), TracerProvider: tracenoop.NewTracerProvider()}.withDefaults()
+	cfg := Config{MeterProvider: noop.NewMeterProvider(), TracerProvider: tracenoop.NewTracerProvider(),
+		PoisonPolicy: SkipEvent}.withDefaults()
 	c := &Client{cfg: cfg, handlers: map[handlerKey]*handler{}}
 	c.tel = newTelemetry(&c.cfg)
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
