@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/tuning"
 )
 
 // The consumer.
@@ -70,6 +72,20 @@ const (
 type topicPartition struct {
 	topic     string
 	partition int32
+}
+
+// queueBound returns the records and bytes at which a partition's
+// fetching pauses: maxQueue and maxQueueBytes, unless a harness shrank
+// them (internal/tuning).
+func queueBound() (records, bytes int) {
+	records, bytes = maxQueue, maxQueueBytes
+	if n := tuning.ConsumerQueueRecords.Load(); n > 0 {
+		records = int(n)
+	}
+	if n := tuning.ConsumerQueueBytes.Load(); n > 0 {
+		bytes = int(n)
+	}
+	return records, bytes
 }
 
 // fetchMap is tp in the form kgo's pause and resume calls take.
@@ -226,7 +242,8 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 			w.next = r.Offset + 1
 		}
 	}
-	if (len(w.queue) >= maxQueue || w.queuedBytes >= maxQueueBytes) && !w.paused {
+	maxRecords, maxBytes := queueBound()
+	if (len(w.queue) >= maxRecords || w.queuedBytes >= maxBytes) && !w.paused {
 		// Under w.mu, as the worker's resume (take): the two calls cannot
 		// cross, so kgo's pause state always matches w.paused.
 		w.paused = true

@@ -43,6 +43,8 @@ func TestChaosShort(t *testing.T) {
 		faultEvery:    300 * time.Millisecond,
 		scenarioEvery: 2 * time.Second,
 		txnLifetime:   2 * time.Second,
+		queueRecords:  16,
+		queueBytes:    256 << 10,
 		sameKey:       0.5,
 		quiesce:       2 * time.Minute,
 		transient:     5,

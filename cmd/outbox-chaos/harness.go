@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -52,6 +53,10 @@ type config struct {
 	txnLifetime   time.Duration // the embedded MongoDB's transaction lifetime
 	sameKey       float64       // probability that a multi-event transaction uses one key
 	stormMiB      int           // MiB of events per pause storm; 0: 10
+	// queueRecords and queueBytes shrink the consumer's per-partition queue
+	// bound (internal/tuning) so fetches pause and resume partitions all
+	// the time; 0 keeps the framework's bound.
+	queueRecords, queueBytes int
 }
 
 // result is the outcome of a run.
@@ -154,6 +159,14 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	if cfg.txnLifetime <= 0 {
 		cfg.txnLifetime = 3 * time.Second
 	}
+	// The replicas run in this process: one bound for all of them, restored
+	// when the run ends.
+	tuning.ConsumerQueueRecords.Store(int64(cfg.queueRecords))
+	tuning.ConsumerQueueBytes.Store(int64(cfg.queueBytes))
+	defer func() {
+		tuning.ConsumerQueueRecords.Store(0)
+		tuning.ConsumerQueueBytes.Store(0)
+	}()
 	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
 	topic := "chaos-" + runID
 	topicName.Store(&topic)
