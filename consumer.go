@@ -518,6 +518,8 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 		}
 		if n == 0 {
 			log.Debug("duplicate or parked event skipped", "schema", env.ContentSchema, "key", env.IdempotencyKey)
+			// Counted as the claim's errAlreadyDone is (telemetry.endHandle).
+			c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("duplicate")))
 			return nil // the next record is the suspect
 		}
 		kh.suspect = false

@@ -356,8 +356,8 @@ func TestInboxHoldIndexes(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, consumerConfig(b, "idx"))
 	ctx := context.Background()
-	require.NoError(t, c.EnsureIndexes(ctx))
-	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, ensureIndexes(ctx, c.inbox, c.inboxIndexes()...))
+	require.NoError(t, ensureIndexes(ctx, c.inbox, c.inboxIndexes()...))
 	specs, err := c.inbox.Indexes().ListSpecifications(ctx)
 	require.NoError(t, err)
 	found := false
