@@ -437,7 +437,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // case the record's offset must not be committed.
 func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kgo.Record) error {
 	log := c.cfg.Logger.With("topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
-	env, err := decodeRecord(rec)
+	env, payload, err := decodeRecord(rec)
 	if err != nil {
 		return c.parkMalformed(ctx, stop, &env, rec, err, log)
 	}
@@ -447,7 +447,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 		c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("no_handler")))
 		return nil
 	}
-	evt, err := h.decode(c, rec.Value)
+	evt, err := h.decode(c, payload)
 	if err != nil {
 		return c.parkMalformed(ctx, stop, &env, rec, err, log)
 	}
@@ -468,7 +468,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 			park := attempt >= c.cfg.MaxAttempts
 			log.Warn("handler failed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "attempt", attempt, "parked", park, "err", herr.err)
 			if nerr := c.retryInfra(ctx, stop, func() error {
-				return c.noteFailure(ctx, &env, rec.Offset, rec.Value, herr.err, park)
+				return c.noteFailure(ctx, &env, rec.Offset, payload, herr.err, park)
 			}); nerr != nil {
 				return nerr
 			}

@@ -31,7 +31,7 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 	limit := min(len(recs), c.cfg.HandleBatchSize)
 	items := make([]batchItem, 0, limit)
 	for _, rec := range recs[:limit] {
-		env, err := decodeRecord(rec)
+		env, payload, err := decodeRecord(rec)
 		if err != nil {
 			break
 		}
@@ -39,7 +39,7 @@ func (c *Client) handleBatch(ctx context.Context, recs []*kgo.Record) (handled, 
 		if h == nil {
 			break
 		}
-		evt, err := h.decode(c, rec.Value)
+		evt, err := h.decode(c, payload)
 		if err != nil {
 			break
 		}
