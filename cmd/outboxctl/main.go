@@ -10,6 +10,7 @@
 //	outboxctl [flags] parked purge (<id>... | -all)
 //	outboxctl [flags] outbox failed list
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
+//	outboxctl [flags] migrate event-outbox -partitions topic=N,...
 //
 // Flags may come before or after the command:
 //
@@ -24,6 +25,7 @@
 //	-before   only events parked before this time (RFC 3339) or this long ago (duration, e.g. 24h)
 //	-limit    list at most this many events (default 100; 0 for all)
 //	-timeout  overall deadline (default 30s)
+//	-partitions  partition counts of the topics, topic=N,... (migrate)
 //
 // Parked event ids have the form topic/schema/key, as "parked list" prints
 // them; failed outbox event ids are hex ObjectIDs.
@@ -96,6 +98,7 @@ type cliOptions struct {
 	topic, schema, before  string
 	limit                  int
 	timeout                time.Duration
+	partitions             string
 	words                  []string // command words and ids
 }
 
@@ -115,6 +118,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.before, "before", "", "only events parked before this RFC 3339 time, or this long ago (e.g. 24h)")
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "overall deadline")
+	fs.StringVar(&o.partitions, "partitions", "", "partition counts of the topics, topic=N,... (migrate event-outbox)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
   outboxctl [flags] status
@@ -123,6 +127,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] parked purge (<id>... | -all)
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
+  outboxctl [flags] migrate event-outbox -partitions topic=N,...
 flags:
 `)
 		fs.PrintDefaults()
@@ -202,6 +207,11 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 		do = o.failedList
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "retry":
 		do = o.failedRetry
+	case len(o.words) == 2 && o.words[0] == "migrate" && o.words[1] == "event-outbox":
+		if _, err := parsePartitions(o.partitions); err != nil {
+			return err
+		}
+		do = o.migrateEventOutbox
 	default:
 		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry)", cmd)
 	}
