@@ -449,7 +449,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 	}
 	evt, err := h.decode(c, payload)
 	if err != nil {
-		return c.parkMalformed(ctx, stop, &env, rec, err, log)
+		return c.parkMalformed(ctx, stop, &env, withValue(rec, payload), err, log)
 	}
 	infraFailures := 0
 	for attempt := 1; ; {

@@ -664,3 +664,12 @@ func (c *Client) wireIndexes() []mongo.IndexModel {
 	}
 	return []mongo.IndexModel{outboxIdempotencyIndex()}
 }
+
+// withValue returns a copy of r whose value is payload: what the inbox keeps
+// of a record whose payload (a structured CloudEvent's data) was decoded
+// but refused, so that a re-drive decodes the payload, not the envelope.
+func withValue(r *kgo.Record, payload []byte) *kgo.Record {
+	c := *r
+	c.Value = payload
+	return &c
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -453,4 +454,30 @@ func TestFlushErrorOtherwiseUnchanged(t *testing.T) {
 	err := flushError(3, errors.New("boom"))
 	require.NotErrorIs(t, err, ErrDuplicateEvent)
 	require.EqualError(t, err, "outbox: insert 3 events: boom")
+}
+
+// TestParkedStructuredCloudEventKeepsItsData: a structured-mode CloudEvent
+// whose data fails validation is parked with its data as the payload (what
+// a re-drive decodes), not the whole CloudEvents envelope.
+func TestParkedStructuredCloudEventKeepsItsData(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, consumerConfig(b, "pay"))
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	data := `{"run":"` + b.run + `","order_id":""}`
+	b.produceRaw(t, &kgo.Record{Topic: ordersTopic, Partition: 0, Key: []byte("o-1"),
+		Headers: []kgo.RecordHeader{{Key: "content-type", Value: []byte("application/cloudevents+json")}},
+		Value:   []byte(`{"specversion":"1.0","id":"ce-bad","source":"/x","type":"OrderPlaced.v1","data":` + data + `}`)})
+	start(t, c)
+	eventually(t, "the invalid event parked", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 1
+	})
+	parked, err := c.ParkedEvents(context.Background(), 0)
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, "ce-bad", parked[0].ID.IdempotencyKey)
+	require.Equal(t, data, parked[0].Payload)
+	require.Contains(t, parked[0].LastError, "OrderID")
+	require.Zero(t, calls.Load())
 }
