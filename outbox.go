@@ -235,7 +235,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	if err != nil {
 		return nil, err
 	}
-	wire, err := c.wireFields(e, topic, schema, key, payload, partitions)
+	wire, err := c.wireFields(e, topic, schema, key, o.idempotencyKey, payload, partitions)
 	if err != nil {
 		return nil, err
 	}

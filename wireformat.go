@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/url"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -204,12 +205,19 @@ var (
 // wireFields applies the topic's wire format and partitioning to an event
 // being recorded: it checks the payload, chooses the partition and returns
 // the fields the outbox document stores.
-func (c *Client) wireFields(e Event, topic, schema, key string, payload []byte, partitions int) (wireChoice, error) {
+func (c *Client) wireFields(e Event, topic, schema, key, idemKey string, payload []byte, partitions int) (wireChoice, error) {
 	w := wireChoice{payload: payload}
 	format := c.cfg.WireFormats[topic]
 	w.format = storedFormat(format)
 	switch format {
 	case FormatEventOutbox:
+		// JSON strings hold only UTF-8: an invalid byte would be replaced,
+		// and the body's identity would differ from the headers'.
+		for _, f := range [...]struct{ name, v string }{{"topic", topic}, {"content schema", schema}, {"partition key", key}, {"idempotency key", idemKey}} {
+			if !utf8.ValidString(f.v) {
+				return w, fmt.Errorf("%w: %s: the event-outbox format needs a UTF-8 %s", ErrInvalidEvent, schema, f.name)
+			}
+		}
 		p, err := eventOutboxPayload(e, schema, payload)
 		if err != nil {
 			return w, err

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -295,6 +296,11 @@ func TestRecordRefusesWhatTheEventOutboxFormatCannotCarry(t *testing.T) {
 	err = record(badKeyPayment{OrderID: "o-1"})
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.ErrorContains(t, err, "integer partition key")
+	err = c.Transact(ctx, func(ctx context.Context) error {
+		return Record(ctx, paymentRequested{OrderID: "o-1", Account: 7}, WithIdempotencyKey("k-\xff"))
+	})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorContains(t, err, "UTF-8 idempotency key")
 	require.Zero(t, count(t, c.outbox, bson.D{}), "nothing recorded")
 	// The same event types are fine on a native topic... of which they have
 	// none here, so check a good event goes through.
@@ -480,4 +486,33 @@ func TestParkedStructuredCloudEventKeepsItsData(t *testing.T) {
 	require.Equal(t, data, parked[0].Payload)
 	require.Contains(t, parked[0].LastError, "OrderID")
 	require.Zero(t, calls.Load())
+}
+
+// FuzzEventOutboxRoundTrip: an event-outbox record, stripped of its headers
+// as the Python library would see it, decodes to the identity it was
+// encoded with (for the UTF-8 envelopes Record lets through), or is
+// malformed; never a panic.
+func FuzzEventOutboxRoundTrip(f *testing.F) {
+	f.Add("PaymentRequested", "k", "7", int64(1767323045123), `{"a":1}`)
+	f.Add("S", "é\"<>&\u2028", "", int64(0), `{}`)
+	f.Fuzz(func(t *testing.T, schema, key, pk string, ms int64, payload string) {
+		if !utf8.ValidString(schema) || !utf8.ValidString(key) || !utf8.ValidString(pk) {
+			return // refused by Record for an event-outbox topic
+		}
+		env := Envelope{Topic: paymentsTopic, ContentSchema: schema, IdempotencyKey: key, PartitionKey: pk,
+			OccurredAt: time.UnixMilli(ms % (1 << 45)).UTC(), Format: FormatEventOutbox}
+		rec := encodeRecord(&env, []byte(payload))
+		bare := &kgo.Record{Topic: rec.Topic, Value: rec.Value}
+		got, _, err := decodeRecord(bare)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformedRecord)
+			return
+		}
+		if _, isBody := header(rec, HeaderFormat); !isBody {
+			return // not an object payload: encoded natively, no body identity
+		}
+		require.Equal(t, schema, got.ContentSchema)
+		require.Equal(t, key, got.IdempotencyKey)
+		require.True(t, env.OccurredAt.Equal(got.OccurredAt), "%v != %v", env.OccurredAt, got.OccurredAt)
+	})
 }
