@@ -4,13 +4,13 @@
 //
 // Usage:
 //
+//	outboxctl [flags] migrate event-outbox -partitions topic=N,...
 //	outboxctl [flags] status
 //	outboxctl [flags] parked list
 //	outboxctl [flags] parked redrive (<id>... | -all)
 //	outboxctl [flags] parked purge (<id>... | -all)
 //	outboxctl [flags] outbox failed list
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
-//	outboxctl [flags] migrate event-outbox -partitions topic=N,...
 //
 // Flags may come before or after the command:
 //
@@ -121,13 +121,13 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.partitions, "partitions", "", "partition counts of the topics, topic=N,... (migrate event-outbox)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
+  outboxctl [flags] migrate event-outbox -partitions topic=N,...
   outboxctl [flags] status
   outboxctl [flags] parked list
   outboxctl [flags] parked redrive (<id>... | -all)
   outboxctl [flags] parked purge (<id>... | -all)
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
-  outboxctl [flags] migrate event-outbox -partitions topic=N,...
 flags:
 `)
 		fs.PrintDefaults()
@@ -197,6 +197,11 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	cmd := strings.Join(o.words[:min(len(o.words), 3)], " ")
 	var do func(context.Context, *outbox.Admin, io.Writer) error
 	switch {
+	case len(o.words) == 2 && o.words[0] == "migrate" && o.words[1] == "event-outbox":
+		if _, err := parsePartitions(o.partitions); err != nil {
+			return err
+		}
+		do = o.migrateEventOutbox
 	case len(o.words) == 1 && o.words[0] == "status":
 		do = o.status
 	case len(o.words) == 2 && o.words[0] == "parked" && o.words[1] == "list":
@@ -207,11 +212,6 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 		do = o.failedList
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && o.words[2] == "retry":
 		do = o.failedRetry
-	case len(o.words) == 2 && o.words[0] == "migrate" && o.words[1] == "event-outbox":
-		if _, err := parsePartitions(o.partitions); err != nil {
-			return err
-		}
-		do = o.migrateEventOutbox
 	default:
 		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry)", cmd)
 	}
