@@ -441,15 +441,16 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 	if err != nil {
 		return c.parkMalformed(ctx, stop, &env, rec, err, log)
 	}
+	rec = withValue(rec, payload) // from here on the value is the handler's payload
 	h := c.handlerFor(env.Topic, env.ContentSchema)
 	if h == nil {
 		log.Info("no handler for event; acknowledged", "schema", env.ContentSchema)
 		c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("no_handler")))
 		return nil
 	}
-	evt, err := h.decode(c, payload)
+	evt, err := h.decode(c, rec.Value)
 	if err != nil {
-		return c.parkMalformed(ctx, stop, &env, withValue(rec, payload), err, log)
+		return c.parkMalformed(ctx, stop, &env, rec, err, log)
 	}
 	infraFailures := 0
 	for attempt := 1; ; {
@@ -468,7 +469,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, rec *kg
 			park := attempt >= c.cfg.MaxAttempts
 			log.Warn("handler failed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "attempt", attempt, "parked", park, "err", herr.err)
 			if nerr := c.retryInfra(ctx, stop, func() error {
-				return c.noteFailure(ctx, &env, rec.Offset, payload, herr.err, park)
+				return c.noteFailure(ctx, &env, rec.Offset, rec.Value, herr.err, park)
 			}); nerr != nil {
 				return nerr
 			}
