@@ -27,28 +27,20 @@ func flushError(n int, err error) error {
 // Config.UniqueIdempotencyKeys.
 const indexOutboxIdempotency = "outbox_idempotency"
 
-// outboxIdempotencyIndex is the unique index on the outbox's (topic,
-// content schema, idempotency key) that Config.UniqueIdempotencyKeys adds,
-// as the Python library's "idempotency" index does on its payload fields.
+// outboxIdempotencyKeys is the key of the unique index that
+// Config.UniqueIdempotencyKeys adds to the outbox (named
+// indexOutboxIdempotency): the stored topic, content schema and idempotency
+// key, as the Python library's "idempotency" index on its payload fields.
 // It holds only while the first event's document is kept: published events
 // expire after Config.OutboxRetention.
-func outboxIdempotencyIndex() mongo.IndexModel {
-	return mongo.IndexModel{
-		Keys: bson.D{
-			{Key: "topic", Value: 1},
-			{Key: "schema", Value: 1},
-			{Key: "idempotency_key", Value: 1},
-		},
-		Options: options.Index().SetName(indexOutboxIdempotency).SetUnique(true),
-	}
+func outboxIdempotencyKeys() bson.D {
+	return bson.D{{Key: "topic", Value: 1}, {Key: "schema", Value: 1}, {Key: "idempotency_key", Value: 1}}
 }
 
-// wireIndexes returns the outbox indexes the wire options need, for
-// EnsureIndexes: the idempotency index when Config.UniqueIdempotencyKeys
-// is set, none otherwise.
-func (c *Client) wireIndexes() []mongo.IndexModel {
-	if !c.cfg.UniqueIdempotencyKeys {
-		return nil
+// outboxIdempotencyIndex is that index as a driver index model.
+func outboxIdempotencyIndex() mongo.IndexModel {
+	return mongo.IndexModel{
+		Keys:    outboxIdempotencyKeys(),
+		Options: options.Index().SetName(indexOutboxIdempotency).SetUnique(true),
 	}
-	return []mongo.IndexModel{outboxIdempotencyIndex()}
 }
