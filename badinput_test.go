@@ -202,7 +202,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 	f.Fuzz(func(t *testing.T, topic, schema, key, pk string, part int32, ms int64, payload string) {
 		env := Envelope{Topic: topic, ContentSchema: schema, IdempotencyKey: key, PartitionKey: pk, Partition: part,
 			OccurredAt: time.UnixMilli(ms % (1 << 45)).UTC()}
-		got, err := decodeRecord(encodeRecord(&env, []byte(payload)))
+		got, _, err := decodeRecord(encodeRecord(&env, []byte(payload)))
 		if err != nil {
 			require.ErrorIs(t, err, ErrMalformedRecord)
 			return
@@ -230,7 +230,7 @@ func FuzzStoredDocuments(f *testing.F) {
 			env := od.envelope()
 			rec := encodeRecord(&env, []byte(od.Payload))
 			require.Equal(t, od.Topic, rec.Topic)
-			if _, err := decodeRecord(rec); err != nil {
+			if _, _, err := decodeRecord(rec); err != nil {
 				require.True(t, errors.Is(err, ErrMalformedRecord))
 			}
 		}

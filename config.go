@@ -50,6 +50,32 @@ type Config struct {
 	// event can sit unpublished forever. Defaults to none (recording
 	// refused; a consume-only service).
 	PublishTopics []string
+	// WireFormats chooses the wire format of the events recorded for a
+	// topic of PublishTopics (see Format): FormatNative, FormatEventOutbox
+	// (the Python event-outbox library's flat JSON body) or
+	// FormatCloudEvents (CloudEvents 1.0, Kafka binding, binary mode).
+	// Consumers detect the format of each record whatever this says.
+	// Defaults to none: every topic native.
+	WireFormats map[string]Format
+	// CloudEventsSource is the CloudEvents source attribute (ce_source) of
+	// the events recorded for FormatCloudEvents topics. Defaults to "/"
+	// followed by Service.
+	CloudEventsSource string
+	// EventOutboxPartitioning lists topics of PublishTopics whose events
+	// choose their partition as the Python event-outbox library does: the
+	// partition key must be a decimal integer (the empty key counts as 0)
+	// and the partition is that integer modulo the partition count, instead
+	// of Kafka's murmur2 hash of the key. Use it where Go and Python
+	// services record events of the same keys on one topic, so that both
+	// land on the same partition. Defaults to none.
+	EventOutboxPartitioning []string
+	// UniqueIdempotencyKeys adds a unique index on the outbox's topic,
+	// content schema and idempotency key, as the Python library does:
+	// recording an event a second time with the same idempotency key fails
+	// (ErrDuplicateEvent) instead of publishing it twice, as long as the
+	// first one is kept (OutboxRetention after it was published). Defaults
+	// to false.
+	UniqueIdempotencyKeys bool
 
 	// OutboxRetention is how long published outbox documents are kept before
 	// the TTL index deletes them. Defaults to 7 days.
@@ -172,6 +198,7 @@ func (p PoisonPolicy) String() string {
 var ErrConfig = errors.New("outbox: invalid config")
 
 func (c Config) withDefaults() Config {
+	c = c.wireDefaults()
 	c.OutboxCollection = cmp.Or(c.OutboxCollection, "outbox")
 	c.InboxCollection = cmp.Or(c.InboxCollection, "inbox")
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, c.Service)
@@ -252,5 +279,5 @@ func (c Config) validate() error {
 		}
 		seen[t] = true
 	}
-	return nil
+	return c.validateWire()
 }

@@ -484,10 +484,11 @@ var errRunAgain = errors.New("outbox: the transaction failed with a transient er
 // ran are retried with backoff and do not count.
 func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *keyHolds, rec *kgo.Record) error {
 	log := c.cfg.Logger.With("topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
-	env, err := decodeRecord(rec)
+	env, payload, err := decodeRecord(rec)
 	if err != nil {
 		return c.parkMalformed(ctx, stop, kh, &env, rec, err, log)
 	}
+	rec = withValue(rec, payload) // from here on the value is the handler's payload
 	h := c.handlerFor(env.Topic, env.ContentSchema)
 	if h == nil {
 		log.Info("no handler for event; acknowledged", "schema", env.ContentSchema)

@@ -34,7 +34,7 @@ func (c *Client) handleBatch(ctx context.Context, kh *keyHolds, recs []*kgo.Reco
 	limit := min(len(recs), c.cfg.HandleBatchSize)
 	items := make([]batchItem, 0, limit)
 	for _, rec := range recs[:limit] {
-		env, err := decodeRecord(rec)
+		env, payload, err := decodeRecord(rec)
 		if err != nil {
 			break
 		}
@@ -42,7 +42,7 @@ func (c *Client) handleBatch(ctx context.Context, kh *keyHolds, recs []*kgo.Reco
 		if h == nil || kh.holding(env.PartitionKey) {
 			break
 		}
-		evt, err := h.decode(c, rec.Value)
+		evt, err := h.decode(c, payload)
 		if err != nil {
 			break
 		}

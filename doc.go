@@ -119,9 +119,13 @@
 // the event's handler, within seconds; cmd/outboxctl offers all of this on
 // the command line.
 //
-// # Wire format
+// # Wire formats
 //
-// See the constants HeaderVersion and following: value = the event's JSON,
-// key = the partition key, headers for the content schema, idempotency key,
-// occurred-at time and W3C trace context.
+// The native format (see the constants HeaderVersion and following): value
+// = the event's JSON, key = the partition key, headers for the content
+// schema, idempotency key, occurred-at time and W3C trace context. A topic
+// may instead use the Python event-outbox library's flat JSON body or
+// CloudEvents 1.0 (Kafka binding, binary mode): Config.WireFormats, and the
+// Format type for the exact layouts. Consumers detect the format of every
+// record, and park as malformed a record that carries no idempotency key.
 package outbox

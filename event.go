@@ -46,6 +46,13 @@ type Envelope struct {
 	// event was recorded. Empty when there was none.
 	TraceParent string
 	TraceState  string
+	// Format is the wire format of the record: the one the event is
+	// published in, or the one a consumer detected in the record it
+	// received. FormatNative unless Config.WireFormats says otherwise.
+	Format Format
+	// Source is the CloudEvents source attribute (FormatCloudEvents only;
+	// Config.CloudEventsSource when recorded). Empty for other formats.
+	Source string
 }
 
 // RecordOption adjusts the envelope of one recorded event.

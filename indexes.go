@@ -57,7 +57,7 @@ type indexSpec struct {
 // outboxIndexes are the indexes of the outbox collection.
 func (c *Client) outboxIndexes() []indexSpec {
 	ttl := int32(c.cfg.OutboxRetention.Seconds())
-	return []indexSpec{
+	specs := []indexSpec{
 		{
 			name:    indexOutboxPending,
 			keys:    bson.D{{Key: "topic", Value: 1}, {Key: "partition", Value: 1}, {Key: "seq", Value: 1}, {Key: "_id", Value: 1}},
@@ -75,6 +75,10 @@ func (c *Client) outboxIndexes() []indexSpec {
 			ttl:     &ttl,
 		},
 	}
+	if c.cfg.UniqueIdempotencyKeys {
+		specs = append(specs, indexSpec{name: indexOutboxIdempotency, keys: outboxIdempotencyKeys(), unique: true})
+	}
+	return specs
 }
 
 // inboxIndexes are the indexes of the inbox collection. Only a client that
@@ -113,7 +117,10 @@ func (c *Client) inboxIndexes() []indexSpec {
 //     it owns, in order);
 //   - outbox_published_ttl: TTL on published_at where published is true,
 //     deleting published events after Config.OutboxRetention;
-//   - outbox_failed: {failed_at} where failed is true, for operators.
+//   - outbox_failed: {failed_at} where failed is true, for operators;
+//   - outbox_idempotency, with Config.UniqueIdempotencyKeys: unique on
+//     {topic, schema, idempotency_key}, so an event recorded twice fails
+//     with ErrDuplicateEvent.
 //
 // When handlers are registered (the client consumes), it first checks that
 // the inbox collection belongs to Config.ConsumerGroup, stamping it for that

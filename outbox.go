@@ -12,8 +12,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
-
-	"github.com/event-outbox/outbox/kafkax"
 )
 
 // ErrNoTransaction is returned by Record when its context does not come
@@ -38,6 +36,10 @@ type outboxDoc struct {
 	Payload        string        `bson:"payload"` // the event's JSON
 	TraceParent    string        `bson:"traceparent,omitempty"`
 	TraceState     string        `bson:"tracestate,omitempty"`
+	// Format is the wire format chosen when the event was recorded (see
+	// Format); empty for native. Source is its CloudEvents source.
+	Format string `bson:"format,omitempty"`
+	Source string `bson:"source,omitempty"`
 	// Seq orders events for publishing. It is stored as an empty timestamp,
 	// which MongoDB replaces at insert with a fresh tick of its cluster
 	// clock: a transaction that starts after another committed always gets
@@ -65,6 +67,8 @@ func (d *outboxDoc) envelope() Envelope {
 		OccurredAt:     d.OccurredAt,
 		TraceParent:    d.TraceParent,
 		TraceState:     d.TraceState,
+		Format:         formatOfStored(d.Format),
+		Source:         d.Source,
 	}
 }
 
@@ -167,7 +171,7 @@ func (tx *txState) flush(ctx context.Context) error {
 		return nil
 	}
 	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
-		return fmt.Errorf("outbox: insert %d events: %w", len(tx.docs), err)
+		return flushError(len(tx.docs), err)
 	}
 	if tx.counts == nil {
 		tx.counts = map[string]int64{}
@@ -244,17 +248,23 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	if err != nil {
 		return nil, err
 	}
+	wire, err := c.wireFields(e, topic, schema, key, o.idempotencyKey, payload, partitions)
+	if err != nil {
+		return nil, err
+	}
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
 	return &outboxDoc{
 		ID:             bson.NewObjectID(),
 		Topic:          topic,
-		Partition:      kafkax.Partition([]byte(key), partitions),
+		Partition:      wire.partition,
 		Key:            key,
 		Schema:         schema,
 		IdempotencyKey: o.idempotencyKey,
 		OccurredAt:     o.occurredAt.UTC().Truncate(time.Millisecond),
-		Payload:        string(payload),
+		Payload:        string(wire.payload),
+		Format:         wire.format,
+		Source:         wire.source,
 		TraceParent:    carrier.Get(HeaderTraceParent),
 		TraceState:     carrier.Get(HeaderTraceState),
 		CreatedAt:      now,

@@ -208,7 +208,7 @@ func TestPublisherBacklogThenLive(t *testing.T) {
 	require.Zero(t, checkDelivery(t, r, recs))
 	// Records carry the wire format and their stored partition.
 	for _, rec := range recs {
-		env, err := decodeRecord(rec)
+		env, _, err := decodeRecord(rec)
 		require.NoError(t, err)
 		require.Equal(t, rec.Partition, env.Partition)
 	}

@@ -3,15 +3,18 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"mime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Wire format, version 1.
+// Native wire format, version 1: the default of Config.WireFormats (see
+// Format for the Python event-outbox and CloudEvents formats).
 //
-// A Kafka record written by the publisher has:
+// A native Kafka record written by the publisher has:
 //
 //   - Key: the event's partition key (UTF-8 bytes), so tools and consumers
 //     outside the framework see ordinary keyed records.
@@ -48,8 +51,20 @@ const (
 // into an event envelope. The consumer parks such records at once.
 var ErrMalformedRecord = errors.New("outbox: malformed record")
 
-// encodeRecord builds the Kafka record of an event.
+// encodeRecord builds the Kafka record of an event in its format
+// (env.Format; see Format).
 func encodeRecord(env *Envelope, payload []byte) *kgo.Record {
+	switch env.Format {
+	case FormatEventOutbox:
+		return encodeEventOutbox(env, payload)
+	case FormatCloudEvents:
+		return encodeCloudEvents(env, payload)
+	}
+	return encodeNative(env, payload)
+}
+
+// encodeNative builds the native (version 1) record of an event.
+func encodeNative(env *Envelope, payload []byte) *kgo.Record {
 	headers := make([]kgo.RecordHeader, 0, 7)
 	headers = append(headers,
 		kgo.RecordHeader{Key: HeaderVersion, Value: []byte(WireVersion)},
@@ -73,10 +88,45 @@ func encodeRecord(env *Envelope, payload []byte) *kgo.Record {
 	}
 }
 
-// decodeRecord reads the envelope of a Kafka record. It never panics; every
-// failure wraps ErrMalformedRecord and names what is wrong.
-func decodeRecord(r *kgo.Record) (Envelope, error) {
+// decodeRecord reads the envelope and the payload (the JSON a handler
+// decodes) of a Kafka record, in whichever format it was written (see
+// Format for the detection). It never panics; every failure wraps
+// ErrMalformedRecord and names what is wrong; the payload is then the
+// record's value.
+func decodeRecord(r *kgo.Record) (Envelope, []byte, error) {
+	if _, ok := header(r, HeaderVersion); ok {
+		env, err := decodeNative(r)
+		return env, r.Value, err
+	}
+	if _, ok := header(r, headerCESpecVersion); ok {
+		return decodeCloudEventsBinary(r)
+	}
+	if ct, ok := header(r, HeaderContentType); ok {
+		if mt, _, err := mime.ParseMediaType(ct); err == nil && strings.HasPrefix(mt, "application/cloudevents") {
+			if mt != contentTypeCEJSON {
+				env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatCloudEvents}
+				return env, r.Value, malformed("unsupported CloudEvents content-type %q (want %s)", mt, contentTypeCEJSON)
+			}
+			return decodeCloudEventsStructured(r)
+		}
+	}
+	env, looksLike, err := decodeEventOutbox(r)
+	if !looksLike {
+		env.Format = FormatNative
+		return env, r.Value, malformed("unknown format: missing header %s (native), no %s header (CloudEvents), "+
+			"and the value is not an event-outbox JSON object (no topic, content_schema or idempotency_key field)",
+			HeaderVersion, headerCESpecVersion)
+	}
+	return env, r.Value, err
+}
+
+// decodeNative reads a native record, or an event-outbox record written by
+// this framework (the native headers and outbox-format "event-outbox").
+func decodeNative(r *kgo.Record) (Envelope, error) {
 	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key)}
+	if f, _ := header(r, HeaderFormat); f == FormatEventOutbox.String() {
+		env.Format = FormatEventOutbox
+	}
 	var version, occurred string
 	var seen [3]bool
 	for _, h := range r.Headers {

@@ -16,7 +16,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	rec := encodeRecord(&env, []byte(`{"order_id":"o-1"}`))
 	require.Equal(t, []byte("o-1"), rec.Key)
 	require.Equal(t, int32(3), rec.Partition)
-	got, err := decodeRecord(rec)
+	got, _, err := decodeRecord(rec)
 	require.NoError(t, err)
 	require.Equal(t, env, got)
 }
@@ -57,10 +57,10 @@ func TestDecodeRecordRejectsBadHeaders(t *testing.T) {
 		"garbage occurred-at": with(HeaderOccurredAt, "\xff\xfe"),
 	}
 	for name, headers := range cases {
-		_, err := decodeRecord(&kgo.Record{Topic: "t", Headers: headers})
+		_, _, err := decodeRecord(&kgo.Record{Topic: "t", Headers: headers})
 		require.True(t, errors.Is(err, ErrMalformedRecord), "%s: %v", name, err)
 	}
-	_, err := decodeRecord(&kgo.Record{Topic: "t", Headers: good()})
+	_, _, err := decodeRecord(&kgo.Record{Topic: "t", Headers: good()})
 	require.NoError(t, err)
 }
 
@@ -74,7 +74,7 @@ func FuzzDecodeRecord(f *testing.F) {
 			{Key: HeaderIdempotencyKey, Value: key},
 			{Key: HeaderOccurredAt, Value: occurred},
 		}}
-		env, err := decodeRecord(rec)
+		env, _, err := decodeRecord(rec)
 		if err != nil {
 			require.ErrorIs(t, err, ErrMalformedRecord)
 			return

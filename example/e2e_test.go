@@ -62,10 +62,17 @@ type runningReplica struct {
 // stops in t.Cleanup.
 func setup(t *testing.T, n int) *shop {
 	t.Helper()
+	return setupFormat(t, n, outbox.FormatNative)
+}
+
+// setupFormat is setup with the payments context publishing in format.
+func setupFormat(t *testing.T, n int, format outbox.Format) *shop {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	st, err := startEmbedded(t.Context(), log)
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
+	st.paymentsFormat = format
 	s := &shop{t: t, stack: st}
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -222,6 +229,60 @@ func TestOrderIsPaidOrFailed(t *testing.T) {
 		require.Equal(t, http.StatusOK, code, "body: %v", body)
 		require.Equal(t, name, body["service"], "body: %v", body)
 		require.Equal(t, true, body["running"], "body: %v", body)
+	}
+}
+
+// TestOrderFlowInEachPaymentsFormat runs the orders/payments flow with the
+// payments context publishing in each wire format (-payments-format), and
+// checks the payments records on Kafka are in that format.
+func TestOrderFlowInEachPaymentsFormat(t *testing.T) {
+	t.Parallel()
+	for _, format := range []outbox.Format{outbox.FormatNative, outbox.FormatEventOutbox, outbox.FormatCloudEvents} {
+		t.Run(format.String(), func(t *testing.T) {
+			t.Parallel()
+			s := setupFormat(t, 1, format)
+			r := s.replicas[0]
+			paid := r.createOrder(t, "ada", 42)
+			declined := r.createOrder(t, "bob", creditLimit+1)
+			require.Equal(t, StatusPaid, r.waitSettled(t, paid)["status"])
+			require.Equal(t, StatusFailed, r.waitSettled(t, declined)["status"])
+			r.waitDrained(t)
+
+			cl, err := kgo.NewClient(kgo.SeedBrokers(s.stack.brokers...), kgo.ConsumeTopics(paymentsTopic),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			require.NoError(t, err)
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var recs []*kgo.Record
+			for len(recs) < 2 {
+				fs := cl.PollFetches(ctx)
+				require.NoError(t, ctx.Err(), "read %d of 2 payments records", len(recs))
+				fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+			}
+			for _, rec := range recs {
+				headers := map[string]string{}
+				for _, h := range rec.Headers {
+					headers[h.Key] = string(h.Value)
+				}
+				var body map[string]any
+				require.NoError(t, json.Unmarshal(rec.Value, &body))
+				switch format {
+				case outbox.FormatNative:
+					require.Equal(t, "1", headers["outbox-version"])
+					require.NotContains(t, body, "content_schema")
+				case outbox.FormatEventOutbox:
+					require.Equal(t, "event-outbox", headers["outbox-format"])
+					require.Equal(t, paymentsTopic, body["topic"])
+					require.Contains(t, []any{"PaymentCompleted.v1", "PaymentFailed.v1"}, body["content_schema"])
+					require.NotEmpty(t, body["idempotency_key"])
+				case outbox.FormatCloudEvents:
+					require.Equal(t, "1.0", headers["ce_specversion"])
+					require.Equal(t, "/payments", headers["ce_source"])
+					require.Contains(t, []string{"PaymentCompleted.v1", "PaymentFailed.v1"}, headers["ce_type"])
+				}
+			}
+		})
 	}
 }
 
@@ -423,4 +484,18 @@ func (s *shop) statusCoverage(t *testing.T, reps []*runningReplica) (map[string]
 		}
 	}
 	return seen, problem
+}
+
+func TestPaymentsFormatFlag(t *testing.T) {
+	t.Parallel()
+	noenv := func(string) string { return "" }
+	err := run(t.Context(), []string{"-payments-format", "avro"}, noenv, io.Discard)
+	require.ErrorContains(t, err, `unknown wire format "avro"`)
+	env := func(k string) string {
+		if k == envPaymentsFormat {
+			return "xml"
+		}
+		return ""
+	}
+	require.ErrorContains(t, run(t.Context(), nil, env, io.Discard), `unknown wire format "xml"`)
 }

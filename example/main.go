@@ -19,15 +19,19 @@
 // With no environment it starts the embedded MongoDB server and kfake
 // in-process; with MONGODB_URI and KAFKA_BROKERS it uses real servers (see
 // stack.go for TLS and SASL settings). -replicas N runs N replicas against
-// the same servers on consecutive HTTP ports.
+// the same servers on consecutive HTTP ports. -payments-format (or
+// PAYMENTS_WIRE_FORMAT) publishes the payments context's events in another
+// wire format: event-outbox (the Python event-outbox library's) or
+// cloudevents; the orders context reads any of them.
 //
 // Usage:
 //
-//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-v]
+//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-payments-format native] [-v]
 //	go run ./example -healthcheck http://127.0.0.1:8080/healthz
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -42,6 +46,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/event-outbox/outbox"
 )
 
 func main() {
@@ -65,8 +71,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	replicas := fs.Int("replicas", 1, "number of replicas to run against the same servers")
 	verbose := fs.Bool("v", false, "debug logs, including the framework's")
 	health := fs.String("healthcheck", "", "GET this URL, exit 0 on a 2xx answer and 1 otherwise (for container health checks)")
+	paymentsFormat := fs.String("payments-format", cmp.Or(getenv(envPaymentsFormat), "native"),
+		"wire format of the payments context's events: native, event-outbox or cloudevents (default $"+envPaymentsFormat+" or native)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	format, err := outbox.ParseFormat(*paymentsFormat)
+	if err != nil {
+		return fmt.Errorf("-payments-format: %w", err)
 	}
 	if *health != "" {
 		return healthcheck(ctx, *health)
@@ -90,6 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		return err
 	}
 	defer st.Close()
+	st.paymentsFormat = format
 
 	var reps []*replica
 	for i, ln := range listeners {

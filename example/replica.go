@@ -70,6 +70,9 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 		cfg.Database = db
 		cfg.Service = service
 		cfg.PublishTopics = []string{topic}
+		if topic == paymentsTopic && st.paymentsFormat != outbox.FormatNative {
+			cfg.WireFormats = map[string]outbox.Format{topic: st.paymentsFormat}
+		}
 		cfg.Logger = log.With("service", service)
 		cfg.MeterProvider = m.forService(service)
 		clientID := fmt.Sprintf("outbox-example-%s-%d-r%d-%s", host, os.Getpid(), id, service)

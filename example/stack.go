@@ -20,6 +20,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -33,6 +34,10 @@ const (
 	envSASLPassword  = "KAFKA_SASL_PASSWORD"  // SASL password (never logged)
 	envSASLMechanism = "KAFKA_SASL_MECHANISM" // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; defaults to PLAIN
 	envPartitions    = "KAFKA_PARTITIONS"     // partitions of topics the example creates; defaults to 6
+	// envPaymentsFormat is the wire format of the payments context's
+	// events (native, event-outbox or cloudevents); -payments-format
+	// overrides it.
+	envPaymentsFormat = "PAYMENTS_WIRE_FORMAT"
 )
 
 // defaultPartitions is the partition count of the example's topics. It caps
@@ -50,6 +55,9 @@ type stack struct {
 	// use it to inject faults.
 	kfake   *kfake.Cluster
 	closers []func()
+	// paymentsFormat is the wire format the payments context publishes
+	// in; the zero value is native.
+	paymentsFormat outbox.Format
 }
 
 // Close disconnects and stops what the stack started, in reverse order.

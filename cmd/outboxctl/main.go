@@ -4,6 +4,7 @@
 //
 // Usage:
 //
+//	outboxctl [flags] migrate event-outbox -partitions topic=N,...
 //	outboxctl [flags] status
 //	outboxctl [flags] parked list
 //	outboxctl [flags] parked redrive (<id>... | -all)
@@ -29,6 +30,7 @@
 //	-before   only events parked before this time (RFC 3339) or this long ago (duration, e.g. 24h)
 //	-limit    list at most this many events (default 100; 0 for all)
 //	-timeout  overall deadline (default 30s)
+//	-partitions  partition counts of the topics, topic=N,... (migrate)
 //
 // Parked event ids have the form topic/schema/key, as "parked list" prints
 // them; failed outbox event ids are hex ObjectIDs. "parked list" shows each
@@ -106,6 +108,7 @@ type cliOptions struct {
 	topic, schema, before  string
 	limit                  int
 	timeout                time.Duration
+	partitions             string
 	words                  []string // command words and ids
 	// ui only
 	addr, brokers, services string
@@ -133,8 +136,10 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
+	fs.StringVar(&o.partitions, "partitions", "", "partition counts of the topics, topic=N,... (migrate event-outbox)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
+  outboxctl [flags] migrate event-outbox -partitions topic=N,...
   outboxctl [flags] status
   outboxctl [flags] parked list
   outboxctl [flags] parked redrive (<id>... | -all)
@@ -215,6 +220,11 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	}
 	var do func(context.Context, *outbox.Admin, io.Writer) error
 	switch {
+	case len(o.words) == 2 && o.words[0] == "migrate" && o.words[1] == "event-outbox":
+		if _, err := parsePartitions(o.partitions); err != nil {
+			return err
+		}
+		do = o.migrateEventOutbox
 	case len(o.words) == 1 && o.words[0] == "status":
 		do = o.status
 	case len(o.words) == 2 && o.words[0] == "parked" && o.words[1] == "list":

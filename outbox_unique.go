@@ -1,0 +1,37 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// ErrDuplicateEvent is returned (wrapped) when recording an event whose
+// topic, content schema and idempotency key are those of an event already in
+// the outbox, with Config.UniqueIdempotencyKeys.
+var ErrDuplicateEvent = errors.New("outbox: an event with this topic, content schema and idempotency key is already in the outbox")
+
+// flushError wraps the error of the outbox insert of n events: a duplicate
+// key error can only come from the idempotency index (the _id is new).
+func flushError(n int, err error) error {
+	if mongo.IsDuplicateKeyError(err) {
+		return fmt.Errorf("%w (Config.UniqueIdempotencyKeys): insert %d events: %w", ErrDuplicateEvent, n, err)
+	}
+	return fmt.Errorf("outbox: insert %d events: %w", n, err)
+}
+
+// indexOutboxIdempotency is the name of the unique index of
+// Config.UniqueIdempotencyKeys.
+const indexOutboxIdempotency = "outbox_idempotency"
+
+// outboxIdempotencyKeys is the key of the unique index that
+// Config.UniqueIdempotencyKeys adds to the outbox (named
+// indexOutboxIdempotency): the stored topic, content schema and idempotency
+// key, as the Python library's "idempotency" index on its payload fields.
+// It holds only while the first event's document is kept: published events
+// expire after Config.OutboxRetention.
+func outboxIdempotencyKeys() bson.D {
+	return bson.D{{Key: "topic", Value: 1}, {Key: "schema", Value: 1}, {Key: "idempotency_key", Value: 1}}
+}

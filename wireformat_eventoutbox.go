@@ -1,0 +1,187 @@
+package outbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// eventOutboxPayload checks and re-encodes an event's JSON for the flat
+// event-outbox body: it must be an object, none of whose fields is named
+// like an envelope field. It is encoded without HTML escaping, as pydantic
+// writes strings.
+func eventOutboxPayload(e Event, schema string, payload []byte) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
+		return nil, fmt.Errorf("%w: %w: %s encodes to %.40q", ErrInvalidEvent, ErrPayloadNotObject, schema, payload)
+	}
+	for _, name := range eventOutboxFields {
+		if _, ok := fields[name]; ok {
+			return nil, fmt.Errorf("%w: %w: %s has a field %q", ErrInvalidEvent, ErrEnvelopeCollision, schema, name)
+		}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(e); err != nil {
+		return nil, fmt.Errorf("%w: %s: encode JSON: %v", ErrInvalidEvent, schema, err)
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// appendJSONString appends s as a JSON string, without HTML escaping.
+func appendJSONString(b []byte, s string) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s) // a string always encodes
+	return append(b, bytes.TrimRight(buf.Bytes(), "\n")...)
+}
+
+// pydanticTime formats t as pydantic 2 serialises an aware UTC datetime:
+// microseconds, none when they are zero, and "Z".
+func pydanticTime(t time.Time) string {
+	t = t.UTC()
+	if t.Nanosecond()/1000 == 0 {
+		return t.Format(pydanticSecondLayout)
+	}
+	return t.Format(pydanticTimeLayout)
+}
+
+// eventOutboxBody lays out the flat body of an event-outbox record: the
+// envelope fields in the library's order, then the payload's fields. ok is
+// false when the payload is not a JSON object (Record refuses those for an
+// event-outbox topic, so only a hand-written outbox document can be one).
+func eventOutboxBody(env *Envelope, payload []byte) (body []byte, ok bool) {
+	rest := bytes.TrimSpace(payload)
+	if len(rest) < 2 || rest[0] != '{' {
+		return nil, false
+	}
+	rest = bytes.TrimSpace(rest[1:])
+	b := make([]byte, 0, len(payload)+160)
+	b = append(b, `{"topic":`...)
+	b = appendJSONString(b, env.Topic)
+	b = append(b, `,"content_schema":`...)
+	b = appendJSONString(b, env.ContentSchema)
+	if n, err := integerKey(env.PartitionKey); err == nil {
+		b = append(b, `,"partition_key":`...)
+		b = strconv.AppendInt(b, n, 10)
+	}
+	b = append(b, `,"idempotency_key":`...)
+	b = appendJSONString(b, env.IdempotencyKey)
+	b = append(b, `,"occurred_at":`...)
+	b = appendJSONString(b, pydanticTime(env.OccurredAt))
+	if rest[0] != '}' {
+		b = append(b, ',')
+	}
+	return append(b, rest...), true
+}
+
+// encodeEventOutbox builds an event-outbox record: the flat body, and the
+// native headers plus outbox-format, so that native consumers read it too.
+func encodeEventOutbox(env *Envelope, payload []byte) *kgo.Record {
+	body, ok := eventOutboxBody(env, payload)
+	if !ok {
+		return encodeNative(env, payload)
+	}
+	rec := encodeNative(env, body)
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderFormat, Value: []byte(FormatEventOutbox.String())})
+	return rec
+}
+
+// decodeEventOutbox reads a record without a known header as the Python
+// library's flat body. The payload is the whole body (a handler's type
+// ignores the envelope fields). looksLike is false when the value is not a
+// JSON object with any of the library's identity fields: then it is no
+// event-outbox record either.
+func decodeEventOutbox(r *kgo.Record) (env Envelope, looksLike bool, err error) {
+	env = Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatEventOutbox}
+	trimmed := bytes.TrimSpace(r.Value)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return env, false, nil
+	}
+	var body map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &body); err != nil {
+		return env, false, nil
+	}
+	_, hasTopic := body["topic"]
+	_, hasSchema := body["content_schema"]
+	_, hasKey := body["idempotency_key"]
+	if !hasTopic && !hasSchema && !hasKey {
+		return env, false, nil
+	}
+	str := func(field string) (string, error) {
+		raw, ok := body[field]
+		if !ok || string(raw) == "null" {
+			return "", malformed("event-outbox record: missing field %s", field)
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", malformed("event-outbox record: field %s is not a string", field)
+		}
+		if s == "" {
+			return "", malformed("event-outbox record: empty field %s", field)
+		}
+		return s, nil
+	}
+	topic, err := str("topic")
+	if err != nil {
+		return env, true, err
+	}
+	if topic != r.Topic {
+		return env, true, malformed("event-outbox record: field topic %q differs from the record's topic %q", topic, r.Topic)
+	}
+	if env.ContentSchema, err = str("content_schema"); err != nil {
+		return env, true, err
+	}
+	if env.IdempotencyKey, err = str("idempotency_key"); err != nil {
+		// The library would invent a random key here, which makes every
+		// delivery a new event: refuse instead.
+		return env, true, err
+	}
+	if err := checkIdentity(&env, "field content_schema", "field idempotency_key"); err != nil {
+		return env, true, err
+	}
+	if r.Key == nil {
+		n, err := eventOutboxPartitionKey(body["partition_key"])
+		if err != nil {
+			return env, true, err
+		}
+		env.PartitionKey = strconv.FormatInt(n, 10)
+	}
+	if raw, ok := body["occurred_at"]; ok && string(raw) != "null" {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return env, true, malformed("event-outbox record: field occurred_at is not a string")
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return env, true, malformed("event-outbox record: field occurred_at: %v", err)
+		}
+		env.OccurredAt = t.UTC()
+	}
+	return env, true, nil
+}
+
+// eventOutboxPartitionKey reads the library's integer partition_key: a JSON
+// integer or a string holding one (pydantic's lax mode accepts both);
+// absent means 0, the library's default.
+func eventOutboxPartitionKey(raw json.RawMessage) (int64, error) {
+	if raw == nil || string(raw) == "null" {
+		return 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		s = string(raw)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, malformed("event-outbox record: field partition_key %s is not an integer", raw)
+	}
+	return n, nil
+}
