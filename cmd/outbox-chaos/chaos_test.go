@@ -52,6 +52,14 @@ func TestChaosShort(t *testing.T) {
 		abort:         0.05,
 		progress:      &progress,
 	}
+	if raceEnabled {
+		// kfake's SleepControl races with itself (bsleep.enqueue updates a
+		// queued request's fields while its waitQueue goroutine reads them,
+		// kfake cluster.go), which the race detector reports against the
+		// test. The stalls still run in builds without -race and in the
+		// long runs.
+		cfg.skip = map[actionKind]bool{fKafkaProduceStall: true, fKafkaFetchStall: true}
+	}
 	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
 		cfg.progress = os.Stderr
 	}

@@ -247,7 +247,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	res.Leaked = len(leaked)
 	res.Parked, res.Held = len(parkedSeen), len(heldSeen)
 	for _, id := range unexpected {
-		failN("parked-unexpected", "step event %s parked although its key's downstream never failed", id)
+		failN("parked-unexpected", "step event %s parked although its key had no outage and no poison event (%s)", id, h.op.unexpected[id])
 	}
 	h.inj.mu.Lock()
 	malformed, uncertain := h.inj.malformed, h.inj.uncertain

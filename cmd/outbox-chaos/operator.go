@@ -43,21 +43,21 @@ type operator struct {
 	rng   *rand.Rand
 
 	mu         sync.Mutex
-	parked     map[string]bool // heads seen parked
-	held       map[string]bool // events seen held
-	unexpected map[string]bool // step events parked on keys without an outage
-	innocent   map[string]bool // innocent events seen failed in the outbox
-	oversize   map[string]bool // oversize events seen failed
-	redrives   int             // re-drive requests and calls made
-	purges     int             // poison events purged
-	retries    int64           // failed events retried
+	parked     map[string]bool   // heads seen parked
+	held       map[string]bool   // events seen held
+	unexpected map[string]string // step events parked on keys without an outage or poison event: why they were parked
+	innocent   map[string]bool   // innocent events seen failed in the outbox
+	oversize   map[string]bool   // oversize events seen failed
+	redrives   int               // re-drive requests and calls made
+	purges     int               // poison events purged
+	retries    int64             // failed events retried
 }
 
 const operatorEvery = 500 * time.Millisecond
 
 func newOperator(h *harness) *operator {
 	return &operator{h: h, admin: outbox.NewAdmin(h.db, "outbox", "inbox"), rng: rand.New(rand.NewPCG(h.cfg.seed, 0x0e7)),
-		parked: map[string]bool{}, held: map[string]bool{}, unexpected: map[string]bool{},
+		parked: map[string]bool{}, held: map[string]bool{}, unexpected: map[string]string{},
 		innocent: map[string]bool{}, oversize: map[string]bool{}}
 }
 
@@ -83,6 +83,8 @@ type parkedView struct {
 	Key                string         `bson:"partition_key"`
 	HeldBy             bson.RawValue  `bson:"held_by"`
 	RedriveRequestedAt *time.Time     `bson:"redrive_requested_at"`
+	Attempts           int32          `bson:"attempts"`
+	LastError          string         `bson:"last_error"`
 }
 
 func (v *parkedView) isHeld() bool {
@@ -99,7 +101,8 @@ func (o *operator) tick(ctx context.Context) error {
 func (o *operator) parkedEvents(ctx context.Context) error {
 	var docs []parkedView
 	err := o.h.findAll(ctx, "inbox", bson.D{{Key: "parked", Value: true}},
-		bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "held_by", Value: 1}, {Key: "redrive_requested_at", Value: 1}}, &docs)
+		bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "held_by", Value: 1}, {Key: "redrive_requested_at", Value: 1},
+			{Key: "attempts", Value: 1}, {Key: "last_error", Value: 1}}, &docs)
 	if err != nil {
 		return err
 	}
@@ -120,8 +123,8 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 			if strings.HasPrefix(d.ID.IdempotencyKey, "malformed") || strings.HasPrefix(d.Key, "malformed") {
 				continue
 			}
-			if !o.h.work.hadOutage(d.Key) {
-				o.unexpected[id] = true
+			if !o.h.work.mayPark(d.Key) {
+				o.unexpected[id] = fmt.Sprintf("attempts %d, last error %q", d.Attempts, d.LastError)
 			}
 			o.h.work.sawParked(d.Key)
 			if o.h.work.isDown(d.Key) {

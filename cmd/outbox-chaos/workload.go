@@ -105,6 +105,11 @@ type workload struct {
 	// its events exhaust MaxAttempts and are parked.
 	outMu   sync.Mutex
 	outages map[string]*outage // by key: the current (last) outage
+	// poisoned holds the keys a poison event was recorded for (maybe in a
+	// transaction that then aborted): under HoldKey their later step
+	// events are held behind it, and released (parked, then re-driven) when
+	// the operator purges it.
+	poisoned map[string]bool
 }
 
 // outage is one key's downstream outage. It lasts until `until` and, when
@@ -240,6 +245,12 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 			}
 		}
 		if p.poison {
+			w.outMu.Lock()
+			if w.poisoned == nil {
+				w.poisoned = map[string]bool{}
+			}
+			w.poisoned[p.keys[0]] = true
+			w.outMu.Unlock()
 			id := w.newID()
 			if err := outbox.Record(ctx, poisonEvent{Key: p.keys[0], ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
 				return err
@@ -384,12 +395,14 @@ func (w *workload) sawParked(key string) {
 	}
 }
 
-// hadOutage reports whether key's downstream was ever down: only such
-// keys may have parked step events.
-func (w *workload) hadOutage(key string) bool {
+// mayPark reports whether key's step events may be parked: its downstream
+// was down once, or a poison event of the key held them (a released held
+// event is parked until its re-drive, and a re-drive that meets a
+// transient failure leaves it parked).
+func (w *workload) mayPark(key string) bool {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	return w.outages[key] != nil
+	return w.outages[key] != nil || w.poisoned[key]
 }
 
 // endOutages ends every outage (quiescence).
