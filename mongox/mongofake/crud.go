@@ -87,14 +87,41 @@ func checkStorable(doc bson.D, top bool) error {
 	return nil
 }
 
-// writeCtx runs one statement: in the transaction, or auto-committed.
+// runWrite runs one statement: in the transaction, or auto-committed. A
+// statement of a retryable write passes the onPrimaryTransactionalWrite fail
+// point after it ran and before it commits.
 func runWrite(r *request, tc *txnCtx, fn func(v *engine.View) error) error {
 	ctx, cancel, err := r.opCtx()
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	return r.srv.engine.Write(ctx, tc.txn, fn)
+	if !tc.retryable {
+		return r.srv.engine.Write(ctx, tc.txn, fn)
+	}
+	var fp *failPoint
+	checked := false // a statement that blocked runs fn again: fire once
+	return r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
+		if err := fn(v); err != nil {
+			return err
+		}
+		if !checked {
+			checked = true
+			fp = r.srv.fp.fire(fpTransactionalWrite)
+		}
+		if fp == nil {
+			return nil
+		}
+		if fp.closeConnection {
+			r.dropConn = true
+		}
+		if fp.failBeforeCommit != 0 {
+			r.noRetryRecord = true
+			return errorf(fp.failBeforeCommit, codeName(fp.failBeforeCommit),
+				fmt.Sprintf("Failing write for txnNumber %d due to failpoint. The write must not be reflected.", *r.txnNumber))
+		}
+		return nil
+	})
 }
 
 func cmdInsert(r *request, tc *txnCtx) (bson.D, error) {

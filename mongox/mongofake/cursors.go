@@ -303,6 +303,17 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 		c.lastUse = time.Now()
 		d.mu.Unlock()
 	}()
+	if fp := r.srv.fp.fire(fpFailGetMore); fp != nil {
+		// mongod kills a cursor whose getMore failed.
+		d.mu.Lock()
+		delete(d.cursors, id)
+		d.mu.Unlock()
+		e := errorf(fp.errorCode, codeName(fp.errorCode), "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint")
+		if c.stream != nil && resumableChangeStreamCodes[fp.errorCode] {
+			e.Labels = append(e.Labels, labelResumableChangeStream)
+		}
+		return nil, e
+	}
 	if c.stream != nil {
 		out, closed, err := c.stream.getMore(r, tc, batchSize)
 		if err != nil || closed {

@@ -72,6 +72,10 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	}
 
 	out, err := s.run(spec, r)
+	if r.dropConn {
+		s.logger.Debug("mongofake: onPrimaryTransactionalWrite closes the connection", "conn", c.id, "command", r.name)
+		return nil, true
+	}
 	if err != nil {
 		return s.errorReply(r, err, nil), false
 	}
@@ -289,6 +293,20 @@ const (
 	labelRetryableWrite       = "RetryableWriteError"
 	labelTransientTransaction = "TransientTransactionError"
 )
+
+// labelResumableChangeStream marks a change stream getMore error after
+// which the driver resumes (mongod 4.4+).
+const labelResumableChangeStream = "ResumableChangeStreamError"
+
+// resumableChangeStreamCodes are the errors after which mongod labels a
+// change stream's failed getMore ResumableChangeStreamError: network,
+// not-primary, shutdown and stale-routing errors, RetryChangeStream and
+// FailedToSatisfyReadPreference.
+var resumableChangeStreamCodes = map[int32]bool{
+	6: true, 7: true, 89: true, 91: true, 189: true, 262: true, 9001: true,
+	10107: true, 11600: true, 11602: true, 13435: true, 13436: true,
+	63: true, 150: true, 13388: true, 234: true, 133: true,
+}
 
 // retryableCodes are the codes mongod treats as retriable
 // (ErrorCodes::isRetriableError): network, not-primary and shutdown errors.

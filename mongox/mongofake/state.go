@@ -290,7 +290,7 @@ func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
 		if err != nil {
 			return nil, convertErr(err)
 		}
-		if tc.retryable && retryableWriteCommands[r.name] {
+		if tc.retryable && retryableWriteCommands[r.name] && !r.noRetryRecord {
 			tc.sess.retry = &retryRecord{txnNumber: *r.txnNumber, reply: out}
 		}
 		return out, nil
