@@ -57,19 +57,16 @@ func prepareInsert(v any) (bson.D, error) {
 		rest := slices.Delete(slices.Clone(doc), idx, idx+1)
 		doc = append(bson.D{id}, rest...)
 	}
-	if err := checkStorable(doc, true); err != nil {
+	if err := checkStorable(doc); err != nil {
 		return nil, err
 	}
 	return doc, nil
 }
 
-// checkStorable rejects field names a stored document may not have.
-func checkStorable(doc bson.D, top bool) error {
-	for _, e := range doc {
-		if top && strings.HasPrefix(e.Key, "$") {
-			return errorf(52, "DollarPrefixedFieldName", fmt.Sprintf("Document can't have $ prefixed field names: %s", e.Key))
-		}
-	}
+// checkStorable rejects what a stored document may not hold. Field names
+// starting with '$' or containing '.' are allowed anywhere but inside _id,
+// as on MongoDB 5.0+.
+func checkStorable(doc bson.D) error {
 	if id, ok := bsonkit.Get(doc, "_id"); ok {
 		switch x := id.(type) {
 		case bson.A:
@@ -244,9 +241,6 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 	if !hasU {
 		return nil, errorf(40414, "Location40414", "BSON field 'update.updates.u' is missing but a required field")
 	}
-	if _, isPipeline := uArg.(bson.A); isPipeline {
-		return nil, errorf(238, "NotImplemented", "mongofake: pipeline-style updates are not supported")
-	}
 	u, err := update.Parse(uArg)
 	if err != nil {
 		return nil, err
@@ -336,7 +330,7 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		if bsonkit.Equal(old, nd) && sameFieldTypes(old, nd) {
 			continue
 		}
-		if err := checkStorable(nd, true); err != nil {
+		if err := checkStorable(nd); err != nil {
 			return nil, err
 		}
 		var desc *engine.UpdateDescription
