@@ -15,7 +15,7 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, UpdatePipelines, Query, Aggregate, Indexes, Transactions, ChangeStreams,
+// (CRUD, UpdatePipelines, Let, Query, Aggregate, Indexes, Transactions, ChangeStreams,
 // ClusterTime, Catalog, FailPoints, Unsupported). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
@@ -24,6 +24,7 @@ func Run(t *testing.T, env EnvFunc) {
 	}{
 		{"CRUD", crudCases},
 		{"UpdatePipelines", updatePipelineCases},
+		{"Let", letCases},
 		{"Query", queryCases},
 		{"Aggregate", aggregateCases},
 		{"Indexes", indexCases},

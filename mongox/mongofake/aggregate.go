@@ -31,9 +31,6 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 	if explain, _ := r.boolArg("explain", false); explain {
 		return nil, errorf(238, "NotImplemented", "mongofake: aggregate explain is not supported")
 	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: aggregate option 'let' is not supported")
-	}
 	if v, ok := r.get("collation"); ok {
 		if err := checkCollation(v); err != nil {
 			return nil, err
@@ -79,7 +76,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, errorf(238, "NotImplemented", "mongofake: database-level aggregate is only supported with $changeStream; first stage: "+name)
 	}
 	ns := engine.NS{DB: r.db, Coll: coll}
-	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()})
+	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars})
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +86,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 	if len(stages) > 0 {
 		if first, ok := stages[0].(bson.D); ok && len(first) == 1 && first[0].Key == "$match" {
 			if f, ok := first[0].Value.(bson.D); ok {
-				if m, err := query.Compile(f); err == nil {
+				if m, err := query.CompileWithVars(f, r.vars); err == nil {
 					q = engine.Query{Filter: f, Match: m.Match}
 				}
 			}

@@ -29,6 +29,9 @@ type request struct {
 	startTransaction bool
 	readConcern      bson.D
 	writeConcern     bson.D
+	// vars are the command's let parameters, evaluated (set by
+	// dataCommand before the handler runs).
+	vars bson.D
 
 	// Set by handlers (the request is owned by one goroutine).
 	// dropConn closes the connection once the command has run, without a

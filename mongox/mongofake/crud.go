@@ -182,7 +182,7 @@ type updateSpec struct {
 	arrayFilters []bson.D
 }
 
-func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
+func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, error) {
 	st, ok := raw.(bson.D)
 	if !ok {
 		return nil, errorf(14, "TypeMismatch", "update statements must be objects")
@@ -233,7 +233,12 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 				return nil, errorf(238, "NotImplemented", "mongofake: update option 'sort' is not supported")
 			}
 		case "c":
-			return nil, errorf(238, "NotImplemented", "mongofake: update option 'c' (let constants) is not supported")
+			c, ok := e.Value.(bson.D)
+			if !ok {
+				return nil, wrongType("update.updates.c", e.Value, "object")
+			}
+			// Statement constants, literal values that shadow let.
+			vars = append(slices.Clone(vars), c...)
 		default:
 			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field 'update.updates.%s' is an unknown field.", e.Key))
 		}
@@ -241,7 +246,7 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 	if !hasU {
 		return nil, errorf(40414, "Location40414", "BSON field 'update.updates.u' is missing but a required field")
 	}
-	u, err := update.Parse(uArg)
+	u, err := update.ParseWithVars(uArg, vars)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +254,7 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 	if s.multi && u.IsReplacement() {
 		return nil, errorf(9, "FailedToParse", "multi update is not supported for replacement-style update")
 	}
-	q, err := compileFilter(s.filter)
+	q, err := compileFilter(s.filter, vars)
 	if err != nil {
 		return nil, err
 	}
@@ -369,9 +374,6 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "updates", "ordered", "bypassDocumentValidation", "let", "stmtIds", "stmtId"); err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: update option 'let' is not supported")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -388,7 +390,7 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	n, nModified := 0, 0
 	now := r.srv.engine.Now()
 	for i, raw := range stmts {
-		s, err := parseUpdateStmt(raw, true)
+		s, err := parseUpdateStmt(raw, true, r.vars)
 		var res *updateResult
 		if err == nil {
 			err = runWrite(r, tc, func(v *engine.View) error {
@@ -425,9 +427,6 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "deletes", "ordered", "let", "stmtIds", "stmtId"); err != nil {
 		return nil, err
-	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: delete option 'let' is not supported")
 	}
 	ns, err := r.ns()
 	if err != nil {
@@ -480,7 +479,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 				return errorf(40414, "Location40414", "BSON field 'delete.deletes.limit' is missing but a required field")
 			}
 			var err error
-			q, err = compileFilter(filter)
+			q, err = compileFilter(filter, r.vars)
 			q.Limit = int(limit)
 			return err
 		}()
@@ -524,9 +523,6 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "query", "sort", "remove", "update", "new", "fields", "upsert",
 		"bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"); err != nil {
 		return nil, err
-	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: findAndModify option 'let' is not supported")
 	}
 	ns, err := r.ns()
 	if err != nil {
@@ -589,7 +585,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	lastErr := bson.D{}
 	now := r.srv.engine.Now()
 	if remove {
-		q, err := compileFilter(filter)
+		q, err := compileFilter(filter, r.vars)
 		if err != nil {
 			return nil, err
 		}
@@ -618,7 +614,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, err
 		}
 	} else {
-		s, err := parseUpdateStmt(stmt, false)
+		s, err := parseUpdateStmt(stmt, false, r.vars)
 		if err != nil {
 			return nil, err
 		}
@@ -694,7 +690,7 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 	if limit < 0 {
 		limit = -limit
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars)
 	if err != nil {
 		return nil, err
 	}
@@ -736,7 +732,7 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, err
 		}
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars)
 	if err != nil {
 		return nil, err
 	}

@@ -161,7 +161,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
 	}
-	for _, f := range []string{"let", "min", "max"} {
+	for _, f := range []string{"min", "max"} {
 		if v, ok := r.get(f); ok && v != nil {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
@@ -208,7 +208,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars)
 	if err != nil {
 		return nil, err
 	}
@@ -411,7 +411,7 @@ func compileProjection(r *request, spec, filter bson.D) (func(bson.D) bson.D, er
 		return nil, err
 	}
 	pipe, perr := pipeline.Compile(bson.A{bson.D{{Key: "$project", Value: spec}}},
-		pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()})
+		pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars})
 	if perr != nil {
 		return nil, err
 	}

@@ -286,6 +286,9 @@ func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
 		if tc.retryable && tc.sess.retry != nil && tc.sess.retry.txnNumber == *r.txnNumber {
 			return tc.sess.retry.reply, nil
 		}
+		if err := r.parseLet(); err != nil {
+			return nil, err
+		}
 		out, err := h(r, tc)
 		if err != nil {
 			return nil, convertErr(err)
@@ -485,9 +488,10 @@ func checkCollation(v any) error {
 	return errorf(238, "NotImplemented", "mongofake: collations other than {locale: \"simple\"} are not supported")
 }
 
-// compileFilter compiles a query filter into an engine query.
-func compileFilter(filter bson.D) (engine.Query, error) {
-	m, err := query.Compile(filter)
+// compileFilter compiles a query filter into an engine query; vars are the
+// command's let parameters, visible to $expr.
+func compileFilter(filter bson.D, vars bson.D) (engine.Query, error) {
+	m, err := query.CompileWithVars(filter, vars)
 	if err != nil {
 		return engine.Query{}, err
 	}
@@ -527,4 +531,49 @@ func docSize(v any) int {
 		return 2 + len(x.Pattern) + len(x.Options)
 	}
 	return 8
+}
+
+// parseLet evaluates the command's let parameters into r.vars. Each value
+// is an aggregation expression evaluated once, without a document; names
+// follow MongoDB's rules for user variables.
+func (r *request) parseLet() error {
+	v, ok := r.get("let")
+	if !ok || v == nil {
+		return nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return wrongType(r.name+".let", v, "object")
+	}
+	env := pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()}
+	vars := make(bson.D, 0, len(d))
+	for _, e := range d {
+		if err := checkVarName(e.Key); err != nil {
+			return err
+		}
+		val, err := pipeline.Eval(e.Value, nil, env)
+		if err != nil {
+			return convertErr(err)
+		}
+		vars = append(vars, bson.E{Key: e.Key, Value: val})
+	}
+	r.vars = vars
+	return nil
+}
+
+// checkVarName applies MongoDB's rule for user variable names: a lowercase
+// ASCII letter or a non-ASCII character first, then letters, digits and '_'.
+func checkVarName(name string) error {
+	if name == "" {
+		return errorf(16866, "Location16866", "empty variable names are not allowed")
+	}
+	for i, c := range name {
+		switch {
+		case i == 0 && !(c >= 'a' && c <= 'z') && c < 0x80:
+			return errorf(16870, "Location16870", fmt.Sprintf("'%s' starts with an invalid character for a user variable name", name))
+		case c < 0x80 && !(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') && c != '_':
+			return errorf(16871, "Location16871", fmt.Sprintf("'%s' contains an invalid character for a variable name: '%c'", name, c))
+		}
+	}
+	return nil
 }

@@ -22,7 +22,7 @@ type stage interface {
 }
 
 // stageParser compiles the argument of one stage.
-type stageParser func(arg any) (stage, error)
+type stageParser func(arg any, vars bson.D) (stage, error)
 
 // stageParsers is the stage table (filled in init to break the
 // initialization cycle through $facet).
@@ -52,8 +52,8 @@ func init() {
 		"$skip":        parseSkip,
 		"$limit":       parseLimit,
 		"$project":     parseProject,
-		"$addFields":   func(arg any) (stage, error) { return parseAddFields("$addFields", arg) },
-		"$set":         func(arg any) (stage, error) { return parseAddFields("$set", arg) },
+		"$addFields":   func(arg any, vars bson.D) (stage, error) { return parseAddFields("$addFields", arg, vars) },
+		"$set":         func(arg any, vars bson.D) (stage, error) { return parseAddFields("$set", arg, vars) },
 		"$unset":       parseUnset,
 		"$group":       parseGroup,
 		"$count":       parseCount,
@@ -69,8 +69,8 @@ func init() {
 
 // compileExprPredicate backs the query matcher's $expr: the expression is
 // compiled once; an evaluation error makes the document not match.
-func compileExprPredicate(expr any) (func(doc bson.D) bool, error) {
-	e, err := CompileExpr(expr)
+func compileExprPredicate(expr any, vars bson.D) (func(doc bson.D) bool, error) {
+	e, err := CompileExprWithVars(expr, vars)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func Compile(stages bson.A, env Env) (*Pipeline, error) {
 			}
 			return nil, errf(40324, "Unrecognized pipeline stage name: '%s'", name)
 		}
-		st, err := parse(arg)
+		st, err := parse(arg, env.Vars)
 		if err != nil {
 			return nil, err
 		}

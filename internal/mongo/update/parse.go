@@ -18,6 +18,7 @@ type Update struct {
 	replacement bson.D // set for replacement updates
 	isRepl      bool
 	stages      bson.A // set for pipeline-style updates
+	vars        bson.D // let parameters visible to the pipeline
 	mods        []*mod // in application order
 	// identifiers lists the $[<identifier>] names used in paths.
 	identifiers map[string]bool
@@ -63,6 +64,12 @@ func (u *Update) IsReplacement() bool { return u.isRepl }
 // pipeline-style update: $addFields/$set, $project/$unset and
 // $replaceRoot/$replaceWith stages.
 func Parse(u any) (*Update, error) {
+	return ParseWithVars(u, nil)
+}
+
+// ParseWithVars is Parse with user variables (a command's let parameters,
+// already evaluated) visible as $$name in a pipeline-style update.
+func ParseWithVars(u any, vars bson.D) (*Update, error) {
 	var d bson.D
 	switch x := u.(type) {
 	case bson.D:
@@ -73,9 +80,9 @@ func Parse(u any) (*Update, error) {
 			d = bson.D{}
 		}
 	case bson.A:
-		return parsePipeline(x)
+		return parsePipeline(x, vars)
 	case []any:
-		return parsePipeline(bson.A(x))
+		return parsePipeline(bson.A(x), vars)
 	default:
 		return nil, newErr(CodeFailedToParse, "Update argument must be either an object or an array, found type %s", typeName(u))
 	}
