@@ -27,6 +27,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Let", letCases},
 		{"Query", queryCases},
 		{"Aggregate", aggregateCases},
+		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
 		{"Transactions", txnCases},
 		{"ChangeStreams", changeStreamCases},

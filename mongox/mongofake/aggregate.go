@@ -66,17 +66,30 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(40602, "Location40602", "$changeStream is only valid as the first stage in a pipeline.")
 		}
 	}
+	stages, writeStage, err := splitWriteStage(stages)
+	if err != nil {
+		return nil, err
+	}
 	if coll == "" {
-		name := "(none)"
-		if len(stages) > 0 {
-			if d, ok := stages[0].(bson.D); ok && len(d) > 0 {
-				name = d[0].Key
-			}
+		if len(stages) == 0 {
+			return nil, errorf(238, "NotImplemented", "mongofake: a database-level aggregate needs a first stage ($documents, $listLocalSessions or $changeStream)")
 		}
-		return nil, errorf(238, "NotImplemented", "mongofake: database-level aggregate is only supported with $changeStream; first stage: "+name)
+		src, err := dbLevelSource(r, stages[0])
+		if err != nil {
+			return nil, err
+		}
+		p, err := pipeline.Compile(stages[1:], pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
+		if err != nil {
+			return nil, err
+		}
+		out, err := p.Run(src)
+		if err != nil {
+			return nil, err
+		}
+		return aggregateResult(r, tc, engine.NS{DB: r.db, Coll: "$cmd.aggregate"}, out, writeStage, batchSize, hasBatch)
 	}
 	ns := engine.NS{DB: r.db, Coll: coll}
-	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars})
+	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
 	if err != nil {
 		return nil, err
 	}
@@ -105,5 +118,31 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	return aggregateResult(r, tc, ns, out, writeStage, batchSize, hasBatch)
+}
+
+// aggregateResult writes the output with the final $out or $merge stage
+// (and answers an empty cursor), or returns it as the first batch.
+func aggregateResult(r *request, tc *txnCtx, ns engine.NS, out []bson.D, writeStage bson.D, batchSize int, hasBatch bool) (bson.D, error) {
+	if writeStage != nil {
+		if err := runWriteStage(r, tc, writeStage, out); err != nil {
+			return nil, err
+		}
+		return cursorReply(0, ns.String(), "firstBatch", bson.A{}), nil
+	}
 	return r.srv.data.firstBatch(r, tc, ns, out, nil, batchSize, hasBatch, 0, false), nil
+}
+
+// lookupFn reads a collection of the command's database for $lookup, in
+// the command's transaction when it has one.
+func lookupFn(r *request, tc *txnCtx) func(coll string) ([]bson.D, error) {
+	return func(coll string) ([]bson.D, error) {
+		var docs []bson.D
+		err := r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+			var err error
+			docs, err = v.Find(engine.NS{DB: r.db, Coll: coll}, engine.Query{})
+			return err
+		})
+		return docs, convertErr(err)
+	}
 }

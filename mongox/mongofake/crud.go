@@ -228,10 +228,7 @@ func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, erro
 			if err := checkCollation(e.Value); err != nil {
 				return nil, err
 			}
-		case "hint", "upsertSupplied", "sort":
-			if e.Key == "sort" && e.Value != nil {
-				return nil, errorf(238, "NotImplemented", "mongofake: update option 'sort' is not supported")
-			}
+		case "hint", "upsertSupplied":
 		case "c":
 			c, ok := e.Value.(bson.D)
 			if !ok {
@@ -391,6 +388,11 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	now := r.srv.engine.Now()
 	for i, raw := range stmts {
 		s, err := parseUpdateStmt(raw, true, r.vars)
+		if ce, ok := err.(*cmdError); ok && ce.Code == 40415 {
+			// The command's parser rejects unknown statement fields (like
+			// 'sort', new in 8.0) before any statement runs.
+			return nil, err
+		}
 		var res *updateResult
 		if err == nil {
 			err = runWrite(r, tc, func(v *engine.View) error {

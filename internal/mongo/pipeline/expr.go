@@ -18,6 +18,9 @@ type Env struct {
 	// command's let parameters, already evaluated), in order. A $let,
 	// $map, $filter or $reduce variable of the same name shadows one.
 	Vars bson.D
+	// Lookup returns the documents of a collection of the same database,
+	// for $lookup. nil makes $lookup fail.
+	Lookup func(coll string) ([]bson.D, error)
 }
 
 // evalFn is a compiled expression.
@@ -30,6 +33,7 @@ type ctx struct {
 	now     bson.DateTime
 	cluster bson.Timestamp
 	vars    []binding
+	lookup  func(coll string) ([]bson.D, error)
 }
 
 type binding struct {
@@ -42,7 +46,7 @@ func newCtx(doc bson.D, env *Env) *ctx {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	return &ctx{root: doc, current: doc, now: bson.NewDateTimeFromTime(now), cluster: env.ClusterTime}
+	return &ctx{root: doc, current: doc, now: bson.NewDateTimeFromTime(now), cluster: env.ClusterTime, lookup: env.Lookup}
 }
 
 // reset points the context at another document.
@@ -62,7 +66,7 @@ func (c *ctx) lookupVar(name string) any {
 // Eval evaluates an aggregation expression against doc. A missing result
 // (an absent field, $$REMOVE) is returned as nil.
 func Eval(expr any, doc bson.D, env Env) (any, error) {
-	fn, err := CompileExpr(expr)
+	fn, err := CompileExprWithVars(expr, env.Vars)
 	if err != nil {
 		return nil, err
 	}

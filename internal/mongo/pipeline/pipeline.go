@@ -30,7 +30,7 @@ var stageParsers map[string]stageParser
 
 // unsupportedStages are real MongoDB stages this server does not run.
 var unsupportedStages = map[string]bool{
-	"$lookup": true, "$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
+	"$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
 	"$search": true, "$searchMeta": true, "$vectorSearch": true, "$unionWith": true,
 	"$bucket": true, "$bucketAuto": true, "$sample": true, "$densify": true, "$fill": true,
 	"$setWindowFields": true, "$documents": true, "$listLocalSessions": true,
@@ -63,6 +63,7 @@ func init() {
 		"$sortByCount": parseSortByCount,
 		"$facet":       parseFacet,
 		"$redact":      parseRedact,
+		"$lookup":      parseLookup,
 	}
 	query.SetExprCompiler(compileExprPredicate)
 }
