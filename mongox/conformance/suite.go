@@ -15,7 +15,7 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, UpdatePipelines, Let, Query, Aggregate, Indexes, Transactions, ChangeStreams,
+// (CRUD, UpdatePipelines, Let, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams,
 // ClusterTime, Catalog, FailPoints, Unsupported). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
@@ -30,6 +30,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
 		{"Transactions", txnCases},
+		{"SnapshotReads", snapshotCases},
 		{"ChangeStreams", changeStreamCases},
 		{"ClusterTime", clusterTimeCases},
 		{"Catalog", catalogCases},

@@ -106,7 +106,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		var err error
 		docs, err = v.Find(ns, q)
 		return err
@@ -138,7 +138,7 @@ func aggregateResult(r *request, tc *txnCtx, ns engine.NS, out []bson.D, writeSt
 func lookupFn(r *request, tc *txnCtx) func(coll string) ([]bson.D, error) {
 	return func(coll string) ([]bson.D, error) {
 		var docs []bson.D
-		err := r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+		err := r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 			var err error
 			docs, err = v.Find(engine.NS{DB: r.db, Coll: coll}, engine.Query{})
 			return err

@@ -697,7 +697,7 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	var n int64
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		docs, err := v.Find(ns, q)
 		n = int64(len(docs))
 		return err
@@ -739,7 +739,7 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		var err error
 		docs, err = v.Find(ns, q)
 		return err

@@ -226,7 +226,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 		q.Limit = int(limit)
 	}
 	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		var err error
 		docs, err = v.Find(ns, q)
 		return err

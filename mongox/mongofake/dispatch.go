@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
 )
 
 // dispatch runs one command and builds its reply. legacyDB is the database
@@ -78,6 +80,9 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	}
 	if err != nil {
 		return s.errorReply(r, err, nil), false
+	}
+	if wce := unsatisfiableWriteConcern(r); wce != nil && !hasKey(out, "writeConcernError") {
+		out = append(out, bson.E{Key: "writeConcernError", Value: wce})
 	}
 	if fp != nil && fp.wce != nil {
 		out = append(removeKey(out, "writeConcernError"), bson.E{Key: "writeConcernError", Value: fp.wce})
@@ -458,4 +463,28 @@ func codeName(code int32) string {
 		return n
 	}
 	return "Location" + strconv.Itoa(int(code))
+}
+
+// unsatisfiableWriteConcern returns the writeConcernError a single-node
+// replica set reports after applying a write whose write concern it cannot
+// satisfy: w greater than its one data-bearing member (100
+// UnsatisfiableWriteConcern) or a w tag mode it has no rule for (79
+// UnknownReplWriteConcern). nil when the write concern is satisfiable.
+func unsatisfiableWriteConcern(r *request) bson.D {
+	w, ok := bsonkit.Get(r.writeConcern, "w")
+	if !ok {
+		return nil
+	}
+	if mode, isStr := w.(string); isStr {
+		if mode == "majority" {
+			return nil
+		}
+		return bson.D{{Key: "code", Value: int32(79)}, {Key: "codeName", Value: "UnknownReplWriteConcern"},
+			{Key: "errmsg", Value: fmt.Sprintf("No write concern mode named '%s' found in replica set configuration", mode)}}
+	}
+	if n, isNum := wholeNumber(w); isNum && n > 1 {
+		return bson.D{{Key: "code", Value: int32(100)}, {Key: "codeName", Value: "UnsatisfiableWriteConcern"},
+			{Key: "errmsg", Value: "Not enough data-bearing nodes"}}
+	}
+	return nil
 }

@@ -36,6 +36,7 @@ type Txn struct {
 	id       uint64
 	Meta     TxnMeta
 	auto     bool // one auto-committed statement
+	pin      bool // a read-only Snapshot holding history
 	started  time.Time
 	snapshot bson.Timestamp
 	hasSnap  bool
@@ -134,7 +135,7 @@ func (t *Txn) AbortWithReason(reason string) {
 }
 
 func (e *Engine) expiredLocked(t *Txn) bool {
-	if t.auto || e.opts.Now().Sub(t.started) <= e.opts.TransactionLifetime {
+	if t.auto || e.opts.Now().Sub(t.started) <= e.lifetime(t) {
 		return false
 	}
 	e.abortLocked(t, "transaction exceeded its lifetime")
@@ -250,6 +251,7 @@ func (e *Engine) pruneDirtyLocked(t *Txn) {
 		return
 	}
 	minTS, bounded := e.minSnapshotLocked()
+	e.advanceFloorLocked(minTS, bounded)
 	if bounded == e.pruneBounded && minTS == e.pruneMin {
 		for _, c := range t.order {
 			if _, ok := e.dirty[c]; ok && e.pruneLocked(c, minTS, bounded) {
@@ -371,6 +373,9 @@ func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error
 }
 
 func (e *Engine) useTxnLocked(t *Txn) error {
+	if t.pin && (t.state != TxnActive || e.expiredLocked(t)) {
+		return errSnapshotTooOld(t.snapshot)
+	}
 	if t.state == TxnAborted {
 		return errNoSuchTxn(t)
 	}
