@@ -40,12 +40,19 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	prePost := false
 	for i, e := range r.cmd {
 		if i == 0 || genericFields[e.Key] {
 			continue
 		}
 		switch e.Key {
-		case "capped", "timeseries", "viewOn", "pipeline", "clusteredIndex", "changeStreamPreAndPostImages", "encryptedFields", "validator":
+		case "changeStreamPreAndPostImages":
+			en, err := prePostArg("create", e.Value)
+			if err != nil {
+				return nil, err
+			}
+			prePost = en
+		case "capped", "timeseries", "viewOn", "pipeline", "clusteredIndex", "encryptedFields", "validator":
 			if b, ok := e.Value.(bool); ok && !b {
 				continue
 			}
@@ -80,7 +87,36 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	defer cancel()
-	return bson.D{}, r.srv.engine.CreateCollection(ctx, ns)
+	if err := r.srv.engine.CreateCollection(ctx, ns); err != nil {
+		return nil, err
+	}
+	if prePost {
+		return bson.D{}, r.srv.engine.SetPrePostImages(ctx, ns, true)
+	}
+	return bson.D{}, nil
+}
+
+// prePostArg parses changeStreamPreAndPostImages: {enabled: <bool>}.
+func prePostArg(cmd string, v any) (bool, error) {
+	d, ok := v.(bson.D)
+	if !ok {
+		return false, wrongType(cmd+".changeStreamPreAndPostImages", v, "object")
+	}
+	enabled, found := false, false
+	for _, e := range d {
+		if e.Key != "enabled" {
+			return false, errorf(40415, "Location40415", fmt.Sprintf("BSON field '%s.changeStreamPreAndPostImages.%s' is an unknown field.", cmd, e.Key))
+		}
+		b, ok := e.Value.(bool)
+		if !ok {
+			return false, wrongType(cmd+".changeStreamPreAndPostImages.enabled", e.Value, "bool")
+		}
+		enabled, found = b, true
+	}
+	if !found {
+		return false, errorf(40414, "Location40414", fmt.Sprintf("BSON field '%s.changeStreamPreAndPostImages.enabled' is missing but a required field", cmd))
+	}
+	return enabled, nil
 }
 
 func cmdDrop(r *request, tc *txnCtx) (bson.D, error) {
@@ -140,7 +176,7 @@ func cmdListCollections(r *request, tc *txnCtx) (bson.D, error) {
 			d = bson.D{
 				{Key: "name", Value: c.Name},
 				{Key: "type", Value: "collection"},
-				{Key: "options", Value: bson.D{}},
+				{Key: "options", Value: collOptions(c)},
 				{Key: "info", Value: bson.D{{Key: "readOnly", Value: false}, {Key: "uuid", Value: c.UUID}}},
 				{Key: "idIndex", Value: bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "name", Value: "_id_"}}},
 			}
@@ -315,3 +351,11 @@ func cmdCollStats(r *request, _ *txnCtx) (bson.D, error) {
 
 // keep bsonkit imported for helpers used by several files.
 var _ = bsonkit.Equal
+
+// collOptions is the options document listCollections reports.
+func collOptions(c engine.CollectionInfo) bson.D {
+	if c.PrePostImages {
+		return bson.D{{Key: "changeStreamPreAndPostImages", Value: bson.D{{Key: "enabled", Value: true}}}}
+	}
+	return bson.D{}
+}

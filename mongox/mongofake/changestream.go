@@ -67,6 +67,8 @@ type changeStream struct {
 	db, coll     string // db "" = whole cluster; coll "" = whole database
 	pipe         *pipeline.Pipeline
 	fullDocument string
+	// fullDocumentBeforeChange is off, whenAvailable or required.
+	beforeChange string
 	pos          engine.Position // last oplog position consumed
 	pbrt         resumeToken
 	closed       bool
@@ -85,7 +87,7 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 	if !ok {
 		return nil, errorf(50808, "Location50808", "$changeStream stage expects a document as argument")
 	}
-	cs := &changeStream{srv: r.srv, db: r.db, coll: coll, fullDocument: "default"}
+	cs := &changeStream{srv: r.srv, db: r.db, coll: coll, fullDocument: "default", beforeChange: "off"}
 	var resume *resumeToken
 	var startAfter, startAt bool
 	var startTS bson.Timestamp
@@ -101,8 +103,12 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 				return nil, errorf(2, "BadValue", fmt.Sprintf("'%v' is not a valid fullDocument option", e.Value))
 			}
 		case "fullDocumentBeforeChange":
-			if s, _ := e.Value.(string); s != "off" {
-				return nil, errorf(238, "NotImplemented", fmt.Sprintf("mongofake: $changeStream fullDocumentBeforeChange '%v' is not supported (pre-images)", e.Value))
+			s, _ := e.Value.(string)
+			switch s {
+			case "off", "whenAvailable", "required":
+				cs.beforeChange = s
+			default:
+				return nil, errorf(2, "BadValue", fmt.Sprintf("'%v' is not a valid fullDocumentBeforeChange option", e.Value))
 			}
 		case "resumeAfter", "startAfter":
 			t, err := parseToken(e.Value)
@@ -325,6 +331,7 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			return nil, nil
 		}
 	}
+	var beforeChange bson.E
 	d := bson.D{
 		{Key: "_id", Value: tok.doc()},
 		{Key: "operationType", Value: string(en.Op)},
@@ -347,8 +354,29 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			})
 			d = append(d, bson.E{Key: "fullDocument", Value: cur})
 		case "whenAvailable", "required":
-			d = append(d, bson.E{Key: "fullDocument", Value: en.Doc})
+			// The post-image exists only where pre- and post-images are
+			// recorded (changeStreamPreAndPostImages).
+			if !en.Images && cs.fullDocument == "required" {
+				return nil, errorf(47, "NoMatchingDocument", fmt.Sprintf(
+					"Change stream was configured to require a post-image for all update events, but the post-image was not found for the event at %v on %s", en.TS, en.NS))
+			}
+			var post any
+			if en.Images {
+				post = en.Doc
+			}
+			d = append(d, bson.E{Key: "fullDocument", Value: post})
 		}
+	}
+	if cs.beforeChange != "off" && (en.Op == engine.OpUpdate || en.Op == engine.OpReplace || en.Op == engine.OpDelete) {
+		if !en.Images && cs.beforeChange == "required" {
+			return nil, errorf(47, "NoMatchingDocument", fmt.Sprintf(
+				"Change stream was configured to require a pre-image for all update, delete and replace events, but the pre-image was not found for the event at %v on %s", en.TS, en.NS))
+		}
+		var pre any
+		if en.Images {
+			pre = en.Pre
+		}
+		beforeChange = bson.E{Key: "fullDocumentBeforeChange", Value: pre}
 	}
 	nsDoc := bson.D{{Key: "db", Value: en.NS.DB}}
 	if en.Op != engine.OpDropDatabase {
@@ -375,6 +403,9 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			{Key: "removedFields", Value: rem},
 			{Key: "truncatedArrays", Value: bson.A{}},
 		}})
+	}
+	if beforeChange.Key != "" {
+		d = append(d, beforeChange)
 	}
 	if en.TxnNumber != nil {
 		d = append(d, bson.E{Key: "txnNumber", Value: *en.TxnNumber}, bson.E{Key: "lsid", Value: en.LSID})

@@ -286,6 +286,20 @@ func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
 			}
 		case "validationLevel", "validationAction":
 			// meaningless without a validator
+		case "changeStreamPreAndPostImages":
+			en, err := prePostArg("collMod", e.Value)
+			if err != nil {
+				return nil, err
+			}
+			ctx, cancel, err := r.opCtx()
+			if err != nil {
+				return nil, err
+			}
+			err = r.srv.engine.SetPrePostImages(ctx, ns, en)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
 		default:
 			return nil, errorf(238, "NotImplemented", "mongofake: collMod option '"+e.Key+"' is not supported")
 		}

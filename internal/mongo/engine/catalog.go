@@ -27,6 +27,9 @@ type collection struct {
 	stale   int
 	indexes []*index // indexes[0] is _id_
 	created bson.Timestamp
+	// prePostImages is the changeStreamPreAndPostImages option: change
+	// events of updates, replaces and deletes carry the document's images.
+	prePostImages bool
 	// pending is the open transaction that created the collection
 	// implicitly: the catalog hides it from others until something commits
 	// into it.
@@ -113,6 +116,8 @@ func (c *chain) anyVersionHas(ix *index, hash string) bool {
 type CollectionInfo struct {
 	Name string
 	UUID bson.Binary
+	// PrePostImages is the changeStreamPreAndPostImages option.
+	PrePostImages bool
 }
 
 // DatabaseInfo describes a database for listDatabases.
@@ -345,7 +350,7 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 		if c.pending != nil {
 			continue
 		}
-		out = append(out, CollectionInfo{Name: n, UUID: c.uuid})
+		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages})
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -637,4 +642,18 @@ func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D
 		return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + FormatValue(key) + " for ns " + ns.String()}
 	})
 	return old, err
+}
+
+// SetPrePostImages sets a collection's changeStreamPreAndPostImages
+// option; writes from then on record their images. It fails with 26
+// NamespaceNotFound when the collection does not exist.
+func (e *Engine) SetPrePostImages(ctx context.Context, ns NS, enabled bool) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		c.prePostImages = enabled
+		return nil
+	})
 }

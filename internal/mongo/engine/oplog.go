@@ -35,6 +35,11 @@ type Entry struct {
 	// Doc is the post-image for insert, update and replace.
 	Doc    bson.D
 	Update *UpdateDescription
+	// Images is set for updates, replaces and deletes of a collection with
+	// changeStreamPreAndPostImages enabled at the time; Pre is then the
+	// document before the change.
+	Images bool
+	Pre    bson.D
 	// LSID and TxnNumber are set for entries of multi-document transactions.
 	LSID      bson.D
 	TxnNumber *int64

@@ -872,8 +872,12 @@ func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	if err := v.checkUnique(c, ch, newDoc); err != nil {
 		return err
 	}
+	pre := v.docOf(ch)
 	v.record(ch, newDoc, false)
 	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
 	if desc != nil {
 		e.Op = OpUpdate
 		e.Update = desc
@@ -899,8 +903,13 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	if err := v.claim(ch); err != nil {
 		return false, err
 	}
+	pre := v.docOf(ch)
 	v.record(ch, nil, false)
-	v.t.ops = append(v.t.ops, Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}})
+	e := Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
+	v.t.ops = append(v.t.ops, e)
 	return true, nil
 }
 

@@ -1,0 +1,75 @@
+package conformance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// changeStreamImageCases cover pre- and post-images (MongoDB 6.0+): the
+// collection option changeStreamPreAndPostImages and the change stream
+// options fullDocument whenAvailable/required and fullDocumentBeforeChange.
+func changeStreamImageCases(t *testing.T, env EnvFunc) {
+	runCases(t, env, []tcase{
+		{"ImagesWhenEnabled", testImagesEnabled},
+		{"ImagesWhenDisabled", testImagesDisabled},
+	})
+}
+
+func testImagesEnabled(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	require.NoError(t, db.CreateCollection(ctx, "c", options.CreateCollection().SetChangeStreamPreAndPostImages(D(`{"enabled":true}`))))
+	coll := db.Collection("c")
+	specs, err := db.ListCollectionSpecifications(ctx, D(`{"name":"c"}`))
+	require.NoError(t, err)
+	require.Len(t, specs, 1)
+	requireDoc(t, `{"changeStreamPreAndPostImages":{"enabled":true}}`, rawDoc(t, specs[0].Options), "listCollections shows the option")
+	insert(t, ctx, coll, `[{"_id":1,"x":1}]`)
+	cs := watch(t, ctx, coll, nil, options.ChangeStream().SetFullDocument(options.Required).SetFullDocumentBeforeChange(options.Required))
+	_, err = coll.UpdateOne(ctx, D(`{"_id":1}`), D(`{"$set":{"x":2}}`))
+	require.NoError(t, err)
+	_, err = coll.ReplaceOne(ctx, D(`{"_id":1}`), D(`{"y":1}`))
+	require.NoError(t, err)
+	_, err = coll.DeleteOne(ctx, D(`{"_id":1}`))
+	require.NoError(t, err)
+	evs := nextEvents(t, cs, 3)
+	requireField(t, evs[0], "fullDocument", `{"_id":1,"x":2}`)
+	requireField(t, evs[0], "fullDocumentBeforeChange", `{"_id":1,"x":1}`)
+	requireField(t, evs[1], "fullDocument", `{"_id":1,"y":1}`)
+	requireField(t, evs[1], "fullDocumentBeforeChange", `{"_id":1,"x":2}`)
+	requireField(t, evs[2], "fullDocumentBeforeChange", `{"_id":1,"y":1}`)
+}
+
+func testImagesDisabled(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := createColl(t, ctx, db, "c")
+	insert(t, ctx, coll, `[{"_id":1,"x":1},{"_id":2,"x":1}]`)
+	avail := watch(t, ctx, coll, nil, options.ChangeStream().SetFullDocument(options.WhenAvailable).SetFullDocumentBeforeChange(options.WhenAvailable))
+	_, err := coll.UpdateOne(ctx, D(`{"_id":1}`), D(`{"$set":{"x":2}}`))
+	require.NoError(t, err)
+	ev := nextEvent(t, avail)
+	require.True(t, hasField(ev, "fullDocument"), "whenAvailable reports fullDocument: %s", js(ev))
+	require.Nil(t, get(ev, "fullDocument"), "whenAvailable without images gives null: %s", js(ev))
+	require.Nil(t, get(ev, "fullDocumentBeforeChange"), "whenAvailable without images gives null: %s", js(ev))
+
+	req := watch(t, ctx, coll, nil, options.ChangeStream().SetFullDocumentBeforeChange(options.Required))
+	_, err = coll.UpdateOne(ctx, D(`{"_id":2}`), D(`{"$set":{"x":2}}`))
+	require.NoError(t, err)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.False(t, req.Next(cctx), "required without images fails the stream")
+	requireCode(t, req.Err(), 47, "NoMatchingDocument")
+}
+
+func hasField(d bson.D, key string) bool {
+	for _, e := range d {
+		if e.Key == key {
+			return true
+		}
+	}
+	return false
+}
