@@ -7,16 +7,21 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // changeStreamImageCases cover pre- and post-images (MongoDB 6.0+): the
 // collection option changeStreamPreAndPostImages and the change stream
-// options fullDocument whenAvailable/required and fullDocumentBeforeChange.
+// options fullDocument whenAvailable/required and fullDocumentBeforeChange;
+// and showExpandedEvents (DDL events, collectionUUID,
+// operationDescription).
 func changeStreamImageCases(t *testing.T, env EnvFunc) {
 	runCases(t, env, []tcase{
 		{"ImagesWhenEnabled", testImagesEnabled},
 		{"ImagesWhenDisabled", testImagesDisabled},
+		{"ExpandedEvents", testExpandedEvents},
+		{"ProjectingOutIDIsFatal", testProjectOutID},
 	})
 }
 
@@ -72,4 +77,40 @@ func hasField(d bson.D, key string) bool {
 		}
 	}
 	return false
+}
+
+func testExpandedEvents(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	plain := watch(t, ctx, db, nil)
+	cs := watch(t, ctx, db, nil, options.ChangeStream().SetShowExpandedEvents(true))
+	require.NoError(t, db.CreateCollection(ctx, "c"))
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1}]`)
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"x":1}`)})
+	require.NoError(t, err)
+	require.NoError(t, db.RunCommand(ctx, D(`{"collMod":"c"}`)).Err())
+	require.NoError(t, coll.Indexes().DropOne(ctx, "x_1"))
+	require.NoError(t, coll.Drop(ctx))
+
+	evs := nextEvents(t, cs, 6)
+	require.Equal(t, []string{"create", "insert", "createIndexes", "modify", "dropIndexes", "drop"}, opTypes(evs))
+	for _, ev := range evs {
+		require.NotNil(t, get(ev, "collectionUUID"), "expanded events carry collectionUUID: %s", js(ev))
+	}
+	require.NotNil(t, get(evs[2], "operationDescription"), "createIndexes describes the index: %s", js(evs[2]))
+	require.Equal(t, []string{"insert", "drop"}, opTypes(nextEvents(t, plain, 2)), "without showExpandedEvents DDL events other than drop are hidden")
+}
+
+func testProjectOutID(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := createColl(t, ctx, db, "c")
+	cs := watch(t, ctx, coll, Ds(`[{"$project":{"_id":0}}]`))
+	insert(t, ctx, coll, `[{"_id":1}]`)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.False(t, cs.Next(cctx))
+	requireCode(t, cs.Err(), 280, "ChangeStreamFatalError")
+	var se mongo.ServerError
+	require.ErrorAs(t, cs.Err(), &se)
+	require.True(t, se.HasErrorLabel("NonResumableChangeStreamError"), "%v", cs.Err())
 }

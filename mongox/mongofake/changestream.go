@@ -69,9 +69,12 @@ type changeStream struct {
 	fullDocument string
 	// fullDocumentBeforeChange is off, whenAvailable or required.
 	beforeChange string
-	pos          engine.Position // last oplog position consumed
-	pbrt         resumeToken
-	closed       bool
+	// expanded is showExpandedEvents: DDL events, collectionUUID and
+	// operationDescription are reported.
+	expanded bool
+	pos      engine.Position // last oplog position consumed
+	pbrt     resumeToken
+	closed   bool
 }
 
 type streamBatch struct {
@@ -134,7 +137,13 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 				return nil, err
 			}
 			allCluster = b
-		case "showExpandedEvents", "allowToRunOnConfigDB", "showMigrationEvents":
+		case "showExpandedEvents":
+			b, err := truthy(e.Value, "$changeStream.showExpandedEvents")
+			if err != nil {
+				return nil, err
+			}
+			cs.expanded = b
+		case "allowToRunOnConfigDB", "showMigrationEvents":
 		default:
 			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field '$changeStream.%s' is an unknown field.", e.Key))
 		}
@@ -326,6 +335,10 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			return nil, nil
 		}
 		invalidate = cs.coll != ""
+	case engine.OpCreate, engine.OpCreateIndexes, engine.OpDropIndexes, engine.OpModify:
+		if !cs.expanded || !cs.watches(en.NS) {
+			return nil, nil
+		}
 	default:
 		if !cs.watches(en.NS) {
 			return nil, nil
@@ -337,6 +350,9 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 		{Key: "operationType", Value: string(en.Op)},
 		{Key: "clusterTime", Value: en.TS},
 		{Key: "wallTime", Value: bson.NewDateTimeFromTime(en.Wall)},
+	}
+	if cs.expanded && en.UUID.Data != nil {
+		d = append(d, bson.E{Key: "collectionUUID", Value: en.UUID})
 	}
 	switch en.Op {
 	case engine.OpInsert, engine.OpReplace:
@@ -407,6 +423,9 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 	if beforeChange.Key != "" {
 		d = append(d, beforeChange)
 	}
+	if cs.expanded && en.Desc != nil {
+		d = append(d, bson.E{Key: "operationDescription", Value: en.Desc})
+	}
 	if en.TxnNumber != nil {
 		d = append(d, bson.E{Key: "txnNumber", Value: *en.TxnNumber}, bson.E{Key: "lsid", Value: en.LSID})
 	}
@@ -449,7 +468,7 @@ func (cs *changeStream) transform(d bson.D, tok resumeToken) (event, bool, error
 	id, _ := bsonkit.Get(res[0], "_id")
 	if !bsonkit.Equal(id, tok.doc()) {
 		return event{}, false, errorf(280, "ChangeStreamFatalError",
-			"Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.")
+			"Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.", "NonResumableChangeStreamError")
 	}
 	return event{doc: res[0], token: tok}, true, nil
 }

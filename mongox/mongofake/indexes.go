@@ -304,8 +304,19 @@ func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: collMod option '"+e.Key+"' is not supported")
 		}
 	}
-	if _, ok := r.srv.engine.ListIndexes(ns); !ok {
-		return nil, errorf(26, "NamespaceNotFound", "ns does not exist: "+ns.String())
+	desc := bson.D{}
+	for i, e := range r.cmd {
+		if i > 0 && !genericFields[e.Key] {
+			desc = append(desc, e)
+		}
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if err := r.srv.engine.RecordModify(ctx, ns, desc); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

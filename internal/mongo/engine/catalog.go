@@ -234,9 +234,19 @@ func (e *Engine) CreateCollection(ctx context.Context, ns NS) error {
 		if e.collLocked(ns) != nil {
 			return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
 		}
-		_, err := e.createLocked(ns)
-		return err
+		c, err := e.createLocked(ns)
+		if err != nil {
+			return err
+		}
+		e.appendOplog([]Entry{c.createEntry(e.tick())})
+		return nil
 	})
+}
+
+// createEntry is the oplog entry of the collection's creation.
+func (c *collection) createEntry(ts bson.Timestamp) Entry {
+	return Entry{TS: ts, Op: OpCreate, NS: c.ns, UUID: c.uuid, Desc: bson.D{{Key: "idIndex", Value: bson.D{
+		{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "name", Value: "_id_"}}}}}
 }
 
 // DropCollection drops a collection and records a drop in the oplog. It
@@ -251,7 +261,7 @@ func (e *Engine) DropCollection(ctx context.Context, ns NS) (bool, error) {
 		existed = true
 		e.dropLocked(c)
 		ts := e.tick()
-		e.appendOplog([]Entry{{TS: ts, Op: OpDrop, NS: ns}})
+		e.appendOplog([]Entry{{TS: ts, Op: OpDrop, NS: ns, UUID: c.uuid}})
 		return nil
 	})
 	return existed, err
@@ -286,8 +296,9 @@ func (e *Engine) DropDatabase(ctx context.Context, name string) (bool, error) {
 		sort.Strings(names)
 		var entries []Entry
 		for _, n := range names {
-			e.dropLocked(db.colls[n])
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: NS{DB: name, Coll: n}})
+			c := db.colls[n]
+			e.dropLocked(c)
+			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: NS{DB: name, Coll: n}, UUID: c.uuid})
 		}
 		delete(e.dbs, name)
 		entries = append(entries, Entry{TS: e.tick(), Op: OpDropDatabase, NS: NS{DB: name}})
@@ -312,12 +323,14 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 			return &Error{Code: CodeIllegalOperation, Name: "IllegalOperation", Msg: "Can't rename a collection to itself"}
 		}
 		var entries []Entry
+		desc := bson.D{{Key: "to", Value: bson.D{{Key: "db", Value: to.DB}, {Key: "coll", Value: to.Coll}}}}
 		if t := e.collLocked(to); t != nil {
 			if !dropTarget {
 				return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "target namespace exists"}
 			}
 			e.dropLocked(t)
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: to})
+			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: to, UUID: t.uuid})
+			desc = append(desc, bson.E{Key: "dropTarget", Value: t.uuid})
 		}
 		db := e.dbs[from.DB]
 		delete(db.colls, from.Coll)
@@ -331,7 +344,7 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 		}
 		c.ns = to
 		tdb.colls[to.Coll] = c
-		entries = append(entries, Entry{TS: e.tick(), Op: OpRename, NS: from, To: to})
+		entries = append(entries, Entry{TS: e.tick(), Op: OpRename, NS: from, To: to, UUID: c.uuid, Desc: desc})
 		e.appendOplog(entries)
 		return nil
 	})
@@ -467,6 +480,17 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 		}
 		c.indexes = append(c.indexes, add...)
 		after = len(c.indexes)
+		var entries []Entry
+		if made {
+			entries = append(entries, c.createEntry(e.tick()))
+		}
+		for _, ix := range add {
+			entries = append(entries, Entry{TS: e.tick(), Op: OpCreateIndexes, NS: ns, UUID: c.uuid,
+				Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}})
+		}
+		if len(entries) > 0 {
+			e.appendOplog(entries)
+		}
 		return nil
 	})
 	return created, before, after, err
@@ -600,10 +624,12 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 			}
 		}
 		if len(names) == 1 && names[0] == "*" {
+			e.appendOplog(dropIndexEntries(e, c, c.indexes[1:]))
 			c.indexes = c.indexes[:1]
 			return nil
 		}
 		keep := slices.Clone(c.indexes)
+		var dropped []*index
 		for _, n := range names {
 			if n == "_id_" {
 				return &Error{Code: 72, Name: "InvalidOptions", Msg: "cannot drop _id index"}
@@ -612,9 +638,11 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 			if i < 0 {
 				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "index not found with name [" + n + "]"}
 			}
+			dropped = append(dropped, keep[i])
 			keep = slices.Delete(keep, i, i+1)
 		}
 		c.indexes = keep
+		e.appendOplog(dropIndexEntries(e, c, dropped))
 		return nil
 	})
 	return before, err
@@ -654,6 +682,30 @@ func (e *Engine) SetPrePostImages(ctx context.Context, ns NS, enabled bool) erro
 			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
 		c.prePostImages = enabled
+		return nil
+	})
+}
+
+// dropIndexEntries are the oplog entries of dropped indexes, one each.
+func dropIndexEntries(e *Engine, c *collection, dropped []*index) []Entry {
+	out := make([]Entry, 0, len(dropped))
+	for _, ix := range dropped {
+		out = append(out, Entry{TS: e.tick(), Op: OpDropIndexes, NS: c.ns, UUID: c.uuid,
+			Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}})
+	}
+	return out
+}
+
+// RecordModify records a collMod of an existing collection in the oplog,
+// with desc as its operationDescription. It fails with 26
+// NamespaceNotFound when the collection does not exist.
+func (e *Engine) RecordModify(ctx context.Context, ns NS, desc bson.D) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		e.appendOplog([]Entry{{TS: e.tick(), Op: OpModify, NS: ns, UUID: c.uuid, Desc: desc}})
 		return nil
 	})
 }

@@ -701,9 +701,13 @@ func (v *View) writable(ns NS) (*collection, error) {
 	if err != nil {
 		return nil, err
 	}
-	if created && !v.t.auto {
-		v.t.created = append(v.t.created, c)
-		c.pending = v.t
+	if created {
+		// Stamped with the transaction's writes at commit.
+		v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
+		if !v.t.auto {
+			v.t.created = append(v.t.created, c)
+			c.pending = v.t
+		}
 	}
 	return c, nil
 }
@@ -843,7 +847,7 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		return err
 	}
 	v.record(ch, doc, true)
-	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc})
+	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
 	return nil
 }
 
@@ -874,7 +878,7 @@ func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	}
 	pre := v.docOf(ch)
 	v.record(ch, newDoc, false)
-	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc}
+	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc, UUID: c.uuid}
 	if c.prePostImages {
 		e.Pre, e.Images = pre, true
 	}
@@ -905,7 +909,7 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	}
 	pre := v.docOf(ch)
 	v.record(ch, nil, false)
-	e := Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}}
+	e := Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, UUID: c.uuid}
 	if c.prePostImages {
 		e.Pre, e.Images = pre, true
 	}
