@@ -377,7 +377,7 @@ func runMerge(r *request, tc *txnCtx, arg any, docs []bson.D) error {
 			}
 			filter = append(filter, bson.E{Key: f, Value: bson.D{{Key: "$eq", Value: v}}})
 		}
-		q, err := compileFilter(filter, nil)
+		q, err := compileFilter(filter, nil, nil)
 		if err != nil {
 			return err
 		}

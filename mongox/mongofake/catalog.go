@@ -64,7 +64,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: create option '"+e.Key+"' is not supported")
 		case "size", "max", "storageEngine", "validationLevel", "validationAction", "indexOptionDefaults", "collation", "expireAfterSeconds", "autoIndexId", "idIndex", "flags":
 			if e.Key == "collation" {
-				if err := checkCollation(e.Value); err != nil {
+				if err := checkCollation(e.Value, "a collection (default collation)"); err != nil {
 					return nil, err
 				}
 			}

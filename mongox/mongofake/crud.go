@@ -180,6 +180,7 @@ type updateSpec struct {
 	upsert       bool
 	multi        bool
 	arrayFilters []bson.D
+	coll         *bsonkit.Collation // nil: simple
 }
 
 func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, error) {
@@ -225,9 +226,11 @@ func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, erro
 				s.arrayFilters = append(s.arrayFilters, d)
 			}
 		case "collation":
-			if err := checkCollation(e.Value); err != nil {
+			c, err := collationArg(e.Value)
+			if err != nil {
 				return nil, err
 			}
+			s.coll = c
 		case "hint", "upsertSupplied":
 		case "c":
 			c, ok := e.Value.(bson.D)
@@ -251,7 +254,7 @@ func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, erro
 	if s.multi && u.IsReplacement() {
 		return nil, errorf(9, "FailedToParse", "multi update is not supported for replacement-style update")
 	}
-	q, err := compileFilter(s.filter, vars)
+	q, err := compileFilter(s.filter, vars, s.coll)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +282,7 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		return nil, err
 	}
 	if sortFirst != nil && len(docs) > 1 {
-		docs = sortSkipLimit(docs, sortFirst, 0, 1)
+		docs = sortSkipLimitColl(docs, sortFirst, 0, 1, s.coll)
 	}
 	if !s.multi && len(docs) > 1 {
 		docs = docs[:1]
@@ -453,6 +456,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 				return errorf(14, "TypeMismatch", "delete statements must be objects")
 			}
 			var filter bson.D
+			var coll *bsonkit.Collation
 			hasLimit := false
 			for _, e := range st {
 				switch e.Key {
@@ -469,9 +473,11 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 					}
 					limit, hasLimit = l, true
 				case "collation":
-					if err := checkCollation(e.Value); err != nil {
+					c, err := collationArg(e.Value)
+					if err != nil {
 						return err
 					}
+					coll = c
 				case "hint":
 				default:
 					return errorf(40415, "Location40415", fmt.Sprintf("BSON field 'delete.deletes.%s' is an unknown field.", e.Key))
@@ -481,7 +487,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 				return errorf(40414, "Location40414", "BSON field 'delete.deletes.limit' is missing but a required field")
 			}
 			var err error
-			q, err = compileFilter(filter, r.vars)
+			q, err = compileFilter(filter, r.vars, coll)
 			q.Limit = int(limit)
 			return err
 		}()
@@ -554,10 +560,10 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	uArg, hasUpdate := r.get("update")
 	if remove == hasUpdate {
@@ -583,11 +589,14 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	if af, ok := r.get("arrayFilters"); ok {
 		stmt = append(stmt, bson.E{Key: "arrayFilters", Value: af})
 	}
+	if collV != nil {
+		stmt = append(stmt, bson.E{Key: "collation", Value: collV})
+	}
 	var value any
 	lastErr := bson.D{}
 	now := r.srv.engine.Now()
 	if remove {
-		q, err := compileFilter(filter, r.vars)
+		q, err := compileFilter(filter, r.vars, coll)
 		if err != nil {
 			return nil, err
 		}
@@ -600,7 +609,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 			if err != nil {
 				return err
 			}
-			docs = sortSkipLimit(docs, srt, 0, 1)
+			docs = sortSkipLimitColl(docs, srt, 0, 1, coll)
 			if len(docs) == 0 {
 				return nil
 			}
@@ -673,10 +682,10 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	limit, _, err := r.intArg("limit")
 	if err != nil {
@@ -692,7 +701,7 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 	if limit < 0 {
 		limit = -limit
 	}
-	q, err := compileFilter(filter, r.vars)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
@@ -729,12 +738,12 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
-	q, err := compileFilter(filter, r.vars)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
@@ -750,7 +759,8 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 	seen := map[string]bool{}
 	values := bson.A{}
 	add := func(x any) {
-		k := bsonkit.Key(x)
+		// Collation-equal values are one distinct value: the first seen.
+		k := bsonkit.Key(coll.Value(x))
 		if !seen[k] {
 			seen[k] = true
 			values = append(values, x)
@@ -761,7 +771,7 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 			add(x)
 		}
 	}
-	slices.SortStableFunc(values, bsonkit.Compare)
+	slices.SortStableFunc(values, func(a, b any) int { return bsonkit.Compare(coll.Value(a), coll.Value(b)) })
 	return bson.D{{Key: "values", Value: values}}, nil
 }
 

@@ -166,10 +166,10 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
 	}
-	if v, _ := r.get("collation"); v != nil {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	filter, err := r.docArg("filter")
 	if err != nil {
@@ -208,7 +208,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
-	q, err := compileFilter(filter, r.vars)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
@@ -234,12 +234,17 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	docs = sortSkipLimit(docs, srt, skip, limit)
+	docs = sortSkipLimitColl(docs, srt, skip, limit, coll)
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
 }
 
 // sortSkipLimit orders, skips and limits a result.
 func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
+	return sortSkipLimitColl(docs, srt, skip, limit, nil)
+}
+
+// sortSkipLimitColl is sortSkipLimit with strings ordered by a collation.
+func sortSkipLimitColl(docs []bson.D, srt *query.Sort, skip, limit int64, coll *bsonkit.Collation) []bson.D {
 	if srt != nil && len(docs) > 1 {
 		type keyed struct {
 			k []any
@@ -247,7 +252,7 @@ func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
 		}
 		ks := make([]keyed, len(docs))
 		for i, d := range docs {
-			ks[i] = keyed{srt.Key(d), d}
+			ks[i] = keyed{srt.Key(coll.Doc(d)), d}
 		}
 		slices.SortStableFunc(ks, func(a, b keyed) int { return srt.CompareKeys(a.k, b.k) })
 		for i := range ks {

@@ -82,7 +82,7 @@ func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 			s.ExpireAfterSeconds = &n
 		case "v", "background", "ns":
 		case "collation":
-			if err := checkCollation(e.Value); err != nil {
+			if err := checkCollation(e.Value, "an index"); err != nil {
 				return s, err
 			}
 		case "hidden", "weights", "default_language", "language_override", "textIndexVersion",

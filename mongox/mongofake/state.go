@@ -556,34 +556,6 @@ func (r *request) opCtx() (context.Context, context.CancelFunc, error) {
 	return ctx, cancel, nil
 }
 
-// checkCollation accepts only the simple collation.
-func checkCollation(v any) error {
-	if v == nil {
-		return nil
-	}
-	d, ok := v.(bson.D)
-	if !ok {
-		return errorf(14, "TypeMismatch", "collation must be an object")
-	}
-	if len(d) == 0 {
-		return nil
-	}
-	if loc, _ := bsonkit.Get(d, "locale"); loc == "simple" {
-		return nil
-	}
-	return errorf(238, "NotImplemented", "mongofake: collations other than {locale: \"simple\"} are not supported")
-}
-
-// compileFilter compiles a query filter into an engine query; vars are the
-// command's let parameters, visible to $expr.
-func compileFilter(filter bson.D, vars bson.D) (engine.Query, error) {
-	m, err := query.CompileWithVars(filter, vars)
-	if err != nil {
-		return engine.Query{}, err
-	}
-	return engine.Query{Filter: filter, Match: m.Match}, nil
-}
-
 // docSize estimates the BSON size of a value.
 func docSize(v any) int {
 	switch x := v.(type) {
