@@ -19,6 +19,7 @@ func updatePipelineCases(t *testing.T, env EnvFunc) {
 		{"BulkWriteWithPipeline", testBulkWritePipeline},
 		{"PipelineStageNotAllowed", testUpdatePipelineBadStage},
 		{"DollarAndDottedFieldNames", testDollarFieldNames},
+		{"PositionalOperator", testPositionalOperator},
 	})
 }
 
@@ -113,4 +114,25 @@ func testDollarFieldNames(t *testing.T, env EnvFunc) {
 
 	_, err = coll.InsertOne(ctx, D(`{"_id":{"$k":1}}`))
 	require.Error(t, err, "'$'-prefixed names inside _id are refused")
+}
+
+// testPositionalOperator: $ in an update path is the index of the array
+// element the query matched.
+func testPositionalOperator(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"items":[{"sku":"a","qty":1},{"sku":"b","qty":2}],"grades":[80,90]}]`)
+	_, err := coll.UpdateOne(ctx, D(`{"items.sku":"b"}`), D(`{"$set":{"items.$.qty":5}}`))
+	require.NoError(t, err)
+	_, err = coll.UpdateOne(ctx, D(`{"_id":1,"grades":{"$gte":85}}`), D(`{"$inc":{"grades.$":1}}`))
+	require.NoError(t, err)
+	var got bson.D
+	require.NoError(t, coll.FindOneAndUpdate(ctx, D(`{"items":{"$elemMatch":{"sku":"a","qty":1}}}`), D(`{"$set":{"items.$.seen":true}}`),
+		options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&got))
+	requireDoc(t, `{"_id":1,"items":[{"sku":"a","qty":1,"seen":true},{"sku":"b","qty":5}],"grades":[80,91]}`, got)
+
+	_, err = coll.UpdateOne(ctx, D(`{"_id":1}`), D(`{"$set":{"items.$.qty":0}}`))
+	requireCode(t, err, 2, "a query without a predicate on the array gives $ nothing to stand for")
+	_, err = coll.UpdateOne(ctx, D(`{"items.sku":"zz"}`), D(`{"$set":{"items.$.qty":0}}`), options.UpdateOne().SetUpsert(true))
+	require.Error(t, err, "an upsert's insert cannot use $")
 }

@@ -324,7 +324,7 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		return res, nil
 	}
 	for i, old := range docs {
-		nd, err := s.u.Apply(old, update.ApplyOptions{Now: now, ArrayFilters: s.arrayFilters})
+		nd, err := s.u.Apply(old, update.ApplyOptions{Now: now, ArrayFilters: s.arrayFilters, Query: s.filter})
 		if err != nil {
 			return nil, err
 		}

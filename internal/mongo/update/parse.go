@@ -2,6 +2,7 @@ package update
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +23,8 @@ type Update struct {
 	mods        []*mod // in application order
 	// identifiers lists the $[<identifier>] names used in paths.
 	identifiers map[string]bool
+	// positional is set when a path uses the positional operator $.
+	positional bool
 }
 
 // mod is one field of one operator, e.g. {$inc: {"a.b": 1}}.
@@ -133,6 +136,9 @@ func ParseWithVars(u any, vars bson.D) (*Update, error) {
 				if id, ok := filterIdentifier(p); ok && id != "" {
 					up.identifiers[id] = true
 				}
+				if p == "$" {
+					up.positional = true
+				}
 			}
 		}
 	}
@@ -209,7 +215,16 @@ func splitPath(op, path string) ([]string, error) {
 			return nil, newErr(CodeEmptyFieldName, "The update path '%s' contains an empty field name, which is not allowed.", path)
 		}
 		if p == "$" {
-			return nil, newErr(CodeNotImplemented, "the positional operator '$' (in %s path '%s') is not supported by this server; use $[] or $[<identifier>] with arrayFilters", op, path)
+			if i == 0 {
+				return nil, newErr(CodeBadValue, "Cannot have positional (i.e. '$') element in the first position in path '%s'", path)
+			}
+			if slices.Contains(parts[i+1:], "$") {
+				return nil, newErr(CodeBadValue, "Too many positional (i.e. '$') elements found in path '%s'", path)
+			}
+			if op == "$rename" {
+				return nil, newErr(CodeBadValue, "The source field for $rename may not be dynamic: %s", path)
+			}
+			continue
 		}
 		if id, ok := filterIdentifier(p); ok {
 			if i == 0 {
