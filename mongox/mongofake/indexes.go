@@ -108,9 +108,6 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "indexes", "commitQuorum", "ignoreUnknownIndexOptions", "isTimeseriesNamespace"); err != nil {
 		return nil, err
 	}
-	if tc.txn != nil {
-		return nil, errorf(263, "OperationNotSupportedInTransaction", "Cannot run 'createIndexes' in a multi-document transaction in this server.")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -133,7 +130,18 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	defer cancel()
-	created, before, after, err := r.srv.engine.CreateIndexes(ctx, ns, specs)
+	var created bool
+	var before, after int
+	if tc.txn != nil {
+		// Allowed on a collection the transaction creates (MongoDB 4.4+).
+		err = r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
+			var err error
+			created, before, after, err = v.CreateIndexes(ns, specs)
+			return err
+		})
+	} else {
+		created, before, after, err = r.srv.engine.CreateIndexes(ctx, ns, specs)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sort"
 	"strings"
@@ -435,48 +436,9 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 		}
 		created = made
 		before = len(c.indexes)
-		var add []*index
-	specLoop:
-		for _, s := range specs {
-			if s.Name == "" {
-				s.Name = DefaultIndexName(s.Key)
-			}
-			for _, ix := range append(slices.Clone(c.indexes), add...) {
-				sameKey := bsonkit.Equal(ix.keys, s.Key) && keyTypesEqual(ix.keys, s.Key)
-				if ix.name == s.Name {
-					if sameKey && sameOptions(ix.spec(), s) {
-						continue specLoop
-					}
-					if ix.name == "_id_" && sameKey {
-						continue specLoop
-					}
-					if sameKey {
-						return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-							Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-								FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-					}
-					return &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
-						Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
-							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-				}
-				if sameKey && bsonkit.Equal(ix.partial, s.PartialFilter) {
-					if sameOptions(ix.spec(), s) {
-						return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-							Msg: "Index already exists with a different name: " + ix.name}
-					}
-					return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-				}
-			}
-			ix, err := newIndex(s)
-			if err != nil {
-				return err
-			}
-			if err := e.buildIndexLocked(c, ix); err != nil {
-				return err
-			}
-			add = append(add, ix)
+		add, err := e.buildIndexesLocked(c, specs)
+		if err != nil {
+			return err
 		}
 		c.indexes = append(c.indexes, add...)
 		after = len(c.indexes)
@@ -485,8 +447,7 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 			entries = append(entries, c.createEntry(e.tick()))
 		}
 		for _, ix := range add {
-			entries = append(entries, Entry{TS: e.tick(), Op: OpCreateIndexes, NS: ns, UUID: c.uuid,
-				Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}})
+			entries = append(entries, createIndexEntry(c, ix, e.tick()))
 		}
 		if len(entries) > 0 {
 			e.appendOplog(entries)
@@ -494,6 +455,92 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 		return nil
 	})
 	return created, before, after, err
+}
+
+func createIndexEntry(c *collection, ix *index, ts bson.Timestamp) Entry {
+	return Entry{TS: ts, Op: OpCreateIndexes, NS: c.ns, UUID: c.uuid,
+		Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}}
+}
+
+// buildIndexesLocked validates and builds the indexes of specs that c does
+// not have yet and returns them (not yet attached). Caller holds e.mu.
+func (e *Engine) buildIndexesLocked(c *collection, specs []IndexSpec) ([]*index, error) {
+	var add []*index
+specLoop:
+	for _, s := range specs {
+		if s.Name == "" {
+			s.Name = DefaultIndexName(s.Key)
+		}
+		for _, ix := range append(slices.Clone(c.indexes), add...) {
+			sameKey := bsonkit.Equal(ix.keys, s.Key) && keyTypesEqual(ix.keys, s.Key)
+			if ix.name == s.Name {
+				if sameKey && sameOptions(ix.spec(), s) {
+					continue specLoop
+				}
+				if ix.name == "_id_" && sameKey {
+					continue specLoop
+				}
+				if sameKey {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+				}
+				return nil, &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
+					Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+			}
+			if sameKey && bsonkit.Equal(ix.partial, s.PartialFilter) {
+				if sameOptions(ix.spec(), s) {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "Index already exists with a different name: " + ix.name}
+				}
+				return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+					Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+			}
+		}
+		ix, err := newIndex(s)
+		if err != nil {
+			return nil, err
+		}
+		if err := e.buildIndexLocked(c, ix); err != nil {
+			return nil, err
+		}
+		add = append(add, ix)
+	}
+	return add, nil
+}
+
+// CreateIndexes creates indexes inside a transaction, on a collection the
+// transaction created (they become visible with it at commit); on any
+// other collection it fails with 263 OperationNotSupportedInTransaction, as
+// mongod does. It reports whether it created the collection and the index
+// counts before and after.
+func (v *View) CreateIndexes(ns NS, specs []IndexSpec) (created bool, before, after int, err error) {
+	if v.readOnly || v.t == nil || v.t.auto {
+		return false, 0, 0, errors.New("engine: View.CreateIndexes needs a transaction")
+	}
+	c := v.e.collLocked(ns)
+	if c == nil {
+		if c, err = v.writable(ns); err != nil {
+			return false, 0, 0, err
+		}
+		created = true
+	}
+	if c.pending != v.t {
+		return false, 0, 0, &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
+			Msg: "Cannot create new indexes on existing collection " + ns.String() + " in a multi-document transaction."}
+	}
+	before = len(c.indexes)
+	add, err := v.e.buildIndexesLocked(c, specs)
+	if err != nil {
+		return created, before, before, err
+	}
+	c.indexes = append(c.indexes, add...)
+	for _, ix := range add {
+		v.t.ops = append(v.t.ops, createIndexEntry(c, ix, bson.Timestamp{}))
+	}
+	return created, before, len(c.indexes), nil
 }
 
 func keyTypesEqual(a, b bson.D) bool {
