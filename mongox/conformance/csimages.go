@@ -22,6 +22,7 @@ func changeStreamImageCases(t *testing.T, env EnvFunc) {
 		{"ImagesWhenDisabled", testImagesDisabled},
 		{"ExpandedEvents", testExpandedEvents},
 		{"ProjectingOutIDIsFatal", testProjectOutID},
+		{"TruncatedArraysAndDisambiguatedPaths", testTruncatedAndDisambiguated},
 	})
 }
 
@@ -113,4 +114,22 @@ func testProjectOutID(t *testing.T, env EnvFunc) {
 	var se mongo.ServerError
 	require.ErrorAs(t, cs.Err(), &se)
 	require.True(t, se.HasErrorLabel("NonResumableChangeStreamError"), "%v", cs.Err())
+}
+
+func testTruncatedAndDisambiguated(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := createColl(t, ctx, db, "c")
+	insert(t, ctx, coll, `[{"_id":1,"arr":["a",{"x":1},1,2],"m":{"1":1}}]`)
+	plain := watch(t, ctx, coll, nil)
+	expanded := watch(t, ctx, coll, nil, options.ChangeStream().SetShowExpandedEvents(true))
+	_, err := coll.UpdateOne(ctx, D(`{"_id":1}`), Ds(`[{"$set":{"arr":["a",{"x":1}]}}]`))
+	require.NoError(t, err)
+	_, err = coll.UpdateOne(ctx, D(`{"_id":1}`), D(`{"$set":{"m.1":2}}`))
+	require.NoError(t, err)
+	evs := nextEvents(t, plain, 2)
+	requireField(t, evs[0], "updateDescription", `{"updatedFields":{},"removedFields":[],"truncatedArrays":[{"field":"arr","newSize":2}]}`)
+	requireField(t, evs[1], "updateDescription", `{"updatedFields":{"m.1":2},"removedFields":[],"truncatedArrays":[]}`)
+	evs = nextEvents(t, expanded, 2)
+	ud, _ := get(evs[1], "updateDescription").(bson.D)
+	requireField(t, ud, "disambiguatedPaths", `{"m.1":["m","1"]}`)
 }

@@ -414,11 +414,23 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 		for _, f := range en.Update.RemovedFields {
 			rem = append(rem, f)
 		}
-		d = append(d, bson.E{Key: "updateDescription", Value: bson.D{
+		trunc := en.Update.TruncatedArrays
+		if trunc == nil {
+			trunc = bson.A{}
+		}
+		ud := bson.D{
 			{Key: "updatedFields", Value: upd},
 			{Key: "removedFields", Value: rem},
-			{Key: "truncatedArrays", Value: bson.A{}},
-		}})
+			{Key: "truncatedArrays", Value: trunc},
+		}
+		if cs.expanded {
+			dp := en.Update.DisambiguatedPaths
+			if dp == nil {
+				dp = bson.D{}
+			}
+			ud = append(ud, bson.E{Key: "disambiguatedPaths", Value: dp})
+		}
+		d = append(d, bson.E{Key: "updateDescription", Value: ud})
 	}
 	if beforeChange.Key != "" {
 		d = append(d, beforeChange)

@@ -340,8 +340,11 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		}
 		var desc *engine.UpdateDescription
 		if !s.u.IsReplacement() {
-			upd, rem := update.Diff(old, nd)
-			desc = &engine.UpdateDescription{UpdatedFields: upd, RemovedFields: rem}
+			dd := update.DiffDescription(old, nd)
+			desc = &engine.UpdateDescription{UpdatedFields: dd.Updated, RemovedFields: dd.Removed, DisambiguatedPaths: dd.Disambiguated}
+			for _, tr := range dd.Truncated {
+				desc.TruncatedArrays = append(desc.TruncatedArrays, bson.D{{Key: "field", Value: tr.Field}, {Key: "newSize", Value: tr.NewSize}})
+			}
 		}
 		if err := v.Update(ns, nd, desc); err != nil {
 			return nil, err

@@ -855,6 +855,11 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 type UpdateDescription struct {
 	UpdatedFields bson.D
 	RemovedFields []string
+	// TruncatedArrays are {field, newSize} documents.
+	TruncatedArrays bson.A
+	// DisambiguatedPaths maps ambiguous paths to their components
+	// (reported with showExpandedEvents).
+	DisambiguatedPaths bson.D
 }
 
 // Update replaces the document with newDoc's _id by newDoc. desc nil

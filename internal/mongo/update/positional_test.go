@@ -40,3 +40,14 @@ func mustDoc(t *testing.T, s string) bson.D {
 	require.NoError(t, bson.UnmarshalExtJSON([]byte(s), false, &d))
 	return d
 }
+
+func TestDiffDescription(t *testing.T) {
+	d := DiffDescription(mustDoc(t, `{"_id":1,"arr":["a",{"x":1},1,2],"a":{"1":1},"b":[{"1":1}]}`),
+		mustDoc(t, `{"_id":1,"arr":["a",{"x":1}],"a":{"1":2},"b":[{"1":2}]}`))
+	require.Equal(t, []Truncation{{Field: "arr", NewSize: 2}}, d.Truncated, "an array that lost trailing elements is truncated, not updated")
+	require.Equal(t, mustDoc(t, `{"a.1":2,"b.0.1":2}`), d.Updated)
+	require.Equal(t, bson.D{
+		{Key: "a.1", Value: bson.A{"a", "1"}},
+		{Key: "b.0.1", Value: bson.A{"b", int32(0), "1"}},
+	}, d.Disambiguated, "numeric field names and array indexes make a path ambiguous")
+}
