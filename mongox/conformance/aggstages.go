@@ -12,8 +12,8 @@ import (
 
 // aggregateStageCases cover the stages that reach beyond one collection:
 // $lookup, $out, $merge, the database-level sources $documents and
-// $listLocalSessions, and the Atlas Search commands a server without Atlas
-// refuses.
+// $listLocalSessions, the Atlas Search commands a server without Atlas
+// refuses, and (catalog) the clusteredIndex collection option.
 func aggregateStageCases(t *testing.T, env EnvFunc) {
 	runCases(t, env, []tcase{
 		{"LookupLocalForeign", testLookupEquality},
@@ -24,6 +24,7 @@ func aggregateStageCases(t *testing.T, env EnvFunc) {
 		{"MergeOnNeedsUniqueIndex", testMergeOnIndex},
 		{"DocumentsAndLocalSessions", testDBLevelAggregate},
 		{"SearchIndexesNeedAtlas", testSearchIndexes},
+		{"ClusteredCollection", testClusteredCollection},
 	})
 }
 
@@ -171,4 +172,24 @@ func testSearchIndexes(t *testing.T, env EnvFunc) {
 	_, err = coll.SearchIndexes().List(ctx, nil)
 	require.ErrorContains(t, err, "Atlas")
 	require.ErrorContains(t, coll.SearchIndexes().DropOne(ctx, "x"), "Atlas")
+}
+
+// testClusteredCollection: a collection clustered by _id (MongoDB 5.3+)
+// reports its clusteredIndex in listCollections and listIndexes.
+func testClusteredCollection(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	require.NoError(t, db.CreateCollection(ctx, "cl", options.CreateCollection().SetClusteredIndex(D(`{"key":{"_id":1},"unique":true,"name":"by id"}`))))
+	specs, err := db.ListCollectionSpecifications(ctx, D(`{"name":"cl"}`))
+	require.NoError(t, err)
+	require.Len(t, specs, 1)
+	ci := get(rawDoc(t, specs[0].Options), "clusteredIndex").(bson.D)
+	require.Equal(t, "by id", get(ci, "name"))
+	idx, err := db.Collection("cl").Indexes().List(ctx)
+	docs := all(t, ctx, idx, err)
+	require.Len(t, docs, 1)
+	require.Equal(t, true, get(docs[0], "clustered"), "listIndexes shows the clustered index: %s", js(docs[0]))
+	insert(t, ctx, db.Collection("cl"), `[{"_id":2},{"_id":1}]`)
+	require.Equal(t, idList(1, 2), ids(t, ctx, db.Collection("cl"), bson.D{}))
+	err = db.CreateCollection(ctx, "bad", options.CreateCollection().SetClusteredIndex(D(`{"key":{"x":1},"unique":true}`)))
+	require.Error(t, err, "only _id may cluster a collection")
 }

@@ -41,6 +41,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	prePost := false
+	var clustered bson.D
 	for i, e := range r.cmd {
 		if i == 0 || genericFields[e.Key] {
 			continue
@@ -52,7 +53,13 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 				return nil, err
 			}
 			prePost = en
-		case "capped", "timeseries", "viewOn", "pipeline", "clusteredIndex", "encryptedFields", "validator":
+		case "clusteredIndex":
+			spec, err := clusteredArg(e.Value)
+			if err != nil {
+				return nil, err
+			}
+			clustered = spec
+		case "capped", "timeseries", "viewOn", "pipeline", "encryptedFields", "validator":
 			if b, ok := e.Value.(bool); ok && !b {
 				continue
 			}
@@ -90,10 +97,61 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 	if err := r.srv.engine.CreateCollection(ctx, ns); err != nil {
 		return nil, err
 	}
+	if clustered != nil {
+		if err := r.srv.engine.SetClustered(ctx, ns, clustered); err != nil {
+			return nil, err
+		}
+	}
 	if prePost {
 		return bson.D{}, r.srv.engine.SetPrePostImages(ctx, ns, true)
 	}
 	return bson.D{}, nil
+}
+
+// clusteredArg parses the clusteredIndex option, which MongoDB 5.3+ allows
+// only on _id and unique: {key: {_id: 1}, unique: true, name?, v?}. It
+// returns the option as listCollections reports it.
+func clusteredArg(v any) (bson.D, error) {
+	if b, ok := v.(bool); ok {
+		if !b {
+			return nil, errorf(2, "BadValue", "clusteredIndex: false is not allowed; omit the option")
+		}
+		return bson.D{{Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "unique", Value: true}, {Key: "name", Value: "_id_"}, {Key: "v", Value: int32(2)}}, nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return nil, wrongType("create.clusteredIndex", v, "object")
+	}
+	name := "_id_"
+	var key bson.D
+	unique := false
+	for _, e := range d {
+		switch e.Key {
+		case "key":
+			key, _ = e.Value.(bson.D)
+		case "unique":
+			unique, _ = e.Value.(bool)
+		case "name":
+			s, ok := e.Value.(string)
+			if !ok {
+				return nil, wrongType("create.clusteredIndex.name", e.Value, "string")
+			}
+			name = s
+		case "v":
+		default:
+			return nil, errorf(40415, "Location40415", "BSON field 'create.clusteredIndex."+e.Key+"' is an unknown field.")
+		}
+	}
+	if len(key) != 1 || key[0].Key != "_id" {
+		return nil, errorf(6053700, "Location6053700", "The clusteredIndex option is only supported for key: {_id: 1}")
+	}
+	if n, ok := wholeNumber(key[0].Value); !ok || n != 1 {
+		return nil, errorf(6053700, "Location6053700", "The clusteredIndex option is only supported for key: {_id: 1}")
+	}
+	if !unique {
+		return nil, errorf(5979700, "Location5979700", "The clusteredIndex option requires unique: true")
+	}
+	return bson.D{{Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "unique", Value: true}, {Key: "name", Value: name}, {Key: "v", Value: int32(2)}}, nil
 }
 
 // prePostArg parses changeStreamPreAndPostImages: {enabled: <bool>}.
@@ -354,8 +412,12 @@ var _ = bsonkit.Equal
 
 // collOptions is the options document listCollections reports.
 func collOptions(c engine.CollectionInfo) bson.D {
-	if c.PrePostImages {
-		return bson.D{{Key: "changeStreamPreAndPostImages", Value: bson.D{{Key: "enabled", Value: true}}}}
+	out := bson.D{}
+	if c.Clustered != nil {
+		out = append(out, bson.E{Key: "clusteredIndex", Value: c.Clustered})
 	}
-	return bson.D{}
+	if c.PrePostImages {
+		out = append(out, bson.E{Key: "changeStreamPreAndPostImages", Value: bson.D{{Key: "enabled", Value: true}}})
+	}
+	return out
 }

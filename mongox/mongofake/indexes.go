@@ -176,8 +176,14 @@ func cmdListIndexes(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	docs := make([]bson.D, len(specs))
+	clustered := r.srv.engine.ClusteredIndex(ns)
 	for i, s := range specs {
 		docs[i] = engine.SpecDocument(s)
+		if i == 0 && clustered != nil {
+			// A clustered collection lists its clustered index in place of _id_.
+			docs[i] = bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}},
+				{Key: "name", Value: lookupD(clustered, "name")}, {Key: "unique", Value: true}, {Key: "clustered", Value: true}}
+		}
 	}
 	cns := engine.NS{DB: ns.DB, Coll: "$cmd.listIndexes." + ns.Coll}
 	return r.srv.data.firstBatch(r, tc, cns, docs, nil, batchSize, hasBatch, 0, false), nil

@@ -31,6 +31,10 @@ type collection struct {
 	// prePostImages is the changeStreamPreAndPostImages option: change
 	// events of updates, replaces and deletes carry the document's images.
 	prePostImages bool
+	// clustered is the clusteredIndex option ({key: {_id: 1}, unique,
+	// name, v}) of a clustered collection, nil otherwise. Documents are
+	// always kept by _id here, so it only changes what the catalog reports.
+	clustered bson.D
 	// pending is the open transaction that created the collection
 	// implicitly: the catalog hides it from others until something commits
 	// into it.
@@ -119,6 +123,8 @@ type CollectionInfo struct {
 	UUID bson.Binary
 	// PrePostImages is the changeStreamPreAndPostImages option.
 	PrePostImages bool
+	// Clustered is the clusteredIndex option, nil when not clustered.
+	Clustered bson.D
 }
 
 // DatabaseInfo describes a database for listDatabases.
@@ -364,7 +370,7 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 		if c.pending != nil {
 			continue
 		}
-		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages})
+		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered})
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -755,4 +761,28 @@ func (e *Engine) RecordModify(ctx context.Context, ns NS, desc bson.D) error {
 		e.appendOplog([]Entry{{TS: e.tick(), Op: OpModify, NS: ns, UUID: c.uuid, Desc: desc}})
 		return nil
 	})
+}
+
+// SetClustered records the clusteredIndex option of a collection created
+// clustered by _id.
+func (e *Engine) SetClustered(ctx context.Context, ns NS, spec bson.D) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		c.clustered = spec
+		return nil
+	})
+}
+
+// ClusteredIndex returns the clusteredIndex option of a collection (nil
+// when it is not clustered).
+func (e *Engine) ClusteredIndex(ns NS) bson.D {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.collLocked(ns); c != nil {
+		return c.clustered
+	}
+	return nil
 }
