@@ -646,7 +646,8 @@ func (e *Engine) ListIndexes(ns NS) ([]IndexSpec, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c := e.collLocked(ns)
-	if c == nil {
+	if c == nil || c.pending != nil {
+		// A collection an open transaction created does not exist yet.
 		return nil, false
 	}
 	out := make([]IndexSpec, len(c.indexes))
