@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ func failPointCases(t *testing.T, env EnvFunc) {
 		{"BlockConnection", testFailPointBlock},
 		{"AlwaysOnThenOff", testFailPointOff},
 		{"GoFaultAPI", testGoFaultAPI},
+		{"TransactionalWriteClosesConnection", testFailPointTransactionalWrite},
+		{"TransactionalWriteFailsBeforeCommit", testFailPointTransactionalWriteNotCommitted},
+		{"GetMoreAfterCursorCheckout", testFailPointGetMore},
 	})
 }
 
@@ -203,20 +207,93 @@ func testUnknownCommand(t *testing.T, env EnvFunc) {
 // in t.Cleanup. Against a real MongoDB without test commands it skips.
 func setFailPoint(t *testing.T, ctx context.Context, e *mongotest.Env, mode, data string) {
 	t.Helper()
+	setNamedFailPoint(t, ctx, e, "failCommand", mode, data)
+}
+
+// setNamedFailPoint configures the fail point name as setFailPoint does.
+// The fail points other than failCommand have no appName filter: on a
+// shared real server they fire for whichever case gets there first, so the
+// cases using them hold the fail point lock and write only with their own
+// client.
+func setNamedFailPoint(t *testing.T, ctx context.Context, e *mongotest.Env, name, mode, data string) {
+	t.Helper()
 	if e.Real {
 		holdFailPoint(t)
 	}
-	cmd := bson.D{{Key: "configureFailPoint", Value: "failCommand"}, {Key: "mode", Value: D(`{"m":` + mode + `}`)[0].Value}, {Key: "data", Value: D(data)}}
+	cmd := bson.D{{Key: "configureFailPoint", Value: name}, {Key: "mode", Value: D(`{"m":` + mode + `}`)[0].Value}, {Key: "data", Value: D(data)}}
 	err := e.Client.Database("admin").RunCommand(ctx, cmd).Err()
 	if err != nil && e.Real {
 		t.Skipf("configureFailPoint unavailable on this server (start mongod with --setParameter enableTestCommands=1): %v", err)
 	}
-	require.NoError(t, err, "configureFailPoint failCommand")
+	require.NoError(t, err, "configureFailPoint "+name)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = e.Client.Database("admin").RunCommand(ctx, D(`{"configureFailPoint":"failCommand","mode":"off"}`)).Err()
+		_ = e.Client.Database("admin").RunCommand(ctx, bson.D{{Key: "configureFailPoint", Value: name}, {Key: "mode", Value: "off"}}).Err()
 	})
+}
+
+// testFailPointTransactionalWrite: onPrimaryTransactionalWrite (without
+// data) lets a retryable write commit, then closes the connection; the
+// driver's retry gets the recorded result and the write happens once.
+func testFailPointTransactionalWrite(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	cl, log, _ := failPointClient(t, e)
+	coll := cl.Database(db.Name()).Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"x":1}]`)
+	setNamedFailPoint(t, ctx, e, "onPrimaryTransactionalWrite", `{"times":1}`, `{}`)
+	res, err := coll.UpdateOne(ctx, D(`{"_id":1}`), D(`{"$inc":{"x":1}}`))
+	require.NoError(t, err, "the retry succeeds")
+	require.Equal(t, int64(1), res.ModifiedCount, "the retry reports the first attempt's result")
+	require.Equal(t, 2, log.count("update"), "the closed connection made the driver retry")
+	requireDocs(t, `[{"_id":1,"x":2}]`, find(t, ctx, db.Collection("c"), bson.D{}), "the update ran once")
+}
+
+// testFailPointTransactionalWriteNotCommitted: with
+// failBeforeCommitExceptionCode the statement is not reflected.
+func testFailPointTransactionalWriteNotCommitted(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	cl, log, _ := failPointClient(t, e)
+	coll := cl.Database(db.Name()).Collection("c")
+	setNamedFailPoint(t, ctx, e, "onPrimaryTransactionalWrite", `{"times":1}`, `{"failBeforeCommitExceptionCode":1}`)
+	_, err := coll.InsertOne(ctx, D(`{"_id":1}`))
+	require.NoError(t, err, "the retry inserts")
+	require.Equal(t, 2, log.count("insert"))
+	require.Equal(t, idList(1), ids(t, ctx, db.Collection("c"), bson.D{}), "the first attempt was not reflected, the retry was")
+
+	setNamedFailPoint(t, ctx, e, "onPrimaryTransactionalWrite", `{"times":2}`, `{"failBeforeCommitExceptionCode":1}`)
+	// Without a deadline the driver retries once (with one it retries
+	// until the deadline).
+	_, err = coll.InsertOne(context.WithoutCancel(ctx), D(`{"_id":2}`))
+	require.Error(t, err, "both attempts fail")
+	require.Equal(t, idList(1), ids(t, ctx, db.Collection("c"), bson.D{}), "neither attempt was reflected")
+}
+
+// testFailPointGetMore: failGetMoreAfterCursorCheckout fails a change
+// stream's getMore with a resumable code (labelled
+// ResumableChangeStreamError); the driver resumes and sees the event.
+func testFailPointGetMore(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	cl, log, _ := failPointClient(t, e)
+	coll := cl.Database(db.Name()).Collection("c")
+	cs, err := coll.Watch(ctx, mongo.Pipeline{}, options.ChangeStream().SetMaxAwaitTime(100*time.Millisecond))
+	require.NoError(t, err)
+	defer cs.Close(ctx)
+	setNamedFailPoint(t, ctx, e, "failGetMoreAfterCursorCheckout", `{"times":1}`, `{"errorCode":10107}`)
+	insert(t, ctx, db.Collection("c"), `[{"_id":1}]`)
+	require.True(t, cs.Next(ctx), "the stream resumes after the failed getMore: %v", cs.Err())
+	require.Equal(t, "insert", cs.Current.Lookup("operationType").StringValue())
+	require.Equal(t, 2, log.count("aggregate"), "the driver resumed with a new aggregate")
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	var labelled bool
+	for _, f := range log.failed {
+		if f.CommandName == "getMore" {
+			var le interface{ HasErrorLabel(string) bool }
+			labelled = errors.As(f.Failure, &le) && le.HasErrorLabel("ResumableChangeStreamError")
+		}
+	}
+	require.True(t, labelled, "the failed getMore carries ResumableChangeStreamError")
 }
 
 // failCommand is one fail point per server: cases sharing a real server take

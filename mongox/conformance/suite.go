@@ -15,7 +15,7 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, Query, Aggregate, Indexes, Transactions, ChangeStreams,
+// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams, ChangeStreamImages,
 // ClusterTime, Catalog, FailPoints, Unsupported). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
@@ -23,11 +23,17 @@ func Run(t *testing.T, env EnvFunc) {
 		run  func(t *testing.T, env EnvFunc)
 	}{
 		{"CRUD", crudCases},
+		{"UpdatePipelines", updatePipelineCases},
+		{"Let", letCases},
+		{"Collation", collationCases},
 		{"Query", queryCases},
 		{"Aggregate", aggregateCases},
+		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
 		{"Transactions", txnCases},
+		{"SnapshotReads", snapshotCases},
 		{"ChangeStreams", changeStreamCases},
+		{"ChangeStreamImages", changeStreamImageCases},
 		{"ClusterTime", clusterTimeCases},
 		{"Catalog", catalogCases},
 		{"FailPoints", failPointCases},

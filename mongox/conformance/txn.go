@@ -29,6 +29,7 @@ func txnCases(t *testing.T, env EnvFunc) {
 		{"TransactionLifetimeLimit", testTxnLifetime},
 		{"RetryableWriteAppliedOnce", testRetryableWrite},
 		{"ImplicitCollectionCreation", testTxnImplicitCreate},
+		{"CreateIndexInTransaction", testTxnCreateIndex},
 	})
 }
 
@@ -277,4 +278,29 @@ func testRetryableWrite(t *testing.T, env EnvFunc) {
 		require.NoError(t, coll.FindOne(ctx, D(`{"_id":1}`)).Decode(&d))
 		requireDoc(t, `{"_id":1,"n":`+string(rune('1'+i))+`}`, d, "%s: the write is applied exactly once", v.name)
 	}
+}
+
+// testTxnCreateIndex: MongoDB 4.4+ creates indexes inside a transaction on
+// a collection the transaction creates; they appear at commit. On an
+// existing collection the transaction is refused.
+func testTxnCreateIndex(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	sess, sctx := startTxn(t, ctx, e.Client)
+	_, err := db.Collection("fresh").Indexes().CreateOne(sctx, mongo.IndexModel{Keys: D(`{"x":1}`), Options: options.Index().SetName("x_1")})
+	require.NoError(t, err, "createIndexes on a collection the transaction creates")
+	names, err := db.ListCollectionNames(ctx, D(`{"name":"fresh"}`))
+	require.NoError(t, err)
+	require.Empty(t, names, "not visible before commit")
+	early, err := db.Collection("fresh").Indexes().ListSpecifications(ctx)
+	require.NoError(t, err, "the driver reports a missing collection as no indexes")
+	require.Empty(t, early, "listIndexes outside the transaction does not see the index")
+	require.NoError(t, sess.CommitTransaction(ctx))
+	specs, err := db.Collection("fresh").Indexes().ListSpecifications(ctx)
+	require.NoError(t, err)
+	require.Len(t, specs, 2, "the index exists after commit")
+
+	insert(t, ctx, db.Collection("old"), `[{"_id":1}]`)
+	_, sctx = startTxn(t, ctx, e.Client)
+	_, err = db.Collection("old").Indexes().CreateOne(sctx, mongo.IndexModel{Keys: D(`{"y":1}`)})
+	requireCode(t, err, 263, "not on an existing collection")
 }

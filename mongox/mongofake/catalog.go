@@ -40,12 +40,26 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	prePost := false
+	var clustered bson.D
 	for i, e := range r.cmd {
 		if i == 0 || genericFields[e.Key] {
 			continue
 		}
 		switch e.Key {
-		case "capped", "timeseries", "viewOn", "pipeline", "clusteredIndex", "changeStreamPreAndPostImages", "encryptedFields", "validator":
+		case "changeStreamPreAndPostImages":
+			en, err := prePostArg("create", e.Value)
+			if err != nil {
+				return nil, err
+			}
+			prePost = en
+		case "clusteredIndex":
+			spec, err := clusteredArg(e.Value)
+			if err != nil {
+				return nil, err
+			}
+			clustered = spec
+		case "capped", "timeseries", "viewOn", "pipeline", "encryptedFields", "validator":
 			if b, ok := e.Value.(bool); ok && !b {
 				continue
 			}
@@ -57,7 +71,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: create option '"+e.Key+"' is not supported")
 		case "size", "max", "storageEngine", "validationLevel", "validationAction", "indexOptionDefaults", "collation", "expireAfterSeconds", "autoIndexId", "idIndex", "flags":
 			if e.Key == "collation" {
-				if err := checkCollation(e.Value); err != nil {
+				if err := checkCollation(e.Value, "a collection (default collation)"); err != nil {
 					return nil, err
 				}
 			}
@@ -80,7 +94,87 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	defer cancel()
-	return bson.D{}, r.srv.engine.CreateCollection(ctx, ns)
+	if err := r.srv.engine.CreateCollection(ctx, ns); err != nil {
+		return nil, err
+	}
+	if clustered != nil {
+		if err := r.srv.engine.SetClustered(ctx, ns, clustered); err != nil {
+			return nil, err
+		}
+	}
+	if prePost {
+		return bson.D{}, r.srv.engine.SetPrePostImages(ctx, ns, true)
+	}
+	return bson.D{}, nil
+}
+
+// clusteredArg parses the clusteredIndex option, which MongoDB 5.3+ allows
+// only on _id and unique: {key: {_id: 1}, unique: true, name?, v?}. It
+// returns the option as listCollections reports it.
+func clusteredArg(v any) (bson.D, error) {
+	if b, ok := v.(bool); ok {
+		if !b {
+			return nil, errorf(2, "BadValue", "clusteredIndex: false is not allowed; omit the option")
+		}
+		return bson.D{{Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "unique", Value: true}, {Key: "name", Value: "_id_"}, {Key: "v", Value: int32(2)}}, nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return nil, wrongType("create.clusteredIndex", v, "object")
+	}
+	name := "_id_"
+	var key bson.D
+	unique := false
+	for _, e := range d {
+		switch e.Key {
+		case "key":
+			key, _ = e.Value.(bson.D)
+		case "unique":
+			unique, _ = e.Value.(bool)
+		case "name":
+			s, ok := e.Value.(string)
+			if !ok {
+				return nil, wrongType("create.clusteredIndex.name", e.Value, "string")
+			}
+			name = s
+		case "v":
+		default:
+			return nil, errorf(40415, "Location40415", "BSON field 'create.clusteredIndex."+e.Key+"' is an unknown field.")
+		}
+	}
+	if len(key) != 1 || key[0].Key != "_id" {
+		return nil, errorf(6053700, "Location6053700", "The clusteredIndex option is only supported for key: {_id: 1}")
+	}
+	if n, ok := wholeNumber(key[0].Value); !ok || n != 1 {
+		return nil, errorf(6053700, "Location6053700", "The clusteredIndex option is only supported for key: {_id: 1}")
+	}
+	if !unique {
+		return nil, errorf(5979700, "Location5979700", "The clusteredIndex option requires unique: true")
+	}
+	return bson.D{{Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "unique", Value: true}, {Key: "name", Value: name}, {Key: "v", Value: int32(2)}}, nil
+}
+
+// prePostArg parses changeStreamPreAndPostImages: {enabled: <bool>}.
+func prePostArg(cmd string, v any) (bool, error) {
+	d, ok := v.(bson.D)
+	if !ok {
+		return false, wrongType(cmd+".changeStreamPreAndPostImages", v, "object")
+	}
+	enabled, found := false, false
+	for _, e := range d {
+		if e.Key != "enabled" {
+			return false, errorf(40415, "Location40415", fmt.Sprintf("BSON field '%s.changeStreamPreAndPostImages.%s' is an unknown field.", cmd, e.Key))
+		}
+		b, ok := e.Value.(bool)
+		if !ok {
+			return false, wrongType(cmd+".changeStreamPreAndPostImages.enabled", e.Value, "bool")
+		}
+		enabled, found = b, true
+	}
+	if !found {
+		return false, errorf(40414, "Location40414", fmt.Sprintf("BSON field '%s.changeStreamPreAndPostImages.enabled' is missing but a required field", cmd))
+	}
+	return enabled, nil
 }
 
 func cmdDrop(r *request, tc *txnCtx) (bson.D, error) {
@@ -140,7 +234,7 @@ func cmdListCollections(r *request, tc *txnCtx) (bson.D, error) {
 			d = bson.D{
 				{Key: "name", Value: c.Name},
 				{Key: "type", Value: "collection"},
-				{Key: "options", Value: bson.D{}},
+				{Key: "options", Value: collOptions(c)},
 				{Key: "info", Value: bson.D{{Key: "readOnly", Value: false}, {Key: "uuid", Value: c.UUID}}},
 				{Key: "idIndex", Value: bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "name", Value: "_id_"}}},
 			}
@@ -315,3 +409,15 @@ func cmdCollStats(r *request, _ *txnCtx) (bson.D, error) {
 
 // keep bsonkit imported for helpers used by several files.
 var _ = bsonkit.Equal
+
+// collOptions is the options document listCollections reports.
+func collOptions(c engine.CollectionInfo) bson.D {
+	out := bson.D{}
+	if c.Clustered != nil {
+		out = append(out, bson.E{Key: "clusteredIndex", Value: c.Clustered})
+	}
+	if c.PrePostImages {
+		out = append(out, bson.E{Key: "changeStreamPreAndPostImages", Value: bson.D{{Key: "enabled", Value: true}}})
+	}
+	return out
+}

@@ -67,9 +67,14 @@ type changeStream struct {
 	db, coll     string // db "" = whole cluster; coll "" = whole database
 	pipe         *pipeline.Pipeline
 	fullDocument string
-	pos          engine.Position // last oplog position consumed
-	pbrt         resumeToken
-	closed       bool
+	// fullDocumentBeforeChange is off, whenAvailable or required.
+	beforeChange string
+	// expanded is showExpandedEvents: DDL events, collectionUUID and
+	// operationDescription are reported.
+	expanded bool
+	pos      engine.Position // last oplog position consumed
+	pbrt     resumeToken
+	closed   bool
 }
 
 type streamBatch struct {
@@ -85,7 +90,7 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 	if !ok {
 		return nil, errorf(50808, "Location50808", "$changeStream stage expects a document as argument")
 	}
-	cs := &changeStream{srv: r.srv, db: r.db, coll: coll, fullDocument: "default"}
+	cs := &changeStream{srv: r.srv, db: r.db, coll: coll, fullDocument: "default", beforeChange: "off"}
 	var resume *resumeToken
 	var startAfter, startAt bool
 	var startTS bson.Timestamp
@@ -101,8 +106,12 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 				return nil, errorf(2, "BadValue", fmt.Sprintf("'%v' is not a valid fullDocument option", e.Value))
 			}
 		case "fullDocumentBeforeChange":
-			if s, _ := e.Value.(string); s != "off" {
-				return nil, errorf(238, "NotImplemented", fmt.Sprintf("mongofake: $changeStream fullDocumentBeforeChange '%v' is not supported (pre-images)", e.Value))
+			s, _ := e.Value.(string)
+			switch s {
+			case "off", "whenAvailable", "required":
+				cs.beforeChange = s
+			default:
+				return nil, errorf(2, "BadValue", fmt.Sprintf("'%v' is not a valid fullDocumentBeforeChange option", e.Value))
 			}
 		case "resumeAfter", "startAfter":
 			t, err := parseToken(e.Value)
@@ -128,7 +137,13 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 				return nil, err
 			}
 			allCluster = b
-		case "showExpandedEvents", "allowToRunOnConfigDB", "showMigrationEvents":
+		case "showExpandedEvents":
+			b, err := truthy(e.Value, "$changeStream.showExpandedEvents")
+			if err != nil {
+				return nil, err
+			}
+			cs.expanded = b
+		case "allowToRunOnConfigDB", "showMigrationEvents":
 		default:
 			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field '$changeStream.%s' is an unknown field.", e.Key))
 		}
@@ -320,16 +335,24 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			return nil, nil
 		}
 		invalidate = cs.coll != ""
+	case engine.OpCreate, engine.OpCreateIndexes, engine.OpDropIndexes, engine.OpModify:
+		if !cs.expanded || !cs.watches(en.NS) {
+			return nil, nil
+		}
 	default:
 		if !cs.watches(en.NS) {
 			return nil, nil
 		}
 	}
+	var beforeChange bson.E
 	d := bson.D{
 		{Key: "_id", Value: tok.doc()},
 		{Key: "operationType", Value: string(en.Op)},
 		{Key: "clusterTime", Value: en.TS},
 		{Key: "wallTime", Value: bson.NewDateTimeFromTime(en.Wall)},
+	}
+	if cs.expanded && en.UUID.Data != nil {
+		d = append(d, bson.E{Key: "collectionUUID", Value: en.UUID})
 	}
 	switch en.Op {
 	case engine.OpInsert, engine.OpReplace:
@@ -347,8 +370,29 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 			})
 			d = append(d, bson.E{Key: "fullDocument", Value: cur})
 		case "whenAvailable", "required":
-			d = append(d, bson.E{Key: "fullDocument", Value: en.Doc})
+			// The post-image exists only where pre- and post-images are
+			// recorded (changeStreamPreAndPostImages).
+			if !en.Images && cs.fullDocument == "required" {
+				return nil, errorf(47, "NoMatchingDocument", fmt.Sprintf(
+					"Change stream was configured to require a post-image for all update events, but the post-image was not found for the event at %v on %s", en.TS, en.NS))
+			}
+			var post any
+			if en.Images {
+				post = en.Doc
+			}
+			d = append(d, bson.E{Key: "fullDocument", Value: post})
 		}
+	}
+	if cs.beforeChange != "off" && (en.Op == engine.OpUpdate || en.Op == engine.OpReplace || en.Op == engine.OpDelete) {
+		if !en.Images && cs.beforeChange == "required" {
+			return nil, errorf(47, "NoMatchingDocument", fmt.Sprintf(
+				"Change stream was configured to require a pre-image for all update, delete and replace events, but the pre-image was not found for the event at %v on %s", en.TS, en.NS))
+		}
+		var pre any
+		if en.Images {
+			pre = en.Pre
+		}
+		beforeChange = bson.E{Key: "fullDocumentBeforeChange", Value: pre}
 	}
 	nsDoc := bson.D{{Key: "db", Value: en.NS.DB}}
 	if en.Op != engine.OpDropDatabase {
@@ -370,11 +414,29 @@ func (cs *changeStream) events(en *engine.Entry) ([]event, error) {
 		for _, f := range en.Update.RemovedFields {
 			rem = append(rem, f)
 		}
-		d = append(d, bson.E{Key: "updateDescription", Value: bson.D{
+		trunc := en.Update.TruncatedArrays
+		if trunc == nil {
+			trunc = bson.A{}
+		}
+		ud := bson.D{
 			{Key: "updatedFields", Value: upd},
 			{Key: "removedFields", Value: rem},
-			{Key: "truncatedArrays", Value: bson.A{}},
-		}})
+			{Key: "truncatedArrays", Value: trunc},
+		}
+		if cs.expanded {
+			dp := en.Update.DisambiguatedPaths
+			if dp == nil {
+				dp = bson.D{}
+			}
+			ud = append(ud, bson.E{Key: "disambiguatedPaths", Value: dp})
+		}
+		d = append(d, bson.E{Key: "updateDescription", Value: ud})
+	}
+	if beforeChange.Key != "" {
+		d = append(d, beforeChange)
+	}
+	if cs.expanded && en.Desc != nil {
+		d = append(d, bson.E{Key: "operationDescription", Value: en.Desc})
 	}
 	if en.TxnNumber != nil {
 		d = append(d, bson.E{Key: "txnNumber", Value: *en.TxnNumber}, bson.E{Key: "lsid", Value: en.LSID})
@@ -418,7 +480,7 @@ func (cs *changeStream) transform(d bson.D, tok resumeToken) (event, bool, error
 	id, _ := bsonkit.Get(res[0], "_id")
 	if !bsonkit.Equal(id, tok.doc()) {
 		return event{}, false, errorf(280, "ChangeStreamFatalError",
-			"Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.")
+			"Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. Modifying the _id field of an event makes it impossible to resume the stream from that point. Only transformations that retain the unmodified _id field are allowed.", "NonResumableChangeStreamError")
 	}
 	return event{doc: res[0], token: tok}, true, nil
 }

@@ -29,6 +29,18 @@ type request struct {
 	startTransaction bool
 	readConcern      bson.D
 	writeConcern     bson.D
+	// vars are the command's let parameters, evaluated (set by
+	// dataCommand before the handler runs).
+	vars bson.D
+
+	// Set by handlers (the request is owned by one goroutine).
+	// dropConn closes the connection once the command has run, without a
+	// reply (the onPrimaryTransactionalWrite fail point).
+	dropConn bool
+	// noRetryRecord keeps a retryable write's reply from being recorded
+	// for replay: a statement failed on purpose and must run again when
+	// retried.
+	noRetryRecord bool
 }
 
 // handlerFunc runs one command and returns the reply body without the

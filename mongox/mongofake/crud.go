@@ -57,19 +57,16 @@ func prepareInsert(v any) (bson.D, error) {
 		rest := slices.Delete(slices.Clone(doc), idx, idx+1)
 		doc = append(bson.D{id}, rest...)
 	}
-	if err := checkStorable(doc, true); err != nil {
+	if err := checkStorable(doc); err != nil {
 		return nil, err
 	}
 	return doc, nil
 }
 
-// checkStorable rejects field names a stored document may not have.
-func checkStorable(doc bson.D, top bool) error {
-	for _, e := range doc {
-		if top && strings.HasPrefix(e.Key, "$") {
-			return errorf(52, "DollarPrefixedFieldName", fmt.Sprintf("Document can't have $ prefixed field names: %s", e.Key))
-		}
-	}
+// checkStorable rejects what a stored document may not hold. Field names
+// starting with '$' or containing '.' are allowed anywhere but inside _id,
+// as on MongoDB 5.0+.
+func checkStorable(doc bson.D) error {
 	if id, ok := bsonkit.Get(doc, "_id"); ok {
 		switch x := id.(type) {
 		case bson.A:
@@ -87,14 +84,41 @@ func checkStorable(doc bson.D, top bool) error {
 	return nil
 }
 
-// writeCtx runs one statement: in the transaction, or auto-committed.
+// runWrite runs one statement: in the transaction, or auto-committed. A
+// statement of a retryable write passes the onPrimaryTransactionalWrite fail
+// point after it ran and before it commits.
 func runWrite(r *request, tc *txnCtx, fn func(v *engine.View) error) error {
 	ctx, cancel, err := r.opCtx()
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	return r.srv.engine.Write(ctx, tc.txn, fn)
+	if !tc.retryable {
+		return r.srv.engine.Write(ctx, tc.txn, fn)
+	}
+	var fp *failPoint
+	checked := false // a statement that blocked runs fn again: fire once
+	return r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
+		if err := fn(v); err != nil {
+			return err
+		}
+		if !checked {
+			checked = true
+			fp = r.srv.fp.fire(fpTransactionalWrite)
+		}
+		if fp == nil {
+			return nil
+		}
+		if fp.closeConnection {
+			r.dropConn = true
+		}
+		if fp.failBeforeCommit != 0 {
+			r.noRetryRecord = true
+			return errorf(fp.failBeforeCommit, codeName(fp.failBeforeCommit),
+				fmt.Sprintf("Failing write for txnNumber %d due to failpoint. The write must not be reflected.", *r.txnNumber))
+		}
+		return nil
+	})
 }
 
 func cmdInsert(r *request, tc *txnCtx) (bson.D, error) {
@@ -156,9 +180,10 @@ type updateSpec struct {
 	upsert       bool
 	multi        bool
 	arrayFilters []bson.D
+	coll         *bsonkit.Collation // nil: simple
 }
 
-func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
+func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, error) {
 	st, ok := raw.(bson.D)
 	if !ok {
 		return nil, errorf(14, "TypeMismatch", "update statements must be objects")
@@ -201,15 +226,19 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 				s.arrayFilters = append(s.arrayFilters, d)
 			}
 		case "collation":
-			if err := checkCollation(e.Value); err != nil {
+			c, err := collationArg(e.Value)
+			if err != nil {
 				return nil, err
 			}
-		case "hint", "upsertSupplied", "sort":
-			if e.Key == "sort" && e.Value != nil {
-				return nil, errorf(238, "NotImplemented", "mongofake: update option 'sort' is not supported")
-			}
+			s.coll = c
+		case "hint", "upsertSupplied":
 		case "c":
-			return nil, errorf(238, "NotImplemented", "mongofake: update option 'c' (let constants) is not supported")
+			c, ok := e.Value.(bson.D)
+			if !ok {
+				return nil, wrongType("update.updates.c", e.Value, "object")
+			}
+			// Statement constants, literal values that shadow let.
+			vars = append(slices.Clone(vars), c...)
 		default:
 			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field 'update.updates.%s' is an unknown field.", e.Key))
 		}
@@ -217,10 +246,7 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 	if !hasU {
 		return nil, errorf(40414, "Location40414", "BSON field 'update.updates.u' is missing but a required field")
 	}
-	if _, isPipeline := uArg.(bson.A); isPipeline {
-		return nil, errorf(238, "NotImplemented", "mongofake: pipeline-style updates are not supported")
-	}
-	u, err := update.Parse(uArg)
+	u, err := update.ParseWithVars(uArg, vars)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +254,7 @@ func parseUpdateStmt(raw any, multiAllowed bool) (*updateSpec, error) {
 	if s.multi && u.IsReplacement() {
 		return nil, errorf(9, "FailedToParse", "multi update is not supported for replacement-style update")
 	}
-	q, err := compileFilter(s.filter)
+	q, err := compileFilter(s.filter, vars, s.coll)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +282,7 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		return nil, err
 	}
 	if sortFirst != nil && len(docs) > 1 {
-		docs = sortSkipLimit(docs, sortFirst, 0, 1)
+		docs = sortSkipLimitColl(docs, sortFirst, 0, 1, s.coll)
 	}
 	if !s.multi && len(docs) > 1 {
 		docs = docs[:1]
@@ -298,7 +324,7 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		return res, nil
 	}
 	for i, old := range docs {
-		nd, err := s.u.Apply(old, update.ApplyOptions{Now: now, ArrayFilters: s.arrayFilters})
+		nd, err := s.u.Apply(old, update.ApplyOptions{Now: now, ArrayFilters: s.arrayFilters, Query: s.filter})
 		if err != nil {
 			return nil, err
 		}
@@ -309,13 +335,16 @@ func applyUpdate(v *engine.View, ns engine.NS, s *updateSpec, now time.Time, sor
 		if bsonkit.Equal(old, nd) && sameFieldTypes(old, nd) {
 			continue
 		}
-		if err := checkStorable(nd, true); err != nil {
+		if err := checkStorable(nd); err != nil {
 			return nil, err
 		}
 		var desc *engine.UpdateDescription
 		if !s.u.IsReplacement() {
-			upd, rem := update.Diff(old, nd)
-			desc = &engine.UpdateDescription{UpdatedFields: upd, RemovedFields: rem}
+			dd := update.DiffDescription(old, nd)
+			desc = &engine.UpdateDescription{UpdatedFields: dd.Updated, RemovedFields: dd.Removed, DisambiguatedPaths: dd.Disambiguated}
+			for _, tr := range dd.Truncated {
+				desc.TruncatedArrays = append(desc.TruncatedArrays, bson.D{{Key: "field", Value: tr.Field}, {Key: "newSize", Value: tr.NewSize}})
+			}
 		}
 		if err := v.Update(ns, nd, desc); err != nil {
 			return nil, err
@@ -348,9 +377,6 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "updates", "ordered", "bypassDocumentValidation", "let", "stmtIds", "stmtId"); err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: update option 'let' is not supported")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -367,7 +393,12 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	n, nModified := 0, 0
 	now := r.srv.engine.Now()
 	for i, raw := range stmts {
-		s, err := parseUpdateStmt(raw, true)
+		s, err := parseUpdateStmt(raw, true, r.vars)
+		if ce, ok := err.(*cmdError); ok && ce.Code == 40415 {
+			// The command's parser rejects unknown statement fields (like
+			// 'sort', new in 8.0) before any statement runs.
+			return nil, err
+		}
 		var res *updateResult
 		if err == nil {
 			err = runWrite(r, tc, func(v *engine.View) error {
@@ -405,9 +436,6 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "deletes", "ordered", "let", "stmtIds", "stmtId"); err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: delete option 'let' is not supported")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -431,6 +459,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 				return errorf(14, "TypeMismatch", "delete statements must be objects")
 			}
 			var filter bson.D
+			var coll *bsonkit.Collation
 			hasLimit := false
 			for _, e := range st {
 				switch e.Key {
@@ -447,9 +476,11 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 					}
 					limit, hasLimit = l, true
 				case "collation":
-					if err := checkCollation(e.Value); err != nil {
+					c, err := collationArg(e.Value)
+					if err != nil {
 						return err
 					}
+					coll = c
 				case "hint":
 				default:
 					return errorf(40415, "Location40415", fmt.Sprintf("BSON field 'delete.deletes.%s' is an unknown field.", e.Key))
@@ -459,7 +490,7 @@ func cmdDelete(r *request, tc *txnCtx) (bson.D, error) {
 				return errorf(40414, "Location40414", "BSON field 'delete.deletes.limit' is missing but a required field")
 			}
 			var err error
-			q, err = compileFilter(filter)
+			q, err = compileFilter(filter, r.vars, coll)
 			q.Limit = int(limit)
 			return err
 		}()
@@ -504,9 +535,6 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 		"bypassDocumentValidation", "collation", "arrayFilters", "hint", "let", "stmtId"); err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("let"); ok && v != nil {
-		return nil, errorf(238, "NotImplemented", "mongofake: findAndModify option 'let' is not supported")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -535,10 +563,10 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	uArg, hasUpdate := r.get("update")
 	if remove == hasUpdate {
@@ -564,11 +592,14 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 	if af, ok := r.get("arrayFilters"); ok {
 		stmt = append(stmt, bson.E{Key: "arrayFilters", Value: af})
 	}
+	if collV != nil {
+		stmt = append(stmt, bson.E{Key: "collation", Value: collV})
+	}
 	var value any
 	lastErr := bson.D{}
 	now := r.srv.engine.Now()
 	if remove {
-		q, err := compileFilter(filter)
+		q, err := compileFilter(filter, r.vars, coll)
 		if err != nil {
 			return nil, err
 		}
@@ -581,7 +612,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 			if err != nil {
 				return err
 			}
-			docs = sortSkipLimit(docs, srt, 0, 1)
+			docs = sortSkipLimitColl(docs, srt, 0, 1, coll)
 			if len(docs) == 0 {
 				return nil
 			}
@@ -597,7 +628,7 @@ func cmdFindAndModify(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, err
 		}
 	} else {
-		s, err := parseUpdateStmt(stmt, false)
+		s, err := parseUpdateStmt(stmt, false, r.vars)
 		if err != nil {
 			return nil, err
 		}
@@ -654,10 +685,10 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	limit, _, err := r.intArg("limit")
 	if err != nil {
@@ -673,12 +704,12 @@ func cmdCount(r *request, tc *txnCtx) (bson.D, error) {
 	if limit < 0 {
 		limit = -limit
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
 	var n int64
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		docs, err := v.Find(ns, q)
 		n = int64(len(docs))
 		return err
@@ -710,17 +741,17 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := r.get("collation"); ok {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
 	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		var err error
 		docs, err = v.Find(ns, q)
 		return err
@@ -731,7 +762,8 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 	seen := map[string]bool{}
 	values := bson.A{}
 	add := func(x any) {
-		k := bsonkit.Key(x)
+		// Collation-equal values are one distinct value: the first seen.
+		k := bsonkit.Key(coll.Value(x))
 		if !seen[k] {
 			seen[k] = true
 			values = append(values, x)
@@ -742,7 +774,7 @@ func cmdDistinct(r *request, tc *txnCtx) (bson.D, error) {
 			add(x)
 		}
 	}
-	slices.SortStableFunc(values, bsonkit.Compare)
+	slices.SortStableFunc(values, func(a, b any) int { return bsonkit.Compare(coll.Value(a), coll.Value(b)) })
 	return bson.D{{Key: "values", Value: values}}, nil
 }
 

@@ -161,15 +161,15 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
 	}
-	for _, f := range []string{"let", "min", "max"} {
+	for _, f := range []string{"min", "max"} {
 		if v, ok := r.get(f); ok && v != nil {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
 	}
-	if v, _ := r.get("collation"); v != nil {
-		if err := checkCollation(v); err != nil {
-			return nil, err
-		}
+	collV, _ := r.get("collation")
+	coll, err := collationArg(collV)
+	if err != nil {
+		return nil, err
 	}
 	filter, err := r.docArg("filter")
 	if err != nil {
@@ -208,7 +208,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
-	q, err := compileFilter(filter)
+	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +226,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 		q.Limit = int(limit)
 	}
 	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.txn, func(v *engine.View) error {
+	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
 		var err error
 		docs, err = v.Find(ns, q)
 		return err
@@ -234,12 +234,17 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	docs = sortSkipLimit(docs, srt, skip, limit)
+	docs = sortSkipLimitColl(docs, srt, skip, limit, coll)
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
 }
 
 // sortSkipLimit orders, skips and limits a result.
 func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
+	return sortSkipLimitColl(docs, srt, skip, limit, nil)
+}
+
+// sortSkipLimitColl is sortSkipLimit with strings ordered by a collation.
+func sortSkipLimitColl(docs []bson.D, srt *query.Sort, skip, limit int64, coll *bsonkit.Collation) []bson.D {
 	if srt != nil && len(docs) > 1 {
 		type keyed struct {
 			k []any
@@ -247,7 +252,7 @@ func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
 		}
 		ks := make([]keyed, len(docs))
 		for i, d := range docs {
-			ks[i] = keyed{srt.Key(d), d}
+			ks[i] = keyed{srt.Key(coll.Doc(d)), d}
 		}
 		slices.SortStableFunc(ks, func(a, b keyed) int { return srt.CompareKeys(a.k, b.k) })
 		for i := range ks {
@@ -303,6 +308,17 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 		c.lastUse = time.Now()
 		d.mu.Unlock()
 	}()
+	if fp := r.srv.fp.fire(fpFailGetMore); fp != nil {
+		// mongod kills a cursor whose getMore failed.
+		d.mu.Lock()
+		delete(d.cursors, id)
+		d.mu.Unlock()
+		e := errorf(fp.errorCode, codeName(fp.errorCode), "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint")
+		if c.stream != nil && resumableChangeStreamCodes[fp.errorCode] {
+			e.Labels = append(e.Labels, labelResumableChangeStream)
+		}
+		return nil, e
+	}
 	if c.stream != nil {
 		out, closed, err := c.stream.getMore(r, tc, batchSize)
 		if err != nil || closed {
@@ -400,7 +416,7 @@ func compileProjection(r *request, spec, filter bson.D) (func(bson.D) bson.D, er
 		return nil, err
 	}
 	pipe, perr := pipeline.Compile(bson.A{bson.D{{Key: "$project", Value: spec}}},
-		pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()})
+		pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars})
 	if perr != nil {
 		return nil, err
 	}

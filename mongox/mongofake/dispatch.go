@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
 )
 
 // dispatch runs one command and builds its reply. legacyDB is the database
@@ -72,8 +74,15 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	}
 
 	out, err := s.run(spec, r)
+	if r.dropConn {
+		s.logger.Debug("mongofake: onPrimaryTransactionalWrite closes the connection", "conn", c.id, "command", r.name)
+		return nil, true
+	}
 	if err != nil {
 		return s.errorReply(r, err, nil), false
+	}
+	if wce := unsatisfiableWriteConcern(r); wce != nil && !hasKey(out, "writeConcernError") {
+		out = append(out, bson.E{Key: "writeConcernError", Value: wce})
 	}
 	if fp != nil && fp.wce != nil {
 		out = append(removeKey(out, "writeConcernError"), bson.E{Key: "writeConcernError", Value: fp.wce})
@@ -290,6 +299,20 @@ const (
 	labelTransientTransaction = "TransientTransactionError"
 )
 
+// labelResumableChangeStream marks a change stream getMore error after
+// which the driver resumes (mongod 4.4+).
+const labelResumableChangeStream = "ResumableChangeStreamError"
+
+// resumableChangeStreamCodes are the errors after which mongod labels a
+// change stream's failed getMore ResumableChangeStreamError: network,
+// not-primary, shutdown and stale-routing errors, RetryChangeStream and
+// FailedToSatisfyReadPreference.
+var resumableChangeStreamCodes = map[int32]bool{
+	6: true, 7: true, 89: true, 91: true, 189: true, 262: true, 9001: true,
+	10107: true, 11600: true, 11602: true, 13435: true, 13436: true,
+	63: true, 150: true, 13388: true, 234: true, 133: true,
+}
+
 // retryableCodes are the codes mongod treats as retriable
 // (ErrorCodes::isRetriableError): network, not-primary and shutdown errors.
 var retryableCodes = map[int32]bool{
@@ -440,4 +463,28 @@ func codeName(code int32) string {
 		return n
 	}
 	return "Location" + strconv.Itoa(int(code))
+}
+
+// unsatisfiableWriteConcern returns the writeConcernError a single-node
+// replica set reports after applying a write whose write concern it cannot
+// satisfy: w greater than its one data-bearing member (100
+// UnsatisfiableWriteConcern) or a w tag mode it has no rule for (79
+// UnknownReplWriteConcern). nil when the write concern is satisfiable.
+func unsatisfiableWriteConcern(r *request) bson.D {
+	w, ok := bsonkit.Get(r.writeConcern, "w")
+	if !ok {
+		return nil
+	}
+	if mode, isStr := w.(string); isStr {
+		if mode == "majority" {
+			return nil
+		}
+		return bson.D{{Key: "code", Value: int32(79)}, {Key: "codeName", Value: "UnknownReplWriteConcern"},
+			{Key: "errmsg", Value: fmt.Sprintf("No write concern mode named '%s' found in replica set configuration", mode)}}
+	}
+	if n, isNum := wholeNumber(w); isNum && n > 1 {
+		return bson.D{{Key: "code", Value: int32(100)}, {Key: "codeName", Value: "UnsatisfiableWriteConcern"},
+			{Key: "errmsg", Value: "Not enough data-bearing nodes"}}
+	}
+	return nil
 }

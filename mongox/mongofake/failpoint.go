@@ -67,10 +67,26 @@ type WriteConcernError struct {
 	Labels []string
 }
 
+// The fail points configureFailPoint knows, as mongod names them.
+const (
+	// fpFailCommand fails, blocks or drops matching commands.
+	fpFailCommand = "failCommand"
+	// fpTransactionalWrite fires on each statement of a retryable write,
+	// after the statement ran and before it commits: it closes the
+	// connection (data.closeConnection, default true) and, with
+	// data.failBeforeCommitExceptionCode, fails the statement so that it is
+	// not reflected.
+	fpTransactionalWrite = "onPrimaryTransactionalWrite"
+	// fpFailGetMore fails a getMore with data.errorCode once the cursor is
+	// checked out.
+	fpFailGetMore = "failGetMoreAfterCursorCheckout"
+)
+
 // failPoint is one armed fail point.
 type failPoint struct {
 	id          int64
-	fromCommand bool // set by configureFailPoint (replaced by the next one)
+	kind        string // fpFailCommand, fpTransactionalWrite or fpFailGetMore
+	fromCommand bool   // set by configureFailPoint (replaced by the next one of its kind)
 	commands    map[string]bool
 	appName     string
 	remaining   int // < 0: unlimited
@@ -84,6 +100,9 @@ type failPoint struct {
 	closeConnection bool
 	block           time.Duration
 	wce             bson.D
+	// failBeforeCommit is onPrimaryTransactionalWrite's
+	// failBeforeCommitExceptionCode (0: none).
+	failBeforeCommit int32
 }
 
 // failPoints is the set of armed fail points.
@@ -101,7 +120,33 @@ func (f *failPoints) match(name, appName string) *failPoint {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, fp := range f.list {
-		if !fp.commands[name] || (fp.appName != "" && fp.appName != appName) {
+		if fp.kind != fpFailCommand || !fp.commands[name] || (fp.appName != "" && fp.appName != appName) {
+			continue
+		}
+		if fp.skip > 0 {
+			fp.skip--
+			continue
+		}
+		fp.hits++
+		cp := *fp
+		if fp.remaining > 0 {
+			fp.remaining--
+			if fp.remaining == 0 {
+				f.list = append(f.list[:i:i], f.list[i+1:]...)
+			}
+		}
+		return &cp
+	}
+	return nil
+}
+
+// fire consumes one activation of the armed fail point of a kind other
+// than failCommand and returns a copy of it, or nil.
+func (f *failPoints) fire(kind string) *failPoint {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, fp := range f.list {
+		if fp.kind != kind {
 			continue
 		}
 		if fp.skip > 0 {
@@ -127,7 +172,7 @@ func (f *failPoints) add(fp *failPoint) int64 {
 	f.nextID++
 	fp.id = f.nextID
 	if fp.fromCommand {
-		f.removeCommandLocked()
+		f.removeCommandLocked(fp.kind)
 	}
 	f.list = append(f.list, fp)
 	return fp.id
@@ -144,11 +189,11 @@ func (f *failPoints) remove(id int64) {
 	}
 }
 
-// removeCommandLocked disarms the fail point set by configureFailPoint and
-// returns how often it fired.
-func (f *failPoints) removeCommandLocked() int64 {
+// removeCommandLocked disarms the fail point of a kind set by
+// configureFailPoint and returns how often it fired.
+func (f *failPoints) removeCommandLocked(kind string) int64 {
 	for i, fp := range f.list {
-		if fp.fromCommand {
+		if fp.fromCommand && fp.kind == kind {
 			f.list = append(f.list[:i:i], f.list[i+1:]...)
 			return fp.hits
 		}
@@ -167,6 +212,7 @@ func (f *failPoints) clear() {
 // whether or not EnableTestCommands is set.
 func (s *Server) FailCommand(p FailPoint) (cancel func()) {
 	fp := &failPoint{
+		kind:            fpFailCommand,
 		commands:        map[string]bool{},
 		appName:         p.AppName,
 		remaining:       p.Times,
@@ -210,8 +256,9 @@ func init() {
 	register(commandSpec{names: []string{"configureFailPoint"}, handler: configureFailPoint, adminOnly: true, noSession: true})
 }
 
-// configureFailPoint implements {configureFailPoint: "failCommand", mode,
-// data}. Only the failCommand fail point exists.
+// configureFailPoint implements {configureFailPoint: name, mode, data} for
+// the fail points failCommand, onPrimaryTransactionalWrite and
+// failGetMoreAfterCursorCheckout.
 func configureFailPoint(r *request) (bson.D, error) {
 	s := r.srv
 	if !s.cfg.testCommands {
@@ -219,8 +266,10 @@ func configureFailPoint(r *request) (bson.D, error) {
 			"no such command: 'configureFailPoint'; it requires test commands (mongofake.EnableTestCommands(true), like mongod's enableTestCommands)")
 	}
 	name, _ := r.cmd[0].Value.(string)
-	if name != "failCommand" {
-		return nil, errorf(2, "BadValue", fmt.Sprintf("mongofake: fail point %q is not supported; only failCommand is", name))
+	switch name {
+	case fpFailCommand, fpTransactionalWrite, fpFailGetMore:
+	default:
+		return nil, errorf(2, "BadValue", fmt.Sprintf("mongofake: fail point %q is not supported; only %s, %s and %s are", name, fpFailCommand, fpTransactionalWrite, fpFailGetMore))
 	}
 	var mode any
 	var data bson.D
@@ -236,14 +285,16 @@ func configureFailPoint(r *request) (bson.D, error) {
 			data = d
 		}
 	}
-	fp := &failPoint{fromCommand: true, commands: map[string]bool{}, remaining: -1, errmsg: defaultFailMsg}
+	fp := &failPoint{kind: name, fromCommand: true, commands: map[string]bool{}, remaining: -1, errmsg: defaultFailMsg}
+	// onPrimaryTransactionalWrite closes the connection unless told not to.
+	fp.closeConnection = name == fpTransactionalWrite
 	switch m := mode.(type) {
 	case string:
 		switch m {
 		case "alwaysOn":
 		case "off":
 			s.fp.mu.Lock()
-			hits := s.fp.removeCommandLocked()
+			hits := s.fp.removeCommandLocked(name)
 			s.fp.mu.Unlock()
 			return bson.D{{Key: "count", Value: hits}}, nil
 		default:
@@ -261,7 +312,7 @@ func configureFailPoint(r *request) (bson.D, error) {
 		case "times":
 			if n == 0 {
 				s.fp.mu.Lock()
-				hits := s.fp.removeCommandLocked()
+				hits := s.fp.removeCommandLocked(name)
 				s.fp.mu.Unlock()
 				return bson.D{{Key: "count", Value: hits}}, nil
 			}
@@ -348,6 +399,12 @@ func configureFailPoint(r *request) (bson.D, error) {
 				return nil, wrongType("errmsg", e.Value, "string")
 			}
 			fp.errmsg = m
+		case "failBeforeCommitExceptionCode":
+			n, ok := wholeNumber(e.Value)
+			if !ok || n < math.MinInt32 || n > math.MaxInt32 || n == 0 {
+				return nil, wrongType("failBeforeCommitExceptionCode", e.Value, "non-zero int")
+			}
+			fp.failBeforeCommit = int32(n)
 		case "failInternalCommands", "threadName", "namespace":
 			// No internal clients here; threadName and namespace are
 			// accepted but not used for matching.
@@ -356,8 +413,11 @@ func configureFailPoint(r *request) (bson.D, error) {
 			s.logger.Warn("mongofake: configureFailPoint ignores unknown data field", "field", e.Key)
 		}
 	}
-	if len(fp.commands) == 0 {
+	switch {
+	case name == fpFailCommand && len(fp.commands) == 0:
 		return nil, errorf(2, "BadValue", "mongofake: failCommand requires data.failCommands, a non-empty array of command names")
+	case name == fpFailGetMore && fp.errorCode == 0:
+		return nil, errorf(2, "BadValue", "mongofake: failGetMoreAfterCursorCheckout requires data.errorCode")
 	}
 	if blockConnection {
 		if blockMS < 0 {
@@ -366,7 +426,7 @@ func configureFailPoint(r *request) (bson.D, error) {
 		fp.block = time.Duration(blockMS) * time.Millisecond
 	}
 	s.fp.mu.Lock()
-	hits := s.fp.removeCommandLocked()
+	hits := s.fp.removeCommandLocked(name)
 	s.fp.mu.Unlock()
 	s.fp.add(fp)
 	return bson.D{{Key: "count", Value: hits}}, nil

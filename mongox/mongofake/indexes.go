@@ -82,7 +82,7 @@ func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 			s.ExpireAfterSeconds = &n
 		case "v", "background", "ns":
 		case "collation":
-			if err := checkCollation(e.Value); err != nil {
+			if err := checkCollation(e.Value, "an index"); err != nil {
 				return s, err
 			}
 		case "hidden", "weights", "default_language", "language_override", "textIndexVersion",
@@ -108,9 +108,6 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 	if err := checkFields(r, "indexes", "commitQuorum", "ignoreUnknownIndexOptions", "isTimeseriesNamespace"); err != nil {
 		return nil, err
 	}
-	if tc.txn != nil {
-		return nil, errorf(263, "OperationNotSupportedInTransaction", "Cannot run 'createIndexes' in a multi-document transaction in this server.")
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -133,7 +130,18 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	defer cancel()
-	created, before, after, err := r.srv.engine.CreateIndexes(ctx, ns, specs)
+	var created bool
+	var before, after int
+	if tc.txn != nil {
+		// Allowed on a collection the transaction creates (MongoDB 4.4+).
+		err = r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
+			var err error
+			created, before, after, err = v.CreateIndexes(ns, specs)
+			return err
+		})
+	} else {
+		created, before, after, err = r.srv.engine.CreateIndexes(ctx, ns, specs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -168,8 +176,14 @@ func cmdListIndexes(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	docs := make([]bson.D, len(specs))
+	clustered := r.srv.engine.ClusteredIndex(ns)
 	for i, s := range specs {
 		docs[i] = engine.SpecDocument(s)
+		if i == 0 && clustered != nil {
+			// A clustered collection lists its clustered index in place of _id_.
+			docs[i] = bson.D{{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}},
+				{Key: "name", Value: lookupD(clustered, "name")}, {Key: "unique", Value: true}, {Key: "clustered", Value: true}}
+		}
 	}
 	cns := engine.NS{DB: ns.DB, Coll: "$cmd.listIndexes." + ns.Coll}
 	return r.srv.data.firstBatch(r, tc, cns, docs, nil, batchSize, hasBatch, 0, false), nil
@@ -286,12 +300,37 @@ func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
 			}
 		case "validationLevel", "validationAction":
 			// meaningless without a validator
+		case "changeStreamPreAndPostImages":
+			en, err := prePostArg("collMod", e.Value)
+			if err != nil {
+				return nil, err
+			}
+			ctx, cancel, err := r.opCtx()
+			if err != nil {
+				return nil, err
+			}
+			err = r.srv.engine.SetPrePostImages(ctx, ns, en)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
 		default:
 			return nil, errorf(238, "NotImplemented", "mongofake: collMod option '"+e.Key+"' is not supported")
 		}
 	}
-	if _, ok := r.srv.engine.ListIndexes(ns); !ok {
-		return nil, errorf(26, "NamespaceNotFound", "ns does not exist: "+ns.String())
+	desc := bson.D{}
+	for i, e := range r.cmd {
+		if i > 0 && !genericFields[e.Key] {
+			desc = append(desc, e)
+		}
+	}
+	ctx, cancel, err := r.opCtx()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if err := r.srv.engine.RecordModify(ctx, ns, desc); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -64,7 +64,7 @@ func (d *dataState) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for k, s := range d.sessions {
-		s.abortTxn("server shutting down")
+		s.end("server shutting down")
 		delete(d.sessions, k)
 	}
 	clear(d.cursors)
@@ -101,7 +101,7 @@ func (d *dataState) reap(now time.Time) {
 			continue
 		}
 		if now.Sub(s.lastUse) > sessionIdleTimeout && !s.busy {
-			s.abortTxn("session expired")
+			s.end("session expired")
 			delete(d.sessions, k)
 		}
 		s.mu.Unlock()
@@ -120,12 +120,24 @@ type session struct {
 	txn       *engine.Txn // transaction of txnNumber, nil for a retryable write
 	retry     *retryRecord
 	lastUse   time.Time
+	// snaps are the read snapshots of the session's snapshot reads
+	// (readConcern snapshot outside a transaction), by timestamp.
+	snaps map[bson.Timestamp]*engine.Snapshot
 }
 
 // retryRecord is the result of the retryable write with a txnNumber.
 type retryRecord struct {
 	txnNumber int64
 	reply     bson.D
+}
+
+// end aborts the session's transaction and releases its read snapshots.
+func (s *session) end(reason string) {
+	s.abortTxn(reason)
+	for ts, snap := range s.snaps {
+		snap.Close()
+		delete(s.snaps, ts)
+	}
 }
 
 func (s *session) abortTxn(reason string) {
@@ -170,7 +182,7 @@ func (d *dataState) endSession(lsid bson.D) {
 	d.mu.Unlock()
 	if s != nil {
 		s.mu.Lock()
-		s.abortTxn("session ended")
+		s.end("session ended")
 		s.mu.Unlock()
 	}
 }
@@ -181,18 +193,68 @@ type txnCtx struct {
 	txn  *engine.Txn // non-nil inside a multi-document transaction
 	// retryable is set for a retryable write (lsid + txnNumber, no autocommit).
 	retryable bool
+	// snap is the read snapshot of a snapshot read (readConcern snapshot
+	// outside a transaction).
+	snap *engine.Snapshot
 }
+
+// readTxn is what a read goes through: the transaction, the snapshot of a
+// snapshot read, or nil for the latest committed state.
+func (tc *txnCtx) readTxn() *engine.Txn {
+	switch {
+	case tc.txn != nil:
+		return tc.txn
+	case tc.snap != nil:
+		return tc.snap.Txn()
+	}
+	return nil
+}
+
+// snapshotReadCommands are the commands that take readConcern snapshot
+// outside a transaction (MongoDB 5.0+).
+var snapshotReadCommands = map[string]bool{"find": true, "aggregate": true, "distinct": true}
 
 // begin resolves the request's session and transaction and locks the
 // session for the duration of the command: call the returned release.
 func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	tc := &txnCtx{}
-	if _, ok := bsonkit.Get(r.readConcern, "atClusterTime"); ok {
-		return nil, nil, errorf(238, "NotImplemented", "mongofake: readConcern atClusterTime is not supported")
+	level, _ := bsonkit.Get(r.readConcern, "level")
+	atV, hasAt := bsonkit.Get(r.readConcern, "atClusterTime")
+	var at bson.Timestamp
+	if hasAt {
+		ts, ok := atV.(bson.Timestamp)
+		if !ok {
+			return nil, nil, wrongType("readConcern.atClusterTime", atV, "timestamp")
+		}
+		if level != "snapshot" {
+			return nil, nil, errorf(72, "InvalidOptions", "readConcern atClusterTime is only valid with level snapshot")
+		}
+		if r.autocommit != nil {
+			return nil, nil, errorf(238, "NotImplemented", "mongofake: readConcern atClusterTime in a transaction is not supported")
+		}
+		at = ts
+	}
+	if r.autocommit != nil {
+		if mode, _ := bsonkit.Lookup(r.cmd, "$readPreference.mode"); mode != nil && mode != "primary" {
+			return nil, nil, errorf(72, "InvalidOptions", fmt.Sprintf("read preference in a transaction must be primary, not: %v", mode))
+		}
+	}
+	snapshotRead := level == "snapshot" && r.autocommit == nil
+	if snapshotRead && !snapshotReadCommands[r.name] {
+		return nil, nil, errorf(72, "InvalidOptions",
+			fmt.Sprintf("Command %s does not support { readConcern: { level: \"snapshot\" } } outside a transaction", r.name))
 	}
 	if r.lsid == nil {
 		if r.autocommit != nil || r.startTransaction {
 			return nil, nil, errorf(50768, "Location50768", "transaction requires a session")
+		}
+		if snapshotRead {
+			snap, _, err := d.srv.engine.OpenSnapshot(at)
+			if err != nil {
+				return nil, nil, err
+			}
+			tc.snap = snap
+			return tc, snap.Close, nil
 		}
 		return tc, func() {}, nil
 	}
@@ -205,6 +267,27 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		s.busy = false
 		s.lastUse = time.Now()
 		s.mu.Unlock()
+	}
+	if snapshotRead {
+		// The first snapshot read of a session pins the latest state; the
+		// driver sends its timestamp (atClusterTime) with the later ones.
+		snap := s.snaps[at]
+		if snap == nil || at.IsZero() {
+			var ts bson.Timestamp
+			var err error
+			if snap, ts, err = d.srv.engine.OpenSnapshot(at); err != nil {
+				release()
+				return nil, nil, err
+			}
+			if s.snaps == nil {
+				s.snaps = map[bson.Timestamp]*engine.Snapshot{}
+			}
+			if old := s.snaps[ts]; old != nil {
+				old.Close()
+			}
+			s.snaps[ts] = snap
+		}
+		tc.snap = snap
 	}
 	if r.txnNumber == nil {
 		return tc, release, nil
@@ -286,11 +369,17 @@ func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
 		if tc.retryable && tc.sess.retry != nil && tc.sess.retry.txnNumber == *r.txnNumber {
 			return tc.sess.retry.reply, nil
 		}
+		if err := r.parseLet(); err != nil {
+			return nil, err
+		}
 		out, err := h(r, tc)
 		if err != nil {
 			return nil, convertErr(err)
 		}
-		if tc.retryable && retryableWriteCommands[r.name] {
+		if tc.snap != nil {
+			out = withAtClusterTime(out, tc.snap.Timestamp())
+		}
+		if tc.retryable && retryableWriteCommands[r.name] && !r.noRetryRecord {
 			tc.sess.retry = &retryRecord{txnNumber: *r.txnNumber, reply: out}
 		}
 		return out, nil
@@ -467,33 +556,6 @@ func (r *request) opCtx() (context.Context, context.CancelFunc, error) {
 	return ctx, cancel, nil
 }
 
-// checkCollation accepts only the simple collation.
-func checkCollation(v any) error {
-	if v == nil {
-		return nil
-	}
-	d, ok := v.(bson.D)
-	if !ok {
-		return errorf(14, "TypeMismatch", "collation must be an object")
-	}
-	if len(d) == 0 {
-		return nil
-	}
-	if loc, _ := bsonkit.Get(d, "locale"); loc == "simple" {
-		return nil
-	}
-	return errorf(238, "NotImplemented", "mongofake: collations other than {locale: \"simple\"} are not supported")
-}
-
-// compileFilter compiles a query filter into an engine query.
-func compileFilter(filter bson.D) (engine.Query, error) {
-	m, err := query.Compile(filter)
-	if err != nil {
-		return engine.Query{}, err
-	}
-	return engine.Query{Filter: filter, Match: m.Match}, nil
-}
-
 // docSize estimates the BSON size of a value.
 func docSize(v any) int {
 	switch x := v.(type) {
@@ -527,4 +589,61 @@ func docSize(v any) int {
 		return 2 + len(x.Pattern) + len(x.Options)
 	}
 	return 8
+}
+
+// parseLet evaluates the command's let parameters into r.vars. Each value
+// is an aggregation expression evaluated once, without a document; names
+// follow MongoDB's rules for user variables.
+func (r *request) parseLet() error {
+	v, ok := r.get("let")
+	if !ok || v == nil {
+		return nil
+	}
+	d, ok := v.(bson.D)
+	if !ok {
+		return wrongType(r.name+".let", v, "object")
+	}
+	env := pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime()}
+	vars := make(bson.D, 0, len(d))
+	for _, e := range d {
+		if err := checkVarName(e.Key); err != nil {
+			return err
+		}
+		val, err := pipeline.Eval(e.Value, nil, env)
+		if err != nil {
+			return convertErr(err)
+		}
+		vars = append(vars, bson.E{Key: e.Key, Value: val})
+	}
+	r.vars = vars
+	return nil
+}
+
+// checkVarName applies MongoDB's rule for user variable names: a lowercase
+// ASCII letter or a non-ASCII character first, then letters, digits and '_'.
+func checkVarName(name string) error {
+	if name == "" {
+		return errorf(16866, "Location16866", "empty variable names are not allowed")
+	}
+	for i, c := range name {
+		switch {
+		case i == 0 && !(c >= 'a' && c <= 'z') && c < 0x80:
+			return errorf(16870, "Location16870", fmt.Sprintf("'%s' starts with an invalid character for a user variable name", name))
+		case c < 0x80 && !(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') && c != '_':
+			return errorf(16871, "Location16871", fmt.Sprintf("'%s' contains an invalid character for a variable name: '%c'", name, c))
+		}
+	}
+	return nil
+}
+
+// withAtClusterTime reports a snapshot read's timestamp where drivers look
+// for it: in the cursor document of a cursor reply, else at the top level.
+func withAtClusterTime(out bson.D, ts bson.Timestamp) bson.D {
+	for i, e := range out {
+		if c, ok := e.Value.(bson.D); ok && e.Key == "cursor" {
+			out[i].Value = append(removeKey(c, "atClusterTime"), bson.E{Key: "atClusterTime", Value: ts})
+			return out
+		}
+	}
+	return append(removeKey(out, "atClusterTime"), bson.E{Key: "atClusterTime", Value: ts})
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sort"
 	"strings"
@@ -27,6 +28,13 @@ type collection struct {
 	stale   int
 	indexes []*index // indexes[0] is _id_
 	created bson.Timestamp
+	// prePostImages is the changeStreamPreAndPostImages option: change
+	// events of updates, replaces and deletes carry the document's images.
+	prePostImages bool
+	// clustered is the clusteredIndex option ({key: {_id: 1}, unique,
+	// name, v}) of a clustered collection, nil otherwise. Documents are
+	// always kept by _id here, so it only changes what the catalog reports.
+	clustered bson.D
 	// pending is the open transaction that created the collection
 	// implicitly: the catalog hides it from others until something commits
 	// into it.
@@ -113,6 +121,10 @@ func (c *chain) anyVersionHas(ix *index, hash string) bool {
 type CollectionInfo struct {
 	Name string
 	UUID bson.Binary
+	// PrePostImages is the changeStreamPreAndPostImages option.
+	PrePostImages bool
+	// Clustered is the clusteredIndex option, nil when not clustered.
+	Clustered bson.D
 }
 
 // DatabaseInfo describes a database for listDatabases.
@@ -229,9 +241,19 @@ func (e *Engine) CreateCollection(ctx context.Context, ns NS) error {
 		if e.collLocked(ns) != nil {
 			return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
 		}
-		_, err := e.createLocked(ns)
-		return err
+		c, err := e.createLocked(ns)
+		if err != nil {
+			return err
+		}
+		e.appendOplog([]Entry{c.createEntry(e.tick())})
+		return nil
 	})
+}
+
+// createEntry is the oplog entry of the collection's creation.
+func (c *collection) createEntry(ts bson.Timestamp) Entry {
+	return Entry{TS: ts, Op: OpCreate, NS: c.ns, UUID: c.uuid, Desc: bson.D{{Key: "idIndex", Value: bson.D{
+		{Key: "v", Value: int32(2)}, {Key: "key", Value: bson.D{{Key: "_id", Value: int32(1)}}}, {Key: "name", Value: "_id_"}}}}}
 }
 
 // DropCollection drops a collection and records a drop in the oplog. It
@@ -246,7 +268,7 @@ func (e *Engine) DropCollection(ctx context.Context, ns NS) (bool, error) {
 		existed = true
 		e.dropLocked(c)
 		ts := e.tick()
-		e.appendOplog([]Entry{{TS: ts, Op: OpDrop, NS: ns}})
+		e.appendOplog([]Entry{{TS: ts, Op: OpDrop, NS: ns, UUID: c.uuid}})
 		return nil
 	})
 	return existed, err
@@ -281,8 +303,9 @@ func (e *Engine) DropDatabase(ctx context.Context, name string) (bool, error) {
 		sort.Strings(names)
 		var entries []Entry
 		for _, n := range names {
-			e.dropLocked(db.colls[n])
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: NS{DB: name, Coll: n}})
+			c := db.colls[n]
+			e.dropLocked(c)
+			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: NS{DB: name, Coll: n}, UUID: c.uuid})
 		}
 		delete(e.dbs, name)
 		entries = append(entries, Entry{TS: e.tick(), Op: OpDropDatabase, NS: NS{DB: name}})
@@ -307,12 +330,14 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 			return &Error{Code: CodeIllegalOperation, Name: "IllegalOperation", Msg: "Can't rename a collection to itself"}
 		}
 		var entries []Entry
+		desc := bson.D{{Key: "to", Value: bson.D{{Key: "db", Value: to.DB}, {Key: "coll", Value: to.Coll}}}}
 		if t := e.collLocked(to); t != nil {
 			if !dropTarget {
 				return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "target namespace exists"}
 			}
 			e.dropLocked(t)
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: to})
+			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: to, UUID: t.uuid})
+			desc = append(desc, bson.E{Key: "dropTarget", Value: t.uuid})
 		}
 		db := e.dbs[from.DB]
 		delete(db.colls, from.Coll)
@@ -326,7 +351,7 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 		}
 		c.ns = to
 		tdb.colls[to.Coll] = c
-		entries = append(entries, Entry{TS: e.tick(), Op: OpRename, NS: from, To: to})
+		entries = append(entries, Entry{TS: e.tick(), Op: OpRename, NS: from, To: to, UUID: c.uuid, Desc: desc})
 		e.appendOplog(entries)
 		return nil
 	})
@@ -345,7 +370,7 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 		if c.pending != nil {
 			continue
 		}
-		out = append(out, CollectionInfo{Name: n, UUID: c.uuid})
+		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered})
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -417,54 +442,111 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 		}
 		created = made
 		before = len(c.indexes)
-		var add []*index
-	specLoop:
-		for _, s := range specs {
-			if s.Name == "" {
-				s.Name = DefaultIndexName(s.Key)
-			}
-			for _, ix := range append(slices.Clone(c.indexes), add...) {
-				sameKey := bsonkit.Equal(ix.keys, s.Key) && keyTypesEqual(ix.keys, s.Key)
-				if ix.name == s.Name {
-					if sameKey && sameOptions(ix.spec(), s) {
-						continue specLoop
-					}
-					if ix.name == "_id_" && sameKey {
-						continue specLoop
-					}
-					if sameKey {
-						return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-							Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-								FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-					}
-					return &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
-						Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
-							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-				}
-				if sameKey && bsonkit.Equal(ix.partial, s.PartialFilter) {
-					if sameOptions(ix.spec(), s) {
-						return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-							Msg: "Index already exists with a different name: " + ix.name}
-					}
-					return &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-				}
-			}
-			ix, err := newIndex(s)
-			if err != nil {
-				return err
-			}
-			if err := e.buildIndexLocked(c, ix); err != nil {
-				return err
-			}
-			add = append(add, ix)
+		add, err := e.buildIndexesLocked(c, specs)
+		if err != nil {
+			return err
 		}
 		c.indexes = append(c.indexes, add...)
 		after = len(c.indexes)
+		var entries []Entry
+		if made {
+			entries = append(entries, c.createEntry(e.tick()))
+		}
+		for _, ix := range add {
+			entries = append(entries, createIndexEntry(c, ix, e.tick()))
+		}
+		if len(entries) > 0 {
+			e.appendOplog(entries)
+		}
 		return nil
 	})
 	return created, before, after, err
+}
+
+func createIndexEntry(c *collection, ix *index, ts bson.Timestamp) Entry {
+	return Entry{TS: ts, Op: OpCreateIndexes, NS: c.ns, UUID: c.uuid,
+		Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}}
+}
+
+// buildIndexesLocked validates and builds the indexes of specs that c does
+// not have yet and returns them (not yet attached). Caller holds e.mu.
+func (e *Engine) buildIndexesLocked(c *collection, specs []IndexSpec) ([]*index, error) {
+	var add []*index
+specLoop:
+	for _, s := range specs {
+		if s.Name == "" {
+			s.Name = DefaultIndexName(s.Key)
+		}
+		for _, ix := range append(slices.Clone(c.indexes), add...) {
+			sameKey := bsonkit.Equal(ix.keys, s.Key) && keyTypesEqual(ix.keys, s.Key)
+			if ix.name == s.Name {
+				if sameKey && sameOptions(ix.spec(), s) {
+					continue specLoop
+				}
+				if ix.name == "_id_" && sameKey {
+					continue specLoop
+				}
+				if sameKey {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+				}
+				return nil, &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
+					Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+			}
+			if sameKey && bsonkit.Equal(ix.partial, s.PartialFilter) {
+				if sameOptions(ix.spec(), s) {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "Index already exists with a different name: " + ix.name}
+				}
+				return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+					Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
+			}
+		}
+		ix, err := newIndex(s)
+		if err != nil {
+			return nil, err
+		}
+		if err := e.buildIndexLocked(c, ix); err != nil {
+			return nil, err
+		}
+		add = append(add, ix)
+	}
+	return add, nil
+}
+
+// CreateIndexes creates indexes inside a transaction, on a collection the
+// transaction created (they become visible with it at commit); on any
+// other collection it fails with 263 OperationNotSupportedInTransaction, as
+// mongod does. It reports whether it created the collection and the index
+// counts before and after.
+func (v *View) CreateIndexes(ns NS, specs []IndexSpec) (created bool, before, after int, err error) {
+	if v.readOnly || v.t == nil || v.t.auto {
+		return false, 0, 0, errors.New("engine: View.CreateIndexes needs a transaction")
+	}
+	c := v.e.collLocked(ns)
+	if c == nil {
+		if c, err = v.writable(ns); err != nil {
+			return false, 0, 0, err
+		}
+		created = true
+	}
+	if c.pending != v.t {
+		return false, 0, 0, &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
+			Msg: "Cannot create new indexes on existing collection " + ns.String() + " in a multi-document transaction."}
+	}
+	before = len(c.indexes)
+	add, err := v.e.buildIndexesLocked(c, specs)
+	if err != nil {
+		return created, before, before, err
+	}
+	c.indexes = append(c.indexes, add...)
+	for _, ix := range add {
+		v.t.ops = append(v.t.ops, createIndexEntry(c, ix, bson.Timestamp{}))
+	}
+	return created, before, len(c.indexes), nil
 }
 
 func keyTypesEqual(a, b bson.D) bool {
@@ -564,7 +646,8 @@ func (e *Engine) ListIndexes(ns NS) ([]IndexSpec, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c := e.collLocked(ns)
-	if c == nil {
+	if c == nil || c.pending != nil {
+		// A collection an open transaction created does not exist yet.
 		return nil, false
 	}
 	out := make([]IndexSpec, len(c.indexes))
@@ -595,10 +678,12 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 			}
 		}
 		if len(names) == 1 && names[0] == "*" {
+			e.appendOplog(dropIndexEntries(e, c, c.indexes[1:]))
 			c.indexes = c.indexes[:1]
 			return nil
 		}
 		keep := slices.Clone(c.indexes)
+		var dropped []*index
 		for _, n := range names {
 			if n == "_id_" {
 				return &Error{Code: 72, Name: "InvalidOptions", Msg: "cannot drop _id index"}
@@ -607,9 +692,11 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 			if i < 0 {
 				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "index not found with name [" + n + "]"}
 			}
+			dropped = append(dropped, keep[i])
 			keep = slices.Delete(keep, i, i+1)
 		}
 		c.indexes = keep
+		e.appendOplog(dropIndexEntries(e, c, dropped))
 		return nil
 	})
 	return before, err
@@ -637,4 +724,66 @@ func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D
 		return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + FormatValue(key) + " for ns " + ns.String()}
 	})
 	return old, err
+}
+
+// SetPrePostImages sets a collection's changeStreamPreAndPostImages
+// option; writes from then on record their images. It fails with 26
+// NamespaceNotFound when the collection does not exist.
+func (e *Engine) SetPrePostImages(ctx context.Context, ns NS, enabled bool) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		c.prePostImages = enabled
+		return nil
+	})
+}
+
+// dropIndexEntries are the oplog entries of dropped indexes, one each.
+func dropIndexEntries(e *Engine, c *collection, dropped []*index) []Entry {
+	out := make([]Entry, 0, len(dropped))
+	for _, ix := range dropped {
+		out = append(out, Entry{TS: e.tick(), Op: OpDropIndexes, NS: c.ns, UUID: c.uuid,
+			Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}})
+	}
+	return out
+}
+
+// RecordModify records a collMod of an existing collection in the oplog,
+// with desc as its operationDescription. It fails with 26
+// NamespaceNotFound when the collection does not exist.
+func (e *Engine) RecordModify(ctx context.Context, ns NS, desc bson.D) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		e.appendOplog([]Entry{{TS: e.tick(), Op: OpModify, NS: ns, UUID: c.uuid, Desc: desc}})
+		return nil
+	})
+}
+
+// SetClustered records the clusteredIndex option of a collection created
+// clustered by _id.
+func (e *Engine) SetClustered(ctx context.Context, ns NS, spec bson.D) error {
+	return e.ddl(ctx, nil, func() error {
+		c := e.collLocked(ns)
+		if c == nil {
+			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+		}
+		c.clustered = spec
+		return nil
+	})
+}
+
+// ClusteredIndex returns the clusteredIndex option of a collection (nil
+// when it is not clustered).
+func (e *Engine) ClusteredIndex(ns NS) bson.D {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.collLocked(ns); c != nil {
+		return c.clustered
+	}
+	return nil
 }

@@ -84,7 +84,10 @@ type Engine struct {
 	nextTxn uint64
 	dirty   map[*chain]struct{} // chains holding prunable history
 	// oldest open snapshot at the last full prune sweep
-	pruneMin     bson.Timestamp
+	pruneMin bson.Timestamp
+	// historyFloor is the oldest timestamp whose versions are all still
+	// kept: snapshot reads below it are refused.
+	historyFloor bson.Timestamp
 	pruneBounded bool
 	oplog        oplog
 
@@ -195,7 +198,7 @@ func (e *Engine) reapExpired() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for t := range e.txns {
-		if now.Sub(t.started) > e.opts.TransactionLifetime {
+		if now.Sub(t.started) > e.lifetime(t) {
 			e.opts.Logger.Info("aborting expired transaction", "txn", t.id)
 			e.abortLocked(t, "transaction exceeded its lifetime")
 		}

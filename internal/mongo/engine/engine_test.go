@@ -291,7 +291,12 @@ func TestTTL(t *testing.T) {
 func TestOplogTransactionAndBound(t *testing.T) {
 	t.Parallel()
 	e := setup(t, func(o *Options) { o.OplogSize = 5 })
-	start := e.OplogStart()
+	require.NoError(t, e.CreateCollection(context.Background(), ns))
+	entries, _, _, err := e.ReadOplog(e.OplogStart(), 0)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, OpCreate, entries[0].Op, "an explicit create is in the oplog")
+	start := Position{TS: entries[0].TS, Index: 0}
 	txn := e.Begin(TxnMeta{LSID: bson.D{{Key: "id", Value: "s"}}, TxnNumber: 7})
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 2}}))

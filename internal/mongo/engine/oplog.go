@@ -20,6 +20,11 @@ const (
 	OpDrop         OpType = "drop"
 	OpRename       OpType = "rename"
 	OpDropDatabase OpType = "dropDatabase"
+	// DDL entries change streams report only with showExpandedEvents.
+	OpCreate        OpType = "create"
+	OpCreateIndexes OpType = "createIndexes"
+	OpDropIndexes   OpType = "dropIndexes"
+	OpModify        OpType = "modify"
 )
 
 // Entry is one oplog entry. Entries are ordered by (TS, TxnOpIndex); all
@@ -35,6 +40,16 @@ type Entry struct {
 	// Doc is the post-image for insert, update and replace.
 	Doc    bson.D
 	Update *UpdateDescription
+	// Images is set for updates, replaces and deletes of a collection with
+	// changeStreamPreAndPostImages enabled at the time; Pre is then the
+	// document before the change.
+	Images bool
+	Pre    bson.D
+	// UUID is the collection's UUID (collectionUUID of expanded events).
+	UUID bson.Binary
+	// Desc is the operationDescription of DDL entries (create,
+	// createIndexes, dropIndexes, modify, rename).
+	Desc bson.D
 	// LSID and TxnNumber are set for entries of multi-document transactions.
 	LSID      bson.D
 	TxnNumber *int64

@@ -36,6 +36,7 @@ type Txn struct {
 	id       uint64
 	Meta     TxnMeta
 	auto     bool // one auto-committed statement
+	pin      bool // a read-only Snapshot holding history
 	started  time.Time
 	snapshot bson.Timestamp
 	hasSnap  bool
@@ -134,7 +135,7 @@ func (t *Txn) AbortWithReason(reason string) {
 }
 
 func (e *Engine) expiredLocked(t *Txn) bool {
-	if t.auto || e.opts.Now().Sub(t.started) <= e.opts.TransactionLifetime {
+	if t.auto || e.opts.Now().Sub(t.started) <= e.lifetime(t) {
 		return false
 	}
 	e.abortLocked(t, "transaction exceeded its lifetime")
@@ -250,6 +251,7 @@ func (e *Engine) pruneDirtyLocked(t *Txn) {
 		return
 	}
 	minTS, bounded := e.minSnapshotLocked()
+	e.advanceFloorLocked(minTS, bounded)
 	if bounded == e.pruneBounded && minTS == e.pruneMin {
 		for _, c := range t.order {
 			if _, ok := e.dirty[c]; ok && e.pruneLocked(c, minTS, bounded) {
@@ -371,6 +373,9 @@ func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error
 }
 
 func (e *Engine) useTxnLocked(t *Txn) error {
+	if t.pin && (t.state != TxnActive || e.expiredLocked(t)) {
+		return errSnapshotTooOld(t.snapshot)
+	}
 	if t.state == TxnAborted {
 		return errNoSuchTxn(t)
 	}
@@ -696,9 +701,13 @@ func (v *View) writable(ns NS) (*collection, error) {
 	if err != nil {
 		return nil, err
 	}
-	if created && !v.t.auto {
-		v.t.created = append(v.t.created, c)
-		c.pending = v.t
+	if created {
+		// Stamped with the transaction's writes at commit.
+		v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
+		if !v.t.auto {
+			v.t.created = append(v.t.created, c)
+			c.pending = v.t
+		}
 	}
 	return c, nil
 }
@@ -838,7 +847,7 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		return err
 	}
 	v.record(ch, doc, true)
-	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc})
+	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
 	return nil
 }
 
@@ -846,6 +855,11 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 type UpdateDescription struct {
 	UpdatedFields bson.D
 	RemovedFields []string
+	// TruncatedArrays are {field, newSize} documents.
+	TruncatedArrays bson.A
+	// DisambiguatedPaths maps ambiguous paths to their components
+	// (reported with showExpandedEvents).
+	DisambiguatedPaths bson.D
 }
 
 // Update replaces the document with newDoc's _id by newDoc. desc nil
@@ -867,8 +881,12 @@ func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	if err := v.checkUnique(c, ch, newDoc); err != nil {
 		return err
 	}
+	pre := v.docOf(ch)
 	v.record(ch, newDoc, false)
-	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc}
+	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc, UUID: c.uuid}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
 	if desc != nil {
 		e.Op = OpUpdate
 		e.Update = desc
@@ -894,8 +912,13 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	if err := v.claim(ch); err != nil {
 		return false, err
 	}
+	pre := v.docOf(ch)
 	v.record(ch, nil, false)
-	v.t.ops = append(v.t.ops, Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}})
+	e := Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, UUID: c.uuid}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
+	v.t.ops = append(v.t.ops, e)
 	return true, nil
 }
 

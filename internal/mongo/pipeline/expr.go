@@ -14,6 +14,13 @@ type Env struct {
 	Now time.Time
 	// ClusterTime is the value of $$CLUSTER_TIME.
 	ClusterTime bson.Timestamp
+	// Vars are user variables visible everywhere in the pipeline (a
+	// command's let parameters, already evaluated), in order. A $let,
+	// $map, $filter or $reduce variable of the same name shadows one.
+	Vars bson.D
+	// Lookup returns the documents of a collection of the same database,
+	// for $lookup. nil makes $lookup fail.
+	Lookup func(coll string) ([]bson.D, error)
 }
 
 // evalFn is a compiled expression.
@@ -26,6 +33,7 @@ type ctx struct {
 	now     bson.DateTime
 	cluster bson.Timestamp
 	vars    []binding
+	lookup  func(coll string) ([]bson.D, error)
 }
 
 type binding struct {
@@ -38,7 +46,7 @@ func newCtx(doc bson.D, env *Env) *ctx {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	return &ctx{root: doc, current: doc, now: bson.NewDateTimeFromTime(now), cluster: env.ClusterTime}
+	return &ctx{root: doc, current: doc, now: bson.NewDateTimeFromTime(now), cluster: env.ClusterTime, lookup: env.Lookup}
 }
 
 // reset points the context at another document.
@@ -58,7 +66,7 @@ func (c *ctx) lookupVar(name string) any {
 // Eval evaluates an aggregation expression against doc. A missing result
 // (an absent field, $$REMOVE) is returned as nil.
 func Eval(expr any, doc bson.D, env Env) (any, error) {
-	fn, err := CompileExpr(expr)
+	fn, err := CompileExprWithVars(expr, env.Vars)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +78,13 @@ type Expr struct{ fn evalFn }
 
 // CompileExpr parses an aggregation expression once, for repeated Eval.
 func CompileExpr(expr any) (*Expr, error) {
-	var p parser
+	return CompileExprWithVars(expr, nil)
+}
+
+// CompileExprWithVars is CompileExpr with user variables (let parameters)
+// in scope as constants.
+func CompileExprWithVars(expr any, vars bson.D) (*Expr, error) {
+	p := parser{vars: vars}
 	fn, err := p.parse(normalize(expr))
 	if err != nil {
 		return nil, err
@@ -91,6 +105,7 @@ func (e *Expr) Eval(doc bson.D, env Env) (any, error) {
 // the current point ($let, $map, $filter, $reduce).
 type parser struct {
 	scope []string
+	vars  bson.D // constants visible as $$name (let parameters)
 }
 
 var systemVars = map[string]bool{
@@ -225,6 +240,8 @@ func (p *parser) parsePath(s string) (evalFn, error) {
 		switch {
 		case p.inScope(name):
 			base = func(c *ctx) (any, error) { return c.lookupVar(name), nil }
+		case hasVar(p.vars, name):
+			base = constant(varValue(p.vars, name))
 		case name == "ROOT":
 			base = func(c *ctx) (any, error) { return c.root, nil }
 		case name == "CURRENT":
@@ -386,4 +403,24 @@ func render(v any) string {
 	s := string(b)
 	s = strings.TrimPrefix(s, `{"v":`)
 	return strings.TrimSuffix(s, "}")
+}
+
+func hasVar(vars bson.D, name string) bool {
+	for _, e := range vars {
+		if e.Key == name {
+			return true
+		}
+	}
+	return false
+}
+
+// varValue returns the value of a let variable; its last definition wins.
+func varValue(vars bson.D, name string) any {
+	var v any
+	for _, e := range vars {
+		if e.Key == name {
+			v = e.Value
+		}
+	}
+	return normalize(v)
 }

@@ -31,8 +31,8 @@ func init() {
 	for _, op := range []string{
 		"$dateDiff", "$dateTrunc", "$dateFromParts", "$dateToParts", "$regexFind", "$regexFindAll",
 		"$replaceOne", "$replaceAll", "$zip", "$sortArray", "$firstN", "$lastN", "$maxN", "$minN",
-		"$top", "$bottom", "$topN", "$bottomN", "$function", "$accumulator", "$meta", "$setField",
-		"$unsetField", "$binarySize", "$bsonSize", "$toHashedIndexKey", "$median",
+		"$top", "$bottom", "$topN", "$bottomN", "$function", "$accumulator", "$meta",
+		"$binarySize", "$bsonSize", "$toHashedIndexKey", "$median",
 		"$percentile", "$sin", "$cos", "$tan", "$asin", "$acos", "$atan", "$atan2", "$sinh", "$cosh",
 		"$tanh", "$asinh", "$acosh", "$atanh", "$degreesToRadians", "$radiansToDegrees", "$log",
 		"$bitAnd", "$bitOr", "$bitXor", "$bitNot", "$tsSecond", "$tsIncrement", "$toUUID",

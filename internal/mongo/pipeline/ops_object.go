@@ -9,6 +9,8 @@ import (
 func init() {
 	operators["$mergeObjects"] = parseMergeObjects
 	operators["$getField"] = parseGetField
+	operators["$setField"] = parseSetField
+	operators["$unsetField"] = parseSetField
 	operators["$objectToArray"] = unaryNullish(objectToArray)
 	operators["$arrayToObject"] = unaryNullish(arrayToObject)
 }
@@ -122,4 +124,74 @@ func arrayToObject(v any) (any, error) {
 		out = setField(out, ks, val)
 	}
 	return out, nil
+}
+
+// parseSetField compiles $setField {field, input, value} and $unsetField
+// {field, input}: a copy of input with the field (named by a constant
+// string, which may start with '$' or contain '.') set or removed. A value
+// of $$REMOVE removes the field; a null or missing input gives null.
+func parseSetField(p *parser, name string, arg any) (evalFn, error) {
+	allowed := []string{"field", "input", "value"}
+	required := []string{"field", "input", "value"}
+	unset := name == "$unsetField"
+	if unset {
+		allowed, required = allowed[:2], required[:2]
+	}
+	m, err := p.objArgs(name, arg, allowed, required...)
+	if err != nil {
+		return nil, err
+	}
+	field := m["field"]
+	if lit, ok := field.(bson.D); ok && len(lit) == 1 && lit[0].Key == "$literal" {
+		field = lit[0].Value
+	} else if s, ok := field.(string); ok && strings.HasPrefix(s, "$") {
+		return nil, errf(4161106, "%s: 'field' must be a constant string; use {$literal: %q} for a field starting with '$'", name, s)
+	}
+	key, ok := field.(string)
+	if !ok {
+		return nil, errf(4161107, "%s requires 'field' to evaluate to type String, but got %s", name, typeName(field))
+	}
+	input, err := p.parse(m["input"])
+	if err != nil {
+		return nil, err
+	}
+	value := constant(missing)
+	if !unset {
+		if value, err = p.parse(m["value"]); err != nil {
+			return nil, err
+		}
+	}
+	return func(c *ctx) (any, error) {
+		in, err := input(c)
+		if err != nil {
+			return nil, err
+		}
+		if isNullish(in) {
+			return nil, nil
+		}
+		d, ok := asDoc(in)
+		if !ok {
+			return nil, errf(4161105, "%s requires 'input' to evaluate to type Object", name)
+		}
+		v, err := value(c)
+		if err != nil {
+			return nil, err
+		}
+		out := make(bson.D, 0, len(d)+1)
+		found := false
+		for _, e := range d {
+			if e.Key == key {
+				found = true
+				if isMissing(v) {
+					continue
+				}
+				e.Value = v
+			}
+			out = append(out, e)
+		}
+		if !found && !isMissing(v) {
+			out = append(out, bson.E{Key: key, Value: v})
+		}
+		return out, nil
+	}, nil
 }

@@ -22,7 +22,7 @@ type stage interface {
 }
 
 // stageParser compiles the argument of one stage.
-type stageParser func(arg any) (stage, error)
+type stageParser func(arg any, vars bson.D) (stage, error)
 
 // stageParsers is the stage table (filled in init to break the
 // initialization cycle through $facet).
@@ -30,7 +30,7 @@ var stageParsers map[string]stageParser
 
 // unsupportedStages are real MongoDB stages this server does not run.
 var unsupportedStages = map[string]bool{
-	"$lookup": true, "$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
+	"$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
 	"$search": true, "$searchMeta": true, "$vectorSearch": true, "$unionWith": true,
 	"$bucket": true, "$bucketAuto": true, "$sample": true, "$densify": true, "$fill": true,
 	"$setWindowFields": true, "$documents": true, "$listLocalSessions": true,
@@ -52,8 +52,8 @@ func init() {
 		"$skip":        parseSkip,
 		"$limit":       parseLimit,
 		"$project":     parseProject,
-		"$addFields":   func(arg any) (stage, error) { return parseAddFields("$addFields", arg) },
-		"$set":         func(arg any) (stage, error) { return parseAddFields("$set", arg) },
+		"$addFields":   func(arg any, vars bson.D) (stage, error) { return parseAddFields("$addFields", arg, vars) },
+		"$set":         func(arg any, vars bson.D) (stage, error) { return parseAddFields("$set", arg, vars) },
 		"$unset":       parseUnset,
 		"$group":       parseGroup,
 		"$count":       parseCount,
@@ -63,14 +63,15 @@ func init() {
 		"$sortByCount": parseSortByCount,
 		"$facet":       parseFacet,
 		"$redact":      parseRedact,
+		"$lookup":      parseLookup,
 	}
 	query.SetExprCompiler(compileExprPredicate)
 }
 
 // compileExprPredicate backs the query matcher's $expr: the expression is
 // compiled once; an evaluation error makes the document not match.
-func compileExprPredicate(expr any) (func(doc bson.D) bool, error) {
-	e, err := CompileExpr(expr)
+func compileExprPredicate(expr any, vars bson.D) (func(doc bson.D) bool, error) {
+	e, err := CompileExprWithVars(expr, vars)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func Compile(stages bson.A, env Env) (*Pipeline, error) {
 			}
 			return nil, errf(40324, "Unrecognized pipeline stage name: '%s'", name)
 		}
-		st, err := parse(arg)
+		st, err := parse(arg, env.Vars)
 		if err != nil {
 			return nil, err
 		}

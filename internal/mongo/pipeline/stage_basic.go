@@ -13,12 +13,12 @@ import (
 
 type matchStage struct{ m *query.Matcher }
 
-func parseMatch(arg any) (stage, error) {
+func parseMatch(arg any, vars bson.D) (stage, error) {
 	d, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(15959, "the match filter must be an expression in an object")
 	}
-	m, err := query.Compile(d)
+	m, err := query.CompileWithVars(d, vars)
 	if err != nil {
 		return nil, asPipelineError(err)
 	}
@@ -44,7 +44,7 @@ type sortStage struct {
 	limit int64
 }
 
-func parseSort(arg any) (stage, error) {
+func parseSort(arg any, vars bson.D) (stage, error) {
 	d, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(15973, "the $sort key specification must be an object")
@@ -139,7 +139,7 @@ func stageInt(name string, arg any) (int64, error) {
 
 type skipStage struct{ n int64 }
 
-func parseSkip(arg any) (stage, error) {
+func parseSkip(arg any, vars bson.D) (stage, error) {
 	n, err := stageInt("$skip", arg)
 	if err != nil {
 		return nil, err
@@ -159,7 +159,7 @@ func (s *skipStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
 
 type limitStage struct{ n int64 }
 
-func parseLimit(arg any) (stage, error) {
+func parseLimit(arg any, vars bson.D) (stage, error) {
 	n, err := stageInt("$limit", arg)
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func (s *limitStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
 
 type countStage struct{ field string }
 
-func parseCount(arg any) (stage, error) {
+func parseCount(arg any, vars bson.D) (stage, error) {
 	s, ok := arg.(string)
 	if !ok {
 		return nil, errf(40156, "the count field must be a non-empty string")
@@ -217,7 +217,7 @@ func (s *countStage) run(in []bson.D, _ *ctx) ([]bson.D, error) {
 
 type replaceRootStage struct{ expr evalFn }
 
-func parseReplaceRoot(arg any) (stage, error) {
+func parseReplaceRoot(arg any, vars bson.D) (stage, error) {
 	d, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(40229, "expected an object as specification for $replaceRoot stage, got %s", typeName(arg))
@@ -233,11 +233,11 @@ func parseReplaceRoot(arg any) (stage, error) {
 	if !found {
 		return nil, errf(40414, "BSON field '$replaceRoot.newRoot' is missing but a required field")
 	}
-	return parseReplaceWith(newRoot)
+	return parseReplaceWith(newRoot, vars)
 }
 
-func parseReplaceWith(arg any) (stage, error) {
-	var p parser
+func parseReplaceWith(arg any, vars bson.D) (stage, error) {
+	p := parser{vars: vars}
 	fn, err := p.parse(arg)
 	if err != nil {
 		return nil, err
@@ -266,8 +266,8 @@ func (s *replaceRootStage) run(in []bson.D, c *ctx) ([]bson.D, error) {
 
 type redactStage struct{ expr evalFn }
 
-func parseRedact(arg any) (stage, error) {
-	var p parser
+func parseRedact(arg any, vars bson.D) (stage, error) {
+	p := parser{vars: vars}
 	fn, err := p.parse(arg)
 	if err != nil {
 		return nil, err

@@ -21,13 +21,13 @@ type groupStage struct {
 	fields []groupField
 }
 
-func parseGroup(arg any) (stage, error) {
+func parseGroup(arg any, vars bson.D) (stage, error) {
 	spec, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(15947, "a group's fields must be specified in an object")
 	}
 	g := &groupStage{}
-	var p parser
+	p := parser{vars: vars}
 	seen := map[string]bool{}
 	for _, e := range spec {
 		if e.Key == "_id" {
@@ -135,7 +135,7 @@ func (g *groupStage) run(in []bson.D, c *ctx) ([]bson.D, error) {
 
 type sortByCountStage struct{ g *groupStage }
 
-func parseSortByCount(arg any) (stage, error) {
+func parseSortByCount(arg any, vars bson.D) (stage, error) {
 	switch x := arg.(type) {
 	case string:
 		if !strings.HasPrefix(x, "$") {
@@ -148,7 +148,7 @@ func parseSortByCount(arg any) (stage, error) {
 	default:
 		return nil, errf(40149, "the sortByCount field must be defined as a $-prefixed path or an expression")
 	}
-	var p parser
+	p := parser{vars: vars}
 	fn, err := p.parse(arg)
 	if err != nil {
 		return nil, err
@@ -180,7 +180,7 @@ var notInFacet = map[string]bool{
 	"$indexStats": true, "$changeStream": true, "$currentOp": true, "$listSessions": true,
 }
 
-func parseFacet(arg any) (stage, error) {
+func parseFacet(arg any, vars bson.D) (stage, error) {
 	spec, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(15947, "the $facet specification must be a non-empty object")
@@ -202,7 +202,7 @@ func parseFacet(arg any) (stage, error) {
 				return nil, errf(40600, "%s is not allowed to be used within a $facet stage", d[0].Key)
 			}
 		}
-		sub, err := Compile(arr, Env{})
+		sub, err := Compile(arr, Env{Vars: vars})
 		if err != nil {
 			return nil, err
 		}

@@ -178,7 +178,7 @@ func (b *projectBuilder) add(prefix string, spec bson.D) error {
 	return nil
 }
 
-func parseProject(arg any) (stage, error) {
+func parseProject(arg any, vars bson.D) (stage, error) {
 	spec, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(15969, "$project specification must be an object")
@@ -186,7 +186,7 @@ func parseProject(arg any) (stage, error) {
 	if len(spec) == 0 {
 		return nil, errf(51272, "Invalid $project :: caused by :: projection specification must have at least one field")
 	}
-	b := &projectBuilder{root: newProjNode()}
+	b := &projectBuilder{p: parser{vars: vars}, root: newProjNode()}
 	if err := b.add("", spec); err != nil {
 		return nil, err
 	}
@@ -354,13 +354,13 @@ func (n *projNode) excludeValue(v any) any {
 
 type addFieldsStage struct{ root *projNode }
 
-func parseAddFields(name string, arg any) (stage, error) {
+func parseAddFields(name string, arg any, vars bson.D) (stage, error) {
 	spec, ok := arg.(bson.D)
 	if !ok {
 		return nil, errf(40272, "%s specification stage must be an object, got %s", name, typeName(arg))
 	}
 	root := newProjNode()
-	var p parser
+	p := parser{vars: vars}
 	var add func(prefix string, spec bson.D) error
 	add = func(prefix string, spec bson.D) error {
 		for _, e := range spec {
@@ -411,7 +411,7 @@ func (s *addFieldsStage) run(in []bson.D, c *ctx) ([]bson.D, error) {
 
 type unsetStage struct{ root *projNode }
 
-func parseUnset(arg any) (stage, error) {
+func parseUnset(arg any, vars bson.D) (stage, error) {
 	var paths []string
 	switch x := arg.(type) {
 	case string:

@@ -207,7 +207,8 @@ func TestCompileErrors(t *testing.T) {
 		{name: "unknown stage", pipeline: `[{"$foo": {}}]`, code: 40324},
 		{name: "two fields", pipeline: `[{"$match": {}, "$limit": 1}]`, code: 40323},
 		{name: "not an object", pipeline: `[1]`, code: 14},
-		{name: "lookup unsupported", pipeline: `[{"$lookup": {}}]`, code: 238},
+		{name: "graphLookup unsupported", pipeline: `[{"$graphLookup": {}}]`, code: 238},
+		{name: "lookup without as", pipeline: `[{"$lookup": {"from": "x", "localField": "a", "foreignField": "b"}}]`, code: 9},
 		{name: "out unsupported", pipeline: `[{"$out": "x"}]`, code: 238},
 		{name: "changeStream not first", pipeline: `[{"$match": {}}, {"$changeStream": {}}]`, code: 40602},
 	})

@@ -12,7 +12,7 @@ type unwindStage struct {
 	preserveEmpty bool
 }
 
-func parseUnwind(arg any) (stage, error) {
+func parseUnwind(arg any, vars bson.D) (stage, error) {
 	s := &unwindStage{}
 	var path string
 	switch x := arg.(type) {

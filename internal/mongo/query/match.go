@@ -20,7 +20,13 @@ type Matcher struct {
 // Compile parses a MongoDB query filter. Invalid filters and operators this
 // server does not implement return an *Error naming the operator.
 func Compile(filter bson.D) (*Matcher, error) {
-	n, err := compileDoc(filter, 0)
+	return CompileWithVars(filter, nil)
+}
+
+// CompileWithVars is Compile with variables ($$name) visible to $expr: the
+// let parameters of a command, already evaluated, in order.
+func CompileWithVars(filter bson.D, vars bson.D) (*Matcher, error) {
+	n, err := compileDoc(filter, level{vars: vars})
 	if err != nil {
 		return nil, err
 	}
@@ -37,9 +43,19 @@ func (m *Matcher) Match(doc bson.D) bool {
 }
 
 // ExprCompiler compiles the argument of $expr into a predicate over a
-// document. The aggregation package installs one with SetExprCompiler (this
-// package cannot import it: the aggregation $match stage imports query).
-type ExprCompiler func(expr any) (func(doc bson.D) bool, error)
+// document; vars are the variables in scope (let parameters). The
+// aggregation package installs one with SetExprCompiler (this package cannot
+// import it: the aggregation $match stage imports query).
+type ExprCompiler func(expr any, vars bson.D) (func(doc bson.D) bool, error)
+
+// level is the compile state passed down a filter: the nesting depth and
+// the variables visible to $expr.
+type level struct {
+	n    int
+	vars bson.D
+}
+
+func (l level) next() level { return level{n: l.n + 1, vars: l.vars} }
 
 var exprCompiler atomic.Pointer[ExprCompiler]
 
@@ -129,8 +145,8 @@ func andOf(nodes []node) node {
 }
 
 // compileDoc compiles a filter document: the AND of its fields.
-func compileDoc(filter bson.D, depth int) (node, error) {
-	if depth > maxDepth {
+func compileDoc(filter bson.D, depth level) (node, error) {
+	if depth.n > maxDepth {
 		return nil, badValue("exceeded depth limit of %d when parsing match expression", maxDepth)
 	}
 	nodes := make([]node, 0, len(filter))
@@ -146,7 +162,7 @@ func compileDoc(filter bson.D, depth int) (node, error) {
 	return andOf(nodes), nil
 }
 
-func compileTop(e bson.E, depth int) (node, error) {
+func compileTop(e bson.E, depth level) (node, error) {
 	if !strings.HasPrefix(e.Key, "$") {
 		return compileField(e.Key, e.Value, depth)
 	}
@@ -165,7 +181,7 @@ func compileTop(e bson.E, depth int) (node, error) {
 		if c == nil {
 			return nil, unsupported("$expr")
 		}
-		f, err := (*c)(e.Value)
+		f, err := (*c)(e.Value, depth.vars)
 		if err != nil {
 			return nil, err
 		}
@@ -176,7 +192,7 @@ func compileTop(e bson.E, depth int) (node, error) {
 	return nil, badValue("unknown top level operator: %s. If you have a field name that starts with a '$' symbol, consider using $getField or $setField.", e.Key)
 }
 
-func compileLogical(op string, v any, depth int) (node, error) {
+func compileLogical(op string, v any, depth level) (node, error) {
 	arr, ok := asArr(v)
 	if !ok {
 		return nil, badValue("%s must be an array", op)
@@ -190,7 +206,7 @@ func compileLogical(op string, v any, depth int) (node, error) {
 		if !ok {
 			return nil, badValue("$or/$and/$nor entries need to be full objects")
 		}
-		n, err := compileDoc(d, depth+1)
+		n, err := compileDoc(d, depth.next())
 		if err != nil {
 			return nil, err
 		}
@@ -222,7 +238,7 @@ func isOperatorDoc(v any) (bson.D, bool) {
 	return d, true
 }
 
-func compileField(path string, v any, depth int) (node, error) {
+func compileField(path string, v any, depth level) (node, error) {
 	parts := splitPath(path)
 	if ops, ok := isOperatorDoc(v); ok {
 		list, err := compileOps(ops, depth)
@@ -312,8 +328,8 @@ func (o op) single(v any) bool {
 func predOp(p pred, expand bool) op { return op{kind: opPred, pred: p, expand: expand} }
 
 // compileOps compiles an operator document such as {$gt: 1, $lt: 5}.
-func compileOps(ops bson.D, depth int) ([]op, error) {
-	if depth > maxDepth {
+func compileOps(ops bson.D, depth level) ([]op, error) {
+	if depth.n > maxDepth {
 		return nil, badValue("exceeded depth limit of %d when parsing match expression", maxDepth)
 	}
 	var (
@@ -355,7 +371,7 @@ func compileOps(ops bson.D, depth int) ([]op, error) {
 	return out, nil
 }
 
-func compileOp(name string, v any, depth int) (op, error) {
+func compileOp(name string, v any, depth level) (op, error) {
 	switch name {
 	case "$eq":
 		return predOp(newEqPred(v), true), nil
@@ -420,7 +436,7 @@ func compileOp(name string, v any, depth int) (op, error) {
 	return op{}, badValue("unknown operator: %s", name)
 }
 
-func compileNot(v any, depth int) (op, error) {
+func compileNot(v any, depth level) (op, error) {
 	if re, ok := v.(bson.Regex); ok {
 		p, err := newRegexPred(re.Pattern, re.Options)
 		if err != nil {
@@ -438,14 +454,14 @@ func compileNot(v any, depth int) (op, error) {
 	if !strings.HasPrefix(d[0].Key, "$") {
 		return op{}, badValue("unknown operator: %s", d[0].Key)
 	}
-	subs, err := compileOps(d, depth+1)
+	subs, err := compileOps(d, depth.next())
 	if err != nil {
 		return op{}, err
 	}
 	return op{kind: opNot, subs: subs}, nil
 }
 
-func compileAll(v any, depth int) (op, error) {
+func compileAll(v any, depth level) (op, error) {
 	arr, ok := asArr(v)
 	if !ok {
 		return op{}, badValue("$all needs an array")

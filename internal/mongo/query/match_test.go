@@ -440,7 +440,7 @@ func TestExprHook(t *testing.T) {
 	require.Equal(t, int32(CodeNotImplemented), qe.Code)
 	require.Contains(t, qe.Msg, "$expr")
 
-	SetExprCompiler(func(expr any) (func(bson.D) bool, error) {
+	SetExprCompiler(func(expr any, _ bson.D) (func(bson.D) bool, error) {
 		return func(doc bson.D) bool {
 			v, _ := field(doc, "a")
 			return v == int32(1)

@@ -451,19 +451,19 @@ var logicalInElemMatch = map[string]bool{
 	"$text": true, "$comment": true, "$alwaysTrue": true, "$alwaysFalse": true, "$jsonSchema": true,
 }
 
-func newElemMatchPred(v any, depth int) (pred, error) {
+func newElemMatchPred(v any, depth level) (pred, error) {
 	d, ok := asDoc(v)
 	if !ok {
 		return nil, badValue("$elemMatch needs an Object")
 	}
 	if len(d) > 0 && len(d[0].Key) > 0 && d[0].Key[0] == '$' && !logicalInElemMatch[d[0].Key] {
-		ops, err := compileOps(d, depth+1)
+		ops, err := compileOps(d, depth.next())
 		if err != nil {
 			return nil, err
 		}
 		return &elemMatchValPred{ops: ops}, nil
 	}
-	n, err := compileDoc(d, depth+1)
+	n, err := compileDoc(d, depth.next())
 	if err != nil {
 		return nil, err
 	}

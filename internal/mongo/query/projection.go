@@ -136,7 +136,7 @@ func (c *projCompiler) field(path string, v any) error {
 			if strings.Contains(path, ".") {
 				return badValue("Cannot use $elemMatch projection on a nested field.")
 			}
-			em, err := newElemMatchPred(spec[0].Value, 0)
+			em, err := newElemMatchPred(spec[0].Value, level{})
 			if err != nil {
 				return err
 			}

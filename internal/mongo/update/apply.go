@@ -20,6 +20,9 @@ type ApplyOptions struct {
 	// ArrayFilters are the update's arrayFilters, one document per
 	// $[<identifier>] (for example {"elem.grade": {$gte: 85}}).
 	ArrayFilters []bson.D
+	// Query is the filter that selected the document; the positional
+	// operator $ stands for the index of the array element it matched.
+	Query bson.D
 }
 
 // Apply returns the updated document. It never mutates doc. For a
@@ -40,12 +43,21 @@ func (u *Update) Apply(doc bson.D, opts ApplyOptions) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	mods := u.mods
+	if u.positional {
+		if opts.IsInsert {
+			return nil, newErr(CodeBadValue, "The positional operator did not find the match needed from the query.")
+		}
+		if mods, err = u.resolvePositional(doc, opts.Query); err != nil {
+			return nil, err
+		}
+	}
 	out := bsonkit.CopyDoc(doc)
 	if out == nil {
 		out = bson.D{}
 	}
 	oldID, hadID := bsonkit.Get(doc, "_id")
-	for _, m := range u.mods {
+	for _, m := range mods {
 		if m.op == "$setOnInsert" && !opts.IsInsert {
 			continue
 		}

@@ -13,7 +13,8 @@
 // a numeric component, into array elements; missing intermediate documents
 // are created and arrays are padded with nulls. The all-elements operator
 // $[] and filtered $[<identifier>] (with ApplyOptions.ArrayFilters) are
-// supported; the query-dependent positional operator $ is not.
+// supported, and so is the positional operator $ (ApplyOptions.Query says which
+// array element the query matched).
 //
 // Operators process paths in MongoDB 5.0+ order (field names in
 // lexicographic order, numeric components numerically), so new fields land

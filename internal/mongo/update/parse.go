@@ -2,6 +2,7 @@ package update
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,9 +19,12 @@ type Update struct {
 	replacement bson.D // set for replacement updates
 	isRepl      bool
 	stages      bson.A // set for pipeline-style updates
+	vars        bson.D // let parameters visible to the pipeline
 	mods        []*mod // in application order
 	// identifiers lists the $[<identifier>] names used in paths.
 	identifiers map[string]bool
+	// positional is set when a path uses the positional operator $.
+	positional bool
 }
 
 // mod is one field of one operator, e.g. {$inc: {"a.b": 1}}.
@@ -63,6 +67,12 @@ func (u *Update) IsReplacement() bool { return u.isRepl }
 // pipeline-style update: $addFields/$set, $project/$unset and
 // $replaceRoot/$replaceWith stages.
 func Parse(u any) (*Update, error) {
+	return ParseWithVars(u, nil)
+}
+
+// ParseWithVars is Parse with user variables (a command's let parameters,
+// already evaluated) visible as $$name in a pipeline-style update.
+func ParseWithVars(u any, vars bson.D) (*Update, error) {
 	var d bson.D
 	switch x := u.(type) {
 	case bson.D:
@@ -73,9 +83,9 @@ func Parse(u any) (*Update, error) {
 			d = bson.D{}
 		}
 	case bson.A:
-		return parsePipeline(x)
+		return parsePipeline(x, vars)
 	case []any:
-		return parsePipeline(bson.A(x))
+		return parsePipeline(bson.A(x), vars)
 	default:
 		return nil, newErr(CodeFailedToParse, "Update argument must be either an object or an array, found type %s", typeName(u))
 	}
@@ -125,6 +135,9 @@ func Parse(u any) (*Update, error) {
 			for _, p := range parts {
 				if id, ok := filterIdentifier(p); ok && id != "" {
 					up.identifiers[id] = true
+				}
+				if p == "$" {
+					up.positional = true
 				}
 			}
 		}
@@ -202,7 +215,16 @@ func splitPath(op, path string) ([]string, error) {
 			return nil, newErr(CodeEmptyFieldName, "The update path '%s' contains an empty field name, which is not allowed.", path)
 		}
 		if p == "$" {
-			return nil, newErr(CodeNotImplemented, "the positional operator '$' (in %s path '%s') is not supported by this server; use $[] or $[<identifier>] with arrayFilters", op, path)
+			if i == 0 {
+				return nil, newErr(CodeBadValue, "Cannot have positional (i.e. '$') element in the first position in path '%s'", path)
+			}
+			if slices.Contains(parts[i+1:], "$") {
+				return nil, newErr(CodeBadValue, "Too many positional (i.e. '$') elements found in path '%s'", path)
+			}
+			if op == "$rename" {
+				return nil, newErr(CodeBadValue, "The source field for $rename may not be dynamic: %s", path)
+			}
+			continue
 		}
 		if id, ok := filterIdentifier(p); ok {
 			if i == 0 {

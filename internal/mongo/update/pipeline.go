@@ -19,7 +19,7 @@ var pipelineStages = map[string]bool{
 	"$replaceRoot": true, "$replaceWith": true,
 }
 
-func parsePipeline(stages bson.A) (*Update, error) {
+func parsePipeline(stages bson.A, vars bson.D) (*Update, error) {
 	for _, s := range stages {
 		d, ok := s.(bson.D)
 		if !ok || len(d) != 1 {
@@ -29,10 +29,10 @@ func parsePipeline(stages bson.A) (*Update, error) {
 			return nil, newErr(CodeInvalidOptions, "%s is not allowed to be used within an update", d[0].Key)
 		}
 	}
-	if _, err := pipeline.Compile(stages, pipeline.Env{}); err != nil {
+	if _, err := pipeline.Compile(stages, pipeline.Env{Vars: vars}); err != nil {
 		return nil, fromPipelineErr(err)
 	}
-	return &Update{stages: stages}, nil
+	return &Update{stages: stages, vars: vars}, nil
 }
 
 // fromPipelineErr keeps the code of a pipeline error when it has one.
@@ -45,7 +45,7 @@ func fromPipelineErr(err error) error {
 }
 
 func (u *Update) applyPipeline(doc bson.D, opts ApplyOptions) (bson.D, error) {
-	p, err := pipeline.Compile(u.stages, pipeline.Env{Now: opts.Now})
+	p, err := pipeline.Compile(u.stages, pipeline.Env{Now: opts.Now, Vars: u.vars})
 	if err != nil {
 		return nil, fromPipelineErr(err)
 	}

@@ -183,7 +183,9 @@ func TestArrayOperators(t *testing.T) {
 		{name: "filtered positional field", doc: `{"_id": 1, "a": [{"g": 80, "n": 0}, {"g": 90, "n": 0}]}`, update: `{"$inc": {"a.$[e].n": 1}}`, afs: []string{`{"e.g": {"$gte": 85}}`}, want: `{"_id": 1, "a": [{"g": 80, "n": 0}, {"g": 90, "n": 1}]}`},
 		{name: "filtered positional no filter", doc: `{"_id": 1, "a": [1]}`, update: `{"$set": {"a.$[x]": 0}}`, code: CodeBadValue, msg: "No array filter found for identifier 'x'"},
 		{name: "unused array filter", doc: `{"_id": 1, "a": [1]}`, update: `{"$set": {"a.0": 0}}`, afs: []string{`{"x": 1}`}, code: CodeFailedToParse, msg: "was not used"},
-		{name: "positional dollar unsupported", doc: `{"_id": 1}`, update: `{"$set": {"a.$": 0}}`, code: CodeNotImplemented, msg: "positional operator '$'"},
+		{name: "positional dollar without a query match", doc: `{"_id": 1, "a": [1]}`, update: `{"$set": {"a.$": 0}}`, code: CodeBadValue, msg: "The positional operator did not find the match needed from the query."},
+		{name: "positional dollar first", doc: `{"_id": 1}`, update: `{"$set": {"$.a": 0}}`, code: CodeBadValue, msg: "first position"},
+		{name: "positional dollar twice", doc: `{"_id": 1}`, update: `{"$set": {"a.$.b.$": 0}}`, code: CodeBadValue, msg: "Too many positional"},
 	})
 }
 
