@@ -195,6 +195,12 @@ type replica struct {
 	pid      int
 	started  time.Time
 	interval time.Duration
+	// The member ids and generations last read from the group clients,
+	// kept when a client is gone (Run stopping), so that the stopped record
+	// still names the members it held. Owned by the refresh goroutine, then
+	// by stop.
+	consMember, pubMember string
+	consGen, pubGen       int32
 }
 
 // keepAlive writes this Run's liveness record and refreshes it every
@@ -203,8 +209,8 @@ type replica struct {
 // record stays fresh while Run drains. A failed write is logged and tried
 // again with backoff (Config.RetryMinBackoff to RetryMaxBackoff, never
 // later than one refresh period); it never ends Run. stop ends the
-// goroutine, waits for it, and marks the record stopped (with runErr, if
-// any), bounded by replicaWriteTimeout.
+// goroutine, waits for it, and writes the record a last time marked
+// stopped (with runErr, if any), bounded by replicaWriteTimeout.
 func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand doc)
@@ -213,6 +219,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 		c: c, id: replicaIDPrefix + hex.EncodeToString(b[:]), host: host, pid: os.Getpid(),
 		started:  time.Now().UTC().Truncate(time.Millisecond),
 		interval: cmp.Or(c.replicaEvery, replicaInterval(&c.cfg)),
+		consGen:  -1, pubGen: -1,
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -222,15 +229,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 		wg.Wait()
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replicaWriteTimeout)
 		defer cancel()
-		set := bson.D{{Key: "state", Value: "stopped"}}
-		if runErr != nil {
-			set = append(set, bson.E{Key: "stop_error", Value: redactSecrets(runErr.Error())})
-		}
-		_, err := c.meta.UpdateOne(wctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
-			{Key: "$set", Value: set},
-			{Key: "$currentDate", Value: bson.D{{Key: "stopped_at", Value: true}}},
-		})
-		if err != nil {
+		if err := r.write(wctx, true, runErr); err != nil {
 			c.cfg.Logger.Warn("outbox: marking the replica record stopped failed; it expires instead", "id", r.id, "error", err)
 		}
 	}
@@ -242,7 +241,7 @@ func (r *replica) run(ctx context.Context) {
 	for attempt := 1; ; {
 		wait := r.interval
 		wctx, cancel := context.WithTimeout(ctx, min(replicaWriteTimeout, 2*r.interval))
-		err := r.refresh(wctx)
+		err := r.write(wctx, false, nil)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -260,39 +259,48 @@ func (r *replica) run(ctx context.Context) {
 	}
 }
 
-// refresh upserts the record with the member ids the group clients hold
-// now. Every field is set, so that a record deleted meanwhile (expired
-// after a long MongoDB outage, or by hand) is written again whole.
-func (r *replica) refresh(ctx context.Context) error {
+// write upserts the record with the member ids the group clients hold now
+// (the last ones read when a client is gone), running or stopped. Every
+// field is set, so that a record deleted meanwhile (expired after a long
+// MongoDB outage, or by hand) or never written (Run stopped at once) is
+// written whole, TTL field included.
+func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 	c := r.c
-	consMember, consGen := "", int32(-1)
 	if cons := c.tel.cons.Load(); cons != nil && cons.cl != nil {
-		consMember, consGen = cons.cl.GroupMetadata()
+		r.consMember, r.consGen = cons.cl.GroupMetadata()
 	}
-	pubMember, pubGen := "", int32(-1)
 	if p := c.pub.Load(); p != nil && p.group != nil {
-		pubMember, pubGen = p.group.GroupMetadata()
+		r.pubMember, r.pubGen = p.group.GroupMetadata()
 	}
+	state, now := "running", bson.D{{Key: "last_seen", Value: true}}
+	set := bson.D{
+		{Key: "kind", Value: replicaKind},
+		{Key: "service", Value: c.cfg.Service},
+		{Key: "consumer_group", Value: c.cfg.ConsumerGroup},
+		{Key: "publisher_group", Value: c.cfg.PublisherGroup},
+		{Key: "consumer_member_id", Value: r.consMember},
+		{Key: "consumer_generation", Value: r.consGen},
+		{Key: "publisher_member_id", Value: r.pubMember},
+		{Key: "publisher_generation", Value: r.pubGen},
+		{Key: "host", Value: r.host},
+		{Key: "pid", Value: r.pid},
+		{Key: "started_at", Value: r.started},
+		{Key: "refresh_ms", Value: r.interval.Milliseconds()},
+	}
+	if stopped {
+		state = "stopped"
+		now = append(now, bson.E{Key: "stopped_at", Value: true})
+		if runErr != nil {
+			set = append(set, bson.E{Key: "stop_error", Value: redactSecrets(runErr.Error())})
+		}
+	}
+	set = append(set, bson.E{Key: "state", Value: state})
 	_, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
-		{Key: "$set", Value: bson.D{
-			{Key: "kind", Value: replicaKind},
-			{Key: "service", Value: c.cfg.Service},
-			{Key: "consumer_group", Value: c.cfg.ConsumerGroup},
-			{Key: "publisher_group", Value: c.cfg.PublisherGroup},
-			{Key: "consumer_member_id", Value: consMember},
-			{Key: "consumer_generation", Value: consGen},
-			{Key: "publisher_member_id", Value: pubMember},
-			{Key: "publisher_generation", Value: pubGen},
-			{Key: "host", Value: r.host},
-			{Key: "pid", Value: r.pid},
-			{Key: "started_at", Value: r.started},
-			{Key: "refresh_ms", Value: r.interval.Milliseconds()},
-			{Key: "state", Value: "running"},
-		}},
-		{Key: "$currentDate", Value: bson.D{{Key: "last_seen", Value: true}}},
+		{Key: "$set", Value: set},
+		{Key: "$currentDate", Value: now},
 	}, options.UpdateOne().SetUpsert(true))
 	if err != nil {
-		return fmt.Errorf("outbox: refresh replica record %s in %s: %w", r.id, metaCollection, err)
+		return fmt.Errorf("outbox: write replica record %s in %s: %w", r.id, metaCollection, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -75,7 +76,33 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 	require.False(t, rs[0].StoppedAt.IsZero())
 	require.Empty(t, rs[0].StopError)
 	require.False(t, rs[0].Responding())
+	require.NotEmpty(t, rs[0].ConsumerMemberID, "the stopped record still names the members it held")
+	require.NotEmpty(t, rs[0].PublisherMemberID)
 	require.Equal(t, r.ID, rs[0].ID)
+}
+
+// A Run that ends with a fatal error (here a Kafka option kgo refuses)
+// leaves a stopped record saying why, whole (with the TTL index's kind
+// field) even though Run stopped before its first refresh could be sure to
+// have been written.
+func TestReplicaRecordOfAFailedRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config("failed")
+	cfg.KafkaOptions = []kgo.Opt{kgo.MaxProduceRequestsInflightPerBroker(2)} // refused with idempotency
+	c := b.client(t, cfg)
+	consume(t, c)
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	runErr := c.Run(rctx)
+	require.Error(t, runErr)
+	rs, err := c.Admin().Replicas(ctx)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].Stopped)
+	require.Equal(t, runErr.Error(), rs[0].StopError)
+	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
 }
 
 // Responding: a record refreshed within three periods, not stopped.
