@@ -25,7 +25,7 @@ import (
 type Client struct {
 	cfg           Config
 	outbox, inbox *mongo.Collection
-	meta          *mongo.Collection // metaCollection: inbox stamps, partition counts
+	meta          *mongo.Collection // metaCollection: inbox stamps, partition counts, replica records
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *partitionCounts
@@ -33,6 +33,7 @@ type Client struct {
 	tel           *telemetry                // metrics, spans, runtime state for Status
 	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
 	metadataEvery time.Duration             // period of Run's partition count refresh; tests shorten it
+	replicaEvery  time.Duration             // period of Run's liveness record refresh; tests shorten it
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler

@@ -81,8 +81,9 @@
 // The inbox retention must outlast the time a record can be redelivered.
 // An inbox collection belongs to one consumer group (ErrInboxOwned): services
 // sharing a database need their own collections. The outbox_meta collection
-// holds the inbox stamps and the publish topics' partition counts, which let
-// Transact record without Kafka (ErrPartitionsUnknown).
+// holds the inbox stamps, the publish topics' partition counts, which let
+// Transact record without Kafka (ErrPartitionsUnknown), and a liveness
+// record per running replica (Admin.Replicas), expired by a TTL index.
 //
 // # Telemetry
 //
@@ -114,7 +115,10 @@
 // parked counts, the age of the oldest pending event and the last error,
 // never credentials. Admin works on the collections alone, without Kafka:
 // StoreStatus, FailedEvents and RetryFailed for events Kafka refused,
-// ParkedEvents, RequestRedrive and PurgeParked for parked events. A
+// ParkedEvents, RequestRedrive and PurgeParked for parked events, Replicas
+// for the running replicas' liveness records (their group member ids and
+// when each was last seen, so that a dead member can be told from a live
+// one while its group still lists it). A
 // re-drive request is served by a running consumer of the service that has
 // the event's handler, within seconds; cmd/outboxctl offers all of this on
 // the command line.

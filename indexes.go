@@ -134,6 +134,10 @@ func (c *Client) inboxIndexes() []indexSpec {
 //     where parked is true, for the held keys of a partition
 //     (Config.PoisonPolicy HoldKey).
 //
+// On the outbox_meta collection, meta_replica_ttl: TTL on last_seen where
+// kind is "replica", deleting the liveness records of replicas (see
+// Admin.Replicas) ten minutes after their last refresh.
+//
 // A client without handlers leaves the inbox alone: its InboxRetention
 // must not change the TTL of another service's inbox.
 //
@@ -148,6 +152,9 @@ func (c *Client) inboxIndexes() []indexSpec {
 // Run calls EnsureIndexes on start.
 func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := ensureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
+		return err
+	}
+	if err := ensureIndexes(ctx, c.meta, metaIndexes()...); err != nil {
 		return err
 	}
 	if !c.consumes() {

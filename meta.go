@@ -18,7 +18,10 @@ import (
 //     the consumer group that owns an inbox collection (see ErrInboxOwned);
 //   - {_id: {outbox: <OutboxCollection>, topic}, partitions, read_at}: the
 //     partition count of a publish topic at the last successful Kafka
-//     metadata read (see ErrPartitionsUnknown).
+//     metadata read (see ErrPartitionsUnknown);
+//   - {_id: "replica:<instance id>", kind: "replica", ..., last_seen}: the
+//     liveness record of a running Client (see replicas.go and
+//     Admin.Replicas).
 //
 // A collection of its own rather than reserved documents in the inbox and
 // outbox: every query on those collections (claims, parked and held lists,
@@ -27,7 +30,9 @@ import (
 // otherwise have to know to skip them, and a document whose _id is not an
 // InboxID would break any code that decodes a whole inbox. Its name is
 // fixed, not configurable, so that two services sharing a database always
-// meet the same stamps. It needs no index besides _id and is never expired.
+// meet the same stamps. Its only index besides _id is meta_replica_ttl, a
+// TTL index on last_seen restricted to the replica records (kind
+// "replica"): stamps and counts never expire.
 const metaCollection = "outbox_meta"
 
 // ErrInboxOwned is returned by EnsureIndexes, and ends Run, when the inbox

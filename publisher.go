@@ -112,6 +112,7 @@ type publisherOptions struct {
 // publisher is one run of the publisher.
 type publisher struct {
 	c     *Client
+	group *kgo.Client // the publisher group's client, for the replica record
 	lease *publish.Lease
 	set   *publish.Set
 	stats *publish.Stats
@@ -282,6 +283,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// The group only assigns partitions; its members never fetch.
 	group.PauseFetchTopics(cfg.PublishTopics...)
 
+	p.group = group
 	c.pub.Store(p)
 	defer c.pub.Store(nil)
 

@@ -18,7 +18,11 @@ import (
 // goroutine that keeps the topics' partition counts current for recording
 // (loaded from MongoDB, read from Kafka every minute, persisted; see
 // ErrPartitionsUnknown); the consumer runs when handlers are registered.
-// MongoDB and Kafka outages are retried with backoff and never end Run. When ctx ends, the
+// MongoDB and Kafka outages are retried with backoff and never end Run.
+// While it runs, a goroutine keeps a liveness record of this replica in the
+// outbox_meta collection (its groups' member ids, host, pid, last seen;
+// refreshed every SessionTimeout/5, between 1 s and 5 s; see
+// Admin.Replicas), marked stopped when Run returns. When ctx ends, the
 // consumer finishes the events in hand (at most 30 s), commits their
 // offsets and leaves its group; the publisher finishes its batches in
 // flight and leaves its group. A fatal error (for example a Kafka client
@@ -57,6 +61,10 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 	}
 
+	// The liveness record (replicas.go) is kept while the groups run and
+	// drain, and marked stopped once both were left.
+	stopAlive := c.keepAlive(ctx)
+
 	// The observable gauges report while Run runs.
 	defer c.registerGauges()()
 
@@ -87,5 +95,6 @@ func (c *Client) Run(ctx context.Context) error {
 		// Stopped by a fatal group error reported through a hook.
 		first = context.Cause(gctx)
 	}
+	stopAlive(first)
 	return first
 }

@@ -16,6 +16,7 @@ var pageNames = []string{"overview", "parked", "event", "failed", "outbox-event"
 func parseTemplates() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"age":   fmtAge,
+		"ago":   fmtAgo,
 		"tm":    fmtTime,
 		"short": shorten,
 		"chart": barChart,
@@ -46,6 +47,15 @@ func fmtAge(d time.Duration) string {
 		return strings.TrimSuffix(d.Truncate(time.Minute).String(), "0s")
 	}
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+}
+
+// fmtAgo writes how long ago something happened: "just now" under a
+// second, else "4m10s ago".
+func fmtAgo(d time.Duration) string {
+	if d < time.Second {
+		return "just now"
+	}
+	return fmtAge(d) + " ago"
 }
 
 // fmtTime writes a time in UTC to the second; nil and zero times as "–".

@@ -1,0 +1,118 @@
+package outbox
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// A running Client keeps a liveness record in outbox_meta: written at
+// start, refreshed with the member ids its two group clients hold, and
+// marked stopped when Run returns after a graceful stop. The TTL index that
+// expires the records exists.
+func TestReplicaRecordFollowsRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.config("alive"))
+	consume(t, c)
+	c.replicaEvery = 50 * time.Millisecond
+	stop := start(t, c)
+	adm := c.Admin()
+
+	members := func() (cons, pub string) {
+		if cs := c.tel.cons.Load(); cs != nil {
+			cons, _ = cs.cl.GroupMetadata()
+		}
+		if p := c.pub.Load(); p != nil {
+			pub, _ = p.group.GroupMetadata()
+		}
+		return cons, pub
+	}
+	var r Replica
+	eventually(t, "a record holding the current member ids of both groups", func() bool {
+		rs, err := adm.Replicas(ctx)
+		require.NoError(t, err)
+		if len(rs) != 1 {
+			return false
+		}
+		r = rs[0]
+		cons, pub := members()
+		return cons != "" && pub != "" && r.ConsumerMemberID == cons && r.PublisherMemberID == pub
+	})
+	require.Equal(t, c.cfg.Service, r.Service)
+	require.Equal(t, c.cfg.ConsumerGroup, r.ConsumerGroup)
+	require.Equal(t, c.cfg.PublisherGroup, r.PublisherGroup)
+	require.Equal(t, os.Getpid(), r.PID)
+	require.NotEmpty(t, r.ID)
+	require.Positive(t, r.ConsumerGeneration)
+	require.Positive(t, r.PublisherGeneration)
+	require.Equal(t, 50*time.Millisecond, r.RefreshInterval)
+	require.False(t, r.Stopped)
+	require.False(t, r.StartedAt.IsZero())
+
+	eventually(t, "the record refreshed", func() bool {
+		rs, err := adm.Replicas(ctx)
+		require.NoError(t, err)
+		require.Len(t, rs, 1)
+		return rs[0].LastSeen.After(r.LastSeen)
+	})
+
+	ttl := indexSpecs(t, c.meta)[indexMetaReplicaTTL]
+	require.NotNil(t, ttl, "the replica TTL index exists")
+	require.EqualValues(t, int64(replicaTTL.Seconds()), ttl["expireAfterSeconds"])
+	require.Equal(t, bson.D{{Key: "kind", Value: replicaKind}}, ttl["partialFilterExpression"])
+
+	stop()
+	rs, err := adm.Replicas(ctx)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].Stopped, "marked stopped by the graceful stop")
+	require.False(t, rs[0].StoppedAt.IsZero())
+	require.Empty(t, rs[0].StopError)
+	require.False(t, rs[0].Responding())
+	require.NotEmpty(t, rs[0].ConsumerMemberID, "the stopped record still names the members it held")
+	require.NotEmpty(t, rs[0].PublisherMemberID)
+	require.Equal(t, r.ID, rs[0].ID)
+}
+
+// A Run that ends with a fatal error (here a Kafka option kgo refuses)
+// leaves a stopped record saying why, whole (with the TTL index's kind
+// field) even though Run stopped before its first refresh could be sure to
+// have been written.
+func TestReplicaRecordOfAFailedRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config("failed")
+	cfg.KafkaOptions = []kgo.Opt{kgo.MaxProduceRequestsInflightPerBroker(2)} // refused with idempotency
+	c := b.client(t, cfg)
+	consume(t, c)
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	runErr := c.Run(rctx)
+	require.Error(t, runErr)
+	rs, err := c.Admin().Replicas(ctx)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].Stopped)
+	require.Equal(t, runErr.Error(), rs[0].StopError)
+	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
+}
+
+// Responding: a record refreshed within three periods, not stopped.
+func TestReplicaResponding(t *testing.T) {
+	t.Parallel()
+	r := Replica{RefreshInterval: time.Second, Silence: 2 * time.Second}
+	require.True(t, r.Responding())
+	r.Silence = 4 * time.Second
+	require.False(t, r.Responding(), "stale")
+	r.Silence = 0
+	r.Stopped = true
+	require.False(t, r.Responding(), "stopped")
+}
