@@ -128,9 +128,13 @@ type harness struct {
 	began    time.Time
 	op       *operator
 
-	kafkaRecordFailures int                // guarded by mu
-	scenarios           map[actionKind]int // scenarios carried out; guarded by mu
-	failures            []string           // violations seen during the run; guarded by mu
+	kafkaRecordFailures int // guarded by mu
+	// healthyTx holds the durations of recent transactions on replicas
+	// whose Kafka was up (guarded by mu): the control for those on
+	// replicas whose Kafka was down (see noteKafkaRecording).
+	healthyTx []timedTx
+	scenarios map[actionKind]int // scenarios carried out; guarded by mu
+	failures  []string           // violations seen during the run; guarded by mu
 }
 
 // maxFailLines caps the FAIL lines of each kind of violation.
@@ -467,6 +471,8 @@ func (h *harness) runLoad(ctx context.Context, wg *sync.WaitGroup) {
 				}
 				if kafkaDown {
 					h.noteKafkaRecording(r, err, took)
+				} else if err == nil {
+					h.noteHealthyTx(start, took)
 				}
 				if err != nil {
 					h.noteTxError(r, err, took)
