@@ -7,10 +7,10 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/pipeline"
-	"github.com/event-outbox/outbox/internal/mongo/update"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
+	"github.com/event-outbox/outbox/mongox/internal/update"
 )
 
 // This file holds the aggregation stages that need the server rather than

@@ -10,7 +10,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 )
 
 // dispatch runs one command and builds its reply. legacyDB is the database
