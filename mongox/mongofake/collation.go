@@ -8,6 +8,7 @@ import (
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
@@ -31,7 +32,7 @@ func collationArg(v any) (*bsonkit.Collation, error) {
 	if err != nil {
 		var ce *bsonkit.CollationError
 		if errors.As(err, &ce) {
-			return nil, errorf(ce.Code, codeName(ce.Code), ce.Msg)
+			return nil, errorf(ce.Code, mongoerr.CodeName(ce.Code), ce.Msg)
 		}
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 	"github.com/event-outbox/outbox/mongox/internal/update"
 )
@@ -114,7 +115,7 @@ func runWrite(r *request, tc *txnCtx, fn func(v *engine.View) error) error {
 		}
 		if fp.failBeforeCommit != 0 {
 			r.noRetryRecord = true
-			return errorf(fp.failBeforeCommit, codeName(fp.failBeforeCommit),
+			return errorf(fp.failBeforeCommit, mongoerr.CodeName(fp.failBeforeCommit),
 				fmt.Sprintf("Failing write for txnNumber %d due to failpoint. The write must not be reflected.", *r.txnNumber))
 		}
 		return nil

@@ -20,7 +20,7 @@
 //
 // # Errors
 //
-// Parse and evaluation errors are *Error values carrying MongoDB's numeric
+// Parse and evaluation errors are *mongoerr.Error values carrying MongoDB's numeric
 // code and code name, so the server can return them to clients unchanged.
 //
 // The package is pure: no locks, no I/O. Run never modifies its input;

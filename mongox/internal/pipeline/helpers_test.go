@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -61,11 +62,11 @@ func run(t testing.TB, pipeline string, input string) ([]bson.D, error) {
 	return p.Run(docs(t, input))
 }
 
-// requireCode asserts err is an *Error with the code.
+// requireCode asserts err is an *mongoerr.Error with the code.
 func requireCode(t testing.TB, err error, code int32) {
 	t.Helper()
 	require.Error(t, err)
-	var pe *Error
-	require.True(t, errors.As(err, &pe), "not an *Error: %v", err)
+	var pe *mongoerr.Error
+	require.True(t, errors.As(err, &pe), "not an *mongoerr.Error: %v", err)
 	require.Equal(t, code, pe.Code, pe.Msg)
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -160,7 +161,7 @@ func parseConvert(p *parser, name string, arg any) (evalFn, error) {
 		}
 		out, err := convertTo(v, target)
 		if err != nil {
-			if e, ok := err.(*Error); ok && e.Code == codeConversionFailure && onError != nil {
+			if e, ok := err.(*mongoerr.Error); ok && e.Code == codeConversionFailure && onError != nil {
 				return onError(c)
 			}
 			return nil, err

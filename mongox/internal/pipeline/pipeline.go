@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -157,11 +158,11 @@ func (p *Pipeline) Run(in []bson.D) ([]bson.D, error) {
 	return out, nil
 }
 
-// asPipelineError converts a query package error into an *Error.
+// asPipelineError unwraps a query package error to its *mongoerr.Error.
 func asPipelineError(err error) error {
-	var qe *query.Error
+	var qe *mongoerr.Error
 	if errors.As(err, &qe) {
-		return &Error{Code: qe.Code, CodeName: qe.CodeName, Msg: qe.Msg}
+		return &mongoerr.Error{Code: qe.Code, CodeName: qe.CodeName, Msg: qe.Msg}
 	}
 	return err
 }

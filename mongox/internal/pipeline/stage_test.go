@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -216,7 +217,7 @@ func TestCompileErrors(t *testing.T) {
 	require.EqualError(t, err, "Unrecognized pipeline stage name: '$foo'")
 	_, err = Compile(bson.A{bson.D{{Key: "$lookup", Value: bson.D{}}}}, Env{})
 	require.ErrorContains(t, err, "$lookup")
-	var pe *Error
+	var pe *mongoerr.Error
 	_, err = Eval(bson.D{{Key: "$foo", Value: 1}}, nil, Env{})
 	require.ErrorAs(t, err, &pe)
 	require.Equal(t, "InvalidPipelineOperator", pe.CodeName)

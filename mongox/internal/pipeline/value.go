@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -95,53 +96,14 @@ func cmpValues(a, b any) int {
 	return bsonkit.Compare(a, b)
 }
 
-// typeName is the $type name of v.
+// typeName is the $type name of v: "missing" for an absent value, and
+// "object" for a type BSON has no alias for.
 func typeName(v any) string {
-	switch v.(type) {
-	case missingType:
+	if _, ok := v.(missingType); ok {
 		return "missing"
-	case nil, bson.Null:
-		return "null"
-	case bson.Undefined:
-		return "undefined"
-	case float64, float32:
-		return "double"
-	case string:
-		return "string"
-	case bson.D, bson.M, bson.Raw:
-		return "object"
-	case bson.A, []any:
-		return "array"
-	case bson.Binary, []byte:
-		return "binData"
-	case bson.ObjectID:
-		return "objectId"
-	case bool:
-		return "bool"
-	case bson.DateTime:
-		return "date"
-	case bson.Regex:
-		return "regex"
-	case bson.DBPointer:
-		return "dbPointer"
-	case bson.JavaScript:
-		return "javascript"
-	case bson.Symbol:
-		return "symbol"
-	case bson.CodeWithScope:
-		return "javascriptWithScope"
-	case int32, int:
-		return "int"
-	case bson.Timestamp:
-		return "timestamp"
-	case int64:
-		return "long"
-	case bson.Decimal128:
-		return "decimal"
-	case bson.MinKey:
-		return "minKey"
-	case bson.MaxKey:
-		return "maxKey"
+	}
+	if n, ok := mongoerr.TypeAlias(v); ok {
+		return n
 	}
 	return "object"
 }

@@ -14,7 +14,7 @@
 //
 // # Errors
 //
-// Invalid or unsupported input returns an *Error carrying MongoDB's error
+// Invalid or unsupported input returns an *mongoerr.Error carrying MongoDB's error
 // code, so the server can answer with the code a real server would send.
 // Operators this server does not implement ($where, $text, geo operators,
 // $jsonSchema, and $expr unless an evaluator is installed with

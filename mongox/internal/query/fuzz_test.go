@@ -3,6 +3,7 @@ package query
 import (
 	"testing"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -44,8 +45,8 @@ func FuzzCompile(f *testing.F) {
 		_ = Equalities(filter)
 		m, err := Compile(filter)
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
-				t.Fatalf("error %T is not *Error: %v", err, err)
+			if _, ok := err.(*mongoerr.Error); !ok {
+				t.Fatalf("error %T is not *mongoerr.Error: %v", err, err)
 			}
 			return
 		}

@@ -18,7 +18,7 @@ type Matcher struct {
 }
 
 // Compile parses a MongoDB query filter. Invalid filters and operators this
-// server does not implement return an *Error naming the operator.
+// server does not implement return an *mongoerr.Error naming the operator.
 func Compile(filter bson.D) (*Matcher, error) {
 	return CompileWithVars(filter, nil)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -410,7 +411,7 @@ func TestCompileErrors(t *testing.T) {
 			t.Parallel()
 			m, err := Compile(d(t, c.filter))
 			require.Nil(t, m)
-			var qe *Error
+			var qe *mongoerr.Error
 			require.True(t, errors.As(err, &qe), "%v", err)
 			require.Equal(t, c.code, qe.Code)
 			require.Contains(t, qe.Msg, c.msg)
@@ -435,7 +436,7 @@ func TestExprHook(t *testing.T) {
 	// Not parallel: it installs the package-wide $expr compiler.
 	_, err := Compile(d(t, `{"$expr": {"$eq": ["$a", 1]}}`))
 	require.Error(t, err)
-	var qe *Error
+	var qe *mongoerr.Error
 	require.ErrorAs(t, err, &qe)
 	require.Equal(t, int32(CodeNotImplemented), qe.Code)
 	require.Contains(t, qe.Msg, "$expr")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -116,7 +117,7 @@ func TestCompileProjectionErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := CompileProjection(d(t, c.spec))
-		var qe *Error
+		var qe *mongoerr.Error
 		require.True(t, errors.As(err, &qe), "%s: %v", c.spec, err)
 		require.Equal(t, c.code, qe.Code, c.spec)
 		require.Contains(t, qe.Msg, c.msg, c.spec)

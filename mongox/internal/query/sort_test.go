@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -94,7 +95,7 @@ func TestCompileSortErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		_, err := CompileSort(d(t, c.spec))
-		var qe *Error
+		var qe *mongoerr.Error
 		require.True(t, errors.As(err, &qe), c.spec)
 		require.Equal(t, c.code, qe.Code, c.spec)
 		require.Contains(t, qe.Msg, c.msg, c.spec)

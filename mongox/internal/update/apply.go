@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
@@ -149,8 +150,8 @@ func (u *Update) compileFilters(afs []bson.D) (map[string]*query.Matcher, error)
 		}
 		m, err := query.Compile(f)
 		if err != nil {
-			if qe, ok := err.(*query.Error); ok {
-				return nil, &Error{Code: qe.Code, CodeName: qe.CodeName, Msg: "Error parsing array filter :: caused by :: " + qe.Msg}
+			if qe, ok := err.(*mongoerr.Error); ok {
+				return nil, &mongoerr.Error{Code: qe.Code, CodeName: qe.CodeName, Msg: "Error parsing array filter :: caused by :: " + qe.Msg}
 			}
 			return nil, newErr(CodeBadValue, "Error parsing array filter :: caused by :: %v", err)
 		}

@@ -23,7 +23,7 @@
 //
 // # Errors
 //
-// Every error is an *Error carrying MongoDB's error code and code name, with
+// Every error is an *mongoerr.Error carrying MongoDB's error code and code name, with
 // MongoDB's wording where clients are known to look at it.
 //
 // The package is pure: no locks, no I/O.

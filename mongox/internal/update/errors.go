@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -24,86 +25,8 @@ const (
 	CodeNotImplemented             = 238
 )
 
-var codeNames = map[int32]string{
-	CodeBadValue:                   "BadValue",
-	CodeFailedToParse:              "FailedToParse",
-	CodeTypeMismatch:               "TypeMismatch",
-	CodePathNotViable:              "PathNotViable",
-	CodeConflictingUpdateOperators: "ConflictingUpdateOperators",
-	CodeDollarPrefixedFieldName:    "DollarPrefixedFieldName",
-	CodeInvalidIDField:             "InvalidIdField",
-	CodeNotSingleValueField:        "NotSingleValueField",
-	CodeEmptyFieldName:             "EmptyFieldName",
-	CodeImmutableField:             "ImmutableField",
-	CodeNotImplemented:             "NotImplemented",
-}
-
-// Error is an update error carrying the MongoDB error code and code name
-// the server should reply with.
-type Error struct {
-	Code     int32
-	CodeName string
-	Msg      string
-}
-
-// Error returns the message.
-func (e *Error) Error() string { return e.Msg }
-
-func newErr(code int32, format string, args ...any) *Error {
-	name, ok := codeNames[code]
-	if !ok {
-		name = fmt.Sprintf("Location%d", code)
-	}
-	return &Error{Code: code, CodeName: name, Msg: fmt.Sprintf(format, args...)}
-}
-
-// typeName returns MongoDB's alias of a value's BSON type.
-func typeName(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case float64:
-		return "double"
-	case string:
-		return "string"
-	case bson.D, bson.M:
-		return "object"
-	case bson.A:
-		return "array"
-	case bson.Binary:
-		return "binData"
-	case bson.Undefined:
-		return "undefined"
-	case bson.ObjectID:
-		return "objectId"
-	case bool:
-		return "bool"
-	case bson.DateTime:
-		return "date"
-	case bson.Regex:
-		return "regex"
-	case bson.DBPointer:
-		return "dbPointer"
-	case bson.JavaScript:
-		return "javascript"
-	case bson.Symbol:
-		return "symbol"
-	case bson.CodeWithScope:
-		return "javascriptWithScope"
-	case int32:
-		return "int"
-	case bson.Timestamp:
-		return "timestamp"
-	case int64:
-		return "long"
-	case bson.Decimal128:
-		return "decimal"
-	case bson.MinKey:
-		return "minKey"
-	case bson.MaxKey:
-		return "maxKey"
-	}
-	return fmt.Sprintf("%T", v)
+func newErr(code int32, format string, args ...any) *mongoerr.Error {
+	return mongoerr.New(code, format, args...)
 }
 
 // fmtValue renders a value roughly as MongoDB prints it in error messages.

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -36,7 +37,7 @@ func FuzzApply(f *testing.F) {
 		}
 		up, err := Parse(u)
 		if err != nil {
-			var ue *Error
+			var ue *mongoerr.Error
 			require.ErrorAs(t, err, &ue)
 			return
 		}
@@ -48,7 +49,7 @@ func FuzzApply(f *testing.F) {
 			require.NoError(t, merr)
 			require.Equal(t, before, after, "input mutated")
 			if err != nil {
-				var ue *Error
+				var ue *mongoerr.Error
 				require.ErrorAs(t, err, &ue)
 				continue
 			}

@@ -3,6 +3,7 @@ package update
 import (
 	"testing"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -30,11 +31,11 @@ func requireSame(t testing.TB, want, got any) {
 	require.Equal(t, canon(t, want), canon(t, got))
 }
 
-// requireCode asserts err is an *Error with the given code.
+// requireCode asserts err is an *mongoerr.Error with the given code.
 func requireCode(t testing.TB, err error, code int32, msgContains string) {
 	t.Helper()
 	require.Error(t, err)
-	var ue *Error
+	var ue *mongoerr.Error
 	require.ErrorAs(t, err, &ue)
 	require.Equal(t, code, ue.Code, ue.Msg)
 	require.NotEmpty(t, ue.CodeName)

@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
@@ -74,7 +75,7 @@ func (m *mod) arith(doc bson.D) leafFunc {
 		}
 		if !bsonkit.IsNumber(cur) {
 			return nil, actKeep, newErr(CodeTypeMismatch, "Cannot apply %s to a value of non-numeric type. {_id: %s} has the field '%s' of non-numeric type %s",
-				m.op, idOf(doc), lastPart(m.parts), typeName(cur))
+				m.op, idOf(doc), lastPart(m.parts), mongoerr.TypeName(cur))
 		}
 		r, ok := arith(cur, m.arg, m.op == "$mul")
 		if !ok {
@@ -100,7 +101,7 @@ func (m *mod) push(doc bson.D) leafFunc {
 		if exists {
 			a, ok := cur.(bson.A)
 			if !ok {
-				return nil, actKeep, newErr(CodeBadValue, "The field '%s' must be an array but is of type %s in document {_id: %s}", m.path, typeName(cur), idOf(doc))
+				return nil, actKeep, newErr(CodeBadValue, "The field '%s' must be an array but is of type %s in document {_id: %s}", m.path, mongoerr.TypeName(cur), idOf(doc))
 			}
 			arr = a
 		}
@@ -168,7 +169,7 @@ func (m *mod) addToSet(doc bson.D) leafFunc {
 		if exists {
 			a, ok := cur.(bson.A)
 			if !ok {
-				return nil, actKeep, newErr(CodeBadValue, "Cannot apply $addToSet to non-array field. Field named '%s' has non-array type %s", lastPart(m.parts), typeName(cur))
+				return nil, actKeep, newErr(CodeBadValue, "Cannot apply $addToSet to non-array field. Field named '%s' has non-array type %s", lastPart(m.parts), mongoerr.TypeName(cur))
 			}
 			arr = a
 		} else {
@@ -206,7 +207,7 @@ func (m *mod) pop(doc bson.D) leafFunc {
 		}
 		a, ok := cur.(bson.A)
 		if !ok {
-			return nil, actKeep, newErr(CodeTypeMismatch, "Path '%s' contains an element of non-array type '%s'", m.path, typeName(cur))
+			return nil, actKeep, newErr(CodeTypeMismatch, "Path '%s' contains an element of non-array type '%s'", m.path, mongoerr.TypeName(cur))
 		}
 		if len(a) == 0 {
 			return nil, actKeep, nil

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
@@ -87,7 +88,7 @@ func ParseWithVars(u any, vars bson.D) (*Update, error) {
 	case []any:
 		return parsePipeline(bson.A(x), vars)
 	default:
-		return nil, newErr(CodeFailedToParse, "Update argument must be either an object or an array, found type %s", typeName(u))
+		return nil, newErr(CodeFailedToParse, "Update argument must be either an object or an array, found type %s", mongoerr.TypeName(u))
 	}
 	if len(d) == 0 || !strings.HasPrefix(d[0].Key, "$") {
 		for _, e := range d {
@@ -116,7 +117,7 @@ func ParseWithVars(u any, vars bson.D) (*Update, error) {
 			if m, isM := e.Value.(bson.M); isM {
 				fields = bsonkit.AsDoc(m)
 			} else {
-				return nil, newErr(CodeFailedToParse, "Modifiers operate on fields but we found type %s instead. For example: {$mod: {<field>: ...}} not {%s: %s}", typeName(e.Value), e.Key, fmtValue(e.Value))
+				return nil, newErr(CodeFailedToParse, "Modifiers operate on fields but we found type %s instead. For example: {$mod: {<field>: ...}} not {%s: %s}", mongoerr.TypeName(e.Value), e.Key, fmtValue(e.Value))
 			}
 		}
 		for _, f := range fields {
@@ -286,7 +287,7 @@ func parseMod(op string, f bson.E) (*mod, error) {
 				return nil, newErr(CodeBadValue, "The '$type' string field is required to be 'date' or 'timestamp': {$currentDate: {field : {$type: 'date'}}}")
 			}
 		default:
-			return nil, newErr(CodeBadValue, "%s is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({$type: 'timestamp/date'}).", typeName(f.Value))
+			return nil, newErr(CodeBadValue, "%s is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({$type: 'timestamp/date'}).", mongoerr.TypeName(f.Value))
 		}
 	case "$rename":
 		to, ok := f.Value.(string)
@@ -324,7 +325,7 @@ func parseMod(op string, f bson.E) (*mod, error) {
 		}
 	case "$pullAll":
 		if _, ok := f.Value.(bson.A); !ok {
-			return nil, newErr(CodeBadValue, "$pullAll requires an array argument but was given a %s", typeName(f.Value))
+			return nil, newErr(CodeBadValue, "$pullAll requires an array argument but was given a %s", mongoerr.TypeName(f.Value))
 		}
 	case "$push", "$addToSet":
 		if err := parseEach(m); err != nil {
@@ -365,7 +366,7 @@ func parseEach(m *mod) error {
 	}
 	arr, ok := eachVal.(bson.A)
 	if !ok {
-		return newErr(CodeBadValue, "The argument to $each in %s must be an array but it was of type: %s", m.op, typeName(eachVal))
+		return newErr(CodeBadValue, "The argument to $each in %s must be an array but it was of type: %s", m.op, mongoerr.TypeName(eachVal))
 	}
 	m.each = arr
 	for _, e := range d {
@@ -379,13 +380,13 @@ func parseEach(m *mod) error {
 		case "$slice":
 			n, err := integral(e.Value)
 			if err != nil {
-				return newErr(CodeBadValue, "The value for $slice must be an integer value but was given type: %s", typeName(e.Value))
+				return newErr(CodeBadValue, "The value for $slice must be an integer value but was given type: %s", mongoerr.TypeName(e.Value))
 			}
 			m.slice = &n
 		case "$position":
 			n, err := integral(e.Value)
 			if err != nil {
-				return newErr(CodeBadValue, "The value for $position must be an integer value, not of type: %s", typeName(e.Value))
+				return newErr(CodeBadValue, "The value for $position must be an integer value, not of type: %s", mongoerr.TypeName(e.Value))
 			}
 			m.position = &n
 		case "$sort":
@@ -462,8 +463,8 @@ func parsePull(m *mod) error {
 	}
 	matcher, err := query.Compile(filter)
 	if err != nil {
-		if qe, ok := err.(*query.Error); ok {
-			return &Error{Code: qe.Code, CodeName: qe.CodeName, Msg: "$pull: " + qe.Msg}
+		if qe, ok := err.(*mongoerr.Error); ok {
+			return &mongoerr.Error{Code: qe.Code, CodeName: qe.CodeName, Msg: "$pull: " + qe.Msg}
 		}
 		return newErr(CodeBadValue, "$pull: %v", err)
 	}

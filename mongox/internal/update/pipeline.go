@@ -6,6 +6,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"github.com/event-outbox/outbox/mongox/internal/pipeline"
 )
 
@@ -37,9 +38,9 @@ func parsePipeline(stages bson.A, vars bson.D) (*Update, error) {
 
 // fromPipelineErr keeps the code of a pipeline error when it has one.
 func fromPipelineErr(err error) error {
-	var pe *pipeline.Error
+	var pe *mongoerr.Error
 	if errors.As(err, &pe) {
-		return &Error{Code: pe.Code, CodeName: pe.CodeName, Msg: pe.Msg}
+		return &mongoerr.Error{Code: pe.Code, CodeName: pe.CodeName, Msg: pe.Msg}
 	}
 	return newErr(CodeBadValue, "%s", err.Error())
 }
