@@ -376,6 +376,54 @@ func (p *parser) objArgs(name string, arg any, allowed []string, required ...str
 	return out, nil
 }
 
+// argSpec declares the named arguments of an object-shaped operator
+// argument ({input: ..., to: ...}), for namedArgs.
+type argSpec struct {
+	// allowed are the accepted names and required those that must be
+	// present, as objArgs checks them.
+	allowed, required []string
+	// refused maps allowed names the server does not implement to the
+	// NotImplemented message naming them; they fail before any argument is
+	// compiled.
+	refused map[string]string
+	// compile are the arguments compiled, in this order. An allowed name
+	// not listed here is accepted and ignored.
+	compile []string
+}
+
+// namedArgs reads an object-shaped operator argument as spec declares it
+// and compiles its arguments; an absent optional argument compiles to nil.
+// It is the named-argument counterpart of nullishArgs: the operators build
+// only their evaluation, whose null and error rules differ per operator.
+func (p *parser) namedArgs(name string, arg any, spec *argSpec) (map[string]evalFn, error) {
+	m, err := p.objArgs(name, arg, spec.allowed, spec.required...)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range spec.allowed {
+		if msg, ok := spec.refused[k]; ok {
+			if _, present := m[k]; present {
+				return nil, errf(codeNotImplemented, "%s", msg)
+			}
+		}
+	}
+	return p.compileArgs(m, spec.compile...)
+}
+
+// compileArgs compiles the arguments of m named by keys, in that order;
+// an absent one compiles to nil.
+func (p *parser) compileArgs(m map[string]any, keys ...string) (map[string]evalFn, error) {
+	out := make(map[string]evalFn, len(keys))
+	for _, k := range keys {
+		fn, err := p.optional(m, k)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = fn
+	}
+	return out, nil
+}
+
 // optional compiles an optional argument; absent yields nil.
 func (p *parser) optional(m map[string]any, key string) (evalFn, error) {
 	v, ok := m[key]

@@ -337,6 +337,29 @@ func TestEvalMoreOperators(t *testing.T) {
 	})
 }
 
+// TestEvalNamedArguments pins what namedArgs checks for the operators with
+// named arguments: unknown and missing names, refused options, and that
+// every named argument is compiled (a bad expression in an optional one
+// fails at parse time).
+func TestEvalNamedArguments(t *testing.T) {
+	t.Parallel()
+	runExprCases(t, []exprCase{
+		{name: "convert refuses format", expr: `{"$convert": {"input": "$i", "to": "string", "format": "base64"}}`, code: 238},
+		{name: "dateFromString refuses format", expr: `{"$dateFromString": {"dateString": "2020-01-02", "format": "%Y"}}`, code: 238},
+		{name: "convert unknown argument", expr: `{"$convert": {"input": "$i", "to": "string", "bogus": 1}}`, code: 9},
+		{name: "convert missing to", expr: `{"$convert": {"input": "$i"}}`, code: 9},
+		{name: "convert onNull", expr: `{"$convert": {"input": "$n", "to": "string", "onNull": "none"}}`, want: `"none"`},
+		{name: "convert bad onError expression", expr: `{"$convert": {"input": "$i", "to": "string", "onError": {"$nope": 1}}}`, code: 168},
+		{name: "dateAdd missing amount", expr: `{"$dateAdd": {"startDate": "$t", "unit": "day"}}`, code: 9},
+		{name: "dateAdd bad timezone expression", expr: `{"$dateAdd": {"startDate": "$t", "unit": "day", "amount": 1, "timezone": {"$nope": 1}}}`, code: 168},
+		{name: "dateFromString onNull", expr: `{"$dateFromString": {"dateString": "$n", "onNull": "none"}}`, want: `"none"`},
+		{name: "trim bad chars expression", expr: `{"$trim": {"input": "x", "chars": {"$nope": 1}}}`, code: 168},
+		{name: "filter unknown argument", expr: `{"$filter": {"input": "$arr", "cond": true, "bogus": 1}}`, code: 9},
+		{name: "filter bad limit expression", expr: `{"$filter": {"input": "$arr", "cond": true, "limit": {"$nope": 1}}}`, code: 168},
+		{name: "filter limit with as", expr: `{"$filter": {"input": "$arr", "as": "x", "cond": {"$gt": ["$$x", 1]}, "limit": 1}}`, want: `[2]`},
+	})
+}
+
 func TestEvalRangeLimits(t *testing.T) {
 	t.Parallel()
 	runExprCases(t, []exprCase{

@@ -196,10 +196,12 @@ var parseSlice = nullishArgs(2, 3, func(_ string, vs []any) (any, error) {
 	return out, nil
 })
 
-// iterArgs parses the {input, as, <body>} shape of $filter and $map.
-func (p *parser) iterArgs(name string, arg any, body string, extra ...string) (input, bodyFn evalFn, as string, m map[string]any, err error) {
+// iterArgs parses the {input, as, <body>} shape of $filter and $map;
+// the extra named arguments are compiled after the body, in order (nil
+// when absent).
+func (p *parser) iterArgs(name string, arg any, body string, extra ...string) (input, bodyFn evalFn, as string, more map[string]evalFn, err error) {
 	allowed := append([]string{"input", "as", body}, extra...)
-	m, err = p.objArgs(name, arg, allowed, "input", body)
+	m, err := p.objArgs(name, arg, allowed, "input", body)
 	if err != nil {
 		return
 	}
@@ -221,18 +223,19 @@ func (p *parser) iterArgs(name string, arg any, body string, extra ...string) (i
 	pop := p.push(as)
 	bodyFn, err = p.parse(m[body])
 	pop()
+	if err != nil {
+		return
+	}
+	more, err = p.compileArgs(m, extra...)
 	return
 }
 
 func parseFilter(p *parser, name string, arg any) (evalFn, error) {
-	input, cond, as, m, err := p.iterArgs(name, arg, "cond", "limit")
+	input, cond, as, more, err := p.iterArgs(name, arg, "cond", "limit")
 	if err != nil {
 		return nil, err
 	}
-	limit, err := p.optional(m, "limit")
-	if err != nil {
-		return nil, err
-	}
+	limit := more["limit"]
 	return func(c *ctx) (any, error) {
 		v, err := input(c)
 		if err != nil {

@@ -323,30 +323,20 @@ func parseRegexMatch(p *parser, name string, arg any) (evalFn, error) {
 	}, nil
 }
 
+// dateFromStringArgs are the named arguments of $dateFromString.
+var dateFromStringArgs = &argSpec{
+	allowed:  []string{"dateString", "format", "timezone", "onError", "onNull"},
+	required: []string{"dateString"},
+	refused:  map[string]string{"format": "$dateFromString: the 'format' option is not supported by the embedded MongoDB server"},
+	compile:  []string{"dateString", "timezone", "onError", "onNull"},
+}
+
 func parseDateFromString(p *parser, name string, arg any) (evalFn, error) {
-	m, err := p.objArgs(name, arg, []string{"dateString", "format", "timezone", "onError", "onNull"}, "dateString")
+	args, err := p.namedArgs(name, arg, dateFromStringArgs)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := m["format"]; ok {
-		return nil, errf(codeNotImplemented, "$dateFromString: the 'format' option is not supported by the embedded MongoDB server")
-	}
-	input, err := p.parse(m["dateString"])
-	if err != nil {
-		return nil, err
-	}
-	tzFn, err := p.optional(m, "timezone")
-	if err != nil {
-		return nil, err
-	}
-	onError, err := p.optional(m, "onError")
-	if err != nil {
-		return nil, err
-	}
-	onNull, err := p.optional(m, "onNull")
-	if err != nil {
-		return nil, err
-	}
+	input, tzFn, onError, onNull := args["dateString"], args["timezone"], args["onError"], args["onNull"]
 	return func(c *ctx) (any, error) {
 		v, err := input(c)
 		if err != nil {
@@ -406,28 +396,20 @@ func parseDateStringIn(s string, loc *time.Location) (time.Time, error) {
 	return time.Time{}, err
 }
 
+// dateAddArgs are the named arguments of $dateAdd and $dateSubtract.
+var dateAddArgs = &argSpec{
+	allowed:  []string{"startDate", "unit", "amount", "timezone"},
+	required: []string{"startDate", "unit", "amount"},
+	compile:  []string{"startDate", "unit", "amount", "timezone"},
+}
+
 func parseDateAdd(sign int) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
-		m, err := p.objArgs(name, arg, []string{"startDate", "unit", "amount", "timezone"}, "startDate", "unit", "amount")
+		args, err := p.namedArgs(name, arg, dateAddArgs)
 		if err != nil {
 			return nil, err
 		}
-		start, err := p.parse(m["startDate"])
-		if err != nil {
-			return nil, err
-		}
-		unit, err := p.parse(m["unit"])
-		if err != nil {
-			return nil, err
-		}
-		amount, err := p.parse(m["amount"])
-		if err != nil {
-			return nil, err
-		}
-		tzFn, err := p.optional(m, "timezone")
-		if err != nil {
-			return nil, err
-		}
+		start, unit, amount, tzFn := args["startDate"], args["unit"], args["amount"], args["timezone"]
 		return func(c *ctx) (any, error) {
 			sv, err := start(c)
 			if err != nil {

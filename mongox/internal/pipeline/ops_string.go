@@ -197,20 +197,20 @@ var parseSplit = nullishArgs(2, 2, func(_ string, vs []any) (any, error) {
 // character and Unicode whitespace MongoDB lists.
 const defaultTrimChars = "\x00 \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 
+// trimArgs are the named arguments of $trim, $ltrim and $rtrim.
+var trimArgs = &argSpec{
+	allowed:  []string{"input", "chars"},
+	required: []string{"input"},
+	compile:  []string{"input", "chars"},
+}
+
 func parseTrim(left, right bool) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
-		m, err := p.objArgs(name, arg, []string{"input", "chars"}, "input")
+		args, err := p.namedArgs(name, arg, trimArgs)
 		if err != nil {
 			return nil, err
 		}
-		input, err := p.parse(m["input"])
-		if err != nil {
-			return nil, err
-		}
-		chars, err := p.optional(m, "chars")
-		if err != nil {
-			return nil, err
-		}
+		input, chars := args["input"], args["chars"]
 		return func(c *ctx) (any, error) {
 			v, err := input(c)
 			if err != nil {

@@ -102,30 +102,20 @@ var typeAliases = map[int64]string{
 	1: "double", 2: "string", 7: "objectId", 8: "bool", 9: "date", 16: "int", 18: "long", 19: "decimal",
 }
 
+// convertArgs are the named arguments of $convert.
+var convertArgs = &argSpec{
+	allowed:  []string{"input", "to", "onError", "onNull", "format", "base", "byteOrder"},
+	required: []string{"input", "to"},
+	refused:  map[string]string{"format": "$convert: the 'format' option is not supported by the embedded server"},
+	compile:  []string{"input", "to", "onError", "onNull"},
+}
+
 func parseConvert(p *parser, name string, arg any) (evalFn, error) {
-	m, err := p.objArgs(name, arg, []string{"input", "to", "onError", "onNull", "format", "base", "byteOrder"}, "input", "to")
+	args, err := p.namedArgs(name, arg, convertArgs)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := m["format"]; ok {
-		return nil, errf(codeNotImplemented, "$convert: the 'format' option is not supported by the embedded server")
-	}
-	input, err := p.parse(m["input"])
-	if err != nil {
-		return nil, err
-	}
-	to, err := p.parse(m["to"])
-	if err != nil {
-		return nil, err
-	}
-	onError, err := p.optional(m, "onError")
-	if err != nil {
-		return nil, err
-	}
-	onNull, err := p.optional(m, "onNull")
-	if err != nil {
-		return nil, err
-	}
+	input, to, onError, onNull := args["input"], args["to"], args["onError"], args["onNull"]
 	return func(c *ctx) (any, error) {
 		v, err := input(c)
 		if err != nil {
