@@ -24,7 +24,7 @@ cover: ## Test coverage report in cover.html.
 	$(GO) tool cover -html=cover.out -o cover.html
 
 fuzz: ## Fuzz the wire decoder for 30 s.
-	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 30s ./internal/mongo/wire
+	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 30s ./mongox/internal/wire
 
 devstack: ## Start embedded MongoDB and Kafka on local ports.
 	$(GO) run ./cmd/devstack

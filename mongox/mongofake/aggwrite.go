@@ -7,10 +7,11 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/pipeline"
-	"github.com/event-outbox/outbox/internal/mongo/update"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
+	"github.com/event-outbox/outbox/mongox/internal/update"
 )
 
 // This file holds the aggregation stages that need the server rather than
@@ -87,7 +88,7 @@ func dbLevelSource(r *request, first any) ([]bson.D, error) {
 		for _, x := range a {
 			d, ok := x.(bson.D)
 			if !ok {
-				return nil, errorf(40228, "Location40228", "'replacement document' must be a document, but is "+typeName(x))
+				return nil, errorf(40228, "Location40228", "'replacement document' must be a document, but is "+mongoerr.TypeName(x))
 			}
 			docs = append(docs, d)
 		}
@@ -150,7 +151,7 @@ func writeTarget(r *request, stage string, v any) (engine.NS, error) {
 		}
 		return ns, nil
 	}
-	return engine.NS{}, errorf(16990, "Location16990", fmt.Sprintf("%s only supports a string or object argument, not %s", stage, typeName(v)))
+	return engine.NS{}, errorf(16990, "Location16990", fmt.Sprintf("%s only supports a string or object argument, not %s", stage, mongoerr.TypeName(v)))
 }
 
 // runWriteStage writes the pipeline's output with $out or $merge.
@@ -265,7 +266,7 @@ func parseMerge(r *request, arg any) (*mergeSpec, error) {
 					for _, f := range on {
 						s, ok := f.(string)
 						if !ok {
-							return nil, errorf(51134, "Location51134", "$merge 'on' array elements must be strings, but found "+typeName(f))
+							return nil, errorf(51134, "Location51134", "$merge 'on' array elements must be strings, but found "+mongoerr.TypeName(f))
 						}
 						m.on = append(m.on, s)
 					}
@@ -273,7 +274,7 @@ func parseMerge(r *request, arg any) (*mergeSpec, error) {
 						return nil, errorf(51187, "Location51187", "If explicitly specifying $merge 'on', must include at least one field")
 					}
 				default:
-					return nil, errorf(51186, "Location51186", "$merge 'on' field must be either a string or an array of strings, but found "+typeName(e.Value))
+					return nil, errorf(51186, "Location51186", "$merge 'on' field must be either a string or an array of strings, but found "+mongoerr.TypeName(e.Value))
 				}
 			case "whenMatched":
 				switch wm := e.Value.(type) {
@@ -316,7 +317,7 @@ func parseMerge(r *request, arg any) (*mergeSpec, error) {
 		}
 		return m, nil
 	}
-	return nil, errorf(51182, "Location51182", "$merge only supports a string or object argument, not "+typeName(arg))
+	return nil, errorf(51182, "Location51182", "$merge only supports a string or object argument, not "+mongoerr.TypeName(arg))
 }
 
 // checkMergeOn requires a unique index on exactly the 'on' fields, as

@@ -8,9 +8,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/pipeline"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
 )
 
 // Resume tokens: {_data: hex} where the hex string is

@@ -6,9 +6,10 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/query"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
 // Collations: an operation's collation applies to string comparison in its
@@ -31,7 +32,7 @@ func collationArg(v any) (*bsonkit.Collation, error) {
 	if err != nil {
 		var ce *bsonkit.CollationError
 		if errors.As(err, &ce) {
-			return nil, errorf(ce.Code, codeName(ce.Code), ce.Msg)
+			return nil, errorf(ce.Code, mongoerr.CodeName(ce.Code), ce.Msg)
 		}
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/wire"
+	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
 // conn is one client connection. Its goroutine reads one message at a time

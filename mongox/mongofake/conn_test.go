@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/wire"
+	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
 func TestLegacyOpQueryHandshake(t *testing.T) {

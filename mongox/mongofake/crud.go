@@ -8,10 +8,11 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/query"
-	"github.com/event-outbox/outbox/internal/mongo/update"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/query"
+	"github.com/event-outbox/outbox/mongox/internal/update"
 )
 
 func init() {
@@ -114,7 +115,7 @@ func runWrite(r *request, tc *txnCtx, fn func(v *engine.View) error) error {
 		}
 		if fp.failBeforeCommit != 0 {
 			r.noRetryRecord = true
-			return errorf(fp.failBeforeCommit, codeName(fp.failBeforeCommit),
+			return errorf(fp.failBeforeCommit, mongoerr.CodeName(fp.failBeforeCommit),
 				fmt.Sprintf("Failing write for txnNumber %d due to failpoint. The write must not be reflected.", *r.txnNumber))
 		}
 		return nil

@@ -10,10 +10,11 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/pipeline"
-	"github.com/event-outbox/outbox/internal/mongo/query"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
+	"github.com/event-outbox/outbox/mongox/internal/query"
 )
 
 func init() {
@@ -313,7 +314,7 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 		d.mu.Lock()
 		delete(d.cursors, id)
 		d.mu.Unlock()
-		e := errorf(fp.errorCode, codeName(fp.errorCode), "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint")
+		e := errorf(fp.errorCode, mongoerr.CodeName(fp.errorCode), "Failing getMore via 'failGetMoreAfterCursorCheckout' failpoint")
 		if c.stream != nil && resumableChangeStreamCodes[fp.errorCode] {
 			e.Labels = append(e.Labels, labelResumableChangeStream)
 		}
@@ -411,7 +412,7 @@ func compileProjection(r *request, spec, filter bson.D) (func(bson.D) bson.D, er
 	if err == nil {
 		return p.Apply, nil
 	}
-	var qe *query.Error
+	var qe *mongoerr.Error
 	if !errors.As(err, &qe) || qe.Code != 238 || strings.Contains(qe.Msg, "positional") || strings.Contains(qe.Msg, "$meta") {
 		return nil, err
 	}

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
 // dispatch runs one command and builds its reply. legacyDB is the database
@@ -62,7 +62,7 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 			return nil, true
 		}
 		if fp.errorCode != 0 {
-			e := &cmdError{Code: fp.errorCode, CodeName: codeName(fp.errorCode), Msg: fp.errmsg}
+			e := &cmdError{Code: fp.errorCode, CodeName: mongoerr.CodeName(fp.errorCode), Msg: fp.errmsg}
 			var labels []string
 			if fp.labelsSet {
 				labels = fp.labels
@@ -177,48 +177,7 @@ func (r *request) lift(legacyDB string) error {
 }
 
 func wrongType(field string, v any, want string) *cmdError {
-	return errorf(14, "TypeMismatch", fmt.Sprintf("BSON field '%s' is the wrong type '%s', expected type '%s'", field, typeName(v), want))
-}
-
-// typeName is MongoDB's $type alias of a decoded value.
-func typeName(v any) string {
-	switch v.(type) {
-	case float64:
-		return "double"
-	case string:
-		return "string"
-	case bson.D, bson.M:
-		return "object"
-	case bson.A:
-		return "array"
-	case bson.Binary:
-		return "binData"
-	case bson.ObjectID:
-		return "objectId"
-	case bool:
-		return "bool"
-	case bson.DateTime:
-		return "date"
-	case nil:
-		return "null"
-	case bson.Regex:
-		return "regex"
-	case int32:
-		return "int"
-	case bson.Timestamp:
-		return "timestamp"
-	case int64:
-		return "long"
-	case bson.Decimal128:
-		return "decimal"
-	case bson.Undefined:
-		return "undefined"
-	case bson.MinKey:
-		return "minKey"
-	case bson.MaxKey:
-		return "maxKey"
-	}
-	return fmt.Sprintf("%T", v)
+	return errorf(14, "TypeMismatch", fmt.Sprintf("BSON field '%s' is the wrong type '%s', expected type '%s'", field, mongoerr.TypeName(v), want))
 }
 
 // okReply appends the generic success fields to a handler's reply body.
@@ -247,7 +206,7 @@ func (s *Server) errorReply(r *request, err error, labels []string) bson.D {
 	}
 	name := ce.CodeName
 	if name == "" {
-		name = codeName(ce.Code)
+		name = mongoerr.CodeName(ce.Code)
 	}
 	if labels == nil {
 		labels = append([]string(nil), ce.Labels...)
@@ -428,41 +387,6 @@ func hasKey(d bson.D, key string) bool {
 		}
 	}
 	return false
-}
-
-// codeNames maps mongod error codes to their names.
-var codeNames = map[int32]string{
-	1: "InternalError", 2: "BadValue", 6: "HostUnreachable", 7: "HostNotFound",
-	8: "UnknownError", 9: "FailedToParse", 11: "UserNotFound", 13: "Unauthorized",
-	14: "TypeMismatch", 18: "AuthenticationFailed", 20: "IllegalOperation",
-	24: "LockTimeout", 26: "NamespaceNotFound", 27: "IndexNotFound",
-	43: "CursorNotFound", 48: "NamespaceExists", 50: "MaxTimeMSExpired",
-	59: "CommandNotFound", 63: "StaleShardVersion", 64: "WriteConcernFailed",
-	67: "CannotCreateIndex", 72: "InvalidOptions", 73: "InvalidNamespace",
-	79: "UnknownReplWriteConcern", 85: "IndexOptionsConflict",
-	86: "IndexKeySpecsConflict", 89: "NetworkTimeout", 91: "ShutdownInProgress",
-	96: "OperationFailed", 100: "UnsatisfiableWriteConcern", 112: "WriteConflict",
-	115: "CommandNotSupported", 125: "CommandFailed", 134: "ReadConcernMajorityNotAvailableYet",
-	136: "CappedPositionLost", 150: "StaleEpoch", 175: "QueryPlanKilled",
-	189: "PrimarySteppedDown", 211: "KeyNotFound", 225: "TransactionTooOld",
-	237: "CursorKilled", 239: "SnapshotTooOld", 246: "SnapshotUnavailable",
-	251: "NoSuchTransaction", 256: "TransactionCommitted", 257: "TransactionTooLarge",
-	262: "ExceededTimeLimit", 263: "OperationNotSupportedInTransaction",
-	267: "PreparedTransactionInProgress", 280: "ChangeStreamFatalError",
-	286: "ChangeStreamHistoryLost", 352: "UnsupportedOpQueryCommand",
-	9001: "SocketException", 10107: "NotWritablePrimary", 11000: "DuplicateKey",
-	11600: "InterruptedAtShutdown", 11601: "Interrupted",
-	11602: "InterruptedDueToReplStateChange", 13435: "NotPrimaryNoSecondaryOk",
-	13436: "NotPrimaryOrSecondary",
-}
-
-// codeName returns the name of a code, or "Location<code>" as mongod names
-// codes without a symbolic name.
-func codeName(code int32) string {
-	if n, ok := codeNames[code]; ok {
-		return n
-	}
-	return "Location" + strconv.Itoa(int(code))
 }
 
 // unsatisfiableWriteConcern returns the writeConcernError a single-node

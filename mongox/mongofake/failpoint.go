@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -237,7 +238,7 @@ func (s *Server) FailCommand(p FailPoint) (cancel func()) {
 	if w := p.WriteConcernError; w != nil {
 		name := w.CodeName
 		if name == "" {
-			name = codeName(w.Code)
+			name = mongoerr.CodeName(w.Code)
 		}
 		fp.wce = bson.D{{Key: "code", Value: w.Code}, {Key: "codeName", Value: name}, {Key: "errmsg", Value: w.Message}}
 		if len(w.Labels) > 0 {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/wire"
+	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
 // FuzzConnRead writes arbitrary bytes to a live server and checks that the

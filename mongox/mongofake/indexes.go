@@ -5,8 +5,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
 )
 
 func init() {

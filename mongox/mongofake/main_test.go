@@ -15,7 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.uber.org/goleak"
 
-	"github.com/event-outbox/outbox/internal/mongo/wire"
+	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
 // TestMain fails the run when any goroutine (server, engine or driver)

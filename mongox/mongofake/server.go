@@ -16,8 +16,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/wire"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
 // Server is an in-process MongoDB-compatible server that presents itself to

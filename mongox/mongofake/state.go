@@ -10,11 +10,10 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/bsonkit"
-	"github.com/event-outbox/outbox/internal/mongo/engine"
-	"github.com/event-outbox/outbox/internal/mongo/pipeline"
-	"github.com/event-outbox/outbox/internal/mongo/query"
-	"github.com/event-outbox/outbox/internal/mongo/update"
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
 )
 
 // Idle limits, as mongod's defaults.
@@ -402,17 +401,9 @@ func convertErr(err error) error {
 		}
 		return c
 	}
-	var qe *query.Error
-	if errors.As(err, &qe) {
-		return &cmdError{Code: qe.Code, CodeName: qe.CodeName, Msg: qe.Msg}
-	}
-	var ue *update.Error
-	if errors.As(err, &ue) {
-		return &cmdError{Code: ue.Code, CodeName: ue.CodeName, Msg: ue.Msg}
-	}
-	var pe *pipeline.Error
-	if errors.As(err, &pe) {
-		return &cmdError{Code: pe.Code, CodeName: pe.CodeName, Msg: pe.Msg}
+	var me *mongoerr.Error
+	if errors.As(err, &me) {
+		return &cmdError{Code: me.Code, CodeName: me.CodeName, Msg: me.Msg}
 	}
 	return err
 }
@@ -479,7 +470,7 @@ func (r *request) get(key string) (any, bool) { return bsonkit.Get(r.cmd, key) }
 func (r *request) collName() (string, error) {
 	s, ok := r.cmd[0].Value.(string)
 	if !ok || s == "" {
-		return "", errorf(73, "InvalidNamespace", fmt.Sprintf("collection name has invalid type %s", typeName(r.cmd[0].Value)))
+		return "", errorf(73, "InvalidNamespace", fmt.Sprintf("collection name has invalid type %s", mongoerr.TypeName(r.cmd[0].Value)))
 	}
 	return s, nil
 }

@@ -3,7 +3,7 @@ package mongofake
 import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/mongo/engine"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
 )
 
 func init() {

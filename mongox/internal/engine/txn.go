@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// TxnMeta identifies a transaction: the session and transaction number the
+// oplog entries and change events carry.
+type TxnMeta struct {
+	LSID      bson.D
+	TxnNumber int64
+}
+
+// TxnState is the state of a transaction.
+type TxnState int
+
+// Transaction states.
+const (
+	TxnActive TxnState = iota
+	TxnCommitted
+	TxnAborted
+)
+
+// Txn is a multi-document transaction with snapshot isolation. Its methods
+// are safe for concurrent use, but a transaction runs one statement at a
+// time (as a session does).
+type Txn struct {
+	e        *Engine
+	id       uint64
+	Meta     TxnMeta
+	auto     bool // one auto-committed statement
+	pin      bool // a read-only Snapshot holding history
+	started  time.Time
+	snapshot bson.Timestamp
+	hasSnap  bool
+	state    TxnState
+	commitTS bson.Timestamp
+
+	abortReason string
+	writes      map[*chain]*pending
+	order       []*chain // chains in first-write order
+	inserted    []*chain // chains holding new records, in insertion order
+	colls       map[*collection]struct{}
+	created     []*collection // collections this transaction created implicitly
+	ops         []Entry       // oplog entries, stamped at commit
+	done        chan struct{}
+}
+
+// pending is a buffered write of a transaction.
+type pending struct {
+	doc    bson.D // nil: deleted
+	rid    uint64 // record id the pending document belongs to
+	newRec bool   // a new record (insert), appended to the natural order at commit
+}
+
+// Begin starts a transaction. Its snapshot is taken at its first operation.
+func (e *Engine) Begin(meta TxnMeta) *Txn {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := e.newTxnLocked(false)
+	t.Meta = meta
+	return t
+}
+
+func (e *Engine) newTxnLocked(auto bool) *Txn {
+	e.nextTxn++
+	t := &Txn{
+		e: e, id: e.nextTxn, auto: auto, started: e.opts.Now(),
+		writes: map[*chain]*pending{}, colls: map[*collection]struct{}{},
+		done: make(chan struct{}),
+	}
+	e.txns[t] = struct{}{}
+	return t
+}
+
+// State returns the transaction's state.
+func (t *Txn) State() TxnState {
+	t.e.mu.Lock()
+	defer t.e.mu.Unlock()
+	return t.state
+}
+
+// CommitTimestamp returns the commit timestamp of a committed transaction
+// that wrote something (zero otherwise).
+func (t *Txn) CommitTimestamp() bson.Timestamp {
+	t.e.mu.Lock()
+	defer t.e.mu.Unlock()
+	return t.commitTS
+}
+
+// Commit applies the transaction's writes atomically with one commit
+// timestamp. Committing a committed transaction succeeds again; committing
+// an aborted one returns 251 NoSuchTransaction.
+func (t *Txn) Commit() error {
+	e := t.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch t.state {
+	case TxnCommitted:
+		return nil
+	case TxnAborted:
+		return errNoSuchTxn(t)
+	}
+	if e.expiredLocked(t) {
+		return errNoSuchTxn(t)
+	}
+	e.commitLocked(t)
+	return nil
+}
+
+// Abort discards the transaction's writes. Aborting an ended transaction
+// does nothing.
+func (t *Txn) Abort() {
+	t.e.mu.Lock()
+	defer t.e.mu.Unlock()
+	if t.state == TxnActive {
+		t.e.abortLocked(t, "")
+	}
+}
+
+// AbortWithReason aborts with a reason reported by later NoSuchTransaction errors.
+func (t *Txn) AbortWithReason(reason string) {
+	t.e.mu.Lock()
+	defer t.e.mu.Unlock()
+	if t.state == TxnActive {
+		t.e.abortLocked(t, reason)
+	}
+}
+
+func (e *Engine) expiredLocked(t *Txn) bool {
+	if t.auto || e.opts.Now().Sub(t.started) <= e.lifetime(t) {
+		return false
+	}
+	e.abortLocked(t, "transaction exceeded its lifetime")
+	return true
+}
+
+func (e *Engine) endLocked(t *Txn) {
+	delete(e.txns, t)
+	close(t.done)
+	e.pruneDirtyLocked(t)
+}
+
+func (e *Engine) abortLocked(t *Txn, reason string) {
+	if t.state != TxnActive {
+		return
+	}
+	t.state = TxnAborted
+	t.abortReason = reason
+	for _, c := range t.order {
+		p := t.writes[c]
+		c.owner = nil
+		if p.doc != nil {
+			for _, ix := range c.coll.indexes[1:] {
+				ix.forget(c, []bson.D{p.doc})
+			}
+		}
+		if len(c.versions) == 0 && !c.dead && c.coll.chains[c.key] == c {
+			delete(c.coll.chains, c.key)
+			c.dead = true
+		}
+	}
+	// Collections the transaction created implicitly go away with it when
+	// nothing else has used them.
+	for _, c := range t.created {
+		if c.pending == t {
+			c.pending = nil
+		}
+		if e.collLocked(c.ns) == c && len(c.chains) == 0 && len(c.order) == 0 && len(c.indexes) == 1 && e.busyLocked(c, t) == nil {
+			e.dropLocked(c)
+		}
+	}
+	e.endLocked(t)
+}
+
+func (e *Engine) commitLocked(t *Txn) {
+	t.state = TxnCommitted
+	for c := range t.colls {
+		c.pending = nil
+	}
+	for _, c := range t.created {
+		c.pending = nil
+	}
+	if len(t.order) > 0 {
+		ts := e.tick()
+		t.commitTS = ts
+		for _, c := range t.order {
+			p := t.writes[c]
+			c.owner = nil
+			if c.dead {
+				continue // collection dropped meanwhile
+			}
+			if p.doc == nil && len(c.versions) == 0 { // inserted and deleted by this transaction
+				if c.coll.chains[c.key] == c {
+					delete(c.coll.chains, c.key)
+				}
+				c.dead = true
+				continue
+			}
+			c.versions = append(c.versions, version{ts: ts, rid: p.rid, doc: p.doc})
+			if p.newRec && p.doc != nil {
+				c.coll.order = append(c.coll.order, orderEntry{c: c, rid: p.rid})
+			}
+			if len(c.versions) > 1 || p.doc == nil {
+				e.dirty[c] = struct{}{}
+			}
+		}
+		wall := e.opts.Now()
+		multi := !t.auto
+		for i := range t.ops {
+			op := &t.ops[i]
+			op.TS = ts
+			op.Wall = wall
+			op.TxnOpIndex = int32(i)
+			if multi {
+				op.LSID = t.Meta.LSID
+				n := t.Meta.TxnNumber
+				op.TxnNumber = &n
+			}
+		}
+		e.appendOplog(t.ops)
+	}
+	e.endLocked(t)
+}

@@ -1,0 +1,337 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// View is the access to data inside Engine.Read or Engine.Write: the
+// snapshot of a transaction with its own writes, or the latest committed
+// state for an auto-committed statement. A View is only valid inside the
+// callback.
+type View struct {
+	e        *Engine
+	t        *Txn
+	readOnly bool
+	latest   bool // read the latest committed state (no snapshot)
+	blocked  *Txn // set when an auto-committed statement must wait
+	failed   error
+}
+
+// errBlocked unwinds an auto-committed statement that must wait.
+var errBlocked = errors.New("engine: blocked by an open transaction")
+
+// Read runs fn with a read-only view: the transaction's snapshot (and own
+// writes) when t is non-nil, else the latest committed state. It never
+// blocks on open transactions.
+func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v := &View{e: e, t: t, readOnly: true, latest: t == nil}
+	if t != nil {
+		if err := e.useTxnLocked(t); err != nil {
+			return err
+		}
+	}
+	return fn(v)
+}
+
+func (e *Engine) useTxnLocked(t *Txn) error {
+	if t.pin && (t.state != TxnActive || e.expiredLocked(t)) {
+		return errSnapshotTooOld(t.snapshot)
+	}
+	if t.state == TxnAborted {
+		return errNoSuchTxn(t)
+	}
+	if t.state == TxnCommitted {
+		return &Error{Code: CodeTransactionCommitted, Name: "TransactionCommitted", Msg: "Transaction has been committed"}
+	}
+	if e.expiredLocked(t) {
+		return errNoSuchTxn(t)
+	}
+	if !t.hasSnap {
+		t.snapshot = e.last
+		t.hasSnap = true
+	}
+	return nil
+}
+
+// Write runs fn with a writable view. With a transaction, writes are
+// buffered in it; an error from fn aborts the transaction (as any write
+// error does in MongoDB). Without one, fn is one auto-committed statement:
+// its writes commit when it returns nil and are discarded otherwise; when
+// it meets a document held by an open transaction, the engine waits for
+// that transaction to end and runs fn again (bounded by ctx, error 50
+// MaxTimeMSExpired on deadline).
+func (e *Engine) Write(ctx context.Context, t *Txn, fn func(v *View) error) error {
+	if t != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if err := e.useTxnLocked(t); err != nil {
+			return err
+		}
+		v := &View{e: e, t: t}
+		err := fn(v)
+		if err == nil {
+			err = v.failed
+		}
+		if err != nil && t.state == TxnActive {
+			reason := err.Error()
+			e.abortLocked(t, reason)
+		}
+		return err
+	}
+	for {
+		e.mu.Lock()
+		at := e.newTxnLocked(true)
+		at.snapshot, at.hasSnap = e.last, true
+		v := &View{e: e, t: at, latest: true}
+		err := fn(v)
+		if v.blocked != nil {
+			ch := v.blocked.done
+			e.abortLocked(at, "")
+			e.mu.Unlock()
+			if err := waitCtx(ctx, ch); err != nil {
+				return err
+			}
+			continue
+		}
+		if err == nil {
+			err = v.failed
+		}
+		if err != nil {
+			e.abortLocked(at, "")
+		} else {
+			e.commitLocked(at)
+		}
+		e.mu.Unlock()
+		return err
+	}
+}
+
+// Query selects documents of a collection.
+type Query struct {
+	// Filter is the query filter, used only to choose an index (an equality
+	// on _id or on a unique index). May be nil.
+	Filter bson.D
+	// Match decides which documents are returned; nil matches all.
+	Match func(doc bson.D) bool
+	// Limit stops after this many matches (0: no limit).
+	Limit int
+}
+
+// ClusterTime returns the newest timestamp issued.
+func (v *View) ClusterTime() bson.Timestamp { return v.e.last }
+
+// InTxn reports whether the view belongs to a multi-statement transaction.
+func (v *View) InTxn() bool { return v.t != nil && !v.t.auto }
+
+// Exists reports whether the collection exists.
+func (v *View) Exists(ns NS) bool { return v.e.collLocked(ns) != nil }
+
+// docOf returns the document of chain c as this view sees it.
+func (v *View) docOf(c *chain) bson.D {
+	if v.t != nil {
+		if p := v.t.writes[c]; p != nil {
+			return p.doc
+		}
+	}
+	var ver *version
+	if v.latest || v.t == nil {
+		ver = c.latest()
+	} else {
+		ver = c.at(v.t.snapshot)
+	}
+	if ver == nil {
+		return nil
+	}
+	return ver.doc
+}
+
+// Find returns the matching documents of a collection in natural order
+// (nothing when the collection does not exist).
+func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
+	c := v.e.collLocked(ns)
+	if c == nil {
+		return nil, nil
+	}
+	var out []bson.D
+	emit := func(d bson.D) bool {
+		if d == nil || (q.Match != nil && !q.Match(d)) {
+			return true
+		}
+		out = append(out, d)
+		return q.Limit <= 0 || len(out) < q.Limit
+	}
+	if cands, ok := v.candidates(c, q.Filter); ok {
+		for _, ch := range cands {
+			if !emit(v.docOf(ch)) {
+				break
+			}
+		}
+		return out, nil
+	}
+	for _, o := range c.order {
+		if o.c.dead {
+			continue
+		}
+		d, rid, newRec := v.stateOf(o.c)
+		if d == nil || rid != o.rid || newRec {
+			continue
+		}
+		if !emit(d) {
+			return out, nil
+		}
+	}
+	if v.t != nil {
+		for _, ch := range v.t.inserted {
+			if ch.coll != c {
+				continue
+			}
+			if p := v.t.writes[ch]; p != nil && p.newRec && p.doc != nil {
+				if !emit(p.doc) {
+					return out, nil
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// stateOf returns the document, record id and pending-new-record flag of
+// chain c as this view sees it.
+func (v *View) stateOf(c *chain) (bson.D, uint64, bool) {
+	if v.t != nil {
+		if p := v.t.writes[c]; p != nil {
+			return p.doc, p.rid, p.newRec
+		}
+	}
+	var ver *version
+	if v.latest {
+		ver = c.latest()
+	} else {
+		ver = c.at(v.t.snapshot)
+	}
+	if ver == nil {
+		return nil, 0, false
+	}
+	return ver.doc, ver.rid, false
+}
+
+// candidates returns the chains an equality on _id or on a plain unique
+// index can match, in natural order; ok is false when no index applies.
+func (v *View) candidates(c *collection, filter bson.D) ([]*chain, bool) {
+	if filter == nil {
+		return nil, false
+	}
+	if vals, ok := eqValues(filter, "_id"); ok {
+		var out []*chain
+		seen := map[*chain]bool{}
+		for _, val := range vals {
+			if ch := c.chains[bsonkit.Key(val)]; ch != nil && !seen[ch] {
+				seen[ch] = true
+				out = append(out, ch)
+			}
+		}
+		return v.sortNatural(out), true
+	}
+	for _, ix := range c.indexes[1:] {
+		if !ix.unique || ix.sparse || ix.filter != nil || len(ix.fields) != 1 {
+			continue
+		}
+		vals, ok := eqValues(filter, ix.fields[0])
+		if !ok {
+			continue
+		}
+		var out []*chain
+		seen := map[*chain]bool{}
+		for _, val := range vals {
+			for ch := range ix.entries[bsonkit.Key(val)] {
+				if !seen[ch] && !ch.dead {
+					seen[ch] = true
+					out = append(out, ch)
+				}
+			}
+		}
+		return v.sortNatural(out), true
+	}
+	// A non-unique index whose leading fields the filter pins to single
+	// values (and whose partial filter the filter implies): its prefix
+	// entries hold every chain that can match. The smallest set wins.
+	var best map[*chain]struct{}
+	found := false
+	for _, ix := range c.indexes[1:] {
+		if ix.prefix == nil || !ix.impliesPartial(filter) {
+			continue
+		}
+		h, n := "", 0
+		for _, f := range ix.fields {
+			vals, ok := eqValues(filter, f)
+			if !ok || len(vals) != 1 {
+				break
+			}
+			h += bsonkit.Key(vals[0])
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		if set := ix.prefix[h]; !found || len(set) < len(best) {
+			best, found = set, true
+		}
+	}
+	if found {
+		out := make([]*chain, 0, len(best))
+		for ch := range best {
+			if !ch.dead {
+				out = append(out, ch)
+			}
+		}
+		return v.sortNatural(out), true
+	}
+	return nil, false
+}
+
+// sortNatural orders a few chains by their record ids (natural order).
+func (v *View) sortNatural(cs []*chain) []*chain {
+	if len(cs) < 2 {
+		return cs
+	}
+	// Sort by record id, computed once per chain (candidate sets from a
+	// non-unique index can be large).
+	type ranked struct {
+		rid uint64
+		c   *chain
+	}
+	rs := make([]ranked, len(cs))
+	for i, c := range cs {
+		_, r, newRec := v.stateOf(c)
+		if newRec {
+			r += 1 << 62
+		}
+		rs[i] = ranked{r, c}
+	}
+	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.rid, b.rid) })
+	for i := range rs {
+		cs[i] = rs[i].c
+	}
+	return cs
+}
+
+// FindID returns the document with the given _id, or nil.
+func (v *View) FindID(ns NS, id any) bson.D {
+	c := v.e.collLocked(ns)
+	if c == nil {
+		return nil
+	}
+	ch := c.chains[bsonkit.Key(id)]
+	if ch == nil {
+		return nil
+	}
+	return v.docOf(ch)
+}

@@ -1,0 +1,274 @@
+package engine
+
+import (
+	"errors"
+
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// claim checks that this view may write chain c: it returns a
+// WriteConflict for a transaction, or marks an auto-committed statement
+// blocked (errBlocked), when another open transaction holds c or c was
+// committed after the snapshot.
+func (v *View) claim(c *chain) error {
+	if c.owner != nil && c.owner != v.t {
+		return v.conflict(c.owner)
+	}
+	if c.owner == nil && !v.t.auto {
+		if l := c.latest(); l != nil && bsonkit.CompareTimestamps(l.ts, v.t.snapshot) > 0 {
+			return v.conflict(nil)
+		}
+	}
+	return nil
+}
+
+func (v *View) conflict(owner *Txn) error {
+	if v.t.auto && owner != nil {
+		v.blocked = owner
+		return errBlocked
+	}
+	err := errWriteConflict()
+	v.failed = err
+	return err
+}
+
+func (v *View) writable(ns NS) (*collection, error) {
+	if v.readOnly {
+		return nil, errors.New("engine: write in a read-only view")
+	}
+	c, created, err := v.e.ensureLocked(ns)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		// Stamped with the transaction's writes at commit.
+		v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
+		if !v.t.auto {
+			v.t.created = append(v.t.created, c)
+			c.pending = v.t
+		}
+	}
+	return c, nil
+}
+
+// record buffers a write of chain c in the view's transaction.
+func (v *View) record(c *chain, doc bson.D, newRec bool) *pending {
+	t := v.t
+	p := t.writes[c]
+	if p == nil {
+		_, rid, _ := v.stateOf(c)
+		p = &pending{rid: rid}
+		t.writes[c] = p
+		t.order = append(t.order, c)
+	}
+	if newRec {
+		if p.newRec {
+			for i, x := range t.inserted {
+				if x == c {
+					t.inserted = append(t.inserted[:i:i], t.inserted[i+1:]...)
+					break
+				}
+			}
+		}
+		v.e.nextRID++
+		p.rid = v.e.nextRID
+		p.newRec = true
+		t.inserted = append(t.inserted, c)
+	}
+	old := p.doc
+	p.doc = doc
+	c.owner = t
+	t.colls[c.coll] = struct{}{}
+	if old != nil {
+		for _, ix := range c.coll.indexes[1:] {
+			ix.forget(c, []bson.D{old})
+		}
+	}
+	return p
+}
+
+// checkUnique checks the unique secondary indexes for doc written to chain
+// c, and registers doc's keys as candidates.
+func (v *View) checkUnique(c *collection, ch *chain, doc bson.D) error {
+	for _, ix := range c.indexes[1:] {
+		if !ix.unique {
+			continue
+		}
+		for _, k := range ix.keysOf(doc) {
+			for other := range ix.entries[k.hash] {
+				if other == ch || other.dead {
+					continue
+				}
+				if other.owner != nil && other.owner != v.t {
+					if p := other.owner.writes[other]; p != nil && p.doc != nil && ix.hasKey(p.doc, k.hash) {
+						return v.conflict(other.owner)
+					}
+				}
+				if other.owner == v.t {
+					if p := v.t.writes[other]; p.doc != nil && ix.hasKey(p.doc, k.hash) {
+						return v.dupKey(c, ix, k)
+					}
+					continue
+				}
+				l := other.latest()
+				if l == nil || l.doc == nil || !ix.hasKey(l.doc, k.hash) {
+					continue
+				}
+				if !v.t.auto && bsonkit.CompareTimestamps(l.ts, v.t.snapshot) > 0 {
+					return v.conflict(nil)
+				}
+				return v.dupKey(c, ix, k)
+			}
+		}
+	}
+	for _, ix := range c.indexes[1:] {
+		if ix.unique {
+			for _, k := range ix.keysOf(doc) {
+				ix.add(k.hash, ch)
+			}
+		} else {
+			ix.addPrefixes(ch, doc)
+		}
+	}
+	return nil
+}
+
+func (v *View) dupKey(c *collection, ix *index, k indexKey) error {
+	err := errDupKey(c.ns, ix, ix.keyValue(k))
+	return err
+}
+
+// Insert inserts a document, which must have an _id. Top-level fields
+// holding Timestamp(0, 0) (other than _id) get a fresh clock tick. It
+// returns 11000 DuplicateKey, WriteConflict, or (auto-committed statements)
+// unwinds to wait for a transaction holding the key.
+func (v *View) Insert(ns NS, doc bson.D) error {
+	c, err := v.writable(ns)
+	if err != nil {
+		return err
+	}
+	id, ok := bsonkit.Get(doc, "_id")
+	if !ok {
+		return &Error{Code: CodeBadValue, Name: "BadValue", Msg: "document has no _id"}
+	}
+	if _, isArr := id.(bson.A); isArr {
+		return &Error{Code: 53, Name: "InvalidIdField", Msg: "The '_id' value cannot be of type array"}
+	}
+	if _, isRe := id.(bson.Regex); isRe {
+		return &Error{Code: 53, Name: "InvalidIdField", Msg: "can't use a regex for _id"}
+	}
+	key := bsonkit.Key(id)
+	ch := c.chains[key]
+	if ch != nil {
+		if err := v.claim(ch); err != nil {
+			return err
+		}
+		if v.docOf(ch) != nil {
+			return errDupKey(ns, c.indexes[0], bson.D{{Key: "_id", Value: id}})
+		}
+	} else {
+		ch = &chain{coll: c, key: key}
+		c.chains[key] = ch
+	}
+	for i := range doc {
+		if doc[i].Key == "_id" {
+			continue
+		}
+		if ts, ok := doc[i].Value.(bson.Timestamp); ok && ts.T == 0 && ts.I == 0 {
+			doc[i].Value = v.e.tick()
+		}
+	}
+	if err := v.checkUnique(c, ch, doc); err != nil {
+		if len(ch.versions) == 0 && ch.owner == nil {
+			delete(c.chains, key)
+			ch.dead = true
+		}
+		return err
+	}
+	v.record(ch, doc, true)
+	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
+	return nil
+}
+
+// UpdateDescription describes an update for the oplog and change streams.
+type UpdateDescription struct {
+	UpdatedFields bson.D
+	RemovedFields []string
+	// TruncatedArrays are {field, newSize} documents.
+	TruncatedArrays bson.A
+	// DisambiguatedPaths maps ambiguous paths to their components
+	// (reported with showExpandedEvents).
+	DisambiguatedPaths bson.D
+}
+
+// Update replaces the document with newDoc's _id by newDoc. desc nil
+// records a replace, else an update with that description. The document
+// must exist in the view.
+func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
+	c, err := v.writable(ns)
+	if err != nil {
+		return err
+	}
+	id, _ := bsonkit.Get(newDoc, "_id")
+	ch := c.chains[bsonkit.Key(id)]
+	if ch == nil || v.docOf(ch) == nil {
+		return &Error{Code: 8, Name: "UnknownError", Msg: "engine: update of a missing document"}
+	}
+	if err := v.claim(ch); err != nil {
+		return err
+	}
+	if err := v.checkUnique(c, ch, newDoc); err != nil {
+		return err
+	}
+	pre := v.docOf(ch)
+	v.record(ch, newDoc, false)
+	e := Entry{Op: OpReplace, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: newDoc, UUID: c.uuid}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
+	if desc != nil {
+		e.Op = OpUpdate
+		e.Update = desc
+	}
+	v.t.ops = append(v.t.ops, e)
+	return nil
+}
+
+// Delete deletes the document with the given _id; it reports whether a
+// document was deleted.
+func (v *View) Delete(ns NS, id any) (bool, error) {
+	if v.readOnly {
+		return false, errors.New("engine: write in a read-only view")
+	}
+	c := v.e.collLocked(ns)
+	if c == nil {
+		return false, nil
+	}
+	ch := c.chains[bsonkit.Key(id)]
+	if ch == nil || v.docOf(ch) == nil {
+		return false, nil
+	}
+	if err := v.claim(ch); err != nil {
+		return false, err
+	}
+	pre := v.docOf(ch)
+	v.record(ch, nil, false)
+	e := Entry{Op: OpDelete, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, UUID: c.uuid}
+	if c.prePostImages {
+		e.Pre, e.Images = pre, true
+	}
+	v.t.ops = append(v.t.ops, e)
+	return true, nil
+}
+
+// EnsureCollection creates the collection when missing (implicit creation)
+// and reports whether it did.
+func (v *View) EnsureCollection(ns NS) (bool, error) {
+	c, created, err := v.e.ensureLocked(ns)
+	if created && v.t != nil && !v.t.auto {
+		v.t.created = append(v.t.created, c)
+		c.pending = v.t
+	}
+	return created, err
+}
