@@ -232,7 +232,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		case e != nil && p.DiscardedAt != nil:
 			failN("step-discarded", "step event %s (key %s seq %d) discarded", e.ID, e.Key, e.Seq)
 		case e != nil && held:
-			failN("held", "step event %s (key %s seq %d) still held at the end", e.ID, e.Key, e.Seq)
+			failN("held", "step event %s (key %s seq %d) still held at the end, behind %s", e.ID, e.Key, e.Seq, h.anchorState(ctx, p.HeldBy))
 		case e != nil:
 			failN("parked", "step event %s (key %s seq %d) still parked at the end", e.ID, e.Key, e.Seq)
 		case p.Parked && (strings.HasPrefix(p.ID.IdempotencyKey, "malformed") || strings.HasPrefix(p.Key, "malformed") || p.ID.ContentSchema == "unknown"):
@@ -426,4 +426,17 @@ func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, a
 		})
 	}
 	return published, violations, nil
+}
+
+// anchorState describes the inbox document a held event waits for, for the
+// FAIL line: whether it is still parked, handled or purged, and whether its
+// chain was closed.
+func (h *harness) anchorState(ctx context.Context, anchor bson.RawValue) string {
+	var d bson.M
+	err := h.db.Collection("inbox").FindOne(ctx, bson.D{{Key: "_id", Value: anchor}},
+		options.FindOne().SetProjection(bson.D{{Key: "payload", Value: 0}})).Decode(&d)
+	if err != nil {
+		return fmt.Sprintf("%s (unreadable: %v)", anchor, err)
+	}
+	return fmt.Sprintf("%v", d)
 }
