@@ -281,23 +281,14 @@ func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent
 // its key that waited behind it, in order; under SkipEvent after the events
 // of its key published meanwhile. With dryRun it only counts them. It returns how many events were (or would be) retried.
 func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
-	q, err := f.withIDs(ids)
-	if err != nil {
-		return 0, err
-	}
-	if dryRun {
-		n, err := a.outbox.CountDocuments(ctx, q)
+	return a.onFailed(ctx, f, ids, dryRun, func(q bson.D) (int64, error) {
+		res, err := a.outbox.UpdateMany(ctx, q, bson.D{
+			{Key: "$set", Value: bson.D{{Key: "failed", Value: false}}},
+			{Key: "$unset", Value: bson.D{{Key: "failed_at", Value: ""}}},
+		})
 		if err != nil {
-			return 0, fmt.Errorf("outbox: count failed events: %w", err)
+			return 0, fmt.Errorf("outbox: retry failed events: %w", err)
 		}
-		return n, nil
-	}
-	res, err := a.outbox.UpdateMany(ctx, q, bson.D{
-		{Key: "$set", Value: bson.D{{Key: "failed", Value: false}}},
-		{Key: "$unset", Value: bson.D{{Key: "failed_at", Value: ""}}},
+		return res.ModifiedCount, nil
 	})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: retry failed events: %w", err)
-	}
-	return res.ModifiedCount, nil
 }

@@ -80,22 +80,31 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 // within seconds. With dryRun it only counts them. It returns how many
 // events were (or would be) discarded.
 func (a *Admin) DiscardFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
+	return a.onFailed(ctx, f, ids, dryRun, func(q bson.D) (int64, error) {
+		res, err := a.outbox.DeleteMany(ctx, q)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: discard failed events: %w", err)
+		}
+		return res.DeletedCount, nil
+	})
+}
+
+// onFailed selects failed events as RetryFailed and DiscardFailed do (f,
+// narrowed to ids when not empty) and counts them with dryRun, else applies
+// act to the selection and returns its count.
+func (a *Admin) onFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool, act func(q bson.D) (int64, error)) (int64, error) {
 	q, err := f.withIDs(ids)
 	if err != nil {
 		return 0, err
 	}
-	if dryRun {
-		n, err := a.outbox.CountDocuments(ctx, q)
-		if err != nil {
-			return 0, fmt.Errorf("outbox: count failed events: %w", err)
-		}
-		return n, nil
+	if !dryRun {
+		return act(q)
 	}
-	res, err := a.outbox.DeleteMany(ctx, q)
+	n, err := a.outbox.CountDocuments(ctx, q)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: discard failed events: %w", err)
+		return 0, fmt.Errorf("outbox: count failed events: %w", err)
 	}
-	return res.DeletedCount, nil
+	return n, nil
 }
 
 // withIDs returns the query of f narrowed to ids (hex ObjectIDs) when not
