@@ -53,8 +53,10 @@ func seed(t *testing.T, b *bundle) (head outbox.InboxID) {
 	_, err := b.outbox().UpdateOne(context.Background(), bson.D{{Key: "idempotency_key", Value: "p-3"}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "key", Value: "o-f-1"}}}})
 	require.NoError(t, err)
+	// Published a second after creation: start a minute back, so that no
+	// published_at lies in a minute the page has not reached yet.
 	for i := range 4 {
-		insert(t, b.outbox(), outboxDocOf(fmt.Sprintf("x-%d", i), now.Add(-time.Duration(i*10)*time.Minute), true, false))
+		insert(t, b.outbox(), outboxDocOf(fmt.Sprintf("x-%d", i), now.Add(-time.Duration(i*10+1)*time.Minute), true, false))
 	}
 	return head
 }
