@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -193,9 +192,6 @@ func (p PoisonPolicy) String() string {
 	}
 	return fmt.Sprintf("PoisonPolicy(%d)", int(p))
 }
-
-// ErrConfig wraps every configuration error.
-var ErrConfig = errors.New("outbox: invalid config")
 
 func (c Config) withDefaults() Config {
 	c = c.wireDefaults()

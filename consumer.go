@@ -618,11 +618,6 @@ func isTransientNotAborted(err error) bool {
 // codeNoSuchTransaction is MongoDB's NoSuchTransaction error code.
 const codeNoSuchTransaction = 251
 
-// ErrAttemptsExhausted is the last error of an event parked because its
-// attempts ran out without a handler error to show: the processes that ran
-// them stopped (or lost the partition) during each of them.
-var ErrAttemptsExhausted = errors.New("outbox: attempts exhausted")
-
 // handleOnce runs one attempt: claim, handler and the events it recorded,
 // in one transaction, within Config.HandlerTimeout. A failure after the
 // handler returned nil is a *commitError.

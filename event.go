@@ -3,7 +3,6 @@ package outbox
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -92,29 +91,6 @@ const (
 	maxNameLen = 249 // Kafka's topic name limit; also used for schema names
 	maxKeyLen  = 1024
 )
-
-// ErrInvalidEvent is the sentinel wrapped by every error that refuses an
-// event at record time: validation failures, bad envelope fields.
-var ErrInvalidEvent = errors.New("outbox: invalid event")
-
-// ValidationError reports an event field that failed validation.
-type ValidationError struct {
-	// ContentSchema is the event's type name.
-	ContentSchema string
-	// Field is the struct field's path (for example "OrderCreated.Amount").
-	Field string
-	// Tag is the failed validation tag (for example "gt").
-	Tag string
-	// Err is the underlying error.
-	Err error
-}
-
-func (e *ValidationError) Error() string {
-	return fmt.Sprintf("outbox: invalid event %s: field %s failed %q", e.ContentSchema, e.Field, e.Tag)
-}
-
-// Unwrap returns ErrInvalidEvent and the validator's error.
-func (e *ValidationError) Unwrap() []error { return []error{ErrInvalidEvent, e.Err} }
 
 func checkName(what, v string) error {
 	switch {

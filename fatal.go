@@ -21,9 +21,6 @@ var fatalGroupErrors = []error{
 	kerr.GroupMaxSizeReached,
 }
 
-// ErrKafkaGroup wraps a fatal error of a Kafka consumer group.
-var ErrKafkaGroup = errors.New("outbox: Kafka group error")
-
 // fatalHook turns fatal group errors into the cancellation cause of Run's
 // goroutine group. Each Kafka group client the framework creates carries it.
 type fatalHook struct {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"reflect"
 )
@@ -54,13 +53,6 @@ type handler struct {
 	// run calls the user's function.
 	run func(ctx context.Context, e Event, meta Metadata) error
 }
-
-// ErrDuplicateHandler is returned by Handle when a handler for the same
-// topic and content schema is already registered.
-var ErrDuplicateHandler = errors.New("outbox: a handler is already registered for this topic and content schema")
-
-// ErrRunning is returned when a Client is changed or run while Run runs.
-var ErrRunning = errors.New("outbox: client is running")
 
 // Handle registers fn as the handler of events of type T (one handler per
 // topic and content schema). The consumer subscribes to the topics of all

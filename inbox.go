@@ -263,18 +263,6 @@ func (c *Client) ParkedEvents(ctx context.Context, limit int) ([]ParkedEvent, er
 	return c.Admin().ParkedEvents(ctx, ParkedFilter{Limit: limit})
 }
 
-// ErrNotParked is returned by Redrive for an event that is not parked.
-var ErrNotParked = errors.New("outbox: event is not parked")
-
-// ErrNoHandler is returned by Redrive for an event no registered handler
-// accepts.
-var ErrNoHandler = errors.New("outbox: no handler for the event")
-
-// ErrHeld is returned by Redrive for an event held behind a parked event
-// of its key (Config.PoisonPolicy HoldKey): re-drive that one, and the held
-// events follow in order.
-var ErrHeld = errors.New("outbox: event is held behind a parked event of its key")
-
 // Redrive runs the handler of a parked event now, from the payload stored in
 // the inbox, in a transaction that also unparks it. On success the event is
 // handled (exactly once, as for a delivery), then the events held behind it
@@ -346,12 +334,6 @@ func (d *inboxDoc) envelope() Envelope {
 		TraceParent: d.TraceParent, TraceState: d.TraceState}
 }
 
-// ErrPayloadTruncated is returned when a parked event whose payload was too
-// large to store whole in the inbox is re-driven: only its first bytes are
-// kept, for inspection. Purge it, and replay the record from Kafka if
-// needed.
-var ErrPayloadTruncated = errors.New("outbox: stored payload is truncated")
-
 // storedEvent decodes the stored payload of a parked event.
 func (c *Client) storedEvent(h *handler, d *inboxDoc) (Event, error) {
 	if d.PayloadTruncated {
@@ -385,6 +367,3 @@ func safeRun(ctx context.Context, h *handler, evt Event, meta Metadata) (err err
 	}()
 	return h.run(ctx, evt, meta)
 }
-
-// ErrHandlerPanic wraps the value of a handler's panic.
-var ErrHandlerPanic = errors.New("outbox: handler panicked")

@@ -33,15 +33,6 @@ const (
 	codeIndexKeySpecsConflict = 86 // IndexKeySpecsConflict
 )
 
-// ErrIndexConflict is returned by EnsureIndexes (and ends Run) when a
-// collection holds an index that cannot be reconciled with one the
-// framework needs: an index under the framework's name with another key or
-// filter, or an index with the same key and filter whose other options (TTL
-// or not, unique, sparse) differ. Retrying cannot fix it: drop or rename the
-// index, or point the client at other collections. The error names the
-// collection and both definitions.
-var ErrIndexConflict = errors.New("outbox: conflicting index")
-
 // indexSpec is an index the framework needs. Indexes are matched by
 // definition (key pattern and partial filter), not by name: an equivalent
 // index created under another name (by hand, or by the Python event-outbox

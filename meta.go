@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -34,16 +33,6 @@ import (
 // TTL index on last_seen restricted to the replica records (kind
 // "replica"): stamps and counts never expire.
 const metaCollection = "outbox_meta"
-
-// ErrInboxOwned is returned by EnsureIndexes, and ends Run, when the inbox
-// collection belongs to another consumer group. An inbox collection belongs
-// to one consumer group: the inbox _id is {topic, content_schema,
-// idempotency_key}, so two groups sharing a collection would take each
-// other's entries for their own and skip events. The first consuming client
-// to start stamps the collection with its Config.ConsumerGroup (in the
-// outbox_meta collection); a client of another group is refused. Give each
-// service sharing a database its own Config.InboxCollection.
-var ErrInboxOwned = errors.New("outbox: inbox collection belongs to another consumer group")
 
 // inboxStamp is the metadata document naming an inbox collection's owner.
 type inboxStamp struct {

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -13,15 +12,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
 )
-
-// ErrNoTransaction is returned by Record when its context does not come
-// from Client.Transact or from a handler: an event recorded outside a
-// transaction could be published for a change that never commits.
-var ErrNoTransaction = errors.New("outbox: Record needs the context of Client.Transact or of a handler")
-
-// ErrUnknownTopic is returned by Record for an event whose topic is not in
-// Config.PublishTopics: no publisher would ever publish it.
-var ErrUnknownTopic = errors.New("outbox: topic is not in Config.PublishTopics")
 
 // outboxDoc is the stored form of a recorded event. Field names are part of
 // the storage format (indexes, the publisher's queries, outboxctl).

@@ -1,17 +1,11 @@
 package outbox
 
 import (
-	"errors"
 	"fmt"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
-
-// ErrDuplicateEvent is returned (wrapped) when recording an event whose
-// topic, content schema and idempotency key are those of an event already in
-// the outbox, with Config.UniqueIdempotencyKeys.
-var ErrDuplicateEvent = errors.New("outbox: an event with this topic, content schema and idempotency key is already in the outbox")
 
 // flushError wraps the error of the outbox insert of n events: a duplicate
 // key error can only come from the idempotency index (the _id is new).

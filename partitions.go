@@ -40,19 +40,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// ErrPartitionsUnknown is returned by Record for an event whose topic's
-// partition count is unknown: never read from Kafka by this service (no
-// count persisted in MongoDB) and Kafka unreachable now. The transaction is
-// aborted when the caller returns the error; retry once Kafka is reachable.
-// It happens only on a service's first-ever start during a Kafka outage
-// (or for a topic that does not exist): later starts use the persisted
-// counts.
-var ErrPartitionsUnknown = errors.New("outbox: partition count of topic unknown")
-
-// ErrTopicMetadata wraps failures to learn a topic's partition count from
-// Kafka.
-var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
-
 // Partition count tuning that the Config does not expose.
 const (
 	// metadataInterval is the period of Run's metadata reads.

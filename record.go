@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"errors"
 	"fmt"
 	"mime"
 	"strconv"
@@ -46,10 +45,6 @@ const (
 	contentTypeJSON = "application/json"
 	timeLayout      = "2006-01-02T15:04:05.000Z07:00"
 )
-
-// ErrMalformedRecord wraps every reason a Kafka record cannot be decoded
-// into an event envelope. The consumer parks such records at once.
-var ErrMalformedRecord = errors.New("outbox: malformed record")
 
 // encodeRecord builds the Kafka record of an event in its format
 // (env.Format; see Format).

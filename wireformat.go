@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -193,14 +192,6 @@ type wireChoice struct {
 	partition int32
 	payload   []byte
 }
-
-// ErrPayloadNotObject and ErrEnvelopeCollision are wrapped (with
-// ErrInvalidEvent) by Record for an event of an event-outbox topic whose
-// JSON cannot be laid out flat beside the library's envelope fields.
-var (
-	ErrPayloadNotObject  = errors.New("outbox: event-outbox format needs a JSON object")
-	ErrEnvelopeCollision = errors.New("outbox: event field collides with an event-outbox envelope field")
-)
 
 // wireFields applies the topic's wire format and partitioning to an event
 // being recorded: it checks the payload, chooses the partition and returns
