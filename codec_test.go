@@ -92,11 +92,3 @@ func TestBackoffBounds(t *testing.T) {
 		require.LessOrEqual(t, d, 10*time.Second)
 	}
 }
-
-func TestNewIdempotencyKey(t *testing.T) {
-	t.Parallel()
-	a, b := NewIdempotencyKey(), NewIdempotencyKey()
-	require.Len(t, a, 32)
-	require.NotEqual(t, a, b)
-	require.Equal(t, byte('4'), a[12]) // version nibble
-}
