@@ -13,21 +13,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// InboxID is the inbox document _id of an event: an ordered subdocument
-// {topic, content_schema, idempotency_key}, the field names and order of
-// the Python event-outbox library, so that services written with either
-// share an inbox during a migration. Two deliveries of the same event (same
-// topic, content schema and idempotency key) share it.
-type InboxID struct {
-	Topic          string `bson:"topic" json:"topic"`
-	ContentSchema  string `bson:"content_schema" json:"content_schema"`
-	IdempotencyKey string `bson:"idempotency_key" json:"idempotency_key"`
-}
-
-func inboxIDOf(env *Envelope) InboxID {
-	return InboxID{Topic: env.Topic, ContentSchema: env.ContentSchema, IdempotencyKey: env.IdempotencyKey}
-}
-
 // inboxDoc is the stored form of a received event. Field names are part of
 // the storage format (indexes, outboxctl).
 type inboxDoc struct {

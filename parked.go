@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -43,22 +42,6 @@ import (
 // redriveInterval is how often a running consumer looks for re-drive
 // requests.
 const redriveInterval = 5 * time.Second
-
-// String returns "topic/schema/key", the form ParseInboxID reads.
-func (id InboxID) String() string {
-	return id.Topic + "/" + id.ContentSchema + "/" + id.IdempotencyKey
-}
-
-// ParseInboxID reads "topic/schema/key": the topic ends at the first slash
-// (Kafka topic names have none) and the key starts after the last one, so
-// a content schema may contain slashes and an idempotency key may not.
-func ParseInboxID(s string) (InboxID, error) {
-	i, j := strings.IndexByte(s, '/'), strings.LastIndexByte(s, '/')
-	if i <= 0 || j <= i+1 || j == len(s)-1 {
-		return InboxID{}, fmt.Errorf("outbox: inbox id %q: want topic/schema/key", s)
-	}
-	return InboxID{Topic: s[:i], ContentSchema: s[i+1 : j], IdempotencyKey: s[j+1:]}, nil
-}
 
 // ParkedFilter selects parked events. The zero value selects all of them.
 type ParkedFilter struct {

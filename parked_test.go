@@ -11,20 +11,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-func TestParseInboxID(t *testing.T) {
-	t.Parallel()
-	id, err := ParseInboxID("orders/acme/OrderPlaced.v1/abc")
-	require.NoError(t, err)
-	require.Equal(t, InboxID{Topic: "orders", ContentSchema: "acme/OrderPlaced.v1", IdempotencyKey: "abc"}, id)
-	back, err := ParseInboxID(id.String())
-	require.NoError(t, err)
-	require.Equal(t, id, back)
-	for _, bad := range []string{"", "orders", "orders/x", "/s/k", "t//k", "t/s/"} {
-		_, err := ParseInboxID(bad)
-		require.Error(t, err, bad)
-	}
-}
-
 // parkedSetup runs a consumer whose handler fails while fail is set; events
 // are parked at the first failure.
 func parkedSetup(t *testing.T) (*bundle, *Client, *atomic.Bool, *atomic.Int64) {
