@@ -50,14 +50,6 @@ import (
 	"github.com/event-outbox/outbox/kafkax"
 )
 
-// TopicPartition names one Kafka partition.
-type TopicPartition struct {
-	// Topic is the Kafka topic.
-	Topic string
-	// Partition is the partition number.
-	Partition int32
-}
-
 // PublisherStatus is a snapshot of the publisher of a Client.
 type PublisherStatus struct {
 	// Running reports whether the publisher is running.

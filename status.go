@@ -61,6 +61,101 @@ func byTopic(tps []TopicPartition) map[string][]int32 {
 	return out
 }
 
+// TopicPartition names one Kafka partition.
+type TopicPartition struct {
+	// Topic is the Kafka topic.
+	Topic string
+	// Partition is the partition number.
+	Partition int32
+}
+
+// StoreStatus is the state of a service's collections: what waits to be
+// published and what needs an operator. The counts are the service's (all
+// replicas share the collections).
+type StoreStatus struct {
+	// Pending counts outbox events not yet published (failed ones excluded).
+	Pending int64
+	// OldestPendingAge is the age of the oldest pending event, 0 when none
+	// is pending. A value that keeps growing means publishing is stuck.
+	OldestPendingAge time.Duration
+	// Failed counts outbox events Kafka refused for good; they are not
+	// retried (see FailedEvents).
+	Failed int64
+	// OutboxHeldKeys counts the partition keys that have a failed event.
+	// Under Config.PoisonPolicy HoldKey (the default) each holds the later
+	// events of its key in the outbox until the failed event is retried
+	// (RetryFailed) or discarded (DiscardFailed). Client.Status reports 0
+	// under SkipEvent.
+	OutboxHeldKeys int64
+	// OutboxHeldEvents counts the pending events of those keys (included in
+	// Pending): what waits behind failed events under HoldKey.
+	OutboxHeldEvents int64
+	// Parked counts parked inbox events (see ParkedEvents), held ones
+	// included.
+	Parked int64
+	// Held counts the parked events held behind an earlier parked event of
+	// their partition key (Config.PoisonPolicy HoldKey).
+	Held int64
+	// RedriveRequested counts parked events waiting for a running consumer
+	// to re-drive them (see RequestRedrive).
+	RedriveRequested int64
+	// Topics breaks the outbox counts down by topic, sorted by topic.
+	Topics []TopicBacklog
+	// CheckedAt is when the counts were read.
+	CheckedAt time.Time
+}
+
+// TopicBacklog is the outbox state of one topic.
+type TopicBacklog struct {
+	// Topic is the Kafka topic.
+	Topic string
+	// Pending counts events not yet published (failed ones excluded).
+	Pending int64
+	// OldestPendingAge is the age of the oldest pending event.
+	OldestPendingAge time.Duration
+	// Failed counts events Kafka refused for good.
+	Failed int64
+	// HeldKeys and HeldEvents are StoreStatus.OutboxHeldKeys and
+	// OutboxHeldEvents for this topic.
+	HeldKeys, HeldEvents int64
+}
+
+// MarshalJSON writes snake_case keys and the age in seconds.
+func (b TopicBacklog) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Topic            string  `json:"topic"`
+		Pending          int64   `json:"pending"`
+		OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
+		Failed           int64   `json:"failed"`
+		HeldKeys         int64   `json:"held_keys"`
+		HeldEvents       int64   `json:"held_events"`
+	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed, b.HeldKeys, b.HeldEvents})
+}
+
+// storeStatusJSON is the JSON form of StoreStatus, shared with Status.
+type storeStatusJSON struct {
+	Pending          int64          `json:"pending"`
+	OldestPendingAge float64        `json:"oldest_pending_age_seconds"`
+	Failed           int64          `json:"failed"`
+	OutboxHeldKeys   int64          `json:"outbox_held_keys"`
+	OutboxHeldEvents int64          `json:"outbox_held_events"`
+	Parked           int64          `json:"parked"`
+	Held             int64          `json:"held"`
+	RedriveRequested int64          `json:"redrive_requested"`
+	Topics           []TopicBacklog `json:"topics"`
+	CheckedAt        time.Time      `json:"checked_at"`
+}
+
+func (s StoreStatus) jsonForm() storeStatusJSON {
+	topics := s.Topics
+	if topics == nil {
+		topics = []TopicBacklog{}
+	}
+	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
+		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
+		RedriveRequested: s.RedriveRequested, Topics: topics, CheckedAt: s.CheckedAt}
+}
+
 // statusMaxAge is how old the collections' counts in Status may be.
 const statusMaxAge = time.Second
 
