@@ -50,8 +50,13 @@ import (
 	"github.com/event-outbox/outbox/kafkax"
 )
 
-// PublisherStatus is a snapshot of the publisher of a Client.
-type PublisherStatus struct {
+// publisherSnapshot is a snapshot of the publisher of a Client, for Status
+// and tests. Not exported (no public API returned it): Status carries what
+// an operator needs of it (Publishing, PublisherLeaseValid, LastError), the
+// metrics outbox.events.published and outbox.events.publish_failed count
+// what Published and Failed count, and StoreStatus.OutboxHeldKeys counts
+// the held keys of the whole service.
+type publisherSnapshot struct {
 	// Running reports whether the publisher is running.
 	Running bool
 	// Owned lists the partitions this process publishes, sorted.
@@ -111,12 +116,12 @@ type publisher struct {
 }
 
 // publisherStatus returns a snapshot of the publisher's state.
-func (c *Client) publisherStatus() PublisherStatus {
+func (c *Client) publisherStatus() publisherSnapshot {
 	p := c.pub.Load()
 	if p == nil {
-		return PublisherStatus{}
+		return publisherSnapshot{}
 	}
-	st := PublisherStatus{
+	st := publisherSnapshot{
 		Running:     true,
 		Published:   p.stats.Published(),
 		Failed:      p.stats.Failed(),

@@ -649,7 +649,7 @@ func TestPublisherStatusWhenNotRunning(t *testing.T) {
 	t.Parallel()
 	c, err := New(validConfig(t))
 	require.NoError(t, err)
-	require.Equal(t, PublisherStatus{}, c.publisherStatus())
+	require.Equal(t, publisherSnapshot{}, c.publisherStatus())
 }
 
 // TestPublisherThroughput measures the backlog rate (logged, not asserted:
