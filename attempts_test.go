@@ -57,7 +57,7 @@ func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
 	eventually(t, "the event after the slow one handled", func() bool {
 		return count(t, effects, bson.D{{Key: "key", Value: "next-1"}}) == 1
 	})
-	parked, err := c.ParkedEvents(context.Background(), 0)
+	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	require.Equal(t, "slow-1", parked[0].ID.IdempotencyKey)
@@ -147,7 +147,7 @@ func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
 	})
 	require.Zero(t, crasherRuns.Load(), "its attempts were used up by the crashes")
 	require.EqualValues(t, 1, runs.Load(), "two of three attempts were used before")
-	parked, err := c.ParkedEvents(ctx, 0)
+	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 2)
 	byKey := map[string]ParkedEvent{}

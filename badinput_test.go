@@ -124,7 +124,7 @@ func TestBadInputIsParkedOrReported(t *testing.T) {
 	eventually(t, "every bad record parked", func() bool {
 		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == int64(wantParked)
 	})
-	parked, err := c.ParkedEvents(context.Background(), 0)
+	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	byKey := map[string]ParkedEvent{}
 	for _, p := range parked {

@@ -171,7 +171,7 @@ func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
 	b.produce(t, b.envelope("ok-1"), b.payload(t, "fine", 1))
 	eventually(t, "event after the poison handled", func() bool { return count(t, effects, bson.D{}) == 1 })
 
-	parked, err := c.ParkedEvents(context.Background(), 0)
+	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	require.Equal(t, "p-1", parked[0].ID.IdempotencyKey)
@@ -190,7 +190,7 @@ func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
 	ctx := context.Background()
 	id := parked[0].ID
 	require.ErrorIs(t, c.Redrive(ctx, id), ErrHandlerPanic)
-	parked, err = c.ParkedEvents(ctx, 0)
+	parked, err = c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 
@@ -198,7 +198,7 @@ func TestConsumerParksPoisonAndMovesOn(t *testing.T) {
 	fixed.Store(true)
 	require.NoError(t, c.Redrive(ctx, id))
 	require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: "p-1"}}))
-	parked, err = c.ParkedEvents(ctx, 0)
+	parked, err = c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
 	require.Empty(t, parked)
 	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: true}, {Key: "parked", Value: false}}))
@@ -224,7 +224,7 @@ func TestConsumerParksMalformedRecords(t *testing.T) {
 	eventually(t, "three malformed records parked", func() bool {
 		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 3
 	})
-	parked, err := c.ParkedEvents(context.Background(), 0)
+	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	keys := map[string]string{}
 	for _, p := range parked {

@@ -21,7 +21,7 @@
 //     commit order (for transactions that are causally ordered: one started
 //     after the other committed).
 //   - A handler that keeps failing is retried with backoff, then its event
-//     is parked (listed by ParkedEvents, re-driven by Redrive); a malformed
+//     is parked (listed by Admin.ParkedEvents, re-driven by Redrive); a malformed
 //     record is parked at once. Neither blocks its partition: under
 //     Config.PoisonPolicy HoldKey (the default) the later events of its
 //     partition key are held behind it, in order, until it is re-driven or

@@ -241,20 +241,13 @@ const (
 	ParkedStateHeld = "held"
 )
 
-// ParkedEvents lists parked events, oldest first, at most limit of them
-// (all when limit <= 0). Admin.ParkedEvents filters by topic, schema, time
-// and id.
-func (c *Client) ParkedEvents(ctx context.Context, limit int) ([]ParkedEvent, error) {
-	return c.Admin().ParkedEvents(ctx, ParkedFilter{Limit: limit})
-}
-
 // Redrive runs the handler of a parked event now, from the payload stored in
 // the inbox, in a transaction that also unparks it. On success the event is
 // handled (exactly once, as for a delivery), then the events held behind it
 // (Config.PoisonPolicy HoldKey) are handled the same way, one transaction
 // each, in order; if one of them fails, it becomes the parked head of its
 // key, the rest stay held behind it, and Redrive still returns nil (the
-// failure is logged and listed by ParkedEvents). On failure of the event
+// failure is logged and listed by Admin.ParkedEvents). On failure of the event
 // itself it stays parked with the new error, which Redrive returns.
 //
 // A held event is not re-driven on its own (ErrHeld), unless the event it

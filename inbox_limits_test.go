@@ -39,7 +39,7 @@ func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	defer cancel()
 	require.NoError(t, c.handleRecord(ctx, nil, &keyHolds{loaded: true}, rec))
 
-	parked, err := c.ParkedEvents(ctx, 0)
+	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	p := parked[0]

@@ -307,7 +307,7 @@ func TestHandlerParkAndSnooze(t *testing.T) {
 	b.produce(t, b.keyed("last", "L"), b.payload(t, "last", 3))
 	eventually(t, "last handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "last"}}) == 1 })
 	ctx := context.Background()
-	parked, err := c.ParkedEvents(ctx, 0)
+	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
 	byKey := map[string]ParkedEvent{}
 	for _, p := range parked {

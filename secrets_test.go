@@ -105,7 +105,7 @@ func TestMongoPasswordNeverShown(t *testing.T) {
 		return Record(ctx, orderPlaced{Run: "r", OrderID: "o1"})
 	}))
 	seen.err(c.EnsureIndexes(context.Background()))
-	_, err = c.ParkedEvents(context.Background(), 0)
+	_, err = c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	seen.err(err)
 	seen.err(runBriefly(t, c, func() bool { return strings.Contains(seen.logs.String(), "ensure indexes failed") }))
 	seen.status(t, c)

@@ -477,7 +477,7 @@ func TestParkedStructuredCloudEventKeepsItsData(t *testing.T) {
 	eventually(t, "the invalid event parked", func() bool {
 		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 1
 	})
-	parked, err := c.ParkedEvents(context.Background(), 0)
+	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)
 	require.Equal(t, "ce-bad", parked[0].ID.IdempotencyKey)

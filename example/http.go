@@ -151,7 +151,7 @@ func (r *replica) outboxStatus(w http.ResponseWriter, req *http.Request) {
 func (r *replica) parked(w http.ResponseWriter, req *http.Request) {
 	out := map[string][]outbox.ParkedEvent{}
 	for name, c := range r.clients() {
-		evs, err := c.ParkedEvents(req.Context(), 100)
+		evs, err := c.Admin().ParkedEvents(req.Context(), outbox.ParkedFilter{Limit: 100})
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, "could not list parked events: %v", err)
 			return
