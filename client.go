@@ -83,5 +83,5 @@ func (c *Client) validateEvent(schema string, e Event) error {
 		// Not a struct (or a nil pointer): nothing to validate by tags.
 		return nil
 	}
-	return fmt.Errorf("%w: %s: %v", ErrInvalidEvent, schema, err)
+	return fmt.Errorf("%w: %s: %w", ErrInvalidEvent, schema, err)
 }

@@ -157,7 +157,7 @@ func decodeNative(r *kgo.Record) (Envelope, error) {
 	if seen[2] {
 		t, err := time.Parse(time.RFC3339Nano, occurred)
 		if err != nil {
-			return env, fmt.Errorf("%w: header %s: %v", ErrMalformedRecord, HeaderOccurredAt, err)
+			return env, fmt.Errorf("%w: header %s: %w", ErrMalformedRecord, HeaderOccurredAt, err)
 		}
 		env.OccurredAt = t.UTC()
 	}

@@ -111,7 +111,8 @@ var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
 // into an event envelope. The consumer parks such records at once.
 var ErrMalformedRecord = errors.New("outbox: malformed record")
 
-// ErrHandlerPanic wraps the value of a handler's panic.
+// ErrHandlerPanic wraps the value of a handler's panic; a value that is an
+// error stays in the chain (errors.Is and errors.As see it).
 var ErrHandlerPanic = errors.New("outbox: handler panicked")
 
 // ErrAttemptsExhausted is the last error of an event parked because its

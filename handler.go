@@ -82,7 +82,7 @@ func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
 		decode: func(c *Client, payload []byte) (Event, error) {
 			var v T
 			if err := json.Unmarshal(payload, &v); err != nil {
-				return nil, fmt.Errorf("%w: decode %s payload: %v", ErrMalformedRecord, key.schema, err)
+				return nil, fmt.Errorf("%w: decode %s payload: %w", ErrMalformedRecord, key.schema, err)
 			}
 			if err := c.validateEvent(key.schema, v); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrMalformedRecord, err)

@@ -336,11 +336,16 @@ func (c *Client) transactWithin(ctx context.Context, fn func(ctx context.Context
 	return c.Transact(ctx, fn)
 }
 
-// safeRun runs a handler and turns a panic into an error.
+// safeRun runs a handler and turns a panic into an error wrapping
+// ErrHandlerPanic and, when the panic's value is an error, that error.
 func safeRun(ctx context.Context, h *handler, evt Event, meta Metadata) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			if rerr, ok := r.(error); ok {
+				err = fmt.Errorf("%w: %w", ErrHandlerPanic, rerr)
+			} else {
+				err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			}
 		}
 	}()
 	return h.run(ctx, evt, meta)

@@ -199,7 +199,7 @@ func convertEventOutboxDoc(raw bson.Raw, partitions map[string]int, now time.Tim
 	if occurred != "" {
 		t, err := time.Parse(time.RFC3339Nano, occurred)
 		if err != nil {
-			return nil, fmt.Errorf("payload.occurred_at: %v", err)
+			return nil, fmt.Errorf("payload.occurred_at: %w", err)
 		}
 		d.OccurredAt = t.UTC()
 	}
@@ -214,7 +214,7 @@ func convertEventOutboxDoc(raw bson.Raw, partitions map[string]int, now time.Tim
 	}
 	payload, err := bson.MarshalExtJSON(fields, false, false)
 	if err != nil {
-		return nil, fmt.Errorf("payload fields to JSON: %v", err)
+		return nil, fmt.Errorf("payload fields to JSON: %w", err)
 	}
 	d.Payload = string(payload)
 	return d, nil

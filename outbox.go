@@ -232,7 +232,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	}
 	payload, err := json.Marshal(e)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: encode JSON: %v", ErrInvalidEvent, schema, err)
+		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
 	}
 	partitions, err := c.topics.get(topic)
 	if err != nil {

@@ -220,7 +220,7 @@ func (c *Client) wireFields(e Event, topic, schema, key, idemKey string, payload
 	if c.moduloPartitioned(topic) {
 		n, err := integerKey(key)
 		if err != nil {
-			return w, fmt.Errorf("%w: %s: topic %q uses event-outbox partitioning, which needs an integer partition key: %v", ErrInvalidEvent, schema, topic, err)
+			return w, fmt.Errorf("%w: %s: topic %q uses event-outbox partitioning, which needs an integer partition key: %w", ErrInvalidEvent, schema, topic, err)
 		}
 		w.partition = int32(((n % int64(partitions)) + int64(partitions)) % int64(partitions))
 		return w, nil

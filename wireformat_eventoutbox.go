@@ -29,7 +29,7 @@ func eventOutboxPayload(e Event, schema string, payload []byte) ([]byte, error) 
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(e); err != nil {
-		return nil, fmt.Errorf("%w: %s: encode JSON: %v", ErrInvalidEvent, schema, err)
+		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }

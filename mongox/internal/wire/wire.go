@@ -117,7 +117,7 @@ func (m *Msg) ExhaustAllowed() bool { return m.FlagBits&FlagExhaustAllowed != 0 
 func (m *Msg) Body() (bson.D, error) {
 	var body bson.D
 	if err := bson.Unmarshal(m.Document, &body); err != nil {
-		return nil, fmt.Errorf("%w: OP_MSG body: %v", ErrMalformed, err)
+		return nil, fmt.Errorf("%w: OP_MSG body: %w", ErrMalformed, err)
 	}
 	for _, s := range m.Sequences {
 		for _, e := range body {
@@ -129,7 +129,7 @@ func (m *Msg) Body() (bson.D, error) {
 		for _, raw := range s.Documents {
 			var d bson.D
 			if err := bson.Unmarshal(raw, &d); err != nil {
-				return nil, fmt.Errorf("%w: OP_MSG document sequence %q: %v", ErrMalformed, s.Identifier, err)
+				return nil, fmt.Errorf("%w: OP_MSG document sequence %q: %w", ErrMalformed, s.Identifier, err)
 			}
 			arr = append(arr, d)
 		}
@@ -148,7 +148,7 @@ func (m *Message) Body() (bson.D, error) {
 	case m.Query != nil:
 		var q bson.D
 		if err := bson.Unmarshal(m.Query.Query, &q); err != nil {
-			return nil, fmt.Errorf("%w: OP_QUERY query: %v", ErrMalformed, err)
+			return nil, fmt.Errorf("%w: OP_QUERY query: %w", ErrMalformed, err)
 		}
 		if len(q) > 0 && q[0].Key == "$query" {
 			if inner, ok := q[0].Value.(bson.D); ok {
