@@ -83,12 +83,3 @@ func FuzzDecodeRecord(f *testing.F) {
 		require.NotEmpty(t, env.IdempotencyKey)
 	})
 }
-
-func TestBackoffBounds(t *testing.T) {
-	t.Parallel()
-	for n := 1; n < 40; n++ {
-		d := backoff(100*time.Millisecond, 10*time.Second, n)
-		require.GreaterOrEqual(t, d, 50*time.Millisecond)
-		require.LessOrEqual(t, d, 10*time.Second)
-	}
-}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.opentelemetry.io/otel"
@@ -191,6 +192,12 @@ func (p PoisonPolicy) String() string {
 		return "skip-event"
 	}
 	return fmt.Sprintf("PoisonPolicy(%d)", int(p))
+}
+
+// backoff spaces the retries of every loop of a Client, consumer and
+// publisher alike: RetryMinBackoff doubled per retry up to RetryMaxBackoff.
+func (c *Config) backoff() retry.Backoff {
+	return retry.Backoff{Min: c.RetryMinBackoff, Max: c.RetryMaxBackoff}
 }
 
 func (c Config) withDefaults() Config {

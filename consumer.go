@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
 
@@ -555,7 +555,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			snoozes++
 			log.Debug("handler snoozed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "for", snooze.Duration, "snoozes", snoozes)
 			c.tel.retried.Add(ctx, 1, eventAttrs(&env, attrReason.String("snooze")))
-			if !sleepCtx(ctx, stop, snooze.Duration) {
+			if !retry.Sleep(ctx, stop, snooze.Duration) {
 				return errInterrupted
 			}
 		case errors.As(err, &herr) && isTransientNotAborted(herr.err) && conflicts < maxFreeConflicts:
@@ -563,7 +563,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			// failover: not the event's fault. The first few are free.
 			conflicts++
 			log.Debug("handler met a transient transaction error; retrying", "schema", env.ContentSchema, "key", env.IdempotencyKey, "err", herr.err, "conflicts", conflicts)
-			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, conflicts)) {
+			if !retry.Sleep(ctx, stop, c.cfg.backoff().Delay(conflicts-1)) {
 				return errInterrupted
 			}
 		case errors.As(err, &herr) || errors.As(err, &cerr):
@@ -577,7 +577,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			}
 			counted = false
 			c.tel.retried.Add(ctx, 1, eventAttrs(&env))
-			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+			if !retry.Sleep(ctx, stop, c.cfg.backoff().Delay(attempt-1)) {
 				return errInterrupted
 			}
 			attempt = max(attempt, stored) + 1
@@ -587,7 +587,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			// does not count as an attempt.
 			infraFailures++
 			log.Warn("handling interrupted by an infrastructure error; retrying", "err", err, "failures", infraFailures)
-			if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, infraFailures)) {
+			if !retry.Sleep(ctx, stop, c.cfg.backoff().Delay(infraFailures-1)) {
 				return errInterrupted
 			}
 		}
@@ -713,36 +713,8 @@ func (c *Client) retryInfra(ctx context.Context, stop <-chan struct{}, fn func()
 			return nil
 		}
 		c.cfg.Logger.Warn("inbox write failed; retrying", "err", err, "attempt", attempt)
-		if !sleepCtx(ctx, stop, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+		if !retry.Sleep(ctx, stop, c.cfg.backoff().Delay(attempt-1)) {
 			return errInterrupted
 		}
-	}
-}
-
-// backoff returns the delay before retry n (n >= 1): min doubled n-1 times,
-// capped at max, with "equal jitter" (half fixed, half random).
-func backoff(min, max time.Duration, n int) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	half := d / 2
-	return half + rand.N(half+1)
-}
-
-// sleepCtx waits for d, returning false early if ctx ends or stop closes.
-func sleepCtx(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-stop:
-		return false
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -51,7 +52,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 	every := cmp.Or(cons.c.tel.lagEvery, lagPollInterval)
 	var delay time.Duration // the first listing right away
 	failures := 0
-	for sleepCtx(ctx, nil, delay) {
+	for retry.Sleep(ctx, nil, delay) {
 		lctx, cancel := context.WithTimeout(ctx, lagPollTimeout)
 		listed, err := adm.ListEndOffsets(lctx, topics...)
 		cancel()
@@ -73,7 +74,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 			continue
 		}
 		failures++
-		delay = backoff(every, lagPollMaxBackoff, failures+1)
+		delay = retry.Backoff{Min: every, Max: lagPollMaxBackoff}.Delay(failures)
 		cons.log.Debug("listing end offsets for the lag gauge failed; retrying", "err", err, "failures", failures, "retry_in", delay)
 	}
 }

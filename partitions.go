@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -371,12 +372,12 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 			c.cfg.Logger.Warn("outbox: reading topic metadata failed; recording uses the stored partition counts",
 				"error", err, "attempt", attempt)
 			_ = pc.load(ctx)
-			wait = backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)
+			wait = c.cfg.backoff().Delay(attempt - 1)
 			attempt++
 		} else {
 			attempt = 1
 		}
-		if !sleepCtx(ctx, nil, wait) {
+		if !retry.Sleep(ctx, nil, wait) {
 			return nil
 		}
 	}

@@ -178,7 +178,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	store := instrumentedStore{Store: outboxStore{coll: c.outbox}, t: c.tel}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
 	marker.Timeout = markTimeout
-	marker.Backoff = publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff}
+	marker.Backoff = cfg.backoff()
 	marker.Logger = log
 	marker.Stats = p.stats
 	wcfg := &publish.WorkerConfig{
@@ -187,7 +187,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		Producer:    producer,
 		Lease:       p.lease,
 		BatchSize:   cfg.PublishBatchSize,
-		Backoff:     publish.Backoff{Min: cfg.RetryMinBackoff, Max: cfg.RetryMaxBackoff},
+		Backoff:     cfg.backoff(),
 		Rescan:      cmpOrDuration(o.rescan, rescanInterval),
 		Hold:        cfg.PoisonPolicy == HoldKey,
 		HoldRecheck: cmpOrDuration(o.holdRecheck, holdRecheckInterval),

@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -248,12 +249,12 @@ func (r *replica) run(ctx context.Context) {
 			return
 		case err != nil:
 			cfg.Logger.Warn("outbox: refreshing the replica record failed; retrying", "id", r.id, "error", err, "attempt", attempt)
-			wait = min(backoff(cfg.RetryMinBackoff, cfg.RetryMaxBackoff, attempt), r.interval)
+			wait = min(cfg.backoff().Delay(attempt-1), r.interval)
 			attempt++
 		default:
 			attempt = 1
 		}
-		if !sleepCtx(ctx, nil, wait) {
+		if !retry.Sleep(ctx, nil, wait) {
 			return
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"sync"
+
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // Run publishes recorded events and runs the registered handlers until ctx
@@ -56,7 +58,7 @@ func (c *Client) Run(ctx context.Context) error {
 			return err
 		}
 		c.cfg.Logger.Warn("outbox: ensure indexes failed; retrying", "err", err, "attempt", attempt)
-		if !sleepCtx(ctx, nil, backoff(c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff, attempt)) {
+		if !retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1)) {
 			return nil
 		}
 	}

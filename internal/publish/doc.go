@@ -1,9 +1,9 @@
 // Package publish holds the mechanics of the outbox publisher: one worker
 // goroutine per owned Kafka partition, the set of workers that follows the
 // group assignment, the lease that fences a member whose group session can
-// no longer be confirmed, retry backoff, the change-stream watcher that
-// hands new events to workers, and the marker that marks the events
-// produced from the stream.
+// no longer be confirmed, the change-stream watcher that hands new events
+// to workers, and the marker that marks the events produced from the
+// stream. Retries are spaced by internal/retry, as in the consumer.
 //
 // # Goroutines and how each stops
 //

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 )
@@ -247,7 +248,7 @@ func TestMarkerRunRetriesAndWritesOnStop(t *testing.T) {
 	store.add(testTP, 4, "k")
 	m := NewMarker(store, time.Millisecond, 100)
 	m.Stats = &Stats{}
-	m.Backoff = Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	m.Backoff = retry.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	m.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // Marker marks events published in the background, for every worker of a
@@ -32,7 +34,7 @@ type Marker struct {
 	Max int
 	// Timeout bounds one write, and the final write when Run stops.
 	Timeout time.Duration
-	Backoff Backoff
+	Backoff retry.Backoff
 	Logger  *slog.Logger
 	Stats   *Stats
 
@@ -107,7 +109,7 @@ func (m *Marker) Run(ctx context.Context) {
 			return
 		}
 		// Gather for Delay unless enough ids are waiting already.
-		if m.Waiting() < m.Max && !sleepCtx(ctx, m.Delay) {
+		if m.Waiting() < m.Max && !retry.Sleep(ctx, nil, m.Delay) {
 			m.final()
 			return
 		}
@@ -127,7 +129,7 @@ func (m *Marker) Run(ctx context.Context) {
 			d := m.Backoff.Delay(attempt)
 			attempt++
 			m.Logger.Warn("outbox publisher: marking events published failed; retrying", "error", err, "retry_in", d)
-			if !sleepCtx(ctx, d) {
+			if !retry.Sleep(ctx, nil, d) {
 				m.final()
 				return
 			}

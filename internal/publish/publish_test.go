@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -105,19 +106,6 @@ func TestLeaseWaitAndBind(t *testing.T) {
 	close(stop)
 	_, ok := NewLease(time.Second, nil).Wait(context.Background(), stop)
 	require.False(t, ok)
-}
-
-func TestBackoff(t *testing.T) {
-	t.Parallel()
-	b := Backoff{Min: 100 * time.Millisecond, Max: time.Second}
-	for attempt := range 10 {
-		want := min(b.Min<<attempt, b.Max)
-		for range 50 {
-			d := b.Delay(attempt)
-			require.GreaterOrEqual(t, d, want/2, "attempt %d", attempt)
-			require.LessOrEqual(t, d, want, "attempt %d", attempt)
-		}
-	}
 }
 
 func TestIsPermanent(t *testing.T) {
@@ -314,7 +302,7 @@ func newTestWorker(store Store, prod Producer, lease *Lease, batch int) (*Worker
 	stats := &Stats{}
 	cfg := &WorkerConfig{
 		Store: store, Producer: prod, Lease: lease, BatchSize: batch,
-		Backoff: Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond},
+		Backoff: retry.Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond},
 		Rescan:  time.Hour, MarkTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Stats: stats,
 	}

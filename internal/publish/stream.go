@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -40,7 +41,7 @@ type Watcher struct {
 	// events gather on the server meanwhile, so that one getMore returns
 	// many. 0 sends the next getMore at once.
 	Linger  time.Duration
-	Backoff Backoff
+	Backoff retry.Backoff
 	Logger  *slog.Logger
 	Stats   *Stats
 	// Opened, when set, is called after each successful (re)open; for tests.
@@ -97,7 +98,7 @@ func (w *Watcher) Run(ctx context.Context) {
 			attempt++
 			w.Logger.Warn("outbox publisher: cannot open the outbox change stream; workers rescan", "error", err, "retry_in", d)
 			w.Set.WakeAll() // keep latency bounded while the stream is down
-			if !sleepCtx(ctx, d) {
+			if !retry.Sleep(ctx, nil, d) {
 				return
 			}
 			continue
@@ -125,14 +126,14 @@ func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64,
 		case <-changed:
 			// Debounce: let a rebalance settle, then reopen for the new
 			// owned set.
-			sleepCtx(ctx, w.Debounce)
+			retry.Sleep(ctx, nil, w.Debounce)
 			return
 		default:
 		}
 		fetches := cs.RemainingBatchLength() == 0 // TryNext sends a getMore
 		if fetches && w.Linger > 0 && !lastRead.IsZero() {
 			// More events are probably on their way: let them gather.
-			if d := w.Linger - time.Since(lastRead); d > 0 && !sleepCtx(ctx, d) {
+			if d := w.Linger - time.Since(lastRead); d > 0 && !retry.Sleep(ctx, nil, d) {
 				return
 			}
 		}
@@ -184,15 +185,4 @@ func (w *Watcher) deliver(id uint64, ev bson.Raw) {
 		}
 	}
 	w.Set.Reset(id, tp)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

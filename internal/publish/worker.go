@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -127,7 +128,7 @@ type WorkerConfig struct {
 	// (keys, values and headers). Defaults to 16 MiB.
 	StreamBufferBytes int
 	// Backoff spaces retries after errors.
-	Backoff Backoff
+	Backoff retry.Backoff
 	// Rescan is the period of the safety scan when no wake-up comes. The
 	// worker also re-reads its partition's failed keys at each rescan when
 	// Hold is set.
@@ -283,16 +284,7 @@ func (w *Worker) stopping() bool {
 // sleep waits d, or less when the worker stops; it reports whether the
 // worker should go on.
 func (w *Worker) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-w.stop:
-		return false
-	case <-w.ctx.Done():
-		return false
-	}
+	return retry.Sleep(w.ctx, w.stop, d)
 }
 
 func (w *Worker) fail(attempt *int, what string, err error) bool {
@@ -664,11 +656,9 @@ func (w *Worker) mark(write func(ctx context.Context) error) bool {
 			}
 		default:
 		}
-		t := time.NewTimer(w.cfg.Backoff.Delay(attempt))
-		select {
-		case <-t.C:
-		case <-w.ctx.Done():
-			t.Stop()
+		// Not cut short by stop: a stopping worker still marks until the
+		// deadline.
+		if !retry.Sleep(w.ctx, nil, w.cfg.Backoff.Delay(attempt)) {
 			return false
 		}
 	}
