@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -100,6 +101,111 @@ func (d *parkedDoc) event() ParkedEvent {
 		p.RedriveRequestedAt = *d.RedriveRequestedAt
 	}
 	return p
+}
+
+// ParkedEvent is an event the consumer set aside: its handler failed
+// Config.MaxAttempts times or asked to park it (Park), its record was
+// malformed, or (State ParkedStateHeld) it waits behind an earlier parked
+// event of its partition key (Config.PoisonPolicy HoldKey).
+type ParkedEvent struct {
+	ID           InboxID   `json:"id"`
+	Partition    int32     `json:"partition"`
+	Offset       int64     `json:"offset"`
+	PartitionKey string    `json:"partition_key"`
+	Attempts     int32     `json:"attempts"`
+	LastError    string    `json:"last_error"`
+	ParkedAt     time.Time `json:"parked_at"`
+	Payload      string    `json:"payload"`
+	// OccurredAt is the event's occurred-at time, when it had one.
+	OccurredAt time.Time `json:"occurred_at,omitzero"`
+	// State is ParkedStateParked for an event parked on its own (the head
+	// of its key under Config.PoisonPolicy HoldKey) and ParkedStateHeld for
+	// an event held behind another one of its key.
+	State string `json:"state"`
+	// HeldBy is the event a held event waits for (the head of its key's
+	// chain when the chain started); nil unless State is ParkedStateHeld.
+	HeldBy *InboxID `json:"held_by,omitempty"`
+	// PayloadTruncated is set when the payload was too large to store whole
+	// (near MongoDB's 16 MiB document limit): Payload holds its first bytes
+	// and the event cannot be re-driven.
+	PayloadTruncated bool `json:"payload_truncated,omitempty"`
+	// RedriveRequestedAt is when a re-drive was requested
+	// (Admin.RequestRedrive) and not yet served; zero when none is pending.
+	RedriveRequestedAt time.Time `json:"redrive_requested_at,omitzero"`
+}
+
+// States of a ParkedEvent.
+const (
+	// ParkedStateParked: parked on its own, after its attempts or at the
+	// handler's request (Park), or malformed.
+	ParkedStateParked = "parked"
+	// ParkedStateHeld: parked behind an earlier parked event of its
+	// partition key, to keep the key's order (Config.PoisonPolicy HoldKey).
+	ParkedStateHeld = "held"
+)
+
+// Redrive runs the handler of a parked event now, from the payload stored in
+// the inbox, in a transaction that also unparks it. On success the event is
+// handled (exactly once, as for a delivery), then the events held behind it
+// (Config.PoisonPolicy HoldKey) are handled the same way, one transaction
+// each, in order; if one of them fails, it becomes the parked head of its
+// key, the rest stay held behind it, and Redrive still returns nil (the
+// failure is logged and listed by Admin.ParkedEvents). On failure of the event
+// itself it stays parked with the new error, which Redrive returns.
+//
+// A held event is not re-driven on its own (ErrHeld), unless the event it
+// is held behind is no longer parked (a release that was interrupted, by a
+// crash for example): then the release goes on from it.
+func (c *Client) Redrive(ctx context.Context, id InboxID) error {
+	var d inboxDoc
+	err := c.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !d.Parked) {
+		return fmt.Errorf("%w: %+v", ErrNotParked, id)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: redrive: %w", err)
+	}
+	if d.HeldBy != nil {
+		n, err := c.inbox.CountDocuments(ctx, bson.D{{Key: "_id", Value: *d.HeldBy}, {Key: "parked", Value: true}})
+		if err != nil {
+			return fmt.Errorf("outbox: redrive: %w", err)
+		}
+		if n > 0 {
+			return fmt.Errorf("%w: %s is held behind %s", ErrHeld, id, *d.HeldBy)
+		}
+		c.releaseHeld(ctx, *d.HeldBy, d.Partition)
+		return nil
+	}
+	h := c.handlerFor(id.Topic, id.ContentSchema)
+	if h == nil {
+		return fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
+	}
+	env := d.envelope()
+	evt, err := c.storedEvent(h, &d)
+	if err != nil {
+		return err
+	}
+	meta := Metadata{Envelope: env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
+	err = c.transactWithin(ctx, func(ctx context.Context) error {
+		res, err := c.inbox.UpdateOne(ctx,
+			bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}}},
+			unparkUpdate())
+		if err != nil {
+			return err
+		}
+		if res.MatchedCount == 0 {
+			return fmt.Errorf("%w: %+v", ErrNotParked, id)
+		}
+		return safeRun(ctx, h, evt, meta)
+	})
+	if err != nil {
+		if !errors.Is(err, ErrNotParked) {
+			_, _ = c.noteFailure(context.WithoutCancel(ctx), &env, d.Offset, []byte(d.Payload), err, true, 1)
+		}
+		return err
+	}
+	c.releaseHeld(ctx, id, d.Partition)
+	return nil
 }
 
 // ParkedEvents lists the parked events f selects, oldest first.

@@ -156,6 +156,9 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 		RedriveRequested: s.RedriveRequested, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
+// MarshalJSON writes snake_case keys and ages in seconds.
+func (s StoreStatus) MarshalJSON() ([]byte, error) { return json.Marshal(s.jsonForm()) }
+
 // statusMaxAge is how old the collections' counts in Status may be.
 const statusMaxAge = time.Second
 

@@ -1,12 +1,14 @@
 package outbox
 
-// Failed outbox events and the keys they hold: the operator's side of the
-// publisher's hold policy (Config.PoisonPolicy; the mechanics are in
-// internal/publish, see its holds type).
+// Failed outbox events (Admin.FailedEvents, RetryFailed, DiscardFailed) and
+// the keys they hold: the operator's side of the publisher's hold policy
+// (Config.PoisonPolicy; the mechanics are in internal/publish, see its
+// holds type).
 
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -71,6 +73,91 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 		byTopic[pk.topic].HeldEvents += n
 	}
 	return nil
+}
+
+// FailedEvent is an outbox event Kafka refused for good, sent on its own
+// (for example larger than the topic's maximum message size). It stays in
+// the outbox, unpublished, until an operator retries (RetryFailed) or
+// discards it (DiscardFailed); under Config.PoisonPolicy HoldKey the later
+// events of its partition key wait behind it until then.
+type FailedEvent struct {
+	// ID is the outbox document's _id (hex ObjectID).
+	ID             string    `json:"id"`
+	Topic          string    `json:"topic"`
+	Partition      int32     `json:"partition"`
+	PartitionKey   string    `json:"partition_key"`
+	ContentSchema  string    `json:"schema"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	CreatedAt      time.Time `json:"created_at"`
+	FailedAt       time.Time `json:"failed_at"`
+	Attempts       int32     `json:"attempts"`
+	Error          string    `json:"error"`
+	// PayloadSize is the size of the event's JSON in bytes.
+	PayloadSize int `json:"payload_size"`
+}
+
+// FailedFilter selects failed outbox events.
+type FailedFilter struct {
+	// Topic keeps the events of one topic. Defaults to every topic.
+	Topic string
+	// Limit caps the events returned. Defaults to no limit.
+	Limit int
+}
+
+func (f FailedFilter) query() bson.D {
+	q := bson.D{{Key: "failed", Value: true}}
+	if f.Topic != "" {
+		q = append(q, bson.E{Key: "topic", Value: f.Topic})
+	}
+	return q
+}
+
+// FailedEvents lists failed outbox events, oldest failure first.
+func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent, error) {
+	opts := options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "_id", Value: 1}})
+	if f.Limit > 0 {
+		opts.SetLimit(int64(f.Limit))
+	}
+	cur, err := a.outbox.Find(ctx, f.query(), opts)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list failed events: %w", err)
+	}
+	var docs []outboxDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("outbox: list failed events: %w", err)
+	}
+	out := make([]FailedEvent, 0, len(docs))
+	for _, d := range docs {
+		e := FailedEvent{ID: d.ID.Hex(), Topic: d.Topic, Partition: d.Partition, PartitionKey: d.Key,
+			ContentSchema: d.Schema, IdempotencyKey: d.IdempotencyKey, CreatedAt: d.CreatedAt,
+			Attempts: d.Attempts, Error: d.Error, PayloadSize: len(d.Payload)}
+		if d.FailedAt != nil {
+			e.FailedAt = *d.FailedAt
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// RetryFailed clears the failed mark of the selected failed events (those
+// of f, Limit ignored, narrowed to ids when not empty), so that the
+// publisher tries them again at its next scan of their partition (within
+// seconds under Config.PoisonPolicy HoldKey, at most 30 s otherwise). Use it
+// after the cause is fixed (for example the topic's maximum message size
+// raised). Under HoldKey a retried event is published before the events of
+// its key that waited behind it, in order; under SkipEvent after the events
+// of its key published meanwhile. With dryRun it only counts them. It returns how many events were (or would be) retried.
+func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
+	return a.onFailed(ctx, f, ids, dryRun, func(q bson.D) (int64, error) {
+		res, err := a.outbox.UpdateMany(ctx, q, bson.D{
+			{Key: "$set", Value: bson.D{{Key: "failed", Value: false}}},
+			{Key: "$unset", Value: bson.D{{Key: "failed_at", Value: ""}}},
+		})
+		if err != nil {
+			return 0, fmt.Errorf("outbox: retry failed events: %w", err)
+		}
+		return res.ModifiedCount, nil
+	})
 }
 
 // DiscardFailed deletes the selected failed events (those of f, Limit
