@@ -19,6 +19,11 @@
 // run against a real cluster. [Env.Cluster] is nil against real brokers: test
 // code that injects faults must skip there.
 //
+// A test that must run against real Kafka calls [StartReal] instead: it uses
+// OUTBOX_TEST_KAFKA_BROKERS when set, else starts a Kafka container
+// ([ContainerImage]) through testcontainers-go when a Docker engine answers,
+// and skips the test otherwise (as mongotest.StartReal does for MongoDB).
+//
 // # Usage
 //
 //	func TestHandler(t *testing.T) {

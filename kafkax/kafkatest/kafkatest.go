@@ -29,7 +29,8 @@ const adminTimeout = 30 * time.Second
 type Env struct {
 	// Seeds are the bootstrap brokers (host:port) to give to kgo.SeedBrokers.
 	Seeds []string
-	// Real reports whether the brokers come from OUTBOX_TEST_KAFKA_BROKERS.
+	// Real reports whether the brokers are real Kafka: from
+	// OUTBOX_TEST_KAFKA_BROKERS or a container started by [StartReal].
 	Real bool
 	// Cluster is the embedded kfake cluster, for fault injection
 	// (ControlKey, SleepControl, Fault). It is nil against real brokers.
@@ -77,31 +78,44 @@ func ClusterOptions(opts ...kfake.Opt) Option {
 // is set, otherwise a new embedded kfake cluster closed in t.Cleanup.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
+	cfg := newConfig(opts)
+	if seeds := envSeeds(); len(seeds) > 0 {
+		return cfg.connect(t, &Env{Seeds: seeds, Real: true})
+	}
+	kopts := []kfake.Opt{kfake.NumBrokers(cfg.numBrokers)}
+	kopts = append(kopts, cfg.kfakeOpts...)
+	c, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		t.Fatalf("kafkatest: start kfake cluster: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return cfg.connect(t, &Env{Cluster: c, Seeds: c.ListenAddrs()})
+}
+
+func newConfig(opts []Option) config {
 	cfg := config{numBrokers: 1}
 	for _, o := range opts {
 		o(&cfg)
 	}
+	return cfg
+}
 
-	env := &Env{}
-	if brokers := os.Getenv(EnvBrokers); strings.TrimSpace(brokers) != "" {
-		for _, b := range strings.Split(brokers, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				env.Seeds = append(env.Seeds, b)
-			}
+// envSeeds returns the brokers of OUTBOX_TEST_KAFKA_BROKERS, none when it is
+// unset.
+func envSeeds() []string {
+	var seeds []string
+	for _, b := range strings.Split(os.Getenv(EnvBrokers), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			seeds = append(seeds, b)
 		}
-		env.Real = true
-	} else {
-		kopts := []kfake.Opt{kfake.NumBrokers(cfg.numBrokers)}
-		kopts = append(kopts, cfg.kfakeOpts...)
-		c, err := kfake.NewCluster(kopts...)
-		if err != nil {
-			t.Fatalf("kafkatest: start kfake cluster: %v", err)
-		}
-		t.Cleanup(c.Close)
-		env.Cluster = c
-		env.Seeds = c.ListenAddrs()
 	}
+	return seeds
+}
 
+// connect gives env its admin client, closed in t.Cleanup, and creates the
+// seed topics.
+func (cfg config) connect(t testing.TB, env *Env) *Env {
+	t.Helper()
 	admin, err := kadm.NewOptClient(kgo.SeedBrokers(env.Seeds...))
 	if err != nil {
 		t.Fatalf("kafkatest: admin client for %v: %v", env.Seeds, err)
