@@ -80,7 +80,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	cfg := newConfig(opts)
 	if seeds := envSeeds(); len(seeds) > 0 {
-		return cfg.connect(t, &Env{Seeds: seeds, Real: true})
+		return Connect(t, seeds, opts...)
 	}
 	kopts := []kfake.Opt{kfake.NumBrokers(cfg.numBrokers)}
 	kopts = append(kopts, cfg.kfakeOpts...)
@@ -110,6 +110,14 @@ func envSeeds() []string {
 		}
 	}
 	return seeds
+}
+
+// Connect returns an Env on the real Kafka brokers at seeds (host:port) for
+// t, with an admin client closed in t.Cleanup, and creates the topics of
+// [SeedTopics]. [NumBrokers] and [ClusterOptions] do not apply.
+func Connect(t testing.TB, seeds []string, opts ...Option) *Env {
+	t.Helper()
+	return newConfig(opts).connect(t, &Env{Seeds: seeds, Real: true})
 }
 
 // connect gives env its admin client, closed in t.Cleanup, and creates the

@@ -12,7 +12,8 @@ import (
 )
 
 // The Docker-dependent part of the package, kept in this file alone so that
-// it can move with the other testcontainers code.
+// it can move with the other testcontainers code: it uses the package's
+// exported API (Connect, EnvBrokers) apart from envSeeds.
 
 // ContainerImage is the image [StartReal] runs when
 // OUTBOX_TEST_KAFKA_BROKERS is unset and a Docker engine answers: one
@@ -46,14 +47,13 @@ const skipNoReal = "real Kafka: set OUTBOX_TEST_KAFKA_BROKERS or run Docker (tes
 // nil.
 func StartReal(t testing.TB, opts ...Option) *Env {
 	t.Helper()
-	cfg := newConfig(opts)
 	if seeds := envSeeds(); len(seeds) > 0 {
-		return cfg.connect(t, &Env{Seeds: seeds, Real: true})
+		return Connect(t, seeds, opts...)
 	}
 	if err := dockerAvailable(); err != nil {
 		t.Skipf("%s (%v)", skipNoReal, err)
 	}
-	return cfg.connect(t, &Env{Seeds: startContainer(t), Real: true})
+	return Connect(t, startContainer(t), opts...)
 }
 
 var (
