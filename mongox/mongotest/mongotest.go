@@ -191,7 +191,8 @@ func UniqueName(t testing.TB) string {
 	return "t_" + base + "_" + hex.EncodeToString(b[:])
 }
 
-// redact hides the password of a connection string in messages.
+// userinfo matches the user and password of a connection string.
 var userinfo = regexp.MustCompile(`://([^:@/]+):[^@/]*@`)
 
+// redact hides the password of a connection string in messages.
 func redact(uri string) string { return userinfo.ReplaceAllString(uri, "://$1:***@") }
