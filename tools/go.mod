@@ -1,3 +1,8 @@
+// The development tools run by .ci/lint (make lint), pinned: staticcheck,
+// run as `go tool -modfile=tools/go.mod staticcheck ./...`. A module of its
+// own so that the framework's go.mod, and so its users, never require them.
+// Upgrade with `cd tools && go get -tool honnef.co/go/tools/cmd/staticcheck@vX.Y.Z`
+// (a version whose go.mod's go line is at most ours).
 module github.com/event-outbox/outbox/tools
 
 go 1.26.8
