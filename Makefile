@@ -6,15 +6,14 @@ GO ?= go
 help: ## List the targets.
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
-test: ## Run the tests (what CI runs, without -race).
+test: ## Run the tests without -race (quicker; CI runs `make race`).
 	$(GO) test -count=1 ./...
 
-race: ## Run the tests with the race detector (the README's test command).
+race: ## Run the tests with the race detector (the README's test command, what CI runs).
 	$(GO) test -race -count=1 ./...
 
-lint: ## go vet and gofmt.
-	$(GO) vet ./...
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+lint: ## gofmt, go vet, staticcheck and go mod tidy -diff on every module (.ci/lint, as CI).
+	bash .ci/lint
 
 bench: ## Run the benchmarks once each.
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
@@ -260,6 +259,3 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 		CreatedAt:      now,
 	}, nil
 }
-
-// outboxCollection returns the outbox collection (for tests and tools).
-func (c *Client) outboxCollection() *mongo.Collection { return c.outbox }

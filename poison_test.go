@@ -13,8 +13,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// holdSetup runs a consumer (default PoisonPolicy: HoldKey) whose handler
-// fails for the order ids in failing, and records the order of the effects.
+// holdEnv is a consumer (default PoisonPolicy: HoldKey), started by
+// holdSetup, whose handler fails for the order ids in failing, and records
+// the order of the effects.
 type holdEnv struct {
 	b       *bundle
 	c       *Client

@@ -404,7 +404,7 @@ func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
 	return h
 }
 
-// storeStatus returns the storage status, at most backlogCacheTTL old.
+// storeStatus returns the storage status, at most maxAge old.
 func (c *Client) storeStatus(ctx context.Context, maxAge time.Duration) (StoreStatus, error) {
 	t := c.tel
 	t.backlogMu.Lock()

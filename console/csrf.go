@@ -64,10 +64,10 @@ func (c *Console) checkCSRF(r *http.Request) error {
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		if !sameHost(o, r.Host) {
-			return errors.Join(errCSRF, errors.New("Origin "+safeHeader(o)+" is not this console's host"))
+			return errors.Join(errCSRF, errors.New("origin "+safeHeader(o)+" is not this console's host"))
 		}
 	} else if ref := r.Header.Get("Referer"); ref != "" && !sameHost(ref, r.Host) {
-		return errors.Join(errCSRF, errors.New("Referer is not this console's host"))
+		return errors.Join(errCSRF, errors.New("referer is not this console's host"))
 	}
 	ck, err := r.Cookie(csrfCookie)
 	if err != nil {

@@ -17,8 +17,8 @@ import (
 // OrderCreated on the "orders" topic and reacts to the payments context's
 // PaymentCompleted and PaymentFailed.
 
-// Topic names. Both are created with ordersPartitions partitions when
-// missing.
+// Topic names. Both are created with defaultPartitions partitions (or
+// KAFKA_PARTITIONS) when missing.
 const (
 	ordersTopic   = "orders"
 	paymentsTopic = "payments"

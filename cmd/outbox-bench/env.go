@@ -161,7 +161,6 @@ type options_ struct {
 	servers       string
 	phases        map[string]bool
 	jsonOut       bool
-	verbose       bool
 }
 
 func (e *env) close() {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
 )
@@ -225,10 +224,4 @@ func (o *operator) failedEvents(ctx context.Context) error {
 	o.retries += n
 	o.mu.Unlock()
 	return nil
-}
-
-// heldNow counts the events held right now (quiescence: none may stay).
-func (o *operator) heldNow(ctx context.Context) (int64, error) {
-	return o.h.db.Collection("inbox").CountDocuments(ctx, bson.D{{Key: "parked", Value: true},
-		{Key: "held_by", Value: bson.D{{Key: "$ne", Value: nil}}}}, options.Count())
 }

@@ -74,7 +74,8 @@ func opTypes(evs []bson.D) []string {
 	return out
 }
 
-// watchColl opens a change stream on coll, closed in t.Cleanup.
+// watch opens a change stream on w (a client, database or collection),
+// closed in t.Cleanup.
 func watch(t *testing.T, ctx context.Context, w interface {
 	Watch(context.Context, any, ...options.Lister[options.ChangeStreamOptions]) (*mongo.ChangeStream, error)
 }, pipeline any, opts ...*options.ChangeStreamOptionsBuilder) *mongo.ChangeStream {

@@ -21,9 +21,10 @@ func TestEmbedded(t *testing.T) {
 	})
 }
 
-// TestReal runs the suite against a real MongoDB (OUTBOX_TEST_MONGODB_URI or
-// a mongo:7 container); it skips when neither is available. One deployment
-// serves every case; each case has its own database.
+// TestReal runs the suite against a real MongoDB (OUTBOX_TEST_MONGODB_URI);
+// it skips when the variable is unset. The module
+// mongox/mongotest/mongocontainer runs it against a mongo:7 container. One
+// deployment serves every case; each case has its own database.
 func TestReal(t *testing.T) {
 	env := mongotest.StartReal(t)
 	conformance.Run(t, func(*testing.T, ...mongotest.Option) *mongotest.Env {

@@ -12,8 +12,10 @@
 //	OUTBOX_TEST_MONGODB_URI='mongodb://localhost:27017/?replicaSet=rs0' go test ./mongox/conformance/
 //	OUTBOX_TEST_SLOW=1 ...                            # also the 60-90 s TTL case against a real server
 //
-// Without OUTBOX_TEST_MONGODB_URI, TestReal starts mongo:7 with
-// testcontainers when a Docker engine answers, and skips otherwise.
+// Without OUTBOX_TEST_MONGODB_URI, TestReal skips. The tests of the module
+// mongox/mongotest/mongocontainer (cd there, go test ./...) run the suite
+// against mongo:7 started with testcontainers when a Docker engine answers,
+// and skip otherwise.
 //
 // # What is embedded-only
 //

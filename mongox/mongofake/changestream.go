@@ -300,7 +300,7 @@ type event struct {
 	token resumeToken
 }
 
-// matchesNS reports whether the stream watches a namespace.
+// watches reports whether the stream watches a namespace.
 func (cs *changeStream) watches(ns engine.NS) bool {
 	if cs.db == "" {
 		return ns.DB != "admin" && ns.DB != "config" && ns.DB != "local"

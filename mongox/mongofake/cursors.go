@@ -239,12 +239,8 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
 }
 
-// sortSkipLimit orders, skips and limits a result.
-func sortSkipLimit(docs []bson.D, srt *query.Sort, skip, limit int64) []bson.D {
-	return sortSkipLimitColl(docs, srt, skip, limit, nil)
-}
-
-// sortSkipLimitColl is sortSkipLimit with strings ordered by a collation.
+// sortSkipLimitColl orders, skips and limits a result, strings ordered by
+// a collation (nil: binary order).
 func sortSkipLimitColl(docs []bson.D, srt *query.Sort, skip, limit int64, coll *bsonkit.Collation) []bson.D {
 	if srt != nil && len(docs) > 1 {
 		type keyed struct {

@@ -11,10 +11,11 @@
 // FailCommand, DropConnections, or the configureFailPoint command, enabled
 // by default) and server options ([ServerOptions]) within that test.
 //
-// [StartReal] insists on a real MongoDB: OUTBOX_TEST_MONGODB_URI, else a
-// mongo:7 single-node replica set started with testcontainers when a Docker
-// engine answers, else the test is skipped. A missing Docker engine never
-// fails a test.
+// [StartReal] insists on a real MongoDB: OUTBOX_TEST_MONGODB_URI, else the
+// test is skipped. [Connect] takes any other replica set's URI. Package
+// mongocontainer, a module of its own so that testcontainers-go and the
+// Docker client weigh only on the tests that import it, also starts a mongo:7
+// container when a Docker engine answers.
 //
 // # Isolation
 //

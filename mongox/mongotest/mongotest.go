@@ -19,7 +19,7 @@ import (
 
 // EnvURI is the environment variable naming a real MongoDB deployment (a
 // replica set connection string). When it is set, [Start] and [StartReal]
-// use it instead of the embedded server or a container.
+// use it instead of the embedded server.
 const EnvURI = "OUTBOX_TEST_MONGODB_URI"
 
 // opTimeout bounds the administrative operations of this package (ping,
@@ -74,7 +74,7 @@ func ClientOptions(opts ...*options.ClientOptions) Option {
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	if uri := strings.TrimSpace(os.Getenv(EnvURI)); uri != "" {
-		return connectReal(t, uri, newConfig(opts))
+		return Connect(t, uri, opts...)
 	}
 	return StartEmbedded(t, opts...)
 }
@@ -102,6 +102,29 @@ func StartEmbedded(t testing.TB, opts ...Option) *Env {
 	return env
 }
 
+// skipNoReal is the skip message of [StartReal] without a real MongoDB.
+const skipNoReal = "real MongoDB: set OUTBOX_TEST_MONGODB_URI, or start a container with package " +
+	"github.com/event-outbox/outbox/mongox/mongotest/mongocontainer (a module of its own); skipping"
+
+// StartReal returns the real MongoDB deployment named by
+// OUTBOX_TEST_MONGODB_URI for t, never the embedded server, and skips t
+// when the variable is unset. The deployment must be a replica set; the
+// test fails otherwise.
+//
+// Package mongocontainer (module
+// github.com/event-outbox/outbox/mongox/mongotest/mongocontainer) adds a
+// mongo:7 container started with testcontainers-go when a Docker engine
+// answers; it is a module of its own so that testcontainers-go and the
+// Docker client weigh only on the tests that import it.
+func StartReal(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	uri := strings.TrimSpace(os.Getenv(EnvURI))
+	if uri == "" {
+		t.Skip(skipNoReal)
+	}
+	return Connect(t, uri, opts...)
+}
+
 // RealConfigured reports whether OUTBOX_TEST_MONGODB_URI is set.
 func RealConfigured() bool { return strings.TrimSpace(os.Getenv(EnvURI)) != "" }
 
@@ -113,10 +136,13 @@ func newConfig(opts []Option) config {
 	return cfg
 }
 
-// connectReal connects to a real deployment and checks that it is a
-// replica set member.
-func connectReal(t testing.TB, uri string, cfg config) *Env {
+// Connect returns the real MongoDB deployment at uri for t, with a client
+// disconnected in t.Cleanup. The test fails unless the deployment answers
+// as a replica set member (transactions and change streams need one).
+// ServerOptions are ignored.
+func Connect(t testing.TB, uri string, opts ...Option) *Env {
 	t.Helper()
+	cfg := newConfig(opts)
 	env := &Env{URI: uri, Real: true, clientOpts: cfg.clientOpts}
 	env.Client = env.NewClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -191,7 +217,8 @@ func UniqueName(t testing.TB) string {
 	return "t_" + base + "_" + hex.EncodeToString(b[:])
 }
 
-// redact hides the password of a connection string in messages.
+// userinfo matches the user and password of a connection string.
 var userinfo = regexp.MustCompile(`://([^:@/]+):[^@/]*@`)
 
+// redact hides the password of a connection string in messages.
 func redact(uri string) string { return userinfo.ReplaceAllString(uri, "://$1:***@") }

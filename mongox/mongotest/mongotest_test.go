@@ -3,7 +3,6 @@ package mongotest_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -52,23 +51,31 @@ func TestDBIsolatedAndDropped(t *testing.T) {
 	require.Empty(t, names, "the database is dropped when its test ends")
 }
 
-func TestStartRealSkipsWithoutBackend(t *testing.T) {
+func TestStartRealSkipsWithoutURI(t *testing.T) {
 	if mongotest.RealConfigured() {
 		t.Skip("OUTBOX_TEST_MONGODB_URI is set")
 	}
 	t.Parallel()
-	start := time.Now()
-	var skipped, real bool
+	var skipped bool
 	t.Run("real", func(t *testing.T) {
 		defer func() { skipped = t.Skipped() }()
-		env := mongotest.StartReal(t)
-		real = env.Real
+		mongotest.StartReal(t)
+		t.Error("StartReal returned without OUTBOX_TEST_MONGODB_URI")
 	})
-	if !skipped {
-		require.True(t, real, "StartReal never returns the embedded server")
-		return
+	require.True(t, skipped, "StartReal skips without OUTBOX_TEST_MONGODB_URI")
+}
+
+func TestStartRealUsesURI(t *testing.T) {
+	if mongotest.RealConfigured() {
+		t.Skip("OUTBOX_TEST_MONGODB_URI is set")
 	}
-	require.Less(t, time.Since(start), 15*time.Second, "the Docker check is bounded")
+	srv := mongotest.StartEmbedded(t).Server // a replica set member, as a real one
+	t.Setenv(mongotest.EnvURI, srv.URI())
+	env := mongotest.StartReal(t)
+	require.True(t, env.Real)
+	require.Nil(t, env.Server)
+	require.Equal(t, srv.URI(), env.URI)
+	require.NoError(t, env.Client.Ping(context.Background(), nil))
 }
 
 func TestUniqueName(t *testing.T) {

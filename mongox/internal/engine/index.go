@@ -290,8 +290,8 @@ func collect(cur any, parts []string, out *[]any) {
 	}
 }
 
-// eqValue returns the plain value a filter requires for field (through
-// {field: v} or {field: {$eq: v}}), and a list for $in.
+// eqValues returns the plain values a filter allows for field: one through
+// {field: v} or {field: {$eq: v}}, the list for $in.
 func eqValues(filter bson.D, field string) ([]any, bool) {
 	for _, e := range filter {
 		if e.Key != field {

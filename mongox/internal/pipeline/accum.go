@@ -61,7 +61,7 @@ func (s *sumAcc) add(v any) error {
 	return nil
 }
 
-// total returns the sum as a value of the right type.
+// result returns the sum as a value of the right type.
 func (s *sumAcc) result() any {
 	switch {
 	case s.kind == kDecimal:
@@ -240,7 +240,7 @@ func (s *stdDevAcc) result() any {
 	return math.Sqrt(s.m2 / div)
 }
 
-// accumulatorNames lists the accumulators $group supports.
+// accumulators lists the accumulators $group supports.
 var accumulators = map[string]func() accumulator{
 	"$sum":          func() accumulator { return &sumAcc{} },
 	"$avg":          func() accumulator { return &avgAcc{} },

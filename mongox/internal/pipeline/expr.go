@@ -108,11 +108,6 @@ type parser struct {
 	vars  bson.D // constants visible as $$name (let parameters)
 }
 
-var systemVars = map[string]bool{
-	"ROOT": true, "CURRENT": true, "NOW": true, "CLUSTER_TIME": true, "REMOVE": true,
-	"DESCEND": true, "PRUNE": true, "KEEP": true,
-}
-
 func (p *parser) inScope(name string) bool {
 	for _, s := range p.scope {
 		if s == name {

@@ -91,11 +91,11 @@ type projectStage struct {
 
 // projectBuilder collects a $project spec and tracks its mode.
 type projectBuilder struct {
-	p                  parser
-	root               *projNode
-	mode               int // 0 unknown, 1 inclusion, 2 exclusion
-	idSet              bool
-	excludeID, firstID bool
+	p         parser
+	root      *projNode
+	mode      int // 0 unknown, 1 inclusion, 2 exclusion
+	idSet     bool
+	excludeID bool
 }
 
 func (b *projectBuilder) setMode(path string, m int) error {

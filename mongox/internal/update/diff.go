@@ -66,9 +66,7 @@ func (d *Description) note(path string, parts []any) {
 	}
 	if ambiguous {
 		a := make(bson.A, len(parts))
-		for i, p := range parts {
-			a[i] = p
-		}
+		copy(a, parts)
 		d.Disambiguated = append(d.Disambiguated, bson.E{Key: path, Value: a})
 	}
 }

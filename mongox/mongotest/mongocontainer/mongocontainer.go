@@ -1,4 +1,4 @@
-package mongotest
+package mongocontainer
 
 import (
 	"context"
@@ -11,9 +11,11 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/modules/mongodb"
+
+	"github.com/event-outbox/outbox/mongox/mongotest"
 )
 
-// ContainerImage is the image [StartReal] runs when no
+// ContainerImage is the image [Start] runs when no
 // OUTBOX_TEST_MONGODB_URI is set and Docker is available.
 const ContainerImage = "mongo:7"
 
@@ -23,29 +25,29 @@ const dockerCheckTimeout = 3 * time.Second
 // skipNoReal is the skip message when no real MongoDB can be had.
 const skipNoReal = "real MongoDB: set OUTBOX_TEST_MONGODB_URI or run Docker (testcontainers); skipping"
 
-// StartReal returns a real MongoDB deployment for t, never the embedded
+// Start returns a real MongoDB deployment for t, never the embedded
 // server:
 //
-//   - OUTBOX_TEST_MONGODB_URI when set (it must be a replica set);
+//   - OUTBOX_TEST_MONGODB_URI when set (it must be a replica set), as
+//     [mongotest.StartReal];
 //   - else, when a Docker engine answers, a new mongo:7 container started
 //     as a single-node replica set (rs0) with testcontainers-go and
-//     terminated in t.Cleanup (this takes seconds: call StartReal once
-//     per top-level test and give subtests their own [Env.DB]);
+//     terminated in t.Cleanup (this takes seconds: call Start once per
+//     top-level test and give subtests their own [mongotest.Env.DB]);
 //   - else t.Skip.
 //
 // A missing or stopped Docker engine is never a failure: the health check
 // is bounded by a short timeout and any error skips the test.
-func StartReal(t testing.TB, opts ...Option) *Env {
+func Start(t testing.TB, opts ...mongotest.Option) *mongotest.Env {
 	t.Helper()
-	cfg := newConfig(opts)
-	if uri := strings.TrimSpace(os.Getenv(EnvURI)); uri != "" {
-		return connectReal(t, uri, cfg)
+	if uri := strings.TrimSpace(os.Getenv(mongotest.EnvURI)); uri != "" {
+		return mongotest.Connect(t, uri, opts...)
 	}
 	if err := dockerAvailable(); err != nil {
 		t.Skipf("%s (%v)", skipNoReal, err)
 	}
 	uri := startContainer(t)
-	return connectReal(t, uri, cfg)
+	return mongotest.Connect(t, uri, opts...)
 }
 
 var (
@@ -94,7 +96,7 @@ func startContainer(t testing.TB) string {
 	if c != nil {
 		t.Cleanup(func() {
 			if err := testcontainers.TerminateContainer(c); err != nil {
-				t.Logf("mongotest: terminate container: %v", err)
+				t.Logf("mongocontainer: terminate container: %v", err)
 			}
 		})
 	}
@@ -105,7 +107,7 @@ func startContainer(t testing.TB) string {
 	}
 	endpoint, err := c.PortEndpoint(ctx, "27017/tcp", "")
 	if err != nil {
-		t.Fatalf("mongotest: container endpoint: %v", err)
+		t.Fatalf("mongocontainer: container endpoint: %v", err)
 	}
 	return "mongodb://" + endpoint + "/?directConnection=true"
 }
