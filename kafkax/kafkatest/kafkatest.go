@@ -79,7 +79,7 @@ func ClusterOptions(opts ...kfake.Opt) Option {
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	cfg := newConfig(opts)
-	if seeds := envSeeds(); len(seeds) > 0 {
+	if seeds := EnvSeeds(); len(seeds) > 0 {
 		return Connect(t, seeds, opts...)
 	}
 	kopts := []kfake.Opt{kfake.NumBrokers(cfg.numBrokers)}
@@ -92,6 +92,24 @@ func Start(t testing.TB, opts ...Option) *Env {
 	return cfg.connect(t, &Env{Cluster: c, Seeds: c.ListenAddrs()})
 }
 
+// skipNoReal is the skip message of [StartReal] without real brokers.
+const skipNoReal = "real Kafka: set OUTBOX_TEST_KAFKA_BROKERS (or use package kafkacontainer for a Docker container); skipping"
+
+// StartReal returns the real Kafka brokers named by OUTBOX_TEST_KAFKA_BROKERS
+// for t, never the embedded kfake cluster, and skips t when the variable is
+// unset. Package kafkacontainer (a module of its own, so that its Docker
+// dependencies weigh only on the tests that import it) adds a Kafka
+// container started with testcontainers-go when a Docker engine answers.
+// [NumBrokers] and [ClusterOptions] do not apply; [SeedTopics] does.
+func StartReal(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	seeds := EnvSeeds()
+	if len(seeds) == 0 {
+		t.Skip(skipNoReal)
+	}
+	return Connect(t, seeds, opts...)
+}
+
 func newConfig(opts []Option) config {
 	cfg := config{numBrokers: 1}
 	for _, o := range opts {
@@ -100,9 +118,9 @@ func newConfig(opts []Option) config {
 	return cfg
 }
 
-// envSeeds returns the brokers of OUTBOX_TEST_KAFKA_BROKERS, none when it is
-// unset.
-func envSeeds() []string {
+// EnvSeeds returns the brokers named by OUTBOX_TEST_KAFKA_BROKERS ([EnvBrokers]),
+// none when it is unset.
+func EnvSeeds() []string {
 	var seeds []string
 	for _, b := range strings.Split(os.Getenv(EnvBrokers), ",") {
 		if b = strings.TrimSpace(b); b != "" {

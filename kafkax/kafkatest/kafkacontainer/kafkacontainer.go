@@ -1,4 +1,4 @@
-package kafkatest
+package kafkacontainer
 
 import (
 	"context"
@@ -9,13 +9,11 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/event-outbox/outbox/kafkax/kafkatest"
 )
 
-// The Docker-dependent part of the package, kept in this file alone so that
-// it can move with the other testcontainers code: it uses the package's
-// exported API (Connect, EnvBrokers) apart from envSeeds.
-
-// ContainerImage is the image [StartReal] runs when
+// ContainerImage is the image [Start] runs when
 // OUTBOX_TEST_KAFKA_BROKERS is unset and a Docker engine answers: one
 // Kafka node in KRaft mode, broker and controller, the image of the
 // development stack (docker-compose.yml).
@@ -30,30 +28,29 @@ const containerStartTimeout = 3 * time.Minute
 // skipNoReal is the skip message when no real Kafka can be had.
 const skipNoReal = "real Kafka: set OUTBOX_TEST_KAFKA_BROKERS or run Docker (testcontainers); skipping"
 
-// StartReal returns real Kafka brokers for t, never the embedded kfake
-// cluster:
+// Start returns real Kafka brokers for t, never the embedded kfake cluster:
 //
-//   - OUTBOX_TEST_KAFKA_BROKERS when set (as [Start] does);
+//   - OUTBOX_TEST_KAFKA_BROKERS when set (as [kafkatest.StartReal] does);
 //   - else, when a Docker engine answers, a new single-broker container of
 //     [ContainerImage] started with testcontainers-go and terminated in
-//     t.Cleanup (this takes seconds: call StartReal once per top-level test
-//     and give subtests their own [Env.Topic]);
+//     t.Cleanup (this takes seconds: call Start once per top-level test and
+//     give subtests their own [kafkatest.Env.Topic]);
 //   - else t.Skip.
 //
 // A missing or stopped Docker engine is never a failure: the health check
 // is bounded by a short timeout and any error skips the test, as does a
-// container that cannot start (no network to pull the image). [NumBrokers]
-// and [ClusterOptions] do not apply; [SeedTopics] does. [Env.Cluster] is
-// nil.
-func StartReal(t testing.TB, opts ...Option) *Env {
+// container that cannot start (no network to pull the image).
+// [kafkatest.NumBrokers] and [kafkatest.ClusterOptions] do not apply;
+// [kafkatest.SeedTopics] does. [kafkatest.Env.Cluster] is nil.
+func Start(t testing.TB, opts ...kafkatest.Option) *kafkatest.Env {
 	t.Helper()
-	if seeds := envSeeds(); len(seeds) > 0 {
-		return Connect(t, seeds, opts...)
+	if seeds := kafkatest.EnvSeeds(); len(seeds) > 0 {
+		return kafkatest.Connect(t, seeds, opts...)
 	}
 	if err := dockerAvailable(); err != nil {
 		t.Skipf("%s (%v)", skipNoReal, err)
 	}
-	return Connect(t, startContainer(t), opts...)
+	return kafkatest.Connect(t, startContainer(t), opts...)
 }
 
 var (
@@ -94,7 +91,7 @@ const (
 	hostListenerPort = "29092/tcp"
 	// advertisedFile receives the HOST listener's address once the host
 	// port is known; the container waits for it before starting Kafka.
-	advertisedFile = "/tmp/outbox-kafkatest-advertised"
+	advertisedFile = "/tmp/outbox-kafkacontainer-advertised"
 	// kafkaRun is the apache/kafka image's start command.
 	kafkaRun = "/etc/kafka/docker/run"
 )
@@ -153,7 +150,7 @@ func startContainer(t testing.TB) []string {
 	if c != nil {
 		t.Cleanup(func() {
 			if err := testcontainers.TerminateContainer(c); err != nil {
-				t.Logf("kafkatest: terminate container: %v", err)
+				t.Logf("kafkacontainer: terminate container: %v", err)
 			}
 		})
 	}
