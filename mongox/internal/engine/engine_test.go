@@ -523,3 +523,35 @@ func TestCommitPublishesImplicitCollection(t *testing.T) {
 	require.NoError(t, txn.Commit())
 	require.Len(t, e.ListCollections("db"), 1)
 }
+
+// TestStoredIDFirst: whatever field order a caller hands the engine, the
+// stored document (and the oplog's post-image) has _id first, as MongoDB
+// stores every document.
+func TestStoredIDFirst(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	start := e.OplogStart()
+	require.NoError(t, insert(t, e, nil, bson.D{{Key: "parked", Value: true}, {Key: "_id", Value: 1}, {Key: "a", Value: 2}}))
+	require.NoError(t, e.Write(context.Background(), nil, func(v *View) error {
+		return v.Update(ns, bson.D{{Key: "b", Value: 3}, {Key: "_id", Value: 1}}, nil)
+	}))
+	require.NoError(t, insert(t, e, nil, bson.D{{Key: "x", Value: 1}, {Key: "_id", Value: 2}}))
+	got := all(t, e, nil)
+	require.Equal(t, []bson.D{
+		{{Key: "_id", Value: 1}, {Key: "b", Value: 3}},
+		{{Key: "_id", Value: 2}, {Key: "x", Value: 1}},
+	}, got)
+	entries, _, _, err := e.ReadOplog(start, 0)
+	require.NoError(t, err)
+	var posts []bson.D
+	for _, en := range entries {
+		if en.Doc != nil {
+			posts = append(posts, en.Doc)
+		}
+	}
+	require.Equal(t, []bson.D{
+		{{Key: "_id", Value: 1}, {Key: "parked", Value: true}, {Key: "a", Value: 2}},
+		{{Key: "_id", Value: 1}, {Key: "b", Value: 3}},
+		{{Key: "_id", Value: 2}, {Key: "x", Value: 1}},
+	}, posts)
+}
