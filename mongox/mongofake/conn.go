@@ -69,9 +69,10 @@ func (c *conn) serve() {
 	}()
 	log.Debug("mongofake: connection accepted")
 
-	br := bufio.NewReaderSize(c.nc, 64<<10)
+	rd := wire.NewReader(bufio.NewReaderSize(c.nc, 64<<10), s.cfg.maxMessageSize)
 	for {
-		m, err := wire.ReadMessage(br, s.cfg.maxMessageSize)
+		// m is valid until the next read: handle decodes what it keeps.
+		m, err := rd.Next()
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.ctx.Err() != nil:

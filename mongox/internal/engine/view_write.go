@@ -55,6 +55,10 @@ func (v *View) writable(ns NS) (*collection, error) {
 // record buffers a write of chain c in the view's transaction.
 func (v *View) record(c *chain, doc bson.D, newRec bool) *pending {
 	t := v.t
+	if t.writes == nil {
+		t.writes = map[*chain]*pending{}
+		t.colls = map[*collection]struct{}{}
+	}
 	p := t.writes[c]
 	if p == nil {
 		_, rid, _ := v.stateOf(c)

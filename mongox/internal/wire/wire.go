@@ -201,6 +201,32 @@ const directAllocLimit = 1 << 20
 // ends cleanly before a message starts and io.ErrUnexpectedEOF when it ends
 // inside one.
 func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
+	return readMessage(r, maxSize, nil)
+}
+
+// Reader reads messages like ReadMessage, with one payload buffer reused
+// from message to message: a message Next returns, and every document in
+// it, is valid only until the next call. Decode what must outlive it (as
+// Msg.BodyWith does: its result shares no memory with the message).
+type Reader struct {
+	r       io.Reader
+	maxSize int
+	buf     []byte
+}
+
+// NewReader returns a Reader of r; maxSize as for ReadMessage.
+func NewReader(r io.Reader, maxSize int) *Reader {
+	return &Reader{r: r, maxSize: maxSize}
+}
+
+// Next reads the next message; its errors are ReadMessage's.
+func (rd *Reader) Next() (*Message, error) {
+	return readMessage(rd.r, rd.maxSize, &rd.buf)
+}
+
+// readMessage reads one message; when buf is not nil, payloads up to
+// directAllocLimit are read into *buf (grown as needed).
+func readMessage(r io.Reader, maxSize int, buf *[]byte) (*Message, error) {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxMessageSize
 	}
@@ -221,7 +247,7 @@ func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
 		return nil, fmt.Errorf("%w: %w: message length %d exceeds the limit of %d bytes", ErrFraming, ErrTooLarge, h.MessageLength, maxSize)
 	}
 	n := int(h.MessageLength) - HeaderSize
-	payload, err := readPayload(r, n)
+	payload, err := readPayload(r, n, buf)
 	if err != nil {
 		return nil, err
 	}
@@ -240,9 +266,17 @@ func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
 	return m, nil
 }
 
-func readPayload(r io.Reader, n int) ([]byte, error) {
+func readPayload(r io.Reader, n int, reuse *[]byte) ([]byte, error) {
 	if n <= directAllocLimit {
-		buf := make([]byte, n)
+		var buf []byte
+		if reuse != nil {
+			if cap(*reuse) < n {
+				*reuse = make([]byte, max(n, 1024))
+			}
+			buf = (*reuse)[:n]
+		} else {
+			buf = make([]byte, n)
+		}
 		if _, err := io.ReadFull(r, buf); err != nil {
 			return nil, unexpected(err)
 		}
