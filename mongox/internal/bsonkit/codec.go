@@ -39,7 +39,13 @@ const (
 
 // Decode decodes one BSON document, which must span all of raw.
 func (d *Decoder) Decode(raw []byte) (bson.D, error) {
-	if out, ok := d.doc(raw); ok {
+	return d.DecodeSpare(raw, 0)
+}
+
+// DecodeSpare is Decode returning a bson.D with room for spare more
+// fields, which the caller appends without another allocation.
+func (d *Decoder) DecodeSpare(raw []byte, spare int) (bson.D, error) {
+	if out, ok := d.doc(raw, spare); ok {
 		return out, nil
 	}
 	d.reset()
@@ -71,15 +77,15 @@ func frame(b []byte) (body, rest []byte, ok bool) {
 	return b[4 : n-1], b[n:], true
 }
 
-func (d *Decoder) doc(raw []byte) (bson.D, bool) {
+func (d *Decoder) doc(raw []byte, spare int) (bson.D, bool) {
 	body, rest, ok := frame(raw)
 	if !ok || len(rest) != 0 {
 		return nil, false
 	}
-	return d.docBody(body)
+	return d.docBody(body, spare)
 }
 
-func (d *Decoder) docBody(p []byte) (bson.D, bool) {
+func (d *Decoder) docBody(p []byte, spare int) (bson.D, bool) {
 	start := len(d.elems)
 	for len(p) > 0 {
 		t := p[0]
@@ -95,7 +101,7 @@ func (d *Decoder) docBody(p []byte) (bson.D, bool) {
 		d.elems = append(d.elems, bson.E{Key: key, Value: v})
 		p = rest
 	}
-	out := make(bson.D, len(d.elems)-start)
+	out := make(bson.D, len(d.elems)-start, len(d.elems)-start+spare)
 	copy(out, d.elems[start:])
 	clear(d.elems[start:])
 	d.elems = d.elems[:start]
@@ -178,7 +184,7 @@ func (d *Decoder) value(t byte, p []byte) (any, []byte, bool) {
 		if !ok {
 			return nil, nil, false
 		}
-		doc, ok := d.docBody(body)
+		doc, ok := d.docBody(body, 0)
 		return doc, rest, ok
 	case bson.TypeArray:
 		body, rest, ok := frame(p)

@@ -123,7 +123,7 @@ func (m *Msg) Body() (bson.D, error) {
 // BodyWith is Body decoding with dec, whose scratch space and field-name
 // cache a connection reuses from one message to the next.
 func (m *Msg) BodyWith(dec *bsonkit.Decoder) (bson.D, error) {
-	body, err := dec.Decode(m.Document)
+	body, err := dec.DecodeSpare(m.Document, len(m.Sequences))
 	if err != nil {
 		return nil, fmt.Errorf("%w: OP_MSG body: %v", ErrMalformed, err)
 	}
