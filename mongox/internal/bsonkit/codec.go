@@ -30,11 +30,13 @@ type Decoder struct {
 	keys  map[string]string
 }
 
-// maxCachedKeys bounds the field-name cache of a Decoder; maxCachedKeyLen
-// the length of the names it keeps.
+// maxCachedKeys bounds the field-name cache of a Decoder, maxCachedKeyLen
+// the length of the names it keeps, and maxKeptScratch the entries of
+// scratch space it keeps between calls.
 const (
 	maxCachedKeys   = 512
 	maxCachedKeyLen = 32
+	maxKeptScratch  = 1024
 )
 
 // Decode decodes one BSON document, which must span all of raw.
@@ -45,11 +47,17 @@ func (d *Decoder) Decode(raw []byte) (bson.D, error) {
 // DecodeSpare is Decode returning a bson.D with room for spare more
 // fields, which the caller appends without another allocation.
 func (d *Decoder) DecodeSpare(raw []byte, spare int) (bson.D, error) {
-	if out, ok := d.doc(raw, spare); ok {
+	out, ok := d.doc(raw, spare)
+	if cap(d.elems) > maxKeptScratch {
+		d.elems = nil // a huge document: do not keep its scratch space
+	}
+	if cap(d.vals) > maxKeptScratch {
+		d.vals = nil
+	}
+	if ok {
 		return out, nil
 	}
 	d.reset()
-	var out bson.D
 	if err := bson.Unmarshal(raw, &out); err != nil {
 		return nil, err
 	}
