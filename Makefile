@@ -22,8 +22,9 @@ cover: ## Test coverage report in cover.html.
 	$(GO) test -coverprofile=cover.out ./...
 	$(GO) tool cover -html=cover.out -o cover.html
 
-fuzz: ## Fuzz the wire decoder for 30 s.
+fuzz: ## Fuzz the wire and BSON decoders for 30 s each.
 	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 30s ./mongox/internal/wire
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./mongox/internal/bsonkit
 
 devstack: ## Start embedded MongoDB and Kafka on local ports.
 	$(GO) run ./cmd/devstack

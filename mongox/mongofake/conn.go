@@ -12,6 +12,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
@@ -29,7 +30,14 @@ type conn struct {
 	cancel context.CancelFunc
 
 	gotMetadata bool // the handshake's client document was seen
+
+	dec  bsonkit.Decoder // decodes commands; reused by the goroutine
+	wbuf []byte          // the reply frame being built; reused by the goroutine
 }
+
+// maxKeptWriteBuffer is the largest reply buffer a connection keeps for the
+// next reply; a larger one (a big batch) is left to the garbage collector.
+const maxKeptWriteBuffer = 1 << 20
 
 // newConn wraps an accepted connection.
 func (s *Server) newConn(nc net.Conn) *conn {
@@ -61,9 +69,10 @@ func (c *conn) serve() {
 	}()
 	log.Debug("mongofake: connection accepted")
 
-	br := bufio.NewReaderSize(c.nc, 64<<10)
+	rd := wire.NewReader(bufio.NewReaderSize(c.nc, 64<<10), s.cfg.maxMessageSize)
 	for {
-		m, err := wire.ReadMessage(br, s.cfg.maxMessageSize)
+		// m is valid until the next read: handle decodes what it keeps.
+		m, err := rd.Next()
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.ctx.Err() != nil:
@@ -87,7 +96,7 @@ func (c *conn) handle(m *wire.Message, log *slog.Logger) bool {
 	s := c.srv
 	switch {
 	case m.Msg != nil:
-		body, err := m.Msg.Body()
+		body, err := m.Msg.BodyWith(&c.dec)
 		if err != nil {
 			log.Warn("mongofake: malformed OP_MSG; closing connection", "err", err)
 			return false
@@ -100,15 +109,16 @@ func (c *conn) handle(m *wire.Message, log *slog.Logger) bool {
 			// w:0 / unacknowledged: the client does not read a reply.
 			return true
 		}
-		raw, err := bson.Marshal(reply)
+		frame, err := c.replyFrame(reply, m.Header.RequestID)
 		if err != nil {
 			log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
 			return false
 		}
-		if err := wire.WriteMsg(c.nc, s.nextReqID.Add(1), m.Header.RequestID, 0, raw); err != nil {
-			return false
+		_, err = c.nc.Write(frame)
+		if cap(frame) <= maxKeptWriteBuffer {
+			c.wbuf = frame[:0]
 		}
-		return true
+		return err == nil
 
 	case m.Query != nil:
 		reply, drop := c.legacyQuery(m.Query)
@@ -127,6 +137,24 @@ func (c *conn) handle(m *wire.Message, log *slog.Logger) bool {
 	}
 	log.Warn("mongofake: message without payload; closing connection", "opCode", m.Header.OpCode)
 	return false
+}
+
+// replyFrame encodes reply as an OP_MSG answering request responseTo, in
+// the connection's reusable buffer: one frame, written with one call.
+func (c *conn) replyFrame(reply bson.D, responseTo int32) ([]byte, error) {
+	buf := wire.StartMsg(c.wbuf[:0])
+	buf, ok := bsonkit.AppendDocument(buf, reply)
+	if !ok {
+		raw, err := bson.Marshal(reply)
+		if err != nil {
+			return nil, err
+		}
+		buf = append(buf, raw...)
+	}
+	if err := wire.FinishMsg(buf, c.srv.nextReqID.Add(1), responseTo, 0); err != nil {
+		return nil, err
+	}
+	return buf, nil
 }
 
 // legacyQuery answers an OP_QUERY. Drivers use it for the first hello

@@ -528,7 +528,8 @@ func TestUnsupportedFailsClearly(t *testing.T) {
 }
 
 // BenchmarkDriverInsert measures single-document inserts through the
-// driver with 8 concurrent clients goroutines.
+// driver from concurrent goroutines (SetParallelism(8): 8 per GOMAXPROCS,
+// so 16 on 2 cores).
 func BenchmarkDriverInsert(b *testing.B) {
 	_, client := setup(b)
 	c := client.Database("bench").Collection("c")
@@ -547,7 +548,8 @@ func BenchmarkDriverInsert(b *testing.B) {
 }
 
 // BenchmarkDriverTxn measures small transactions (two inserts and a
-// commit) through the driver with 8 concurrent goroutines.
+// commit) through the driver from concurrent goroutines
+// (SetParallelism(8), as BenchmarkDriverInsert).
 func BenchmarkDriverTxn(b *testing.B) {
 	_, client := setup(b)
 	c := client.Database("bench").Collection("t")

@@ -235,6 +235,10 @@ func (s *Server) errorReply(r *request, err error, labels []string) bson.D {
 	return s.appendClusterTime(out)
 }
 
+// zeroSignatureHash is the hash of every $clusterTime signature; replies
+// only read it.
+var zeroSignatureHash = make([]byte, 20)
+
 // appendClusterTime adds $clusterTime and operationTime, as a replica set
 // member does on every reply. The signature is a dummy: the server has no
 // keys, and drivers only echo it back.
@@ -244,7 +248,7 @@ func (s *Server) appendClusterTime(d bson.D) bson.D {
 		bson.E{Key: "$clusterTime", Value: bson.D{
 			{Key: "clusterTime", Value: ts},
 			{Key: "signature", Value: bson.D{
-				{Key: "hash", Value: bson.Binary{Subtype: 0, Data: make([]byte, 20)}},
+				{Key: "hash", Value: bson.Binary{Subtype: 0, Data: zeroSignatureHash}},
 				{Key: "keyId", Value: int64(0)},
 			}},
 		}},

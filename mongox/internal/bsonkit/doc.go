@@ -5,5 +5,7 @@
 // with equality, deep copies and dotted-path access.
 //
 // Documents are bson.D, arrays bson.A, as the driver's bson package decodes
-// them. The package is pure: no locks, no I/O.
+// them. Decoder and AppendDocument convert between those and BSON bytes
+// without reflection, with the driver's results (the server's commands and
+// replies go through them). The package is pure: no locks, no I/O.
 package bsonkit

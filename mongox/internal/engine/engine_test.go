@@ -323,6 +323,55 @@ func TestOplogTransactionAndBound(t *testing.T) {
 	require.Len(t, entries, 5)
 }
 
+// TestOplogBoundAcrossChunks: the bounded oplog keeps exactly its newest
+// entries, in order, while entries arrive one by one and in transactions
+// that straddle its storage chunks, and readers resume anywhere in it.
+func TestOplogBoundAcrossChunks(t *testing.T) {
+	t.Parallel()
+	const bound = 3*oplogChunk + 17
+	e := setup(t, func(o *Options) { o.OplogSize = bound })
+	require.NoError(t, e.CreateCollection(context.Background(), ns))
+	next := 0
+	for round := range 120 {
+		if round%3 == 0 {
+			txn := e.Begin(TxnMeta{LSID: bson.D{{Key: "id", Value: "s"}}, TxnNumber: int64(round)})
+			for range 37 {
+				require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: next}}))
+				next++
+			}
+			require.NoError(t, txn.Commit())
+		} else {
+			for range 29 {
+				require.NoError(t, insert(t, e, nil, bson.D{{Key: "_id", Value: next}}))
+				next++
+			}
+		}
+		entries, _, _, err := e.ReadOplog(e.OplogStart(), 0)
+		require.NoError(t, err)
+		want := min(next+1, bound) // +1: the create entry
+		require.Len(t, entries, want)
+		for i, en := range entries {
+			id := next - want + i
+			if id < 0 {
+				require.Equal(t, OpCreate, en.Op)
+				continue
+			}
+			require.Equal(t, bson.D{{Key: "_id", Value: id}}, en.DocKey, "round %d entry %d", round, i)
+		}
+		// Resume from the middle: everything after that entry, then a capped read.
+		mid := entries[len(entries)/2]
+		after, _, _, err := e.ReadOplog(Position{TS: mid.TS, Index: int64(mid.TxnOpIndex)}, 0)
+		require.NoError(t, err)
+		require.Equal(t, entries[len(entries)/2+1:], after)
+		capped, _, _, err := e.ReadOplog(e.OplogStart(), 5)
+		require.NoError(t, err)
+		require.Equal(t, entries[:5], capped)
+	}
+	require.Greater(t, next, 4*bound, "the bound was passed many times")
+	_, _, _, err := e.ReadOplog(Position{}, 0)
+	require.ErrorIs(t, err, ErrHistoryLost)
+}
+
 func TestEmptyTimestampFilledBeforeCommit(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -522,4 +571,36 @@ func TestCommitPublishesImplicitCollection(t *testing.T) {
 	require.NoError(t, insert(t, e, txn, bson.D{{Key: "_id", Value: 1}}))
 	require.NoError(t, txn.Commit())
 	require.Len(t, e.ListCollections("db"), 1)
+}
+
+// TestStoredIDFirst: whatever field order a caller hands the engine, the
+// stored document (and the oplog's post-image) has _id first, as MongoDB
+// stores every document.
+func TestStoredIDFirst(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	start := e.OplogStart()
+	require.NoError(t, insert(t, e, nil, bson.D{{Key: "parked", Value: true}, {Key: "_id", Value: 1}, {Key: "a", Value: 2}}))
+	require.NoError(t, e.Write(context.Background(), nil, func(v *View) error {
+		return v.Update(ns, bson.D{{Key: "b", Value: 3}, {Key: "_id", Value: 1}}, nil)
+	}))
+	require.NoError(t, insert(t, e, nil, bson.D{{Key: "x", Value: 1}, {Key: "_id", Value: 2}}))
+	got := all(t, e, nil)
+	require.Equal(t, []bson.D{
+		{{Key: "_id", Value: 1}, {Key: "b", Value: 3}},
+		{{Key: "_id", Value: 2}, {Key: "x", Value: 1}},
+	}, got)
+	entries, _, _, err := e.ReadOplog(start, 0)
+	require.NoError(t, err)
+	var posts []bson.D
+	for _, en := range entries {
+		if en.Doc != nil {
+			posts = append(posts, en.Doc)
+		}
+	}
+	require.Equal(t, []bson.D{
+		{{Key: "_id", Value: 1}, {Key: "parked", Value: true}, {Key: "a", Value: 2}},
+		{{Key: "_id", Value: 1}, {Key: "b", Value: 3}},
+		{{Key: "_id", Value: 2}, {Key: "x", Value: 1}},
+	}, posts)
 }

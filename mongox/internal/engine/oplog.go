@@ -76,10 +76,20 @@ func (p Position) less(q Position) bool {
 	return p.Index < q.Index
 }
 
+// oplogChunk is the number of entries per chunk of the oplog. Entries are
+// large structs: kept in fixed chunks, appending never copies the entries
+// already held (a single growing slice did, and with a 100,000-entry bound
+// that copying was the engine's largest cost per write).
+const oplogChunk = 256
+
+// oplog holds the retained entries, oldest first, in chunks of oplogChunk
+// entries: chunks[0][head:] then the later chunks; every chunk but the last
+// is full.
 type oplog struct {
 	max       int
-	entries   []Entry // entries[head:] are retained
-	head      int
+	chunks    [][]Entry
+	head      int       // retained entries start at chunks[0][head]
+	n         int       // number of retained entries
 	truncated *Position // position of the newest dropped entry
 	signal    chan struct{}
 }
@@ -89,23 +99,51 @@ func (o *oplog) init(max int) {
 	o.signal = make(chan struct{})
 }
 
+// at returns the i-th retained entry (0 is the oldest).
+func (o *oplog) at(i int) *Entry {
+	i += o.head
+	return &o.chunks[i/oplogChunk][i%oplogChunk]
+}
+
+func (o *oplog) push(e Entry) {
+	if k := len(o.chunks); k == 0 || len(o.chunks[k-1]) == oplogChunk {
+		o.chunks = append(o.chunks, make([]Entry, 0, oplogChunk))
+	}
+	last := &o.chunks[len(o.chunks)-1]
+	*last = append(*last, e)
+	o.n++
+}
+
+// dropOldest drops the k oldest retained entries.
+func (o *oplog) dropOldest(k int) {
+	last := o.at(k - 1)
+	o.truncated = &Position{TS: last.TS, Index: int64(last.TxnOpIndex)}
+	for k > 0 {
+		c := o.chunks[0]
+		m := min(k, len(c)-o.head)
+		clear(c[o.head : o.head+m])
+		o.head += m
+		o.n -= m
+		k -= m
+		if o.head == oplogChunk {
+			o.chunks[0] = nil
+			o.chunks = o.chunks[1:]
+			o.head = 0
+		}
+	}
+}
+
 // appendOplog appends entries and wakes readers. Caller holds e.mu.
 func (e *Engine) appendOplog(es []Entry) {
 	if len(es) == 0 {
 		return
 	}
 	o := &e.oplog
-	o.entries = append(o.entries, es...)
-	if n := len(o.entries) - o.head; n > o.max {
-		drop := n - o.max
-		last := o.entries[o.head+drop-1]
-		o.truncated = &Position{TS: last.TS, Index: int64(last.TxnOpIndex)}
-		clear(o.entries[o.head : o.head+drop])
-		o.head += drop
-		if o.head > len(o.entries)/2 && o.head > 1024 {
-			o.entries = append([]Entry(nil), o.entries[o.head:]...)
-			o.head = 0
-		}
+	for i := range es {
+		o.push(es[i])
+	}
+	if o.n > o.max {
+		o.dropOldest(o.n - o.max)
 	}
 	close(o.signal)
 	o.signal = make(chan struct{})
@@ -123,13 +161,19 @@ func (e *Engine) ReadOplog(p Position, max int) ([]Entry, <-chan struct{}, bson.
 	if o.truncated != nil && p.less(*o.truncated) {
 		return nil, o.signal, e.last, ErrHistoryLost
 	}
-	live := o.entries[o.head:]
-	i := sort.Search(len(live), func(i int) bool { return p.before(&live[i]) })
-	out := live[i:]
-	if max > 0 && len(out) > max {
-		out = out[:max]
+	i := sort.Search(o.n, func(i int) bool { return p.before(o.at(i)) })
+	n := o.n - i
+	if max > 0 && n > max {
+		n = max
 	}
-	return append([]Entry(nil), out...), o.signal, e.last, nil
+	if n <= 0 {
+		return nil, o.signal, e.last, nil
+	}
+	out := make([]Entry, n)
+	for j := range out {
+		out[j] = *o.at(i + j)
+	}
+	return out, o.signal, e.last, nil
 }
 
 // OplogStart returns the position of the oldest retained entry (just
@@ -138,8 +182,8 @@ func (e *Engine) OplogStart() Position {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	o := &e.oplog
-	if len(o.entries) > o.head {
-		f := o.entries[o.head]
+	if o.n > 0 {
+		f := o.at(0)
 		return Position{TS: f.TS, Index: int64(f.TxnOpIndex) - 1}
 	}
 	return Position{TS: e.last, Index: 1<<31 - 1}

@@ -66,9 +66,10 @@ func (e *Engine) Begin(meta TxnMeta) *Txn {
 
 func (e *Engine) newTxnLocked(auto bool) *Txn {
 	e.nextTxn++
+	// writes and colls are made at the first write (record): a read
+	// never needs them.
 	t := &Txn{
 		e: e, id: e.nextTxn, auto: auto, started: e.opts.Now(),
-		writes: map[*chain]*pending{}, colls: map[*collection]struct{}{},
 		done: make(chan struct{}),
 	}
 	e.txns[t] = struct{}{}

@@ -55,6 +55,10 @@ func (v *View) writable(ns NS) (*collection, error) {
 // record buffers a write of chain c in the view's transaction.
 func (v *View) record(c *chain, doc bson.D, newRec bool) *pending {
 	t := v.t
+	if t.writes == nil {
+		t.writes = map[*chain]*pending{}
+		t.colls = map[*collection]struct{}{}
+	}
 	p := t.writes[c]
 	if p == nil {
 		_, rid, _ := v.stateOf(c)
@@ -139,10 +143,31 @@ func (v *View) dupKey(c *collection, ix *index, k indexKey) error {
 	return err
 }
 
-// Insert inserts a document, which must have an _id. Top-level fields
-// holding Timestamp(0, 0) (other than _id) get a fresh clock tick. It
-// returns 11000 DuplicateKey, WriteConflict, or (auto-committed statements)
-// unwinds to wait for a transaction holding the key.
+// idFirst returns doc with its _id field first, where MongoDB stores it in
+// every document (whatever the order the client, an update or a pipeline
+// produced). doc itself is returned when _id is already first or absent;
+// otherwise a reordered copy.
+func idFirst(doc bson.D) bson.D {
+	for i := range doc {
+		if doc[i].Key != "_id" {
+			continue
+		}
+		if i == 0 {
+			return doc
+		}
+		out := make(bson.D, 0, len(doc))
+		out = append(out, doc[i])
+		out = append(out, doc[:i]...)
+		return append(out, doc[i+1:]...)
+	}
+	return doc
+}
+
+// Insert inserts a document, which must have an _id (stored first).
+// Top-level fields holding Timestamp(0, 0) (other than _id) get a fresh
+// clock tick. It returns 11000 DuplicateKey, WriteConflict, or
+// (auto-committed statements) unwinds to wait for a transaction holding the
+// key.
 func (v *View) Insert(ns NS, doc bson.D) error {
 	c, err := v.writable(ns)
 	if err != nil {
@@ -158,6 +183,7 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 	if _, isRe := id.(bson.Regex); isRe {
 		return &Error{Code: 53, Name: "InvalidIdField", Msg: "can't use a regex for _id"}
 	}
+	doc = idFirst(doc)
 	key := bsonkit.Key(id)
 	ch := c.chains[key]
 	if ch != nil {
@@ -202,7 +228,8 @@ type UpdateDescription struct {
 	DisambiguatedPaths bson.D
 }
 
-// Update replaces the document with newDoc's _id by newDoc. desc nil
+// Update replaces the document with newDoc's _id by newDoc (its _id stored
+// first). desc nil
 // records a replace, else an update with that description. The document
 // must exist in the view.
 func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
@@ -210,6 +237,7 @@ func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	if err != nil {
 		return err
 	}
+	newDoc = idFirst(newDoc)
 	id, _ := bsonkit.Get(newDoc, "_id")
 	ch := c.chains[bsonkit.Key(id)]
 	if ch == nil || v.docOf(ch) == nil {

@@ -5,7 +5,8 @@
 //
 // # Reading
 //
-// ReadMessage reads exactly one message. Every document it returns has been
+// ReadMessage reads exactly one message; a Reader does the same reusing one
+// buffer, its messages valid until the next read. Every document it returns has been
 // validated as BSON, so later decoding fails only on semantic grounds. An
 // error wrapping ErrMalformed, ErrCompressed or ErrUnsupportedOpCode means
 // the message was consumed in full and the stream is still in step, so the

@@ -9,6 +9,8 @@ import (
 	"io"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 )
 
 // Opcodes of the wire protocol messages this package knows.
@@ -115,8 +117,14 @@ func (m *Msg) ExhaustAllowed() bool { return m.FlagBits&FlagExhaustAllowed != 0 
 // document sequence appended as a bson.A of bson.D under its identifier.
 // An identifier that is also a field of the body is an error.
 func (m *Msg) Body() (bson.D, error) {
-	var body bson.D
-	if err := bson.Unmarshal(m.Document, &body); err != nil {
+	return m.BodyWith(&bsonkit.Decoder{})
+}
+
+// BodyWith is Body decoding with dec, whose scratch space and field-name
+// cache a connection reuses from one message to the next.
+func (m *Msg) BodyWith(dec *bsonkit.Decoder) (bson.D, error) {
+	body, err := dec.DecodeSpare(m.Document, len(m.Sequences))
+	if err != nil {
 		return nil, fmt.Errorf("%w: OP_MSG body: %w", ErrMalformed, err)
 	}
 	for _, s := range m.Sequences {
@@ -127,8 +135,8 @@ func (m *Msg) Body() (bson.D, error) {
 		}
 		arr := make(bson.A, 0, len(s.Documents))
 		for _, raw := range s.Documents {
-			var d bson.D
-			if err := bson.Unmarshal(raw, &d); err != nil {
+			d, err := dec.Decode(raw)
+			if err != nil {
 				return nil, fmt.Errorf("%w: OP_MSG document sequence %q: %w", ErrMalformed, s.Identifier, err)
 			}
 			arr = append(arr, d)
@@ -193,6 +201,32 @@ const directAllocLimit = 1 << 20
 // ends cleanly before a message starts and io.ErrUnexpectedEOF when it ends
 // inside one.
 func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
+	return readMessage(r, maxSize, nil)
+}
+
+// Reader reads messages like ReadMessage, with one payload buffer reused
+// from message to message: a message Next returns, and every document in
+// it, is valid only until the next call. Decode what must outlive it (as
+// Msg.BodyWith does: its result shares no memory with the message).
+type Reader struct {
+	r       io.Reader
+	maxSize int
+	buf     []byte
+}
+
+// NewReader returns a Reader of r; maxSize as for ReadMessage.
+func NewReader(r io.Reader, maxSize int) *Reader {
+	return &Reader{r: r, maxSize: maxSize}
+}
+
+// Next reads the next message; its errors are ReadMessage's.
+func (rd *Reader) Next() (*Message, error) {
+	return readMessage(rd.r, rd.maxSize, &rd.buf)
+}
+
+// readMessage reads one message; when buf is not nil, payloads up to
+// directAllocLimit are read into *buf (grown as needed).
+func readMessage(r io.Reader, maxSize int, buf *[]byte) (*Message, error) {
 	if maxSize <= 0 {
 		maxSize = DefaultMaxMessageSize
 	}
@@ -213,7 +247,7 @@ func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
 		return nil, fmt.Errorf("%w: %w: message length %d exceeds the limit of %d bytes", ErrFraming, ErrTooLarge, h.MessageLength, maxSize)
 	}
 	n := int(h.MessageLength) - HeaderSize
-	payload, err := readPayload(r, n)
+	payload, err := readPayload(r, n, buf)
 	if err != nil {
 		return nil, err
 	}
@@ -232,9 +266,17 @@ func ReadMessage(r io.Reader, maxSize int) (*Message, error) {
 	return m, nil
 }
 
-func readPayload(r io.Reader, n int) ([]byte, error) {
+func readPayload(r io.Reader, n int, reuse *[]byte) ([]byte, error) {
 	if n <= directAllocLimit {
-		buf := make([]byte, n)
+		var buf []byte
+		if reuse != nil {
+			if cap(*reuse) < n {
+				*reuse = make([]byte, max(n, 1024))
+			}
+			buf = (*reuse)[:n]
+		} else {
+			buf = make([]byte, n)
+		}
 		if _, err := io.ReadFull(r, buf); err != nil {
 			return nil, unexpected(err)
 		}
@@ -408,24 +450,46 @@ func checkDoc(b []byte) error {
 	return nil
 }
 
+// msgPrefix is the size of an OP_MSG frame before its body document: the
+// header, flagBits and the body section's kind byte.
+const msgPrefix = HeaderSize + 4 + 1
+
+// StartMsg appends room for an OP_MSG prefix to dst; the body document is
+// appended after it and FinishMsg completes the frame. Together they build
+// a whole frame in a buffer the caller reuses, for one write per reply.
+func StartMsg(dst []byte) []byte {
+	return append(dst, make([]byte, msgPrefix)...)
+}
+
+// FinishMsg fills the prefix of frame, an OP_MSG with a single body section
+// built with StartMsg. flags must not contain FlagChecksumPresent (no
+// checksum is written).
+func FinishMsg(frame []byte, requestID, responseTo int32, flags uint32) error {
+	if flags&FlagChecksumPresent != 0 {
+		return errors.New("wire: OP_MSG checksums are not written; clear FlagChecksumPresent")
+	}
+	if len(frame) < msgPrefix {
+		return errors.New("wire: OP_MSG frame shorter than its prefix")
+	}
+	if err := checkDoc(frame[msgPrefix:]); err != nil {
+		return err
+	}
+	if len(frame) > 1<<31-1 {
+		return errors.New("wire: message too large")
+	}
+	putHeader(frame, len(frame), requestID, responseTo, OpMsg)
+	binary.LittleEndian.PutUint32(frame[16:], flags)
+	frame[20] = 0
+	return nil
+}
+
 // WriteMsg writes an OP_MSG with a single body section. flags must not
 // contain FlagChecksumPresent (no checksum is written).
 func WriteMsg(w io.Writer, requestID, responseTo int32, flags uint32, body []byte) error {
-	if flags&FlagChecksumPresent != 0 {
-		return errors.New("wire: WriteMsg does not write checksums; clear FlagChecksumPresent")
-	}
-	if err := checkDoc(body); err != nil {
+	buf := append(StartMsg(make([]byte, 0, msgPrefix+len(body))), body...)
+	if err := FinishMsg(buf, requestID, responseTo, flags); err != nil {
 		return err
 	}
-	size := HeaderSize + 4 + 1 + len(body)
-	if size > 1<<31-1 {
-		return errors.New("wire: message too large")
-	}
-	buf := make([]byte, size)
-	putHeader(buf, size, requestID, responseTo, OpMsg)
-	binary.LittleEndian.PutUint32(buf[16:], flags)
-	buf[20] = 0
-	copy(buf[21:], body)
 	_, err := w.Write(buf)
 	return err
 }

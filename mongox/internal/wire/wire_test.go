@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/wiremessage"
+
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 )
 
 func mustDoc(t testing.TB, d bson.D) []byte {
@@ -383,4 +385,34 @@ func TestMessageBody(t *testing.T) {
 	require.Equal(t, bson.D{{Key: "isMaster", Value: int32(1)}, {Key: "d", Value: bson.A{bson.D{{Key: "isMaster", Value: int32(1)}}}}}, body)
 	_, err = (&Message{}).Body()
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// TestReaderReusesBufferBodiesSurvive: a Reader reads message after message
+// into one buffer; the bodies decoded from earlier messages keep their
+// values (they share no memory with the buffer).
+func TestReaderReusesBufferBodiesSurvive(t *testing.T) {
+	t.Parallel()
+	var stream bytes.Buffer
+	for i := range 3 {
+		body := mustDoc(t, bson.D{{Key: "insert", Value: "c" + string(rune('a'+i))}, {Key: "$db", Value: "test"}})
+		doc := mustDoc(t, bson.D{{Key: "_id", Value: int32(i)}, {Key: "b", Value: bson.Binary{Data: []byte{byte(i)}}}})
+		stream.Write(opMsg(0, section0(body), section1("documents", doc)))
+	}
+	rd := NewReader(&stream, 0)
+	var bodies []bson.D
+	for range 3 {
+		m, err := rd.Next()
+		require.NoError(t, err)
+		b, err := m.Msg.BodyWith(&bsonkit.Decoder{})
+		require.NoError(t, err)
+		bodies = append(bodies, b)
+	}
+	_, err := rd.Next()
+	require.ErrorIs(t, err, io.EOF)
+	for i, b := range bodies {
+		require.Equal(t, bson.D{
+			{Key: "insert", Value: "c" + string(rune('a'+i))}, {Key: "$db", Value: "test"},
+			{Key: "documents", Value: bson.A{bson.D{{Key: "_id", Value: int32(i)}, {Key: "b", Value: bson.Binary{Data: []byte{byte(i)}}}}}},
+		}, b)
+	}
 }
