@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -337,4 +338,45 @@ func measureLatency(ctx context.Context, e *env, rec *outbox.Client, p *latencyP
 // measured load.
 func offerCounted(ctx context.Context, e *env, rec *outbox.Client, p *latencyProbe, mk func(int) outbox.Event, afterWarmUp func()) (int, error) {
 	return offer(ctx, rec, p, e.opts.rate, e.opts.duration, mk, afterWarmUp)
+}
+
+// latencyRun is one run of the latency phase, reduced to what the ratio
+// needs.
+type latencyRun struct {
+	RelayP50ms   float64 `json:"relay_p50_ms"`
+	RelayP99ms   float64 `json:"relay_p99_ms"`
+	PollingP99ms float64 `json:"polling_p99_ms"`
+	// Ratio is PollingP99ms / RelayP99ms (0 when the relay's p99 is 0).
+	Ratio float64 `json:"polling_p99_over_relay_p99"`
+}
+
+func latencyRuns(ours, polling []latencyResult) []latencyRun {
+	out := make([]latencyRun, len(ours))
+	for i := range ours {
+		out[i] = latencyRun{RelayP50ms: ours[i].P50ms, RelayP99ms: ours[i].P99ms, PollingP99ms: polling[i].P99ms}
+		if ours[i].P99ms > 0 {
+			out[i].Ratio = polling[i].P99ms / ours[i].P99ms
+		}
+	}
+	return out
+}
+
+// medianRun returns the index of the run whose ratio is the median (the
+// lower middle one for an even count).
+func medianRun(runs []latencyRun) int {
+	idx := make([]int, len(runs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(runs[a].Ratio, runs[b].Ratio) })
+	return idx[(len(idx)-1)/2]
+}
+
+// worstRatio returns the smallest ratio of the runs.
+func worstRatio(runs []latencyRun) float64 {
+	w := runs[0].Ratio
+	for _, r := range runs[1:] {
+		w = min(w, r.Ratio)
+	}
+	return w
 }
