@@ -54,6 +54,9 @@ type inboxDoc struct {
 	// PayloadTruncated is set when the payload was too large to store
 	// whole (see storedPayload).
 	PayloadTruncated bool `bson:"payload_truncated,omitempty"`
+	// Unreadable is set on a record parked because its envelope could not
+	// be read; it cannot be re-driven (see redrive_unreadable.go).
+	Unreadable bool `bson:"unreadable,omitempty"`
 }
 
 // errAlreadyDone reports that an event's inbox document is handled or parked.
@@ -130,6 +133,9 @@ func (c *Client) noteFailure(ctx context.Context, env *Envelope, offset int64, p
 	set := bson.D{{Key: "last_error", Value: msg}, {Key: "payload", Value: stored}}
 	if note != "" {
 		set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(payload)})
+	}
+	if isUnreadable(cause) {
+		set = append(set, bson.E{Key: "unreadable", Value: true})
 	}
 	if park {
 		set = append(set, bson.E{Key: "parked", Value: true}, bson.E{Key: "parked_at", Value: now})
@@ -306,6 +312,9 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 		}
 		c.releaseHeld(ctx, *d.HeldBy, d.Partition)
 		return nil
+	}
+	if d.unreadable() {
+		return fmt.Errorf("%w: %s", ErrNotRedrivable, id)
 	}
 	h := c.handlerFor(id.Topic, id.ContentSchema)
 	if h == nil {

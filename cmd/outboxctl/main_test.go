@@ -322,3 +322,28 @@ func TestFailedIDsMustBeObjectIDs(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, `id "123": want the 24 hex digits of an ObjectID`)
 }
+
+// A malformed record that can never be re-driven is refused with the
+// reason, and -all leaves it out.
+func TestParkedRedriveRefusesUnreadable(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	_, err := c.db.Collection("inbox").InsertOne(context.Background(), bson.D{
+		{Key: "_id", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "unknown"}, {Key: "idempotency_key", Value: "malformed:0:9"}}},
+		{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()},
+		{Key: "attempts", Value: int32(1)}, {Key: "last_error", Value: "outbox: malformed record: missing header outbox-version"},
+		{Key: "partition", Value: int32(0)}, {Key: "offset", Value: int64(9)}, {Key: "payload", Value: "junk"}, {Key: "unreadable", Value: true},
+	})
+	require.NoError(t, err)
+	code, _, errOut := c.run("parked", "redrive", "orders/unknown/malformed:0:9")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "malformed record cannot be re-driven")
+	require.Contains(t, errOut, "purge it instead")
+	require.Zero(t, c.count("inbox", requested))
+
+	code, out, errOut := c.run("parked", "redrive", "-all")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "requested re-drive of 2 parked event(s)")
+	require.EqualValues(t, 2, c.count("inbox", requested))
+}
