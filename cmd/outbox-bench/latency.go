@@ -41,7 +41,14 @@ type latencyProbe struct {
 	// produced it) and when a watching consumer fetched it.
 	produced, fetched map[string]time.Time
 	handled           atomic.Int64
+	// run tells the idempotency keys of this probe's events from those of
+	// earlier runs in the same databases: a key seen before is a duplicate
+	// to the inbox, and its handler never runs.
+	run int64
 }
+
+// probeRuns numbers the probes of a process.
+var probeRuns atomic.Int64
 
 // watch follows topic with a plain consumer and notes when each record was
 // produced and fetched, for the latency breakdown.
@@ -101,7 +108,7 @@ func (p *latencyProbe) breakdown() map[string]float64 {
 
 func newLatencyProbe() *latencyProbe {
 	return &latencyProbe{committed: map[string]time.Time{}, started: map[string]time.Time{},
-		produced: map[string]time.Time{}, fetched: map[string]time.Time{}}
+		produced: map[string]time.Time{}, fetched: map[string]time.Time{}, run: probeRuns.Add(1)}
 }
 
 func (p *latencyProbe) commit(key string, at time.Time) {
@@ -149,7 +156,7 @@ func offer(ctx context.Context, rec *outbox.Client, p *latencyProbe, rate int, d
 	// Warm up: one event at a time until one is handled.
 	for i := -1; p.handled.Load() == 0; i-- {
 		if err := rec.Transact(ctx, func(ctx context.Context) error {
-			return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(fmt.Sprintf("warm-%d", -i)))
+			return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(fmt.Sprintf("warm-%d-%d", p.run, -i)))
 		}); err != nil {
 			return 0, fmt.Errorf("warm-up: %w", err)
 		}
@@ -176,7 +183,7 @@ func offer(ctx context.Context, rec *outbox.Client, p *latencyProbe, rate int, d
 	for range writers {
 		wg.Go(func() {
 			for i := range jobs {
-				key := fmt.Sprintf("lat-%d", i)
+				key := fmt.Sprintf("lat-%d-%d", p.run, i)
 				err := rec.Transact(ctx, func(ctx context.Context) error {
 					return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(key))
 				})
