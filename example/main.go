@@ -22,11 +22,14 @@
 // the same servers on consecutive HTTP ports. -payments-format (or
 // PAYMENTS_WIRE_FORMAT) publishes the payments context's events in another
 // wire format: event-outbox (the Python event-outbox library's) or
-// cloudevents; the orders context reads any of them.
+// cloudevents; the orders context reads any of them. -replica-id (or
+// REPLICA_ID) names the process in logs, GET /outbox/status and Kafka
+// client ids; by default it is the host name and process id, so that
+// processes started separately tell themselves apart.
 //
 // Usage:
 //
-//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-payments-format native] [-v]
+//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-replica-id NAME] [-payments-format native] [-v]
 //	go run ./example -healthcheck http://127.0.0.1:8080/healthz
 package main
 

@@ -33,7 +33,12 @@
 //	-partitions  partition counts of the topics, topic=N,... (migrate)
 //
 // Parked event ids have the form topic/schema/key, as "parked list" prints
-// them; failed outbox event ids are hex ObjectIDs. "parked list" shows each
+// them (with -json too: "id" and "held_by" are strings in that form,
+// "inbox_id" has the fields); failed outbox event ids are hex ObjectIDs.
+// "status" fails when the database, or both its outbox and inbox
+// collections, do not exist, and warns when one of the two is missing.
+// "parked redrive" refuses a malformed record whose envelope could not be
+// read (it can never be re-driven: purge it). "parked list" shows each
 // event's state: "parked", or "held" behind an earlier parked event of its
 // partition key (HELD BY), which releases it when re-driven or purged.
 //
