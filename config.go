@@ -50,6 +50,16 @@ type Config struct {
 	// event can sit unpublished forever. Defaults to none (recording
 	// refused; a consume-only service).
 	PublishTopics []string
+	// CreateTopicPartitions, when positive, makes the client create the
+	// topics of PublishTopics that Kafka does not have, with this many
+	// partitions and the brokers' default replication factor, when it
+	// first reads their partition counts (at Run's start, or before the
+	// first Transact that records for them). Choose the count with care:
+	// it caps the replicas that share a topic, and adding partitions later
+	// moves keys to other partitions. Defaults to 0: the topics must exist,
+	// and Record fails with ErrPartitionsUnknown for a topic Kafka does not
+	// have.
+	CreateTopicPartitions int32
 	// WireFormats chooses the wire format of the events recorded for a
 	// topic of PublishTopics (see Format): FormatNative, FormatEventOutbox
 	// (the Python event-outbox library's flat JSON body) or
@@ -265,6 +275,8 @@ func (c Config) validate() error {
 		return bad("PublishBatchSize", "must be at least 1")
 	case c.PublishLinger < 0:
 		return bad("PublishLinger", "must not be negative")
+	case c.CreateTopicPartitions < 0:
+		return bad("CreateTopicPartitions", "must not be negative")
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
 		return bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
 	case c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval:

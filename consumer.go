@@ -486,7 +486,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 	log := c.cfg.Logger.With("topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
 	env, payload, err := decodeRecord(rec)
 	if err != nil {
-		return c.parkMalformed(ctx, stop, kh, &env, rec, err, log)
+		return c.parkMalformed(ctx, stop, kh, &env, rec, unreadable(err), log)
 	}
 	rec = withValue(rec, payload) // from here on the value is the handler's payload
 	h := c.handlerFor(env.Topic, env.ContentSchema)

@@ -134,6 +134,12 @@ var ErrNoHandler = errors.New("outbox: no handler for the event")
 // events follow in order.
 var ErrHeld = errors.New("outbox: event is held behind a parked event of its key")
 
+// ErrNotRedrivable is returned by Admin.RequestRedrive and Client.Redrive
+// for a parked record whose envelope could not be read (see
+// ParkedEvent.LastError): it has no reliable identity and can never be
+// handled. Purge it (Admin.PurgeParked) instead.
+var ErrNotRedrivable = errors.New("outbox: malformed record cannot be re-driven (its envelope could not be read); purge it instead")
+
 // ErrPayloadTruncated is returned when a parked event whose payload was too
 // large to store whole in the inbox is re-driven: only its first bytes are
 // kept, for inspection. Purge it, and replay the record from Kafka if

@@ -1,5 +1,11 @@
 package outbox_test
 
+// The code between the README markers is quoted in README.md ("Embedding it
+// in your service"), imports included; a test in ./example checks that the
+// two agree.
+
+// README: begin embed
+
 import (
 	"context"
 	"errors"
@@ -17,11 +23,6 @@ import (
 
 	"github.com/event-outbox/outbox"
 )
-
-// The code between the README markers is quoted in README.md ("Embedding it
-// in your service"); a test in ./example checks that the two agree.
-
-// README: begin embed
 
 // OrderPlaced is an event: a struct with its topic, its stable type name
 // and its partition key (events with the same key keep their order).

@@ -39,6 +39,9 @@ type inboxDoc struct {
 	// PayloadTruncated is set when the payload was too large to store
 	// whole (see storedPayload).
 	PayloadTruncated bool `bson:"payload_truncated,omitempty"`
+	// Unreadable is set on a record parked because its envelope could not
+	// be read; it cannot be re-driven (see redrive_unreadable.go).
+	Unreadable bool `bson:"unreadable,omitempty"`
 }
 
 // errAlreadyDone reports that an event's inbox document is handled or parked.
@@ -115,6 +118,9 @@ func (c *Client) noteFailure(ctx context.Context, env *Envelope, offset int64, p
 	set := bson.D{{Key: "last_error", Value: msg}, {Key: "payload", Value: stored}}
 	if note != "" {
 		set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(payload)})
+	}
+	if isUnreadable(cause) {
+		set = append(set, bson.E{Key: "unreadable", Value: true})
 	}
 	if park {
 		set = append(set, bson.E{Key: "parked", Value: true}, bson.E{Key: "parked_at", Value: now})

@@ -58,6 +58,10 @@ type ParkedFilter struct {
 	// Limit caps the events listed (ParkedEvents only). Defaults to no
 	// limit.
 	Limit int
+
+	// redrivable leaves out the events that can never be re-driven
+	// (RequestRedrive; see redrive_unreadable.go).
+	redrivable bool
 }
 
 func (f ParkedFilter) query() bson.D {
@@ -77,6 +81,9 @@ func (f ParkedFilter) query() bson.D {
 	}
 	if !f.ParkedBefore.IsZero() {
 		q = append(q, bson.E{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: f.ParkedBefore.UTC()}}})
+	}
+	if f.redrivable {
+		q = append(q, bson.E{Key: "$nor", Value: unreadableConds()})
 	}
 	return q
 }
@@ -176,6 +183,9 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 		c.releaseHeld(ctx, *d.HeldBy, d.Partition)
 		return nil
 	}
+	if d.unreadable() {
+		return fmt.Errorf("%w: %s", ErrNotRedrivable, id)
+	}
 	h := c.handlerFor(id.Topic, id.ContentSchema)
 	if h == nil {
 		return fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
@@ -235,10 +245,17 @@ func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent
 // event whose handler no replica has keeps its request (it shows in
 // StoreStatus.RedriveRequested). A held event (Config.PoisonPolicy
 // HoldKey) is re-driven after the event it is held behind, never alone: a
-// request for it alone is dropped when served. With dryRun nothing changes. It returns
-// how many events were (or would be) marked; when f names IDs and none of
-// them is parked, the error wraps ErrNotParked.
+// request for it alone is dropped when served. A malformed record whose
+// envelope could not be read can never be re-driven: when f names one, the
+// request is refused with ErrNotRedrivable and nothing is marked; a
+// selection without IDs leaves such records out. With dryRun nothing
+// changes. It returns how many events were (or would be) marked; when f
+// names IDs and none of them is parked, the error wraps ErrNotParked.
 func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
+	if err := a.refuseUnreadable(ctx, f); err != nil {
+		return 0, err
+	}
+	f.redrivable = true
 	return a.updateParked(ctx, f, dryRun, "request re-drive of", bson.D{
 		{Key: "$set", Value: bson.D{{Key: "redrive_requested_at", Value: time.Now().UTC()}}},
 	})

@@ -254,7 +254,11 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []s
 		// Closing the client does end it.
 		defer context.AfterFunc(ctx, cl.Close)()
 	}
-	details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	adm := kadm.NewClient(cl)
+	details, err := adm.ListTopics(ctx, topics...)
+	if err == nil {
+		details, err = pc.createMissing(ctx, adm, details, topics)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)

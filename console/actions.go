@@ -107,6 +107,11 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 		case errors.As(err, &bad):
 			c.fail(w, r, http.StatusBadRequest, err)
 			return
+		case errors.Is(err, outbox.ErrNotRedrivable):
+			// A malformed record that can never be re-driven: the message
+			// says to purge it.
+			c.fail(w, r, http.StatusConflict, err)
+			return
 		case err != nil:
 			c.fail(w, r, http.StatusInternalServerError, err)
 			return

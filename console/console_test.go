@@ -410,3 +410,25 @@ func TestSeveralServices(t *testing.T) {
 	_, err = New(Options{Services: []Service{ServiceOf(b.cfg), ServiceOf(b.cfg)}})
 	require.ErrorContains(t, err, "twice")
 }
+
+// A malformed record that can never be re-driven is refused by the
+// console as by outbox.Admin, with the reason, and nothing is marked.
+func TestConsoleRefusesToRedriveUnreadableRecords(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	id := bson.D{{Key: "topic", Value: ordersTopic}, {Key: "content_schema", Value: "unknown"}, {Key: "idempotency_key", Value: "malformed:0:7"}}
+	_, err := b.inbox().InsertOne(context.Background(), bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: false},
+		{Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()}, {Key: "attempts", Value: int32(1)},
+		{Key: "last_error", Value: "outbox: malformed record: missing header outbox-version"}, {Key: "partition", Value: int32(0)},
+		{Key: "offset", Value: int64(7)}, {Key: "payload", Value: "junk"}, {Key: "unreadable", Value: true}})
+	require.NoError(t, err)
+	cl := jarClient(t)
+	_, page := get(t, cl, b.url("parked"))
+	token := csrfOf(t, page)
+	hdr := map[string]string{"Origin": b.srv.URL}
+	code, body := post(t, cl, b.url("redrive"), url.Values{"csrf": {token}, "id": {ordersTopic + "/unknown/malformed:0:7"}}, hdr)
+	require.Equal(t, http.StatusConflict, code, body)
+	require.Contains(t, body, "cannot be re-driven")
+	require.Contains(t, body, "purge it instead")
+	require.Zero(t, count(t, b.inbox(), bson.D{{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}}}))
+}

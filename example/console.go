@@ -23,7 +23,7 @@ import (
 // the README's Operations console section).
 func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 	kc, err := kgo.NewClient(append(slices.Clone(r.stack.kafkaOpts), kgo.SeedBrokers(r.stack.brokers...),
-		kgo.ClientID(fmt.Sprintf("outbox-example-r%d-console", r.id)))...)
+		kgo.ClientID("outbox-example-"+r.name+"-console"))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("console kafka client: %w", err)
 	}

@@ -77,7 +77,7 @@ func setupFormat(t *testing.T, n int, format outbox.Format) *shop {
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
-		r, err := newReplica(i+1, st, ln, log, fastFailover)
+		r, err := newReplica(fmt.Sprintf("test-r%d", i+1), st, ln, log, fastFailover)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -89,9 +89,9 @@ func setupFormat(t *testing.T, n int, format outbox.Format) *shop {
 				cancel()
 				select {
 				case err := <-done:
-					require.NoError(t, err, "replica %d", r.id)
+					require.NoError(t, err, "replica %s", r.name)
 				case <-time.After(time.Minute):
-					t.Errorf("replica %d did not stop within a minute", r.id)
+					t.Errorf("replica %s did not stop within a minute", r.name)
 				}
 			})
 		}
@@ -301,14 +301,41 @@ func TestBadRequests(t *testing.T) {
 		{"no customer", `{"amount": 1}`, http.StatusBadRequest, "customer is required"},
 		{"no amount", `{"customer": "ada"}`, http.StatusBadRequest, "amount is required"},
 		{"zero amount", `{"customer": "ada", "amount": 0}`, http.StatusBadRequest, "positive"},
-		{"fractional amount", `{"customer": "ada", "amount": 1.5}`, http.StatusBadRequest, "amount"},
+		{"fractional amount", `{"customer": "ada", "amount": 1.5}`, http.StatusBadRequest, "amount must be a whole number, got 1.5"},
+		{"amount as a string", `{"customer": "ada", "amount": "42"}`, http.StatusBadRequest, "amount must be a number, got a string"},
+		{"huge amount", `{"customer": "ada", "amount": 1e30}`, http.StatusBadRequest, "amount is out of range"},
+		{"customer as a number", `{"customer": 7, "amount": 1}`, http.StatusBadRequest, "customer must be a string, got a number"},
+		{"array body", `[1]`, http.StatusBadRequest, "the body must be a JSON object, got an array"},
 		{"two values", `{"customer": "ada", "amount": 1} {}`, http.StatusBadRequest, "more than one value"},
 	} {
 		code, body := do(t, http.MethodPost, r.url+"/orders", tc.body)
 		require.Equal(t, tc.code, code, "%s: %v", tc.name, body)
 		require.Contains(t, body["error"], tc.msg, tc.name)
+		// Messages speak JSON, not Go.
+		for _, internal := range []string{"Go struct", "Go value", "int64", "createOrderRequest", "main."} {
+			require.NotContains(t, body["error"], internal, tc.name)
+		}
 	}
-	code, body := do(t, http.MethodPost, r.url+"/orders?fail_after_write=maybe", `{"customer": "ada", "amount": 1}`)
+
+	// JSON has one number type: 1e3 and 1000.0 are the integer 1000.
+	for _, amount := range []string{"1e3", "1000.0", "1E+3"} {
+		code, body := do(t, http.MethodPost, r.url+"/orders", `{"customer": "ada", "amount": `+amount+`}`)
+		require.Equal(t, http.StatusCreated, code, "amount %s: %v", amount, body)
+		require.Equal(t, float64(1000), body["amount"], "amount %s", amount)
+	}
+
+	// Unknown paths and wrong methods answer JSON too (do checks the
+	// content type).
+	code, body := do(t, http.MethodGet, r.url+"/no/such/path", "")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body["error"], "no such endpoint: GET /no/such/path")
+	code, body = do(t, http.MethodDelete, r.url+"/orders/x", "")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Contains(t, body["error"], "method DELETE not allowed on /orders/x")
+	code, body = do(t, http.MethodGet, r.url+"/orders", "")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Contains(t, body["error"], "allowed: POST")
+	code, body = do(t, http.MethodPost, r.url+"/orders?fail_after_write=maybe", `{"customer": "ada", "amount": 1}`)
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body["error"], "fail_after_write")
 
@@ -452,7 +479,7 @@ func (s *shop) statusCoverage(t *testing.T, reps []*runningReplica) (map[string]
 	for _, r := range reps {
 		code, body := do(t, http.MethodGet, r.url+"/outbox/status", "")
 		require.Equal(t, http.StatusOK, code, "body: %v", body)
-		require.Equal(t, float64(r.id), body["replica"], "body: %v", body)
+		require.Equal(t, r.name, body["replica"], "body: %v", body)
 		for _, total := range []string{"pending", "failed", "parked", "oldest_pending_age_seconds"} {
 			require.Contains(t, body, total, "body: %v", body)
 		}
@@ -465,7 +492,7 @@ func (s *shop) statusCoverage(t *testing.T, reps []*runningReplica) (map[string]
 			for _, kind := range []string{"publishing", "handling"} {
 				byTopic, _ := c[kind].(map[string]any)
 				if len(byTopic) == 0 {
-					problem = fmt.Sprintf("replica %d owns nothing for %s %s", r.id, name, kind)
+					problem = fmt.Sprintf("replica %s owns nothing for %s %s", r.name, name, kind)
 				}
 				for topic, ps := range byTopic {
 					for _, p := range ps.([]any) {

@@ -31,6 +31,9 @@ import (
 //	GET  /outbox/ui/                  -> the operations console of both contexts (package console);
 //	                                     actions only when listening on a loopback address
 //	GET  /outbox/charges              -> whether every order was charged exactly once
+//
+// Every error, including 404 for an unknown path and 405 for a wrong
+// method, is JSON: {"error": "..."}.
 func (r *replica) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", r.createOrder)
@@ -44,15 +47,15 @@ func (r *replica) routes() http.Handler {
 	mux.HandleFunc("GET /healthz", r.healthz)
 	mux.Handle("/outbox/ui/", http.StripPrefix("/outbox/ui", r.console))
 	mux.HandleFunc("GET /outbox/charges", r.charges)
-	return mux
+	return jsonErrors(mux)
 }
 
 // maxBody caps request bodies.
 const maxBody = 64 << 10
 
 type createOrderRequest struct {
-	Customer string `json:"customer"`
-	Amount   *int64 `json:"amount"`
+	Customer string       `json:"customer"`
+	Amount   *wholeNumber `json:"amount"`
 }
 
 func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
@@ -80,7 +83,7 @@ func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
 		case errors.Is(err, io.EOF):
 			writeError(w, http.StatusBadRequest, `empty body: want {"customer": "...", "amount": 42}`)
 		default:
-			writeError(w, http.StatusBadRequest, "invalid JSON body: %v", err)
+			writeError(w, http.StatusBadRequest, "%s", bodyError(err))
 		}
 		return
 	}
@@ -104,7 +107,7 @@ func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	o, err := r.orders.Create(req.Context(), body.Customer, *body.Amount, failAfterWrite)
+	o, err := r.orders.Create(req.Context(), body.Customer, int64(*body.Amount), failAfterWrite)
 	switch {
 	case errors.Is(err, errAbortedOnPurpose):
 		writeJSON(w, http.StatusInternalServerError, map[string]any{
@@ -168,7 +171,7 @@ func (r *replica) healthz(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "MongoDB: %v", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "replica": r.id})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "replica": r.name})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -22,11 +22,14 @@
 // the same servers on consecutive HTTP ports. -payments-format (or
 // PAYMENTS_WIRE_FORMAT) publishes the payments context's events in another
 // wire format: event-outbox (the Python event-outbox library's) or
-// cloudevents; the orders context reads any of them.
+// cloudevents; the orders context reads any of them. -replica-id (or
+// REPLICA_ID) names the process in logs, GET /outbox/status and Kafka
+// client ids; by default it is the host name and process id, so that
+// processes started separately tell themselves apart.
 //
 // Usage:
 //
-//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-payments-format native] [-v]
+//	go run ./example [-addr 127.0.0.1:8080] [-replicas 1] [-replica-id NAME] [-payments-format native] [-v]
 //	go run ./example -healthcheck http://127.0.0.1:8080/healthz
 package main
 
@@ -43,6 +46,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -69,6 +73,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "HTTP listen address of the first replica; replica i listens on port+i")
 	replicas := fs.Int("replicas", 1, "number of replicas to run against the same servers")
+	replicaID := fs.String("replica-id", getenv(envReplicaID),
+		"name of this process in logs, /outbox/status and Kafka client ids; with -replicas N each gets -rI appended (default $"+envReplicaID+" or host name-pid)")
 	verbose := fs.Bool("v", false, "debug logs, including the framework's")
 	health := fs.String("healthcheck", "", "GET this URL, exit 0 on a 2xx answer and 1 otherwise (for container health checks)")
 	paymentsFormat := fs.String("payments-format", cmp.Or(getenv(envPaymentsFormat), "native"),
@@ -85,6 +91,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	if *replicas < 1 || *replicas > 64 {
 		return fmt.Errorf("-replicas %d: want 1 to 64", *replicas)
+	}
+	names, err := replicaNames(*replicaID, *replicas)
+	if err != nil {
+		return err
 	}
 	level := slog.LevelInfo
 	if *verbose {
@@ -106,7 +116,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	var reps []*replica
 	for i, ln := range listeners {
-		r, err := newReplica(i+1, st, ln, log, nil)
+		r, err := newReplica(names[i], st, ln, log, nil)
 		if err != nil {
 			for _, r := range reps {
 				r.close()
@@ -126,13 +136,43 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	for _, r := range reps {
 		wg.Go(func() {
 			if err := r.run(ctx); err != nil {
-				once.Do(func() { first = fmt.Errorf("replica %d: %w", r.id, err) })
+				once.Do(func() { first = fmt.Errorf("replica %s: %w", r.name, err) })
 				cancel()
 			}
 		})
 	}
 	wg.Wait()
 	return first
+}
+
+// envReplicaID names the process when -replica-id is not given.
+const envReplicaID = "REPLICA_ID"
+
+// replicaNames names the n replicas of this process. Processes started
+// separately must not share names, so the default is the host name and
+// process id (unique on a host, and across containers, whose host names
+// differ); replicas of one process add -r1, -r2... An explicit name must be
+// short and printable: it goes into Kafka client ids and logs.
+func replicaNames(base string, n int) ([]string, error) {
+	if base == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "example"
+		}
+		base = fmt.Sprintf("%s-%d", host, os.Getpid())
+	} else if len(base) > 64 || strings.IndexFunc(base, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) >= 0 {
+		return nil, fmt.Errorf("-replica-id %q: want at most 64 letters, digits, '.', '_' or '-'", base)
+	}
+	if n == 1 {
+		return []string{base}, nil
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-r%d", base, i+1)
+	}
+	return names, nil
 }
 
 // listen opens n listeners on consecutive ports starting at addr's port

@@ -25,6 +25,10 @@ func TestREADMEEmbedSnippet(t *testing.T) {
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	require.True(t, i >= 0 && j > i, "markers missing in example_service_test.go")
 	snippet := strings.Trim(s[i+len(begin):j], "\n")
+	// A reader copies the snippet: it must say where outbox, mongo and
+	// bson come from.
+	require.True(t, strings.HasPrefix(snippet, "import ("), "the snippet starts with its imports")
+	require.Contains(t, snippet, `"github.com/event-outbox/outbox"`)
 	require.Contains(t, string(readme), "```go\n"+snippet+"\n```",
 		"README.md's embedding snippet differs from Example_service in example_service_test.go: copy it over")
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -29,7 +28,9 @@ const (
 // contexts, each with its own framework Client, behind one HTTP server.
 // Replicas of the same stack split the Kafka partitions between them.
 type replica struct {
-	id       int
+	// name tells replicas apart in logs, GET /outbox/status and Kafka
+	// client ids (see replicaNames).
+	name     string
 	log      *slog.Logger
 	stack    *stack
 	orders   *ordersService
@@ -47,9 +48,9 @@ type replica struct {
 // timeouts with it).
 type tuning func(*outbox.Config)
 
-// newReplica wires a replica listening on ln.
-func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tuning) (*replica, error) {
-	log = log.With("replica", id)
+// newReplica wires a replica named name listening on ln.
+func newReplica(name string, st *stack, ln net.Listener, log *slog.Logger, tune tuning) (*replica, error) {
+	log = log.With("replica", name)
 	m, err := newMetrics()
 	if err != nil {
 		return nil, err
@@ -62,7 +63,6 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 	if tune != nil {
 		tune(&base)
 	}
-	host, _ := os.Hostname()
 	// configure fills in what differs between the contexts. The Kafka
 	// client id names the replica, so that operators can tell the members
 	// of the groups apart (kafka-consumer-groups.sh --describe --members).
@@ -75,7 +75,7 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 		}
 		cfg.Logger = log.With("service", service)
 		cfg.MeterProvider = m.forService(service)
-		clientID := fmt.Sprintf("outbox-example-%s-%d-r%d-%s", host, os.Getpid(), id, service)
+		clientID := "outbox-example-" + name + "-" + service
 		cfg.KafkaOptions = append(slices.Clone(cfg.KafkaOptions), kgo.ClientID(clientID))
 	}
 
@@ -96,7 +96,7 @@ func newReplica(id int, st *stack, ln net.Listener, log *slog.Logger, tune tunin
 	}
 
 	r := &replica{
-		id:       id,
+		name:     name,
 		log:      log,
 		stack:    st,
 		orders:   newOrdersService(oc, st.mongo.Database(ordersDB)),

@@ -12,7 +12,9 @@ import (
 // replicaStatus is the body of GET /outbox/status: the framework's Status
 // of both bounded contexts, and totals over them.
 type replicaStatus struct {
-	Replica int `json:"replica"`
+	// Replica names this replica (-replica-id, REPLICA_ID, or host name
+	// and process id).
+	Replica string `json:"replica"`
 	// Pending, Failed and Parked add up the contexts' counts. The
 	// collections are shared by every replica, so the counts are the
 	// service's, not this replica's.
@@ -38,7 +40,7 @@ type replicaStatus struct {
 func (r *replica) status(ctx context.Context) (replicaStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	out := replicaStatus{Replica: r.id, Contexts: map[string]outbox.Status{}}
+	out := replicaStatus{Replica: r.name, Contexts: map[string]outbox.Status{}}
 	var errs []error
 	for name, c := range r.clients() {
 		st, err := c.Status(ctx)

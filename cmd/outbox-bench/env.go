@@ -156,6 +156,7 @@ type options_ struct {
 	events        int
 	backlog       int
 	rate          int
+	latencyRuns   int
 	mongoURI      string
 	brokers       string
 	servers       string
@@ -274,6 +275,8 @@ func phaseTopics(phase string) []string {
 		return []string{topics.raw}
 	case "relay":
 		return []string{topics.relay}
+	case "floor":
+		return []string{topics.floor}
 	case "naive":
 		return []string{topics.naive}
 	case "polling":

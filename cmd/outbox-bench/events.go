@@ -8,11 +8,12 @@ import (
 // Topic names of the benchmark. They get a per-run suffix (see setTopics) so
 // that runs against shared real brokers never see each other's records.
 var topics = struct {
-	relay, raw, naive, poll, latency, pollLatency, consume, memory string
+	relay, floor, raw, naive, poll, latency, pollLatency, consume, memory string
 }{}
 
 func setTopics(suffix string) {
 	topics.relay = "bench.relay." + suffix
+	topics.floor = "bench.floor." + suffix
 	topics.raw = "bench.raw." + suffix
 	topics.naive = "bench.naive." + suffix
 	topics.poll = "bench.poll." + suffix
@@ -23,7 +24,7 @@ func setTopics(suffix string) {
 }
 
 func allTopics() []string {
-	return []string{topics.relay, topics.raw, topics.naive, topics.poll, topics.latency,
+	return []string{topics.relay, topics.floor, topics.raw, topics.naive, topics.poll, topics.latency,
 		topics.pollLatency, topics.consume, topics.memory}
 }
 
@@ -45,6 +46,7 @@ func keyOf(n int) string { return "key-" + strconv.Itoa(n) }
 // One event type per topic: an event's topic is a method of its type.
 type (
 	relayEvent       struct{ payload }
+	floorEvent       struct{ payload }
 	naiveEvent       struct{ payload }
 	pollEvent        struct{ payload }
 	latencyEvent     struct{ payload }
@@ -56,6 +58,9 @@ type (
 func (relayEvent) Topic() string                { return topics.relay }
 func (relayEvent) ContentSchema() string        { return "BenchRelay.v1" }
 func (e relayEvent) PartitionKey() string       { return keyOf(e.N) }
+func (floorEvent) Topic() string                { return topics.floor }
+func (floorEvent) ContentSchema() string        { return "BenchFloor.v1" }
+func (e floorEvent) PartitionKey() string       { return keyOf(e.N) }
 func (naiveEvent) Topic() string                { return topics.naive }
 func (naiveEvent) ContentSchema() string        { return "BenchNaive.v1" }
 func (e naiveEvent) PartitionKey() string       { return keyOf(e.N) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -40,7 +41,14 @@ type latencyProbe struct {
 	// produced it) and when a watching consumer fetched it.
 	produced, fetched map[string]time.Time
 	handled           atomic.Int64
+	// run tells the idempotency keys of this probe's events from those of
+	// earlier runs in the same databases: a key seen before is a duplicate
+	// to the inbox, and its handler never runs.
+	run int64
 }
+
+// probeRuns numbers the probes of a process.
+var probeRuns atomic.Int64
 
 // watch follows topic with a plain consumer and notes when each record was
 // produced and fetched, for the latency breakdown.
@@ -100,7 +108,7 @@ func (p *latencyProbe) breakdown() map[string]float64 {
 
 func newLatencyProbe() *latencyProbe {
 	return &latencyProbe{committed: map[string]time.Time{}, started: map[string]time.Time{},
-		produced: map[string]time.Time{}, fetched: map[string]time.Time{}}
+		produced: map[string]time.Time{}, fetched: map[string]time.Time{}, run: probeRuns.Add(1)}
 }
 
 func (p *latencyProbe) commit(key string, at time.Time) {
@@ -148,7 +156,7 @@ func offer(ctx context.Context, rec *outbox.Client, p *latencyProbe, rate int, d
 	// Warm up: one event at a time until one is handled.
 	for i := -1; p.handled.Load() == 0; i-- {
 		if err := rec.Transact(ctx, func(ctx context.Context) error {
-			return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(fmt.Sprintf("warm-%d", -i)))
+			return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(fmt.Sprintf("warm-%d-%d", p.run, -i)))
 		}); err != nil {
 			return 0, fmt.Errorf("warm-up: %w", err)
 		}
@@ -175,7 +183,7 @@ func offer(ctx context.Context, rec *outbox.Client, p *latencyProbe, rate int, d
 	for range writers {
 		wg.Go(func() {
 			for i := range jobs {
-				key := fmt.Sprintf("lat-%d", i)
+				key := fmt.Sprintf("lat-%d-%d", p.run, i)
 				err := rec.Transact(ctx, func(ctx context.Context) error {
 					return outbox.Record(ctx, mk(i), outbox.WithIdempotencyKey(key))
 				})
@@ -337,4 +345,45 @@ func measureLatency(ctx context.Context, e *env, rec *outbox.Client, p *latencyP
 // measured load.
 func offerCounted(ctx context.Context, e *env, rec *outbox.Client, p *latencyProbe, mk func(int) outbox.Event, afterWarmUp func()) (int, error) {
 	return offer(ctx, rec, p, e.opts.rate, e.opts.duration, mk, afterWarmUp)
+}
+
+// latencyRun is one run of the latency phase, reduced to what the ratio
+// needs.
+type latencyRun struct {
+	RelayP50ms   float64 `json:"relay_p50_ms"`
+	RelayP99ms   float64 `json:"relay_p99_ms"`
+	PollingP99ms float64 `json:"polling_p99_ms"`
+	// Ratio is PollingP99ms / RelayP99ms (0 when the relay's p99 is 0).
+	Ratio float64 `json:"polling_p99_over_relay_p99"`
+}
+
+func latencyRuns(ours, polling []latencyResult) []latencyRun {
+	out := make([]latencyRun, len(ours))
+	for i := range ours {
+		out[i] = latencyRun{RelayP50ms: ours[i].P50ms, RelayP99ms: ours[i].P99ms, PollingP99ms: polling[i].P99ms}
+		if ours[i].P99ms > 0 {
+			out[i].Ratio = polling[i].P99ms / ours[i].P99ms
+		}
+	}
+	return out
+}
+
+// medianRun returns the index of the run whose ratio is the median (the
+// lower middle one for an even count).
+func medianRun(runs []latencyRun) int {
+	idx := make([]int, len(runs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(runs[a].Ratio, runs[b].Ratio) })
+	return idx[(len(idx)-1)/2]
+}
+
+// worstRatio returns the smallest ratio of the runs.
+func worstRatio(runs []latencyRun) float64 {
+	w := runs[0].Ratio
+	for _, r := range runs[1:] {
+		w = min(w, r.Ratio)
+	}
+	return w
 }

@@ -25,9 +25,10 @@ func TestSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errs bytes.Buffer
-	err := run(ctx, []string{"-duration", "300ms", "-events", "600", "-backlog", "1000", "-rate", "200", "-partitions", "3"}, &out, &errs)
+	err := run(ctx, []string{"-duration", "300ms", "-events", "600", "-backlog", "1000", "-rate", "200", "-partitions", "3", "-latency-runs", "2"}, &out, &errs)
 	require.NoError(t, err, errs.String())
-	for _, want := range []string{"raw franz-go produce", "outbox relay (backlog)", "naive relay", "polling relay",
+	for _, want := range []string{"raw franz-go produce", "outbox relay (backlog)", "floor: the relay's MongoDB work", "naive relay", "polling relay",
+		"latency runs", "run 2", "worst of 2 runs", "relay / its MongoDB work alone (floor)",
 		"outbox consumer", "bare one-document", "latency commit", "memory, backlog of 1000", "target"} {
 		require.Contains(t, out.String(), want)
 	}
@@ -40,13 +41,15 @@ func TestJSON(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out, errs bytes.Buffer
-	err := run(ctx, []string{"-json", "-events", "300", "-partitions", "2", "-phases", "raw,relay"}, &out, &errs)
+	err := run(ctx, []string{"-json", "-events", "300", "-partitions", "2", "-phases", "raw,relay,floor"}, &out, &errs)
 	require.NoError(t, err, errs.String())
 	var r results
 	require.NoError(t, json.Unmarshal(out.Bytes(), &r))
 	require.NotNil(t, r.Raw)
 	require.NotNil(t, r.Relay)
 	require.Equal(t, 300, r.Relay.Events)
+	require.NotNil(t, r.Floor)
+	require.Equal(t, 300, r.Floor.Events)
 	require.Nil(t, r.Consume)
 	require.NotEmpty(t, r.Targets)
 }
@@ -58,4 +61,18 @@ func TestBadFlags(t *testing.T) {
 	err = run(context.Background(), []string{"-partitions", "0"}, &out, &errs)
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "must be positive"))
+}
+
+func TestLatencyRunsMedianAndWorst(t *testing.T) {
+	runs := latencyRuns(
+		[]latencyResult{{P50ms: 1, P99ms: 10}, {P50ms: 1, P99ms: 5}, {P50ms: 1, P99ms: 20}, {P99ms: 0}},
+		[]latencyResult{{P99ms: 110}, {P99ms: 100}, {P99ms: 100}, {P99ms: 100}})
+	require.InDelta(t, 11, runs[0].Ratio, 1e-9)
+	require.InDelta(t, 20, runs[1].Ratio, 1e-9)
+	require.InDelta(t, 5, runs[2].Ratio, 1e-9)
+	require.Zero(t, runs[3].Ratio, "no ratio without a relay p99")
+	require.Equal(t, 2, medianRun(runs), "ratios 0, 5, 11, 20: the lower middle one is 5")
+	require.Equal(t, 0, medianRun(runs[:3]), "ratios 5, 11, 20: 11")
+	require.Zero(t, worstRatio(runs))
+	require.InDelta(t, 5, worstRatio(runs[:3]), 1e-9)
 }

@@ -46,7 +46,8 @@ func TestParkedListShowsHeld(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &listed))
 	require.Len(t, listed, 2)
 	require.Equal(t, "held", listed[1]["state"])
-	require.Equal(t, "head", listed[1]["held_by"].(map[string]any)["idempotency_key"])
+	require.Equal(t, "orders/Evt.v1/held", listed[1]["id"])
+	require.Equal(t, "orders/Evt.v1/head", listed[1]["held_by"], "the id re-drive and purge take")
 
 	code, out, _ = c.run("status")
 	require.Equal(t, exitOK, code)

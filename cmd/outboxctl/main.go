@@ -33,7 +33,12 @@
 //	-partitions  partition counts of the topics, topic=N,... (migrate)
 //
 // Parked event ids have the form topic/schema/key, as "parked list" prints
-// them; failed outbox event ids are hex ObjectIDs. "parked list" shows each
+// them (with -json too: "id" and "held_by" are strings in that form,
+// "inbox_id" has the fields); failed outbox event ids are hex ObjectIDs.
+// "status" fails when the database, or both its outbox and inbox
+// collections, do not exist, and warns when one of the two is missing.
+// "parked redrive" refuses a malformed record whose envelope could not be
+// read (it can never be re-driven: purge it). "parked list" shows each
 // event's state: "parked", or "held" behind an earlier parked event of its
 // partition key (HELD BY), which releases it when re-driven or purged.
 //
@@ -69,6 +74,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -113,6 +119,11 @@ type cliOptions struct {
 	// ui only
 	addr, brokers, services string
 	actions, findIndexes    bool
+
+	// stderr receives warnings; mdb is the service's database once
+	// connected.
+	stderr io.Writer
+	mdb    *mongo.Database
 }
 
 func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOptions, error) {
@@ -194,6 +205,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		secret = password(o.uri)
 	}
 	if err == nil {
+		o.stderr = stderr
 		err = o.execute(ctx, stdout)
 	}
 	var uerr *usageError
@@ -254,8 +266,14 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 			}
 		}
 	case o.words[0] == "outbox" && o.words[2] != "list":
-		if _, err := o.ids(3, "outbox failed "+o.words[2]); err != nil {
+		ids, err := o.ids(3, "outbox failed "+o.words[2])
+		if err != nil {
 			return err
+		}
+		for _, s := range ids {
+			if _, err := bson.ObjectIDFromHex(s); err != nil {
+				return usagef("outbox failed %s: id %q: want the 24 hex digits of an ObjectID, as \"outbox failed list\" prints them", o.words[2], s)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
@@ -279,8 +297,58 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 		defer dcancel()
 		_ = client.Disconnect(dctx)
 	}()
-	admin := outbox.NewAdmin(client.Database(o.db), o.outbox, o.inbox)
+	o.mdb = client.Database(o.db)
+	admin := outbox.NewAdmin(o.mdb, o.outbox, o.inbox)
 	return do(ctx, admin, stdout)
+}
+
+// checkCollections fails when the service's database or both of its
+// collections do not exist, and warns when one of them does not (a service
+// that only publishes has no inbox; one that only consumes may have no
+// outbox).
+func (o *cliOptions) checkCollections(ctx context.Context) error {
+	names, err := o.mdb.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$in", Value: bson.A{o.outbox, o.inbox}}}}})
+	if err != nil {
+		return fmt.Errorf("list the collections of %s: %w", o.db, err)
+	}
+	switch {
+	case len(names) == 0:
+		dbs, err := o.mdb.Client().ListDatabaseNames(ctx, bson.D{{Key: "name", Value: o.db}})
+		if err == nil && len(dbs) == 0 {
+			return fmt.Errorf("database %q does not exist (check -db or $OUTBOX_DB)", o.db)
+		}
+		return fmt.Errorf("database %q has neither an outbox collection %q nor an inbox collection %q (check -db, -outbox and -inbox)",
+			o.db, o.outbox, o.inbox)
+	case len(names) == 1:
+		missing, role := o.inbox, "inbox"
+		if names[0] == o.inbox {
+			missing, role = o.outbox, "outbox"
+		}
+		fmt.Fprintf(o.stderr, "outboxctl: warning: database %q has no %s collection %q: its counts read 0 (check -%s if the service has one)\n",
+			o.db, role, missing, role)
+	}
+	return nil
+}
+
+// parkedEventJSON is a parked event as "parked list -json" prints it: the
+// ids in the topic/schema/key form that "parked redrive" and "parked
+// purge" take, and the id's fields under inbox_id.
+type parkedEventJSON struct {
+	ID      string         `json:"id"`
+	InboxID outbox.InboxID `json:"inbox_id"`
+	HeldBy  string         `json:"held_by,omitempty"`
+	outbox.ParkedEvent
+}
+
+func parkedJSON(events []outbox.ParkedEvent) []parkedEventJSON {
+	out := make([]parkedEventJSON, len(events))
+	for i, e := range events {
+		out[i] = parkedEventJSON{ID: e.ID.String(), InboxID: e.ID, ParkedEvent: e}
+		if e.HeldBy != nil {
+			out[i].HeldBy = e.HeldBy.String()
+		}
+	}
+	return out
 }
 
 // parkedFilter builds the selection of the parked commands from -topic,
@@ -313,6 +381,11 @@ func (o *cliOptions) ids(n int, what string) ([]string, error) {
 }
 
 func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	// A mistyped -db, -outbox or -inbox reads as a healthy, empty service:
+	// say so instead.
+	if err := o.checkCollections(ctx); err != nil {
+		return err
+	}
 	st, err := admin.StoreStatus(ctx)
 	if err != nil {
 		return err
@@ -345,7 +418,7 @@ func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.W
 		return err
 	}
 	if o.json {
-		return writeJSON(w, events)
+		return writeJSON(w, parkedJSON(events))
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tHELD BY\tPARKED AT\tATTEMPTS\tPARTITION@OFFSET\tREDRIVE\tLAST ERROR")

@@ -123,7 +123,13 @@ func TestParkedListRedrivePurge(t *testing.T) {
 	var listed []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &listed))
 	require.Len(t, listed, 1)
-	require.Equal(t, "k-2", listed[0]["id"].(map[string]any)["idempotency_key"])
+	// The id in the form redrive and purge take, and its fields.
+	require.Equal(t, "payments/Evt.v1/k-2", listed[0]["id"])
+	require.Equal(t, "k-2", listed[0]["inbox_id"].(map[string]any)["idempotency_key"])
+	require.EqualValues(t, 41, listed[0]["offset"])
+	code, out, errOut = c.run("-dry-run", "parked", "redrive", listed[0]["id"].(string))
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would request re-drive of 1")
 
 	// Re-drive one: a dry run changes nothing.
 	code, out, _ = c.run("-dry-run", "parked", "redrive", "orders/Evt.v1/k-1")
@@ -200,12 +206,14 @@ func TestUsageAndEnvironment(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, stderr.String(), "MONGODB_URI")
 
+	c.seed()
 	env := map[string]string{"MONGODB_URI": c.uri, "OUTBOX_DB": c.db.Name()}
 	stderr.Reset()
 	code = run(context.Background(), []string{"status", "-json"}, &stdout, &stderr, func(k string) string { return env[k] })
 	require.Equal(t, exitOK, code, stderr.String())
 
-	for _, args := range [][]string{{"frobnicate"}, {"parked"}, {"outbox", "failed"}, {"status", "-no-such-flag"}, {"status", "-before", "yesterday"}} {
+	for _, args := range [][]string{{"frobnicate"}, {"parked"}, {"outbox", "failed"}, {"status", "-no-such-flag"}, {"status", "-before", "yesterday"},
+		{"outbox", "failed", "retry", "123"}, {"outbox", "failed", "discard", "6650a1b2c3d4e5f601234567", "nope"}, {"parked", "redrive", "no-slashes"}} {
 		code, _, _ := c.run(args...)
 		require.Equal(t, exitUsage, code, args)
 	}
@@ -274,4 +282,68 @@ func TestOutboxFailedHeldAndDiscard(t *testing.T) {
 	code, out, _ = c.run("status")
 	require.Equal(t, exitOK, code)
 	require.Regexp(t, `failed\s+0\s+held keys 0, held events 0`, out)
+}
+
+// A mistyped database or collection name must not read as a healthy,
+// empty service.
+func TestStatusOfMissingDatabaseOrCollections(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-uri", c.uri, "-db", c.db.Name() + "_no_such_db", "status"}, &stdout, &stderr, c.getenv)
+	require.Equal(t, exitFailure, code, stdout.String())
+	require.Contains(t, stderr.String(), `database "`+c.db.Name()+`_no_such_db" does not exist`)
+	require.Empty(t, stdout.String())
+
+	// The database exists, the collections do not.
+	_, err := c.db.Collection("business").InsertOne(context.Background(), bson.D{{Key: "x", Value: 1}})
+	require.NoError(t, err)
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitFailure, code, out)
+	require.Contains(t, errOut, `neither an outbox collection "outbox" nor an inbox collection "inbox"`)
+	code, _, errOut = c.run("-outbox", "outbx", "status", "-json")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, `"outbx"`)
+
+	// A service that only publishes has no inbox: a warning, exit 0.
+	_, err = c.db.Collection("outbox").InsertOne(context.Background(), bson.D{{Key: "published", Value: true}})
+	require.NoError(t, err)
+	code, out, errOut = c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, errOut, `warning: database "`+c.db.Name()+`" has no inbox collection "inbox"`)
+	require.Regexp(t, `pending\s+0`, out)
+}
+
+func TestFailedIDsMustBeObjectIDs(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	code, _, errOut := c.run("outbox", "failed", "retry", "123")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, `id "123": want the 24 hex digits of an ObjectID`)
+}
+
+// A malformed record that can never be re-driven is refused with the
+// reason, and -all leaves it out.
+func TestParkedRedriveRefusesUnreadable(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	_, err := c.db.Collection("inbox").InsertOne(context.Background(), bson.D{
+		{Key: "_id", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "unknown"}, {Key: "idempotency_key", Value: "malformed:0:9"}}},
+		{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()},
+		{Key: "attempts", Value: int32(1)}, {Key: "last_error", Value: "outbox: malformed record: missing header outbox-version"},
+		{Key: "partition", Value: int32(0)}, {Key: "offset", Value: int64(9)}, {Key: "payload", Value: "junk"}, {Key: "unreadable", Value: true},
+	})
+	require.NoError(t, err)
+	code, _, errOut := c.run("parked", "redrive", "orders/unknown/malformed:0:9")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errOut, "malformed record cannot be re-driven")
+	require.Contains(t, errOut, "purge it instead")
+	require.Zero(t, c.count("inbox", requested))
+
+	code, out, errOut := c.run("parked", "redrive", "-all")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "requested re-drive of 2 parked event(s)")
+	require.EqualValues(t, 2, c.count("inbox", requested))
 }

@@ -1,0 +1,97 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Unreadable records.
+//
+// A record whose envelope cannot be read (no idempotency key, no content
+// schema, an unknown wire format, a bad occurred-at time...) is parked at
+// once as malformed, under the identity the consumer could make out: its
+// content schema "unknown" when it had none, its idempotency key
+// "malformed:<partition>:<offset>" when it had none (an invented key that
+// would turn every redelivery of the event into a new one). Such an event
+// can never be re-driven: no handler is registered for "unknown", and
+// handling it under an invented key would break the inbox's dedup. So it is
+// stored with unreadable: true, re-drive requests for it are refused
+// (ErrNotRedrivable) instead of waiting for a consumer that will never
+// serve them, and the way out is to purge it (its held events then go on)
+// and, if it mattered, have its producer send it again correctly.
+//
+// A record whose envelope is fine but whose payload does not decode into
+// the handler's type, or fails its validation, is malformed too but not
+// unreadable: a later version of the service may accept it, so it can be
+// re-driven (and stays parked with the new error while it still fails).
+
+// unreadableError marks the decoding error of a record's envelope, so that
+// noteFailure stores the parked document as unreadable.
+type unreadableError struct{ err error }
+
+func (e *unreadableError) Error() string { return e.err.Error() }
+func (e *unreadableError) Unwrap() error { return e.err }
+
+// unreadable wraps the error of decodeRecord.
+func unreadable(err error) error { return &unreadableError{err} }
+
+// isUnreadable reports whether a parking cause is an unreadable envelope.
+func isUnreadable(cause error) bool {
+	var u *unreadableError
+	return errors.As(cause, &u)
+}
+
+// inventedKeyPrefix starts the idempotency key the consumer gives a record
+// that has none (parkMalformed). Documents parked before the unreadable
+// flag existed are recognised by it.
+const inventedKeyPrefix = "malformed:"
+
+// unreadableConds matches the parked documents that cannot be re-driven.
+func unreadableConds() bson.A {
+	return bson.A{
+		bson.D{{Key: "unreadable", Value: true}},
+		bson.D{{Key: "_id.idempotency_key", Value: bson.D{{Key: "$regex", Value: "^" + inventedKeyPrefix}}}},
+	}
+}
+
+// unreadable reports whether a stored parked event can never be re-driven.
+func (d *inboxDoc) unreadable() bool {
+	return d.Unreadable || strings.HasPrefix(d.ID.IdempotencyKey, inventedKeyPrefix)
+}
+
+// refuseUnreadable fails with ErrNotRedrivable, naming them, when the ids
+// f names include unreadable events. A selection without ids (a topic,
+// all) skips them instead (see ParkedFilter.query).
+func (a *Admin) refuseUnreadable(ctx context.Context, f ParkedFilter) error {
+	if len(f.IDs) == 0 {
+		return nil
+	}
+	q := append(f.query(), bson.E{Key: "$or", Value: unreadableConds()})
+	cur, err := a.inbox.Find(ctx, q, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(4))
+	if err != nil {
+		return fmt.Errorf("outbox: request re-drive of parked events: %w", err)
+	}
+	var docs []struct {
+		ID InboxID `bson:"_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return fmt.Errorf("outbox: request re-drive of parked events: %w", err)
+	}
+	if len(docs) == 0 {
+		return nil
+	}
+	names := make([]string, 0, 3)
+	for i, d := range docs {
+		if i == 3 {
+			names = append(names, "...")
+			break
+		}
+		names = append(names, d.ID.String())
+	}
+	return fmt.Errorf("%w: %s", ErrNotRedrivable, strings.Join(names, ", "))
+}
