@@ -190,6 +190,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		mongoURI = srv.URI()
 	}
 	sessionTimeout := 6 * time.Second
+	var rebalanceTimeout time.Duration // kgo's default (60 s) on real Kafka
 	if len(brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 		if err != nil {
@@ -199,6 +200,15 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		h.cluster = c
 		brokers = c.ListenAddrs()
 		sessionTimeout = 4 * time.Second
+		// kfake expires a member waiting in JoinGroup once its session
+		// timeout passes since its last heartbeat, and never answers its
+		// join (Kafka counts a member awaiting join or sync as alive). A
+		// rebalance slowed by a replica whose revoke waits for a slow
+		// handler then leaves the other members hanging until kgo's join
+		// deadline, the rebalance timeout plus 10 s, again and again: with
+		// the default 60 s the group stalled past the quiescence wait. A
+		// short rebalance timeout bounds each hang.
+		rebalanceTimeout = 2 * sessionTimeout
 		// Count rebalances: every (group, generation) synced.
 		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Observe: true, Count: -1, When: func(r kmsg.Request) bool {
 			if req, ok := r.(*kmsg.SyncGroupRequest); ok {
@@ -238,7 +248,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	service := "chaos-" + runID
 	h.env = &replicaEnv{mongoURI: mongoURI, brokers: brokers, database: h.db.Name(), service: service,
 		logger: cfg.logger, work: h.work, appName: "chaos-replica"}
-	h.env.sessionTimeout = sessionTimeout
+	h.env.sessionTimeout, h.env.rebalanceTimeout = sessionTimeout, rebalanceTimeout
 	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
 		groups: []string{service, service + ".outbox-publisher"}}
 

@@ -43,6 +43,8 @@ type replicaEnv struct {
 	appName  string
 	// sessionTimeout is the Kafka group session timeout of the replicas.
 	sessionTimeout time.Duration
+	// rebalanceTimeout, when set, is the replicas' kgo.RebalanceTimeout.
+	rebalanceTimeout time.Duration
 }
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
@@ -61,11 +63,15 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 	if err != nil {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
 	}
+	kafkaOpts := []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)})}
+	if env.rebalanceTimeout > 0 {
+		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
+	}
 	client, err := outbox.New(outbox.Config{
 		Mongo:             mc,
 		Database:          env.database,
 		Brokers:           env.brokers,
-		KafkaOptions:      []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)})},
+		KafkaOptions:      kafkaOpts,
 		Service:           env.service,
 		PublishTopics:     []string{chaosTopic()},
 		MaxAttempts:       6,
