@@ -353,6 +353,10 @@ func (c *Client) startRedriveRequests(ctx, work context.Context) (wait func()) {
 				c.cfg.Logger.Warn("outbox: reading re-drive requests failed", "err", err)
 				c.tel.setError(err)
 			}
+			if err := c.resumeOrphanChains(ctx, work); err != nil && ctx.Err() == nil {
+				c.cfg.Logger.Warn("outbox: looking for interrupted releases of held events failed", "err", err)
+				c.tel.setError(err)
+			}
 		}
 	})
 	return wg.Wait

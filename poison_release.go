@@ -163,3 +163,59 @@ func withTransaction(ctx context.Context, coll *mongo.Collection, fn func(ctx co
 	}, txnOptions())
 	return err
 }
+
+// resumeOrphanChains finishes the releases that were cut short. A chain's
+// anchor is handled or purged before its held events are released
+// (Redrive, PurgeParked), in separate transactions: a process that dies or
+// is stopped in between, or a release interrupted by an error, leaves events
+// held behind an anchor that is no longer parked, and nothing else would
+// ever release them. Run by the re-drive loop of every running consumer:
+// one aggregation over the parked documents (partial index inbox_parked
+// holds only those) and one read by _id per chain; a chain is resumed by
+// the consumer that subscribes to its topic, in order (releaseHeld; two
+// replicas resuming the same chain conflict on each event, and at most one
+// handles it).
+func (c *Client) resumeOrphanChains(ctx, work context.Context) error {
+	cur, err := c.inbox.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "parked", Value: true}, {Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}}}}},
+		{{Key: "$group", Value: bson.D{
+			{Key: "_id", Value: bson.D{{Key: "anchor", Value: "$held_by"}, {Key: "partition", Value: "$partition"}}},
+		}}},
+		{{Key: "$limit", Value: 1000}},
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: find chains of held events: %w", err)
+	}
+	var chains []struct {
+		ID struct {
+			Anchor    InboxID `bson:"anchor"`
+			Partition int32   `bson:"partition"`
+		} `bson:"_id"`
+	}
+	if err := cur.All(ctx, &chains); err != nil {
+		return fmt.Errorf("outbox: read chains of held events: %w", err)
+	}
+	subscribed := map[string]bool{}
+	for _, t := range c.subscribedTopics() {
+		subscribed[t] = true
+	}
+	for _, ch := range chains {
+		anchor, partition := ch.ID.Anchor, ch.ID.Partition
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !subscribed[anchor.Topic] {
+			continue
+		}
+		n, err := c.inbox.CountDocuments(ctx, bson.D{{Key: "_id", Value: anchor}, {Key: "parked", Value: true}})
+		if err != nil {
+			return fmt.Errorf("outbox: read the anchor of held events: %w", err)
+		}
+		if n > 0 {
+			continue // its head is still parked: the key is rightly held
+		}
+		c.cfg.Logger.Info("outbox: resuming the release of events held behind an event no longer parked", "held_by", anchor.String())
+		c.releaseHeld(work, anchor, partition)
+	}
+	return nil
+}

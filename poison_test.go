@@ -213,6 +213,32 @@ func TestHoldKeyPurgeReleasesHeld(t *testing.T) {
 	eventually(t, "a4 handled", func() bool { return len(h.effectKeys(t, "A")) == 3 })
 }
 
+// A release cut short (the process died after the head was handled or
+// purged, before its held events were released) is finished by a running
+// consumer: the held events are handled, in order, without an operator.
+func TestInterruptedReleaseIsResumed(t *testing.T) {
+	t.Parallel()
+	h := holdSetup(t, nil)
+	b, c := h.b, h.c
+	ctx := context.Background()
+	h.setFailing("a1")
+	start(t, c)
+	for i, id := range []string{"a1", "a2", "a3"} {
+		b.produce(t, b.keyed(id, "A"), b.payload(t, id, i))
+	}
+	eventually(t, "two held", func() bool { return h.held(t) == 2 })
+	h.setFailing()
+	// What a purge or a re-drive of the head writes before it releases the
+	// chain; the release itself never runs.
+	head := InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}
+	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: head}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "parked", Value: false}, {Key: "handled", Value: true}, {Key: "handled_at", Value: time.Now()}}}})
+	require.NoError(t, err)
+	eventually(t, "held events released", func() bool { return len(h.effectKeys(t, "A")) == 2 })
+	require.Equal(t, []string{"a2", "a3"}, h.effectKeys(t, "A"))
+	require.Zero(t, h.held(t))
+}
+
 // Issue 12 item 6: batching respects held keys, and a restarted consumer
 // knows the held keys of its partitions.
 func TestHoldKeyBatchesAndRestart(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -62,6 +63,13 @@ func TestChaosShort(t *testing.T) {
 	}
 	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
 		cfg.progress = os.Stderr
+	}
+	if path := os.Getenv("OUTBOX_CHAOS_LOG"); path != "" {
+		// The replicas' framework logs, at Info, for a failure to explain.
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		defer f.Close()
+		cfg.logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	res, err := runHarness(context.Background(), cfg)
 	require.NoError(t, err)

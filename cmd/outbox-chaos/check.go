@@ -270,6 +270,8 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	// Recording with Kafka down, and the run's other violations.
 	h.mu.Lock()
 	res.KafkaRecordFailures = h.kafkaRecordFailures
+	h.logf("slowest completed transaction: %s on replicas with Kafka down, %s with Kafka up",
+		h.slowestKafkaDown.Round(time.Millisecond), h.slowestKafkaUp.Round(time.Millisecond))
 	res.Failures = append(res.Failures, h.failures...)
 	h.mu.Unlock()
 
@@ -283,6 +285,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			res.StalledPartitions++
 			failN("stalled", "partition %d stalled: the consumer group is %d records behind the end", p, lags[p])
 		}
+	}
+	if res.StalledPartitions > 0 {
+		fail("consumer group when stalled: %s", h.describeGroup(ctx))
 	}
 
 	if res.Lost > 0 {
@@ -329,6 +334,36 @@ func (h *harness) lag(ctx context.Context) (map[int32]int64, error) {
 		lags[o.Partition] = max(0, o.Offset-at)
 	})
 	return lags, ferr
+}
+
+// describeGroup is the consumer group's state and members, as the broker
+// describes it, for the report of a stall.
+func (h *harness) describeGroup(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	groups, err := kadm.NewClient(h.inj.raw).DescribeGroups(ctx, h.env.service)
+	if err != nil {
+		return fmt.Sprintf("unknown (%v)", err)
+	}
+	g, ok := groups[h.env.service]
+	if !ok {
+		return "not described"
+	}
+	if g.Err != nil {
+		return fmt.Sprintf("unknown (%v)", g.Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "state %s, protocol %q, %d members:", g.State, g.Protocol, len(g.Members))
+	for _, m := range g.Members {
+		fmt.Fprintf(&b, " %s (client %s host %s", m.MemberID, m.ClientID, m.ClientHost)
+		if a, ok := m.Assigned.AsConsumer(); ok {
+			for _, t := range a.Topics {
+				fmt.Fprintf(&b, " %v", t.Partitions)
+			}
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 func (h *harness) findAll(ctx context.Context, coll string, filter, projection bson.D, out any) error {

@@ -81,7 +81,7 @@
 // window has closed. Violations it sees: a step event parked on a key that
 // never had an outage, an outbox event marked failed although it fits the
 // limit alone. Transactions that start on a replica whose Kafka is down
-// must neither fail because of Kafka nor hang (3 s).
+// must neither fail because of Kafka nor hang until their 20 s deadline.
 //
 // A kill is abrupt: every connection of the replica (MongoDB and Kafka, all
 // dialled through a per-replica switch) is closed at once and new dials are

@@ -43,6 +43,8 @@ type replicaEnv struct {
 	appName  string
 	// sessionTimeout is the Kafka group session timeout of the replicas.
 	sessionTimeout time.Duration
+	// rebalanceTimeout, when set, is the replicas' kgo.RebalanceTimeout.
+	rebalanceTimeout time.Duration
 }
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
@@ -61,11 +63,15 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 	if err != nil {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
 	}
+	kafkaOpts := []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)})}
+	if env.rebalanceTimeout > 0 {
+		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
+	}
 	client, err := outbox.New(outbox.Config{
 		Mongo:             mc,
 		Database:          env.database,
 		Brokers:           env.brokers,
-		KafkaOptions:      []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name)},
+		KafkaOptions:      kafkaOpts,
 		Service:           env.service,
 		PublishTopics:     []string{chaosTopic()},
 		MaxAttempts:       6,
@@ -119,4 +125,30 @@ func (r *replica) stop() <-chan struct{} {
 	r.mu.Unlock()
 	r.cancel()
 	return r.done
+}
+
+// kgoLogger passes franz-go's own logs (group joins, rebalances) to the
+// harness's logger, at Info and above, for a failure to explain.
+type kgoLogger struct{ l *slog.Logger }
+
+// Level is Info when the harness logs Info, else Warn.
+func (k kgoLogger) Level() kgo.LogLevel {
+	if k.l.Enabled(context.Background(), slog.LevelInfo) {
+		return kgo.LogLevelInfo
+	}
+	return kgo.LogLevelWarn
+}
+
+// Log writes one franz-go log line.
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	l := slog.LevelInfo
+	switch level {
+	case kgo.LogLevelError:
+		l = slog.LevelError
+	case kgo.LogLevelWarn:
+		l = slog.LevelWarn
+	case kgo.LogLevelDebug:
+		l = slog.LevelDebug
+	}
+	k.l.Log(context.Background(), l, "kgo: "+msg, keyvals...)
 }

@@ -575,7 +575,18 @@ func (w *Worker) publish(items []Item, deferred bool) round {
 // produce hands items to the producer and waits for every promise. It
 // reports false when the worker was killed meanwhile (the promises are
 // then not waited for).
+//
+// The first failed record cancels the context of the whole batch. kgo's
+// idempotent producer may have a later record of the partition in a
+// request of its own, or buffered, when a batch is refused; after the
+// refusal it bumps the producer epoch and would write that record, ahead
+// of the refused ones that publish then sends again: out of order. A batch
+// whose first record's context is done is failed instead, when kgo knows
+// it is not written (before it is sent, or answered with an error), and
+// the worker sends it again in order.
 func (w *Worker) produce(ctx context.Context, items []Item) ([]error, bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
 	wg.Add(len(items))
@@ -583,6 +594,9 @@ func (w *Worker) produce(ctx context.Context, items []Item) ([]error, bool) {
 		it.Record.Context = nil
 		w.cfg.Producer.Produce(ctx, it.Record, func(_ *kgo.Record, err error) {
 			errs[i] = err
+			if err != nil {
+				cancel()
+			}
 			wg.Done()
 		})
 	}
