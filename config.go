@@ -50,6 +50,23 @@ type Config struct {
 	// event can sit unpublished forever. Defaults to none (recording
 	// refused; a consume-only service).
 	PublishTopics []string
+	// TopicPrefix is prepended to every topic name at the Kafka boundary,
+	// so that several environments (or test runs) can share one Kafka
+	// cluster: with "staging.", the events recorded for topic "orders" are
+	// published to the Kafka topic "staging.orders", and a handler of
+	// "orders" consumes "staging.orders". Only Kafka sees the prefix: the
+	// outbox and inbox documents, inbox ids, handlers, Metadata, status and
+	// metrics keep the bare name, and a consumer strips the prefix from a
+	// record's topic before anything else reads it. Partition counts, lag,
+	// topic creation (CreateTopicPartitions) and both consumer groups use
+	// the prefixed names; group names are not prefixed (set ConsumerGroup
+	// and PublisherGroup, or Service, per environment). It may hold
+	// letters, digits, '.', '_' and '-', and the prefixed names must fit
+	// Kafka's 249 bytes. The event-outbox wire format's body names the bare
+	// topic. Changing it moves a service to other Kafka topics: events
+	// still unpublished go to the new ones, and the old ones are no longer
+	// read. Defaults to "" (topics used as named).
+	TopicPrefix string
 	// CreateTopicPartitions, when positive, makes the client create the
 	// topics of PublishTopics that Kafka does not have, with this many
 	// partitions and the brokers' default replication factor, when it
@@ -284,10 +301,16 @@ func (c Config) validate() error {
 	case c.ConsumerGroup == c.PublisherGroup:
 		return bad("PublisherGroup", "must differ from ConsumerGroup")
 	}
+	if err := checkTopicPrefix(c.TopicPrefix); err != nil {
+		return bad("TopicPrefix", err.Error())
+	}
 	seen := map[string]bool{}
 	for _, t := range c.PublishTopics {
 		if err := checkName("topic", t); err != nil {
 			return bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
+		}
+		if len(c.TopicPrefix)+len(t) > maxNameLen {
+			return bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
 		}
 		if seen[t] {
 			return bad("PublishTopics", fmt.Sprintf("lists %q twice", t))

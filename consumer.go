@@ -108,10 +108,25 @@ type consumer struct {
 }
 
 // fetchPauser is the part of the kgo client that pauses and resumes the
-// fetching of partitions; tests fake it.
+// fetching of partitions, with bare topics; tests fake it.
 type fetchPauser interface {
 	PauseFetchPartitions(map[string][]int32) map[string][]int32
 	ResumeFetchPartitions(map[string][]int32)
+}
+
+// kafkaPauser is the consumer's fetchPauser: it gives kgo the Kafka topics
+// of the bare topics it is called with (Config.TopicPrefix).
+type kafkaPauser struct {
+	cl  fetchPauser
+	cfg *Config
+}
+
+func (p kafkaPauser) PauseFetchPartitions(m map[string][]int32) map[string][]int32 {
+	return p.cfg.barePartitions(p.cl.PauseFetchPartitions(p.cfg.kafkaPartitions(m)))
+}
+
+func (p kafkaPauser) ResumeFetchPartitions(m map[string][]int32) {
+	p.cl.ResumeFetchPartitions(p.cfg.kafkaPartitions(m))
 }
 
 type partitionWorker struct {
@@ -153,7 +168,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.ConsumerGroup),
-		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeTopics(c.cfg.kafkaTopics(topics)...),
 		kgo.DisableAutoCommit(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -170,7 +185,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
-	cons.pauser = cl
+	cons.pauser = kafkaPauser{cl, &c.cfg}
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming.
@@ -209,9 +224,15 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			}
 		})
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			c.tel.noteHighWatermark(p.Topic, p.Partition, p.HighWatermark)
+			// Past this point topics are bare (Config.TopicPrefix): the
+			// records' too, before anything reads them.
+			topic := c.cfg.bareTopic(p.Topic)
+			for _, r := range p.Records {
+				r.Topic = topic
+			}
+			c.tel.noteHighWatermark(topic, p.Partition, p.HighWatermark)
 			if len(p.Records) > 0 {
-				cons.enqueue(topicPartition{p.Topic, p.Partition}, p.Records)
+				cons.enqueue(topicPartition{topic, p.Partition}, p.Records)
 			}
 		})
 	}
@@ -257,6 +278,7 @@ func (cons *consumer) enqueue(tp topicPartition, recs []*kgo.Record) {
 
 func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	cons.c.tel.rebalance("consumer", "assigned", assigned)
+	assigned = cons.c.cfg.barePartitions(assigned)
 	cons.mu.Lock()
 	defer cons.mu.Unlock()
 	for t, ps := range assigned {
@@ -274,11 +296,13 @@ func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[st
 }
 
 func (cons *consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	revoked = cons.c.cfg.barePartitions(revoked)
 	cons.c.tel.rebalance("consumer", "revoked", revoked)
 	cons.stopPartitions(revoked, false)
 }
 
 func (cons *consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	lost = cons.c.cfg.barePartitions(lost)
 	cons.c.tel.rebalance("consumer", "lost", lost)
 	cons.stopPartitions(lost, true)
 }
@@ -426,7 +450,7 @@ func (w *partitionWorker) commit(rec *kgo.Record) {
 		return
 	}
 	offsets := map[string]map[int32]kgo.EpochOffset{
-		rec.Topic: {rec.Partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset + 1}},
+		w.cons.c.cfg.kafkaTopic(rec.Topic): {rec.Partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset + 1}},
 	}
 	w.cons.cl.CommitOffsetsSync(w.cons.work, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err == nil {

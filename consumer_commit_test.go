@@ -18,6 +18,7 @@ import (
 func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.cluster(t) // injects faults: skips against real brokers
 	cfg := consumerConfig(b, "lost")
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)
@@ -54,7 +55,7 @@ func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	// The group's next heartbeat fails: kgo ends the session and calls
 	// OnPartitionsLost while the worker is in the handler. The member and
 	// its generation stay valid at the broker, so a commit would succeed.
-	b.kafka.Cluster.ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+	b.cluster(t).ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		resp := r.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
 		resp.ErrorCode = kerr.IllegalGeneration.Code
 		return resp, nil, true

@@ -72,13 +72,15 @@ func TestConsumerHandlesDuplicateDeliveryOnce(t *testing.T) {
 }
 
 // committed returns the group's committed offset for a partition (-1 if none).
+// committed returns group's committed offset of partition of the test's
+// Kafka topic of topic, -1 when there is none.
 func committed(t *testing.T, b *bundle, group, topic string, partition int32) int64 {
 	t.Helper()
 	offs, err := b.kafka.Admin().FetchOffsets(context.Background(), group)
 	if err != nil {
 		return -1
 	}
-	o, ok := offs.Lookup(topic, partition)
+	o, ok := offs.Lookup(b.kafkaTopic(topic), partition)
 	if !ok {
 		return -1
 	}

@@ -77,6 +77,9 @@ func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
 	if err := checkName("content schema", key.schema); err != nil {
 		return err
 	}
+	if len(c.cfg.TopicPrefix)+len(key.topic) > maxNameLen {
+		return fmt.Errorf("%w: topic %q longer than %d bytes with TopicPrefix %q", ErrInvalidEvent, key.topic, maxNameLen, c.cfg.TopicPrefix)
+	}
 	h := &handler{
 		key: key,
 		decode: func(c *Client, payload []byte) (Event, error) {

@@ -54,7 +54,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 	failures := 0
 	for retry.Sleep(ctx, nil, delay) {
 		lctx, cancel := context.WithTimeout(ctx, lagPollTimeout)
-		listed, err := adm.ListEndOffsets(lctx, topics...)
+		listed, err := adm.ListEndOffsets(lctx, cons.c.cfg.kafkaTopics(topics)...)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -62,7 +62,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 		// A listing may succeed for some partitions only: keep those.
 		listed.Each(func(o kadm.ListedOffset) {
 			if o.Err == nil {
-				cons.c.tel.setHighWatermark(o.Topic, o.Partition, o.Offset)
+				cons.c.tel.setHighWatermark(cons.c.cfg.bareTopic(o.Topic), o.Partition, o.Offset)
 			}
 		})
 		if err == nil {

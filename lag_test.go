@@ -21,6 +21,7 @@ func (b *bundle) produceOrders(t *testing.T, seq, n int) {
 		env := b.envelope(fmt.Sprintf("lag-%d", seq+i))
 		env.OccurredAt = time.Now()
 		recs[i] = encodeRecord(&env, b.payload(t, "o", seq+i))
+		recs[i].Topic = b.kafkaTopic(recs[i].Topic)
 		recs[i].Partition = 0
 	}
 	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
@@ -70,7 +71,7 @@ func TestConsumerLagGrowsWhileStalled(t *testing.T) {
 	b.produceOrders(t, 2, maxQueue+1000)
 	eventually(t, "the stalled partition paused", func() bool {
 		cons := c.tel.cons.Load()
-		return cons != nil && slices.Contains(cons.cl.PauseFetchPartitions(nil)[ordersTopic], 0)
+		return cons != nil && slices.Contains(cons.cl.PauseFetchPartitions(nil)[b.kafkaTopic(ordersTopic)], 0)
 	})
 	lag := func() float64 {
 		return sumOf(o.collect(t)["outbox.consumer.lag"], attrTopic.String(ordersTopic), attrPartition.String("0"))

@@ -238,10 +238,13 @@ func (pc *partitionCounts) id(topic string) bson.D {
 	return bson.D{{Key: "outbox", Value: pc.cfg.OutboxCollection}, {Key: "topic", Value: topic}}
 }
 
-// fetch reads the partition counts of topics from Kafka, with cl or, when
-// cl is nil, a short-lived client. It returns the counts it learnt, and an
-// error wrapping ErrTopicMetadata when it could not learn them all.
-func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []string) (map[string]int, error) {
+// fetch reads the partition counts of topics (bare, read from their Kafka
+// topics: Config.TopicPrefix) from Kafka, with cl or, when cl is nil, a
+// short-lived client. It returns the counts it learnt, by bare topic, and
+// an error wrapping ErrTopicMetadata, naming Kafka topics, when it could
+// not learn them all.
+func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, bare []string) (map[string]int, error) {
+	topics := pc.cfg.kafkaTopics(bare)
 	if cl == nil {
 		var err error
 		if cl, err = pc.newKafkaClient(); err != nil {
@@ -267,7 +270,7 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []s
 	}
 	counts := map[string]int{}
 	var errs []error
-	for _, topic := range topics {
+	for i, topic := range topics {
 		d, ok := details[topic]
 		switch {
 		case !ok:
@@ -277,7 +280,7 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, topics []s
 		case len(d.Partitions) == 0:
 			errs = append(errs, fmt.Errorf("%w %q: no partitions", ErrTopicMetadata, topic))
 		default:
-			counts[topic] = len(d.Partitions)
+			counts[bare[i]] = len(d.Partitions)
 		}
 	}
 	return counts, errors.Join(errs...)

@@ -167,7 +167,7 @@ func TestRunRefreshesPartitionCountsAfterIncrease(t *testing.T) {
 	}
 	eventually(t, "3 partitions stored", stored(3))
 
-	_, err := b.kafka.Admin().CreatePartitions(context.Background(), 4, ordersTopic)
+	_, err := b.kafka.Admin().CreatePartitions(context.Background(), 4, b.kafkaTopic(ordersTopic))
 	require.NoError(t, err)
 	eventually(t, "7 partitions stored", stored(7))
 	eventually(t, "7 partitions in memory", func() bool { return c.topics.snapshot()[ordersTopic] == 7 })

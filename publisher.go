@@ -175,7 +175,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	}
 	defer producer.Close()
 
-	store := instrumentedStore{Store: outboxStore{coll: c.outbox}, t: c.tel}
+	store := instrumentedStore{Store: outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}, t: c.tel}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
 	marker.Timeout = markTimeout
 	marker.Backoff = cfg.backoff()
@@ -207,9 +207,11 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// no-op.
 	defer p.set.Close()
 
+	// toTPs gives the partitions of a rebalance callback with bare topics
+	// (Config.TopicPrefix), as the workers and the outbox name them.
 	toTPs := func(m map[string][]int32) []publish.TopicPartition {
 		var out []publish.TopicPartition
-		for t, ps := range m {
+		for t, ps := range cfg.barePartitions(m) {
 			for _, part := range ps {
 				out = append(out, publish.TopicPartition{Topic: t, Partition: part})
 			}
@@ -238,7 +240,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	gopts = append(gopts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.PublisherGroup),
-		kgo.ConsumeTopics(cfg.PublishTopics...),
+		kgo.ConsumeTopics(cfg.kafkaTopics(cfg.PublishTopics)...),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(rebalanceTimeout),
@@ -278,7 +280,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
 	}
 	// The group only assigns partitions; its members never fetch.
-	group.PauseFetchTopics(cfg.PublishTopics...)
+	group.PauseFetchTopics(cfg.kafkaTopics(cfg.PublishTopics)...)
 
 	p.group = group
 	c.pub.Store(p)
@@ -296,7 +298,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			Set:            p.set,
 			TopicField:     "topic",
 			PartitionField: "partition",
-			Decode:         decodeOutboxEvent,
+			Decode:         decodeOutboxEvent(cfg.TopicPrefix),
 			Linger:         cfg.PublishLinger,
 			Debounce:       streamDebounce,
 			MaxAwait:       streamMaxAwait,
@@ -341,6 +343,8 @@ func cmpOrDuration(a, b time.Duration) time.Duration {
 // outboxStore implements publish.Store on the outbox collection.
 type outboxStore struct {
 	coll *mongo.Collection
+	// prefix is Config.TopicPrefix: the items' records go to its topics.
+	prefix string
 }
 
 func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int, exclude []string) ([]publish.Item, error) {
@@ -371,24 +375,30 @@ func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, lim
 	}
 	items := make([]publish.Item, len(docs))
 	for i := range docs {
-		items[i] = docs[i].item()
+		items[i] = docs[i].item(s.prefix)
 	}
 	return items, nil
 }
 
-func (d *outboxDoc) item() publish.Item {
+// item is d's record, produced to the Kafka topic prefix + d.Topic
+// (Config.TopicPrefix). The record's body and headers name the bare topic.
+func (d *outboxDoc) item(prefix string) publish.Item {
 	env := d.envelope()
-	return publish.Item{ID: d.ID, Record: encodeRecord(&env, []byte(d.Payload))}
+	rec := encodeRecord(&env, []byte(d.Payload))
+	rec.Topic = prefix + rec.Topic
+	return publish.Item{ID: d.ID, Record: rec}
 }
 
-// decodeOutboxEvent builds the item of an outbox document delivered by the
-// change stream.
-func decodeOutboxEvent(raw bson.Raw) (publish.TopicPartition, publish.Item, error) {
-	var d outboxDoc
-	if err := bson.Unmarshal(raw, &d); err != nil {
-		return publish.TopicPartition{}, publish.Item{}, fmt.Errorf("decode outbox document: %w", err)
+// decodeOutboxEvent returns the decoder of the outbox documents delivered
+// by the change stream into items for the Kafka topics of prefix.
+func decodeOutboxEvent(prefix string) func(raw bson.Raw) (publish.TopicPartition, publish.Item, error) {
+	return func(raw bson.Raw) (publish.TopicPartition, publish.Item, error) {
+		var d outboxDoc
+		if err := bson.Unmarshal(raw, &d); err != nil {
+			return publish.TopicPartition{}, publish.Item{}, fmt.Errorf("decode outbox document: %w", err)
+		}
+		return publish.TopicPartition{Topic: d.Topic, Partition: d.Partition}, d.item(prefix), nil
 	}
-	return publish.TopicPartition{Topic: d.Topic, Partition: d.Partition}, d.item(), nil
 }
 
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {

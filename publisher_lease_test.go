@@ -17,6 +17,7 @@ import (
 func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.cluster(t) // injects faults: skips against real brokers
 	cfg := pubConfig(b)
 	c := b.client(t, cfg)
 	runPub(t, c, publisherOptions{})
@@ -26,7 +27,7 @@ func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	})
 
 	var code atomic.Int32 // 0: let heartbeats through
-	cl := b.kafka.Cluster
+	cl := b.cluster(t)
 	cl.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		cl.KeepControl()
 		hb := req.(*kmsg.HeartbeatRequest)

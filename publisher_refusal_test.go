@@ -36,7 +36,7 @@ func (b *bundle) setMaxMessageBytes(t *testing.T, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	v := strconv.Itoa(n)
-	res, err := b.kafka.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, ordersTopic)
+	res, err := b.kafka.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &v}}, b.kafkaTopic(ordersTopic))
 	require.NoError(t, err)
 	for _, r := range res {
 		require.NoError(t, r.Err)

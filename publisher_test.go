@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,18 +127,22 @@ func countFind(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {
 	return int64(len(docs))
 }
 
-// kafkaEvents reads every record of topic from the start until at least
-// want records were read.
+// kafkaEvents reads every record of the test's Kafka topic of topic from
+// the start until at least want records were read, and returns them with
+// their topic bare, as a consumer sees them.
 func (b *bundle) kafkaEvents(t *testing.T, topic string, want int) []*kgo.Record {
 	t.Helper()
-	cl := b.kafka.Client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl := b.kafka.Client(t, kgo.ConsumeTopics(b.kafkaTopic(topic)), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var out []*kgo.Record
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for len(out) < want {
 		fs := cl.PollFetches(ctx)
 		require.NoError(t, ctx.Err(), "read %d of %d records", len(out), want)
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+		fs.EachRecord(func(r *kgo.Record) {
+			r.Topic = strings.TrimPrefix(r.Topic, b.prefix)
+			out = append(out, r)
+		})
 	}
 	return out
 }
@@ -358,9 +363,9 @@ func TestPublisherKafkaOutageAndRecovery(t *testing.T) {
 			dialer := &cuttableDialer{}
 			var outage *kfake.FaultHandle
 			if mode == "refused" {
-				outage = b.kafka.Cluster.Fault(kfake.Fault{
+				outage = b.cluster(t).Fault(kfake.Fault{
 					Keys:  []kmsg.Key{kmsg.Produce},
-					Topic: ordersTopic,
+					Topic: b.kafkaTopic(ordersTopic),
 					Err:   kerr.NotEnoughReplicas,
 					Count: -1,
 				})

@@ -85,7 +85,8 @@ func TestMongoPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	const secret = "MongoS3cretPw"
 	m := mongotest.StartEmbedded(t)
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic, paymentsTopic))
+	run := kafkatest.UniqueName(t)
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, run+"."+ordersTopic))
 	u, err := url.Parse(m.URI)
 	require.NoError(t, err)
 	u.User = url.UserPassword("svcuser", secret)
@@ -94,8 +95,8 @@ func TestMongoPasswordNeverShown(t *testing.T) {
 	defer func() { _ = mc.Disconnect(context.Background()) }()
 
 	seen := &secretsSeen{logs: &logCapture{}}
-	c, err := New(Config{Mongo: mc, Database: "secrets", Brokers: k.Seeds, Service: "secrets-" + kafkatest.UniqueName(t),
-		PublishTopics: []string{ordersTopic}, Logger: seen.logs.logger(),
+	c, err := New(Config{Mongo: mc, Database: "secrets", Brokers: k.Seeds, Service: "secrets-" + run,
+		PublishTopics: []string{ordersTopic}, TopicPrefix: run + ".", Logger: seen.logs.logger(),
 		RetryMinBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, FenceMargin: 2 * time.Second})
 	require.NoError(t, err)

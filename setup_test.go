@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -23,9 +24,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// Test events use fixed topics; each test gets its own Kafka cluster
-// (kfake) and its own database. Against shared real brokers, the Run field
-// keeps a test from acting on another test's events.
+// Test events use fixed topics; each test gets its own database and its
+// own Kafka topics: Config.TopicPrefix is unique to the test, so the tests
+// run on an embedded kfake cluster of their own or on shared real brokers
+// (OUTBOX_TEST_KAFKA_BROKERS) alike.
 const (
 	ordersTopic   = "orders"
 	paymentsTopic = "payments"
@@ -57,19 +59,31 @@ type bundle struct {
 	kafka *kafkatest.Env
 	db    *mongo.Database
 	run   string
+	// prefix is the test's Config.TopicPrefix: its Kafka topics are
+	// prefix+ordersTopic and prefix+paymentsTopic.
+	prefix string
 }
 
 func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
 	t.Helper()
 	m := mongotest.Start(t, mopts...)
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic, paymentsTopic))
-	if k.Real {
-		// Event types name fixed topics, and these tests assert offsets of
-		// fresh topics: they need a Kafka cluster of their own. They still
-		// run against a real MongoDB (OUTBOX_TEST_MONGODB_URI) with kfake.
-		t.Skip("root integration tests need a fresh Kafka cluster per test; unset OUTBOX_TEST_KAFKA_BROKERS to run them on kfake")
+	run := kafkatest.UniqueName(t)
+	prefix := run + "."
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic))
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix}
+}
+
+// kafkaTopic is the test's Kafka topic of topic.
+func (b *bundle) kafkaTopic(topic string) string { return b.prefix + topic }
+
+// cluster returns the test's embedded kfake cluster, for fault injection,
+// and skips the test against real brokers.
+func (b *bundle) cluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	if b.kafka.Cluster == nil {
+		t.Skip("injects Kafka faults: needs the embedded kfake cluster (unset OUTBOX_TEST_KAFKA_BROKERS)")
 	}
-	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: kafkatest.UniqueName(t)}
+	return b.kafka.Cluster
 }
 
 func (b *bundle) config(service string) Config {
@@ -79,6 +93,7 @@ func (b *bundle) config(service string) Config {
 		Brokers:           b.kafka.Seeds,
 		Service:           service + "-" + b.run,
 		PublishTopics:     []string{ordersTopic, paymentsTopic},
+		TopicPrefix:       b.prefix,
 		RetryMinBackoff:   10 * time.Millisecond,
 		RetryMaxBackoff:   100 * time.Millisecond,
 		SessionTimeout:    6 * time.Second,
@@ -118,7 +133,8 @@ func start(t *testing.T, c *Client) (stop func()) {
 	return stop
 }
 
-// produce writes a framework record straight to Kafka, bypassing the outbox.
+// produce writes a framework record straight to Kafka, bypassing the
+// outbox, to the test's Kafka topic of env.Topic.
 func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
 	t.Helper()
 	cl := b.kafka.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -126,12 +142,16 @@ func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
 		env.OccurredAt = time.Now()
 	}
 	rec := encodeRecord(&env, payload)
+	rec.Topic = b.kafkaTopic(rec.Topic)
 	rec.Partition = 0
 	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
 }
 
+// produceRaw writes rec to the test's Kafka topic of rec.Topic (a bare
+// topic, as the test's events name it).
 func (b *bundle) produceRaw(t *testing.T, rec *kgo.Record) {
 	t.Helper()
+	rec.Topic = b.kafkaTopic(rec.Topic)
 	cl := b.kafka.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
 }

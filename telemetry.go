@@ -506,7 +506,7 @@ func (t *telemetry) consumerLag() map[topicPartition]int64 {
 	defer t.hwmMu.Unlock()
 	for _, tp := range owned {
 		hwm, ok := t.hwm[tp]
-		co, ok2 := committed[tp.topic][tp.partition]
+		co, ok2 := committed[cons.c.cfg.kafkaTopic(tp.topic)][tp.partition]
 		if !ok || !ok2 || co.Offset < 0 {
 			continue
 		}

@@ -36,19 +36,19 @@ func TestCreateTopicPartitionsCreatesMissingPublishTopics(t *testing.T) {
 	cfg.PublishTopics = []string{freshTopic}
 	require.ErrorIs(t, record(b.client(t, cfg)), ErrPartitionsUnknown, "by default a missing topic is not created")
 	adm := kadm.NewClient(b.kafka.Client(t))
-	details, err := adm.ListTopics(ctx, freshTopic)
+	details, err := adm.ListTopics(ctx, b.kafkaTopic(freshTopic))
 	require.NoError(t, err)
-	require.Error(t, details[freshTopic].Err, "the topic still does not exist")
+	require.Error(t, details[b.kafkaTopic(freshTopic)].Err, "the topic still does not exist")
 
 	cfg.CreateTopicPartitions = 4
 	c := b.client(t, cfg)
 	require.NoError(t, record(c))
 	// A client of its own: kadm caches the metadata that said unknown.
 	adm = kadm.NewClient(b.kafka.Client(t))
-	details, err = adm.ListTopics(ctx, freshTopic)
+	details, err = adm.ListTopics(ctx, b.kafkaTopic(freshTopic))
 	require.NoError(t, err)
-	require.NoError(t, details[freshTopic].Err)
-	require.Len(t, details[freshTopic].Partitions, 4)
+	require.NoError(t, details[b.kafkaTopic(freshTopic)].Err)
+	require.Len(t, details[b.kafkaTopic(freshTopic)].Partitions, 4)
 	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "topic", Value: freshTopic}, {Key: "partition", Value: bson.D{{Key: "$lt", Value: 4}}}}))
 
 	// An existing topic is left as it is (a second client, as another
@@ -56,9 +56,9 @@ func TestCreateTopicPartitionsCreatesMissingPublishTopics(t *testing.T) {
 	cfg.CreateTopicPartitions = 8
 	require.NoError(t, record(b.client(t, cfg)))
 	adm = kadm.NewClient(b.kafka.Client(t))
-	details, err = adm.ListTopics(ctx, freshTopic)
+	details, err = adm.ListTopics(ctx, b.kafkaTopic(freshTopic))
 	require.NoError(t, err)
-	require.Len(t, details[freshTopic].Partitions, 4)
+	require.Len(t, details[b.kafkaTopic(freshTopic)].Partitions, 4)
 
 	cfg.CreateTopicPartitions = -1
 	_, err = New(cfg)

@@ -155,7 +155,7 @@ func TestPythonModelReadsOurRecords(t *testing.T) {
 	var recs []*kgo.Record
 	for _, d := range docs {
 		for range 2 { // two deliveries of the same outbox document
-			rec := d.item().Record
+			rec := d.item("").Record
 			recs = append(recs, rec)
 			values = append(values, rec.Value)
 		}
