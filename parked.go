@@ -155,8 +155,9 @@ const (
 // the inbox, in a transaction that also unparks it. On success the event is
 // handled (exactly once, as for a delivery), then the events held behind it
 // (Config.PoisonPolicy HoldKey) are handled the same way, one transaction
-// each, in order; if one of them fails, it becomes the parked head of its
-// key, the rest stay held behind it, and Redrive still returns nil (the
+// each, in order, with the usual retries; if one of them still fails after
+// Config.MaxAttempts runs (counting its stored attempts) or asks to park,
+// it becomes the parked head of its key, the rest stay held behind it, and Redrive still returns nil (the
 // failure is logged and listed by Admin.ParkedEvents). On failure of the event
 // itself it stays parked with the new error, which Redrive returns.
 //

@@ -9,6 +9,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // Releasing held events (see poison.go).
@@ -28,8 +30,9 @@ func closeChain(ctx context.Context, inbox *mongo.Collection, anchor InboxID) er
 
 // releaseHeld handles the events held in the chain of anchor (whose own
 // event is handled or purged), one transaction each, in offset order, and
-// closes the chain once it is empty. A held event that fails becomes the
-// head of a new chain holding the rest. Errors are logged: the events stay
+// closes the chain once it is empty. A held event that fails is retried
+// (retryReleased); one that still fails becomes the head of a new chain
+// holding the rest. Errors are logged: the events stay
 // parked, and re-driving one of them resumes the release (Redrive).
 func (c *Client) releaseHeld(ctx context.Context, anchor InboxID, partition int32) {
 	log := c.cfg.Logger.With("held_by", anchor.String())
@@ -77,6 +80,8 @@ func (c *Client) releaseHeld(ctx context.Context, anchor InboxID, partition int3
 			log.Info("held event released", "id", next.ID.String())
 			c.tel.handled.Add(ctx, 1, eventAttrs(&meta.Envelope))
 		case errors.Is(err, errChainClosed):
+		case errors.As(err, &herr) && next != nil && c.retryReleased(ctx, anchor, next.ID, meta.Attempt, herr.err):
+			log.Warn("outbox: held event failed while released; retrying", "id", next.ID.String(), "attempt", meta.Attempt, "err", herr.err)
 		case errors.As(err, &herr) && next != nil:
 			msg := truncate(herr.err.Error(), 4096)
 			if merr := moveChain(context.WithoutCancel(ctx), c.inbox, anchor, partition, next.ID, bson.D{{Key: "last_error", Value: msg}}, 1); merr != nil {
@@ -94,6 +99,27 @@ func (c *Client) releaseHeld(ctx context.Context, anchor InboxID, partition int3
 			return
 		}
 	}
+}
+
+// retryReleased decides whether a held event whose handler failed while
+// released (attempt: the run that failed) runs again, as a delivered event
+// does: up to Config.MaxAttempts runs, counted in its stored attempts, with
+// the handler retry backoff in between. Not for a handler that asked to
+// park (Park), for an event no handler accepts or whose payload does not
+// decode, or once ctx ends; then the event becomes the head of its key.
+func (c *Client) retryReleased(ctx context.Context, anchor, id InboxID, attempt int, cause error) bool {
+	var perr *ParkError
+	if attempt >= c.cfg.MaxAttempts || errors.As(cause, &perr) || errors.Is(cause, ErrNoHandler) ||
+		errors.Is(cause, ErrMalformedRecord) || errors.Is(cause, ErrPayloadTruncated) || ctx.Err() != nil {
+		return false
+	}
+	res, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "parked", Value: true}, {Key: "held_by", Value: anchor}},
+		bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}},
+			{Key: "$set", Value: bson.D{{Key: "last_error", Value: truncate(cause.Error(), 4096)}}}})
+	if err != nil || res.MatchedCount == 0 {
+		return false // it becomes the head (moveChain checks again)
+	}
+	return retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1))
 }
 
 // moveChain makes head (an event held behind anchor) the head of the rest of

@@ -21,7 +21,9 @@ type holdEnv struct {
 	c       *Client
 	mu      sync.Mutex
 	failing map[string]bool
-	calls   map[string]int
+	// failOnce fails the next run of an order id only.
+	failOnce map[string]bool
+	calls    map[string]int
 }
 
 func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
@@ -34,14 +36,15 @@ func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
 	}
 	c := b.client(t, cfg)
 	c.redriveEvery = 20 * time.Millisecond
-	h := &holdEnv{b: b, c: c, failing: map[string]bool{}, calls: map[string]int{}}
+	h := &holdEnv{b: b, c: c, failing: map[string]bool{}, failOnce: map[string]bool{}, calls: map[string]int{}}
 	effects := b.db.Collection("effects")
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		if e.Run != b.run {
 			return nil
 		}
 		h.mu.Lock()
-		fail := h.failing[e.OrderID]
+		fail := h.failing[e.OrderID] || h.failOnce[e.OrderID]
+		delete(h.failOnce, e.OrderID)
 		h.calls[e.OrderID]++
 		h.mu.Unlock()
 		if fail {
@@ -185,6 +188,32 @@ func TestHoldKeyFailingHeldEventBecomesHead(t *testing.T) {
 	eventually(t, "the rest released", func() bool { return len(h.effectKeys(t, "A")) == 5 })
 	require.Equal(t, []string{"a1", "a2", "a3", "a4", "a5"}, h.effectKeys(t, "A"))
 	require.Zero(t, h.held(t))
+}
+
+// A held event whose handler fails once while released runs again, as a
+// delivered event would, instead of parking at its first failure and
+// waiting for another re-drive.
+func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
+	t.Parallel()
+	h := holdSetup(t, nil)
+	b, c := h.b, h.c
+	ctx := context.Background()
+	h.setFailing("a1")
+	start(t, c)
+	for i, id := range []string{"a1", "a2", "a3"} {
+		b.produce(t, b.keyed(id, "A"), b.payload(t, id, i))
+	}
+	eventually(t, "two held", func() bool { return h.held(t) == 2 })
+	h.setFailing()
+	h.mu.Lock()
+	h.failOnce["a2"] = true
+	h.mu.Unlock()
+	require.NoError(t, c.Redrive(ctx, InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}))
+	require.Equal(t, []string{"a1", "a2", "a3"}, h.effectKeys(t, "A"))
+	require.Zero(t, h.held(t))
+	require.EqualValues(t, 0, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
+	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id.idempotency_key", Value: "a2"}, {Key: "attempts", Value: 1}, {Key: "handled", Value: true}}),
+		"the failed run is counted")
 }
 
 // Issue 12 item 6: purging the head releases the events held behind it,
