@@ -119,7 +119,10 @@ func (c *Client) retryReleased(ctx context.Context, anchor, id InboxID, attempt 
 	if err != nil || res.MatchedCount == 0 {
 		return false // it becomes the head (moveChain checks again)
 	}
-	return retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1))
+	// Retried even when ctx ends during the wait: the loop then stops with
+	// the event still held, and the orphan-chain sweep resumes the release.
+	retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1))
+	return true
 }
 
 // moveChain makes head (an event held behind anchor) the head of the rest of
