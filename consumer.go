@@ -545,7 +545,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			log.Debug("duplicate or parked event skipped", "schema", env.ContentSchema, "key", env.IdempotencyKey)
 			// Counted as the claim's errAlreadyDone is (telemetry.endHandle).
 			c.tel.skipped.Add(ctx, 1, eventAttrs(&env, attrReason.String("duplicate")))
-			return nil // the next record is the suspect
+			return c.learnHold(ctx, stop, kh, &env) // the next record is the suspect
 		}
 		kh.suspect = false
 		attempt, counted = int(n), true
@@ -572,7 +572,7 @@ func (c *Client) handleRecord(ctx context.Context, stop <-chan struct{}, kh *key
 			return nil
 		case errors.Is(err, errAlreadyDone):
 			log.Debug("duplicate or parked event skipped", "schema", env.ContentSchema, "key", env.IdempotencyKey)
-			return nil
+			return c.learnHold(ctx, stop, kh, &env)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.As(err, &herr) && errors.As(herr.err, &snooze) && snoozes < c.cfg.MaxSnoozes:
@@ -714,13 +714,20 @@ func (c *Client) parkMalformed(ctx context.Context, stop <-chan struct{}, kh *ke
 		}
 	}
 	log.Warn("malformed record parked", "err", cause)
+	done := false
 	err := c.retryInfra(ctx, stop, func() error {
 		_, err := c.noteFailure(ctx, env, rec.Offset, rec.Value, cause, true, 1)
 		if errors.Is(err, errAlreadyDone) {
+			done = true
 			return nil
 		}
 		return err
 	})
+	if err == nil && done {
+		// Parked (or handled) already: hold its key only if an event of
+		// the key is parked.
+		return c.learnHold(ctx, stop, kh, env)
+	}
 	if err == nil {
 		kh.hold(c, env)
 		c.tel.parked.Add(ctx, 1, eventAttrs(env, attrReason.String("malformed")))

@@ -78,6 +78,32 @@ func (kh *keyHolds) hold(c *Client, env *Envelope) {
 	}
 }
 
+// learnHold is called for an event found handled or parked already, which
+// the worker skips: a duplicate delivery, or an event parked by an earlier
+// owner of the partition after this worker loaded its held keys (a replica
+// still retrying it when it lost the partition). If an event of its key is
+// parked in the partition, the key is held from then on, so that the later
+// events of the key wait behind it. One indexed read, on this path only.
+func (c *Client) learnHold(ctx context.Context, stop <-chan struct{}, kh *keyHolds, env *Envelope) error {
+	if kh == nil || c.cfg.PoisonPolicy != HoldKey || env.PartitionKey == "" || kh.holding(env.PartitionKey) {
+		return nil
+	}
+	var anchor InboxID
+	var found bool
+	err := c.retryInfra(ctx, stop, func() (err error) {
+		anchor, found, err = c.currentAnchor(ctx, env.Topic, env.Partition, env.PartitionKey)
+		return err
+	})
+	if err != nil || !found {
+		return err
+	}
+	if kh.anchors == nil {
+		kh.anchors = map[string]InboxID{}
+	}
+	kh.anchors[env.PartitionKey] = anchor
+	return nil
+}
+
 // handleRecord handles rec with the worker's poison state, loading it
 // first when needed.
 func (w *partitionWorker) handleRecord(rec *kgo.Record) error {
@@ -305,7 +331,7 @@ func (c *Client) fail(ctx context.Context, stop <-chan struct{}, kh *keyHolds, e
 		return 0, err
 	}
 	if done {
-		return 0, nil
+		return 0, c.learnHold(ctx, stop, kh, env)
 	}
 	attempt = max(attempt, int(stored))
 	log.Warn("handler failed", "schema", env.ContentSchema, "key", env.IdempotencyKey, "attempt", attempt, "parked", park, "err", cause)

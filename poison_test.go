@@ -216,6 +216,49 @@ func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 		"the failed run is counted")
 }
 
+// An event parked by an earlier owner of the partition after this worker
+// loaded its held keys (a replica still retrying it when it lost the
+// partition) reaches the worker as already parked: the worker must hold its
+// key from then on. It skipped the event as a duplicate and handled the
+// later events of the key, out of order (seen in a chaos run: seq 695
+// handled after 693, 694 after 697 once re-driven).
+func TestEventParkedByEarlierOwnerHoldsItsKey(t *testing.T) {
+	t.Parallel()
+	h := holdSetup(t, nil)
+	b, c := h.b, h.c
+	ctx := context.Background()
+	start(t, c)
+	b.produce(t, b.keyed("a0", "A"), b.payload(t, "a0", 0))
+	eventually(t, "a0 handled", func() bool { return len(h.effectKeys(t, "A")) == 1 })
+	var a0 struct {
+		Partition int32 `bson:"partition"`
+		Offset    int64 `bson:"offset"`
+	}
+	require.NoError(t, c.inbox.FindOne(ctx, bson.D{{Key: "_id.idempotency_key", Value: "a0"}}).Decode(&a0))
+
+	// a1 as the earlier owner parks it: after its attempts, before this
+	// worker gets its record.
+	a1 := InboxID{Topic: ordersTopic, ContentSchema: orderPlaced{}.ContentSchema(), IdempotencyKey: "a1"}
+	_, err := c.inbox.InsertOne(ctx, bson.D{
+		{Key: "_id", Value: a1}, {Key: "handled", Value: false}, {Key: "parked", Value: true},
+		{Key: "parked_at", Value: time.Now().UTC()}, {Key: "attempts", Value: int32(2)},
+		{Key: "last_error", Value: "downstream down for a1"}, {Key: "partition", Value: a0.Partition},
+		{Key: "offset", Value: a0.Offset + 1}, {Key: "partition_key", Value: "A"},
+		{Key: "received_at", Value: time.Now().UTC()}, {Key: "payload", Value: string(b.payload(t, "a1", 1))},
+	})
+	require.NoError(t, err)
+	b.produce(t, b.keyed("a1", "A"), b.payload(t, "a1", 1))
+	b.produce(t, b.keyed("a2", "A"), b.payload(t, "a2", 2))
+	b.produce(t, b.keyed("b1", "B"), b.payload(t, "b1", 1))
+	eventually(t, "b1 handled", func() bool { return len(h.effectKeys(t, "B")) == 1 })
+	eventually(t, "a2 held behind a1", func() bool { return h.held(t) == 1 })
+	require.Equal(t, []string{"a0"}, h.effectKeys(t, "A"), "a later event of the key overtook the parked one")
+	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id.idempotency_key", Value: "a2"}, {Key: "held_by", Value: a1}}))
+
+	require.NoError(t, c.Redrive(ctx, a1))
+	require.Equal(t, []string{"a0", "a1", "a2"}, h.effectKeys(t, "A"))
+}
+
 // Issue 12 item 6: purging the head releases the events held behind it,
 // in order.
 func TestHoldKeyPurgeReleasesHeld(t *testing.T) {
