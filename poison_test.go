@@ -65,6 +65,21 @@ func (h *holdEnv) setFailing(ids ...string) {
 	}
 }
 
+// heldChain starts the consumer with a1 failing, records a1, a2 and a3 of
+// key A, waits until a2 and a3 are held behind the parked a1, heals the
+// handler and returns a1's id.
+func (h *holdEnv) heldChain(t *testing.T) InboxID {
+	t.Helper()
+	h.setFailing("a1")
+	start(t, h.c)
+	for i, id := range []string{"a1", "a2", "a3"} {
+		h.b.produce(t, h.b.keyed(id, "A"), h.b.payload(t, id, i))
+	}
+	eventually(t, "two held", func() bool { return h.held(t) == 2 })
+	h.setFailing()
+	return InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}
+}
+
 // effectKeys returns the idempotency keys of the effects of partition key
 // pk, in the order they were written.
 func (h *holdEnv) effectKeys(t *testing.T, pk string) []string {
@@ -196,19 +211,13 @@ func TestHoldKeyFailingHeldEventBecomesHead(t *testing.T) {
 func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
-	b, c := h.b, h.c
+	c := h.c
 	ctx := context.Background()
-	h.setFailing("a1")
-	start(t, c)
-	for i, id := range []string{"a1", "a2", "a3"} {
-		b.produce(t, b.keyed(id, "A"), b.payload(t, id, i))
-	}
-	eventually(t, "two held", func() bool { return h.held(t) == 2 })
-	h.setFailing()
+	head := h.heldChain(t)
 	h.mu.Lock()
 	h.failOnce["a2"] = true
 	h.mu.Unlock()
-	require.NoError(t, c.Redrive(ctx, InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}))
+	require.NoError(t, c.Redrive(ctx, head))
 	require.Equal(t, []string{"a1", "a2", "a3"}, h.effectKeys(t, "A"))
 	require.Zero(t, h.held(t))
 	require.EqualValues(t, 0, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
@@ -266,14 +275,7 @@ func TestHoldKeyPurgeReleasesHeld(t *testing.T) {
 	h := holdSetup(t, nil)
 	b, c := h.b, h.c
 	ctx := context.Background()
-	h.setFailing("a1")
-	start(t, c)
-	for i, id := range []string{"a1", "a2", "a3"} {
-		b.produce(t, b.keyed(id, "A"), b.payload(t, id, i))
-	}
-	eventually(t, "two held", func() bool { return h.held(t) == 2 })
-	h.setFailing()
-	head := InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}
+	head := h.heldChain(t)
 	n, err := c.Admin().PurgeParked(ctx, ParkedFilter{IDs: []InboxID{head}}, false)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
@@ -291,18 +293,11 @@ func TestHoldKeyPurgeReleasesHeld(t *testing.T) {
 func TestInterruptedReleaseIsResumed(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
-	b, c := h.b, h.c
+	c := h.c
 	ctx := context.Background()
-	h.setFailing("a1")
-	start(t, c)
-	for i, id := range []string{"a1", "a2", "a3"} {
-		b.produce(t, b.keyed(id, "A"), b.payload(t, id, i))
-	}
-	eventually(t, "two held", func() bool { return h.held(t) == 2 })
-	h.setFailing()
+	head := h.heldChain(t)
 	// What a purge or a re-drive of the head writes before it releases the
 	// chain; the release itself never runs.
-	head := InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "a1"}
 	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: head}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "parked", Value: false}, {Key: "handled", Value: true}, {Key: "handled_at", Value: time.Now()}}}})
 	require.NoError(t, err)
