@@ -361,12 +361,34 @@ func (cons *consumer) stopWorkers(ws []*partitionWorker, lost bool) {
 // record in hand and its commit) or when the work context ends.
 func (w *partitionWorker) run() {
 	defer close(w.done)
+	// A failed commit is retried with backoff while no record comes (a
+	// later commit covers it too): else the group's offset of a partition
+	// that went quiet would stay behind it for good.
+	var uncommitted *kgo.Record
+	var retryCommit <-chan time.Time
+	failures := 0
+	commit := func(rec *kgo.Record) {
+		uncommitted, retryCommit = nil, nil
+		if w.commit(rec) {
+			failures = 0
+			return
+		}
+		uncommitted = rec
+		retryCommit = time.After(w.cons.c.cfg.backoff().Delay(failures))
+		failures++
+	}
 	for {
 		select {
 		case <-w.stop:
+			if uncommitted != nil {
+				commit(uncommitted) // once more before the partition goes (not when lost)
+			}
 			return
 		case <-w.cons.work.Done():
 			return
+		case <-retryCommit:
+			commit(uncommitted)
+			continue
 		case <-w.wake:
 		}
 		for {
@@ -400,7 +422,7 @@ func (w *partitionWorker) run() {
 				single--
 			}
 			if last != nil {
-				w.commit(last)
+				commit(last)
 			}
 			if stopped {
 				return
@@ -433,7 +455,8 @@ func (w *partitionWorker) stopping() bool {
 	}
 }
 
-// commit commits the offset after rec, unless the partition was lost.
+// commit commits the offset after rec, unless the partition was lost, and
+// reports false when the commit failed.
 //
 // Commits go only to owned partitions: the worker is the only committer of
 // its partition, and both rebalance callbacks wait for it to return. A
@@ -442,13 +465,14 @@ func (w *partitionWorker) stopping() bool {
 // before stop closes). A commit that read lost just before it was set
 // finishes before OnPartitionsLost returns, so before kgo rejoins: it
 // carries the lost session's generation, which the broker checks.
-func (w *partitionWorker) commit(rec *kgo.Record) {
+func (w *partitionWorker) commit(rec *kgo.Record) bool {
 	w.mu.Lock()
 	lost := w.lost
 	w.mu.Unlock()
 	if lost {
-		return
+		return true // nothing to commit: the partition is gone
 	}
+	ok := true
 	offsets := map[string]map[int32]kgo.EpochOffset{
 		w.cons.c.cfg.kafkaTopic(rec.Topic): {rec.Partition: {Epoch: rec.LeaderEpoch, Offset: rec.Offset + 1}},
 	}
@@ -463,10 +487,13 @@ func (w *partitionWorker) commit(rec *kgo.Record) {
 			}
 		}
 		if err != nil {
-			// Not fatal: the records are redelivered and the inbox skips them.
+			// Not fatal: retried (see run); meanwhile a redelivered record
+			// is skipped by the inbox.
+			ok = false
 			w.cons.log.Warn("offset commit failed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset+1, "err", err)
 		}
 	})
+	return ok
 }
 
 // handlerError marks an error that comes from the user's handler (or from
