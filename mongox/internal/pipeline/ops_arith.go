@@ -196,10 +196,9 @@ func unaryNullish(f func(v any) (any, error)) opParser {
 	return nullishArgs(1, 1, func(_ string, vs []any) (any, error) { return f(vs[0]) })
 }
 
-// nullishArgs builds an operator of min to max arguments: every argument is
-// evaluated, null or missing in any of them gives null, and f sees the
-// values otherwise.
-func nullishArgs(min, max int, f func(name string, vs []any) (any, error)) opParser {
+// evaluatedArgs builds an operator of min to max arguments: every argument
+// is evaluated and f sees the values.
+func evaluatedArgs(min, max int, f func(name string, vs []any) (any, error)) opParser {
 	return func(p *parser, name string, arg any) (evalFn, error) {
 		fns, err := p.nargs(name, arg, min, max)
 		if err != nil {
@@ -210,14 +209,22 @@ func nullishArgs(min, max int, f func(name string, vs []any) (any, error)) opPar
 			if err != nil {
 				return nil, err
 			}
-			for _, v := range vs {
-				if isNullish(v) {
-					return nil, nil
-				}
-			}
 			return f(name, vs)
 		}, nil
 	}
+}
+
+// nullishArgs is evaluatedArgs where null or missing in any argument gives
+// null, and f sees the values otherwise.
+func nullishArgs(min, max int, f func(name string, vs []any) (any, error)) opParser {
+	return evaluatedArgs(min, max, func(name string, vs []any) (any, error) {
+		for _, v := range vs {
+			if isNullish(v) {
+				return nil, nil
+			}
+		}
+		return f(name, vs)
+	})
 }
 
 // unaryNum builds a one-argument numeric operator: null in, null out;
@@ -349,36 +356,26 @@ func roundNum(v any, place int, mode roundMode) any {
 }
 
 func parseRound(mode roundMode) opParser {
-	return func(p *parser, name string, arg any) (evalFn, error) {
-		fns, err := p.nargs(name, arg, 1, 2)
-		if err != nil {
-			return nil, err
-		}
-		return func(c *ctx) (any, error) {
-			vs, err := evalAll(c, fns)
-			if err != nil {
-				return nil, err
-			}
-			place := 0
-			if len(vs) == 2 {
-				if isNullish(vs[1]) {
-					return nil, nil
-				}
-				n, ok := wholeNumber(vs[1])
-				if !ok || n < -20 || n > 100 {
-					return nil, errf(51083, "cannot apply %s with precision value %s value must be in [-20, 100]", name, render(vs[1]))
-				}
-				place = int(n)
-			}
-			if isNullish(vs[0]) {
+	return evaluatedArgs(1, 2, func(name string, vs []any) (any, error) {
+		place := 0
+		if len(vs) == 2 {
+			if isNullish(vs[1]) {
 				return nil, nil
 			}
-			if !isNum(vs[0]) {
-				return nil, errf(51081, "%s only supports numeric types, not %s", name, typeName(vs[0]))
+			n, ok := wholeNumber(vs[1])
+			if !ok || n < -20 || n > 100 {
+				return nil, errf(51083, "cannot apply %s with precision value %s value must be in [-20, 100]", name, render(vs[1]))
 			}
-			return roundNum(vs[0], place, mode), nil
-		}, nil
-	}
+			place = int(n)
+		}
+		if isNullish(vs[0]) {
+			return nil, nil
+		}
+		if !isNum(vs[0]) {
+			return nil, errf(51081, "%s only supports numeric types, not %s", name, typeName(vs[0]))
+		}
+		return roundNum(vs[0], place, mode), nil
+	})
 }
 
 // wholeNumber returns v as an int64 when it is a number with no fraction.

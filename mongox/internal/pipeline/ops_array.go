@@ -96,15 +96,7 @@ func parseFirstLast(first bool) opParser {
 }
 
 func parseIn(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
-	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
+	return evaluatedArgs(2, 2, func(name string, vs []any) (any, error) {
 		arr, ok := asArray(vs[1])
 		if !ok {
 			return nil, errf(40081, "$in requires an array as a second argument, found: %s", typeName(vs[1]))
@@ -115,7 +107,7 @@ func parseIn(p *parser, name string, arg any) (evalFn, error) {
 			}
 		}
 		return false, nil
-	}, nil
+	})(p, name, arg)
 }
 
 func parseIsArray(p *parser, name string, arg any) (evalFn, error) {
@@ -381,15 +373,7 @@ func reverseArray(v any) (any, error) {
 const maxRangeElements = 64 << 20 / 16
 
 func parseRange(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 3)
-	if err != nil {
-		return nil, err
-	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
+	return evaluatedArgs(2, 3, func(name string, vs []any) (any, error) {
 		vals := []int64{0, 0, 1}
 		for i, v := range vs {
 			n, ok := wholeNumber(v)
@@ -417,19 +401,11 @@ func parseRange(p *parser, name string, arg any) (evalFn, error) {
 			out = append(out, int32(i))
 		}
 		return out, nil
-	}, nil
+	})(p, name, arg)
 }
 
 func parseIndexOfArray(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 4)
-	if err != nil {
-		return nil, err
-	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
+	return evaluatedArgs(2, 4, func(name string, vs []any) (any, error) {
 		if isNullish(vs[0]) {
 			return nil, nil
 		}
@@ -458,5 +434,5 @@ func parseIndexOfArray(p *parser, name string, arg any) (evalFn, error) {
 			}
 		}
 		return int32(-1), nil
-	}, nil
+	})(p, name, arg)
 }

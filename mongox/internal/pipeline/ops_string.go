@@ -95,59 +95,49 @@ func parseCase(f func(string) string) opParser {
 }
 
 func parseSubstr(codePoints bool) opParser {
-	return func(p *parser, name string, arg any) (evalFn, error) {
-		fns, err := p.nargs(name, arg, 3, 3)
+	return evaluatedArgs(3, 3, func(name string, vs []any) (any, error) {
+		s, err := coerceToString(name, vs[0])
 		if err != nil {
 			return nil, err
 		}
-		return func(c *ctx) (any, error) {
-			vs, err := evalAll(c, fns)
-			if err != nil {
-				return nil, err
+		if !isNum(vs[1]) {
+			return nil, errf(16034, "%s: starting index must be a numeric type (is BSON type %s)", name, typeName(vs[1]))
+		}
+		if !isNum(vs[2]) {
+			return nil, errf(16035, "%s: length must be a numeric type (is BSON type %s)", name, typeName(vs[2]))
+		}
+		start, _ := wholeNumber(roundNum(vs[1], 0, roundTrunc))
+		length, _ := wholeNumber(roundNum(vs[2], 0, roundTrunc))
+		length = min(length, int64(len(s))) // no overflow in start+length
+		if codePoints {
+			if start < 0 {
+				return nil, errf(34455, "%s: starting index must be non-negative (got: %d)", name, start)
 			}
-			s, err := coerceToString(name, vs[0])
-			if err != nil {
-				return nil, err
+			if length < 0 {
+				return nil, errf(34456, "%s: length must be non-negative (got: %d)", name, length)
 			}
-			if !isNum(vs[1]) {
-				return nil, errf(16034, "%s: starting index must be a numeric type (is BSON type %s)", name, typeName(vs[1]))
-			}
-			if !isNum(vs[2]) {
-				return nil, errf(16035, "%s: length must be a numeric type (is BSON type %s)", name, typeName(vs[2]))
-			}
-			start, _ := wholeNumber(roundNum(vs[1], 0, roundTrunc))
-			length, _ := wholeNumber(roundNum(vs[2], 0, roundTrunc))
-			length = min(length, int64(len(s))) // no overflow in start+length
-			if codePoints {
-				if start < 0 {
-					return nil, errf(34455, "%s: starting index must be non-negative (got: %d)", name, start)
-				}
-				if length < 0 {
-					return nil, errf(34456, "%s: length must be non-negative (got: %d)", name, length)
-				}
-				r := []rune(s)
-				if start >= int64(len(r)) {
-					return "", nil
-				}
-				end := min(start+length, int64(len(r)))
-				return string(r[start:end]), nil
-			}
-			if start < 0 || start >= int64(len(s)) {
+			r := []rune(s)
+			if start >= int64(len(r)) {
 				return "", nil
 			}
-			if !utf8.RuneStart(s[start]) {
-				return nil, errf(28656, "%s: Invalid range, starting index is a UTF-8 continuation byte.", name)
+			end := min(start+length, int64(len(r)))
+			return string(r[start:end]), nil
+		}
+		if start < 0 || start >= int64(len(s)) {
+			return "", nil
+		}
+		if !utf8.RuneStart(s[start]) {
+			return nil, errf(28656, "%s: Invalid range, starting index is a UTF-8 continuation byte.", name)
+		}
+		end := int64(len(s))
+		if length >= 0 && start+length < end {
+			end = start + length
+			if end < int64(len(s)) && !utf8.RuneStart(s[end]) {
+				return nil, errf(28657, "%s: Invalid range, ending index is in the middle of a UTF-8 character.", name)
 			}
-			end := int64(len(s))
-			if length >= 0 && start+length < end {
-				end = start + length
-				if end < int64(len(s)) && !utf8.RuneStart(s[end]) {
-					return nil, errf(28657, "%s: Invalid range, ending index is in the middle of a UTF-8 character.", name)
-				}
-			}
-			return s[start:end], nil
-		}, nil
-	}
+		}
+		return s[start:end], nil
+	})
 }
 
 func parseStrLen(codePoints bool) opParser {
@@ -250,15 +240,7 @@ func parseTrim(left, right bool) opParser {
 }
 
 func parseStrcasecmp(p *parser, name string, arg any) (evalFn, error) {
-	fns, err := p.nargs(name, arg, 2, 2)
-	if err != nil {
-		return nil, err
-	}
-	return func(c *ctx) (any, error) {
-		vs, err := evalAll(c, fns)
-		if err != nil {
-			return nil, err
-		}
+	return evaluatedArgs(2, 2, func(name string, vs []any) (any, error) {
 		a, err := coerceToString(name, vs[0])
 		if err != nil {
 			return nil, err
@@ -268,72 +250,62 @@ func parseStrcasecmp(p *parser, name string, arg any) (evalFn, error) {
 			return nil, err
 		}
 		return int32(strings.Compare(strings.ToUpper(a), strings.ToUpper(b))), nil
-	}, nil
+	})(p, name, arg)
 }
 
 func parseIndexOf(codePoints bool) opParser {
-	return func(p *parser, name string, arg any) (evalFn, error) {
-		fns, err := p.nargs(name, arg, 2, 4)
-		if err != nil {
-			return nil, err
+	return evaluatedArgs(2, 4, func(name string, vs []any) (any, error) {
+		if isNullish(vs[0]) {
+			return nil, nil
 		}
-		return func(c *ctx) (any, error) {
-			vs, err := evalAll(c, fns)
-			if err != nil {
-				return nil, err
+		s, ok := vs[0].(string)
+		if !ok {
+			return nil, errf(40091, "%s requires a string as the first argument, found: %s", name, typeName(vs[0]))
+		}
+		sub, ok := vs[1].(string)
+		if !ok {
+			return nil, errf(40092, "%s requires a string as the second argument, found: %s", name, typeName(vs[1]))
+		}
+		var units []string // code points, or bytes as one-byte strings
+		if codePoints {
+			for _, r := range s {
+				units = append(units, string(r))
 			}
-			if isNullish(vs[0]) {
-				return nil, nil
+		}
+		n := int64(len(s))
+		if codePoints {
+			n = int64(len(units))
+		}
+		start, end := int64(0), n
+		if len(vs) > 2 {
+			v, ok := wholeNumber(vs[2])
+			if !ok || v < 0 {
+				return nil, errf(40097, "%s requires a nonnegative integral starting index, found: %s", name, render(vs[2]))
 			}
-			s, ok := vs[0].(string)
-			if !ok {
-				return nil, errf(40091, "%s requires a string as the first argument, found: %s", name, typeName(vs[0]))
+			start = v
+		}
+		if len(vs) > 3 {
+			v, ok := wholeNumber(vs[3])
+			if !ok || v < 0 {
+				return nil, errf(40097, "%s requires a nonnegative integral ending index, found: %s", name, render(vs[3]))
 			}
-			sub, ok := vs[1].(string)
-			if !ok {
-				return nil, errf(40092, "%s requires a string as the second argument, found: %s", name, typeName(vs[1]))
-			}
-			var units []string // code points, or bytes as one-byte strings
-			if codePoints {
-				for _, r := range s {
-					units = append(units, string(r))
-				}
-			}
-			n := int64(len(s))
-			if codePoints {
-				n = int64(len(units))
-			}
-			start, end := int64(0), n
-			if len(vs) > 2 {
-				v, ok := wholeNumber(vs[2])
-				if !ok || v < 0 {
-					return nil, errf(40097, "%s requires a nonnegative integral starting index, found: %s", name, render(vs[2]))
-				}
-				start = v
-			}
-			if len(vs) > 3 {
-				v, ok := wholeNumber(vs[3])
-				if !ok || v < 0 {
-					return nil, errf(40097, "%s requires a nonnegative integral ending index, found: %s", name, render(vs[3]))
-				}
-				end = min(v, n)
-			}
-			if start > end || start > n {
-				return int32(-1), nil
-			}
-			if codePoints {
-				hay := strings.Join(units[start:end], "")
-				i := strings.Index(hay, sub)
-				if i < 0 {
-					return int32(-1), nil
-				}
-				return int32(start) + int32(utf8.RuneCountInString(hay[:i])), nil
-			}
-			i := strings.Index(s[start:end], sub)
+			end = min(v, n)
+		}
+		if start > end || start > n {
+			return int32(-1), nil
+		}
+		if codePoints {
+			hay := strings.Join(units[start:end], "")
+			i := strings.Index(hay, sub)
 			if i < 0 {
 				return int32(-1), nil
 			}
-			return int32(start) + int32(i), nil
-		}, nil
-	}
+			return int32(start) + int32(utf8.RuneCountInString(hay[:i])), nil
+		}
+		i := strings.Index(s[start:end], sub)
+		if i < 0 {
+			return int32(-1), nil
+		}
+		return int32(start) + int32(i), nil
+	})
 }
