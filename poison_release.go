@@ -116,8 +116,11 @@ func (c *Client) retryReleased(ctx context.Context, anchor, id InboxID, attempt 
 	res, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "parked", Value: true}, {Key: "held_by", Value: anchor}},
 		bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}},
 			{Key: "$set", Value: bson.D{{Key: "last_error", Value: truncate(cause.Error(), 4096)}}}})
-	if err != nil || res.MatchedCount == 0 {
+	if err != nil {
 		return false // it becomes the head (moveChain checks again)
+	}
+	if res.MatchedCount == 0 {
+		return true // handled or moved by another releaser meanwhile: go on with the chain
 	}
 	// Retried even when ctx ends during the wait: the loop then stops with
 	// the event still held, and the orphan-chain sweep resumes the release.

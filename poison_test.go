@@ -212,6 +212,11 @@ func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
 	c := h.c
+	// Redrive alone releases the chain: the re-drive loop's orphan-chain
+	// sweep would release it too, concurrently, and could handle a2 while
+	// the failed run's attempt is being counted (that race is covered by
+	// TestInterruptedReleaseIsResumed and the chaos runs).
+	c.redriveEvery = time.Hour
 	ctx := context.Background()
 	head := h.heldChain(t)
 	h.mu.Lock()
