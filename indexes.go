@@ -154,7 +154,10 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := c.stampInbox(ctx); err != nil {
 		return err
 	}
-	return ensureIndexes(ctx, c.inbox, c.inboxIndexes()...)
+	if err := ensureIndexes(ctx, c.inbox, c.inboxIndexes()...); err != nil {
+		return err
+	}
+	return c.migrateUnreadable(ctx)
 }
 
 // consumes reports whether handlers are registered.

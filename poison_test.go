@@ -405,6 +405,8 @@ func TestHandlerParkAndSnooze(t *testing.T) {
 	b.produce(t, b.keyed("forever", "F"), b.payload(t, "forever", 2))
 	b.produce(t, b.keyed("last", "L"), b.payload(t, "last", 3))
 	eventually(t, "last handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "last"}}) == 1 })
+	// Other keys do not wait for a key that retries (issue 31 item 5).
+	eventually(t, "park and forever parked", func() bool { return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 2 })
 	ctx := context.Background()
 	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
