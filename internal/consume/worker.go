@@ -342,7 +342,7 @@ func (w *Worker) loop() {
 		tick              = time.NewTicker(time.Second)
 		running           = map[*Unit]time.Time{}
 		workDone          = w.work.Done()
-		suspects          = w.cfg.Slots // units left that count attempts first
+		suspects          = w.cfg.Slots            // units left that count attempts first
 		logged            = map[string]time.Time{} // waits logged, by what
 	)
 	defer timer.Stop()
