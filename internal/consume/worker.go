@@ -86,6 +86,10 @@ type Worker struct {
 	// Read by unit goroutines.
 	lookups atomic.Int32 // units left that read the inbox first
 	avgRun  atomic.Int64 // moving average of a handler's run, ns per event
+	// batchCap caps the events of a unit: halved when a batch rolls back,
+	// doubled when one commits, so that a run of failing events (a bad
+	// deploy) is not paid for with a rolled-back batch per event.
+	batchCap atomic.Int32
 
 	heldMu  sync.Mutex
 	held    map[string]bool // held keys; true when a release was asked
@@ -122,6 +126,7 @@ func NewWorker(tp TopicPartition, cfg *Config, work context.Context) *Worker {
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), kill: make(chan struct{}), done: make(chan struct{}),
 		reqs: make(chan chan []Wait), held: map[string]bool{}, relWait: map[string]*relState{}}
 	w.stats.Store(&Stats{LowestUnsettled: -1, Committed: -1})
+	w.batchCap.Store(int32(max(cfg.BatchSize, 1)))
 	return w
 }
 
@@ -287,8 +292,22 @@ func (w *Worker) noteRelWait(key string, st *relState, err error) {
 // sharing transactions, which saves a commit per event.
 const targetUnit = 5 * time.Millisecond
 
-// noteDuration feeds the moving average of a handler's run per event.
+// noteDuration feeds the moving average of a handler's run per event, and
+// the batch cap.
 func (w *Worker) noteDuration(d time.Duration, n int, k Kind) {
+	if n > 1 {
+		c := w.batchCap.Load()
+		switch {
+		case k == Handled && int(c) < w.cfg.BatchSize:
+			w.batchCap.Store(min(2*c, int32(w.cfg.BatchSize)))
+		case k != Handled && k != Canceled && c > 1:
+			w.batchCap.Store(c / 2)
+		}
+	} else if k == Handled {
+		if c := w.batchCap.Load(); int(c) < w.cfg.BatchSize {
+			w.batchCap.Store(c + 1) // singles that commit earn batching back
+		}
+	}
 	if k != Handled || n == 0 {
 		return
 	}
@@ -302,16 +321,18 @@ func (w *Worker) noteDuration(d time.Duration, n int, k Kind) {
 }
 
 // maxBatch is the cap on a unit's deliveries: Config.BatchSize with one
-// slot; with more, as many as fit in targetUnit by the moving average.
+// slot; with more, as many as fit in targetUnit by the moving average;
+// never more than the batch cap.
 func (w *Worker) maxBatch() int {
+	limit := int(w.batchCap.Load())
 	if w.cfg.Slots <= 1 {
-		return w.cfg.BatchSize
+		return limit
 	}
 	avg := time.Duration(w.avgRun.Load())
 	if avg <= 0 {
-		return w.cfg.BatchSize
+		return limit
 	}
-	return int(min(max(int64(targetUnit/avg), 1), int64(w.cfg.BatchSize)))
+	return int(min(max(int64(targetUnit/avg), 1), int64(limit)))
 }
 
 // loop is the worker goroutine.
