@@ -62,6 +62,9 @@ func (b *bundle) timesHandled(orderID string) int64 {
 	return n.(*atomic.Int64).Load()
 }
 
+// testPassword is the operator password of a console with actions.
+const testPassword = "correct horse battery staple"
+
 // setup starts MongoDB and Kafka, a framework Client for service "shop"
 // (not running; see run) with a handler of orderPlaced, and a console on
 // an httptest server mounted at /outbox/ui/.
@@ -90,7 +93,11 @@ func setup(t testing.TB, actions bool) *bundle {
 		return nil
 	}))
 	require.NoError(t, c.EnsureIndexes(context.Background()))
-	b.console, err = New(Options{Services: []Service{ServiceOf(b.cfg)}, Kafka: k.Admin(), EnableActions: actions})
+	opts := Options{Services: []Service{ServiceOf(b.cfg)}, Kafka: k.Admin(), EnableActions: actions}
+	if actions {
+		opts.OperatorPassword = testPassword
+	}
+	b.console, err = New(opts)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/outbox/ui/", http.StripPrefix("/outbox/ui", b.console))
@@ -222,6 +229,19 @@ func stats(body string) map[string]string {
 }
 
 var csrfRe = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// signIn signs cl in as the operator and returns a CSRF token of its
+// cookie.
+func (b *bundle) signIn(t *testing.T, cl *http.Client) string {
+	t.Helper()
+	code, page := get(t, cl, b.url("login"))
+	require.Equal(t, http.StatusOK, code, page)
+	code, page = post(t, cl, b.url("login"), url.Values{"csrf": {csrfOf(t, page)}, "password": {testPassword}},
+		map[string]string{"Origin": b.srv.URL})
+	require.Equal(t, http.StatusOK, code, page)
+	require.Contains(t, page, "actions enabled", "signed in")
+	return csrfOf(t, page)
+}
 
 func csrfOf(t *testing.T, body string) string {
 	t.Helper()
