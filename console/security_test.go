@@ -281,7 +281,7 @@ func TestParkedPageNumberIsBounded(t *testing.T) {
 	b := setup(t, false)
 	seed(t, b)
 	cl := jarClient(t)
-	for _, p := range []string{"92233720368547758", "-1", "x", "99999999999999999999", fmt.Sprint(maxPage(100) + 1)} {
+	for _, p := range []string{"92233720368547758", "92233720368547759", "-1", "x", "99999999999999999999", fmt.Sprint(maxPage(100) + 1)} {
 		code, body := get(t, cl, b.url("parked?page="+p))
 		require.Equal(t, http.StatusBadRequest, code, p)
 		require.Contains(t, body, "page must", p)
