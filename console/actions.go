@@ -56,13 +56,7 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 	names := actionNames[kind]
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		r.Body = http.MaxBytesReader(w, r.Body, 8<<20)
-		if err := r.ParseForm(); err != nil {
-			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
-			return
-		}
-		if err := c.checkCSRF(r); err != nil {
-			c.fail(w, r, http.StatusForbidden, err)
+		if !c.readForm(w, r, 8<<20) {
 			return
 		}
 		operator, ok := c.operator(r)

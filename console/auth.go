@@ -146,13 +146,7 @@ func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 // row, sign-in pauses (1 s, doubling up to a minute) before it compares
 // again.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if err := r.ParseForm(); err != nil {
-		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
-		return
-	}
-	if err := c.checkCSRF(r); err != nil {
-		c.fail(w, r, http.StatusForbidden, err)
+	if !c.readForm(w, r, 64<<10) {
 		return
 	}
 	if wait := c.limiter.wait(c.now()); wait > 0 {
@@ -182,13 +176,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 
 // logout ends the session.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if err := r.ParseForm(); err != nil {
-		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
-		return
-	}
-	if err := c.checkCSRF(r); err != nil {
-		c.fail(w, r, http.StatusForbidden, err)
+	if !c.readForm(w, r, 64<<10) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", MaxAge: -1, HttpOnly: true,

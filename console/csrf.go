@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"regexp"
 )
@@ -55,6 +56,22 @@ func (c *Console) sign(cookie string) string {
 	m := hmac.New(sha256.New, c.csrfKey)
 	m.Write([]byte("outbox-console-csrf\x00" + cookie))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// readForm reads a POSTed form of at most limit bytes and checks it
+// against CSRF; it answers the request and returns false when either
+// fails.
+func (c *Console) readForm(w http.ResponseWriter, r *http.Request, limit int64) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
+		return false
+	}
+	if err := c.checkCSRF(r); err != nil {
+		c.fail(w, r, http.StatusForbidden, err)
+		return false
+	}
+	return true
 }
 
 // checkCSRF reports why r fails the CSRF checks, or nil.

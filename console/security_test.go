@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"html"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -23,32 +22,6 @@ import (
 
 	"github.com/event-outbox/outbox"
 )
-
-// send makes a request with the given Host header and headers.
-func send(t *testing.T, cl *http.Client, method, u, host string, form url.Values, hdr map[string]string) (*http.Response, string) {
-	t.Helper()
-	var body *strings.Reader
-	if form != nil {
-		body = strings.NewReader(form.Encode())
-	} else {
-		body = strings.NewReader("")
-	}
-	req, err := http.NewRequest(method, u, body)
-	require.NoError(t, err)
-	if form != nil {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	req.Host = host
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := cl.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp, string(b)
-}
 
 // DNS rebinding: a page on attacker.example whose name now resolves to
 // 127.0.0.1 reaches the console with Host: attacker.example. It used to be

@@ -203,18 +203,35 @@ func get(t testing.TB, cl *http.Client, u string) (int, string) {
 // post submits a form with the given headers.
 func post(t *testing.T, cl *http.Client, u string, form url.Values, hdr map[string]string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	resp, body := send(t, cl, http.MethodPost, u, "", form, hdr)
+	return resp.StatusCode, body
+}
+
+// send makes a request with a form (nil for none), a Host header ("" for
+// the URL's) and headers, and returns the response and its body.
+func send(t *testing.T, cl *http.Client, method, u, host string, form url.Values, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, u, body)
 	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if host != "" {
+		req.Host = host
+	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
 	resp, err := cl.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp.StatusCode, string(body)
+	return resp, string(b)
 }
 
 var statRe = regexp.MustCompile(`data-stat="([^"]+)">(?:<a [^>]*>)?([^<]*)<`)

@@ -21,19 +21,8 @@ func TestUIServesTheConsoleUntilCancelled(t *testing.T) {
 	c := newCtl(t)
 	c.seed()
 	k := kafkatest.Start(t, kafkatest.SeedTopics(1, "orders"))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var stderr strings.Builder
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"-uri", c.uri, "-db", c.db.Name(), "-service", "shop", "-brokers", strings.Join(k.Seeds, ","),
-			"-find-indexes", "ui", "-addr", "127.0.0.1:0"}, pw, &stderr, c.getenv)
-		pw.Close()
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	require.NoError(t, err, stderr.String())
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	line, stop := startUI(t, []string{"-uri", c.uri, "-db", c.db.Name(), "-service", "shop", "-brokers", strings.Join(k.Seeds, ","),
+		"-find-indexes", "ui", "-addr", "127.0.0.1:0"}, c.getenv)
 	m := regexp.MustCompile(`\(read-only\) on (http://\S+/)`).FindStringSubmatch(line)
 	require.NotNil(t, m, line)
 	cl := &http.Client{Timeout: 30 * time.Second}
@@ -60,13 +49,7 @@ func TestUIServesTheConsoleUntilCancelled(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode)
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, exitOK, code, stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("outboxctl ui did not stop after its context ended")
-	}
+	stop()
 }
 
 func TestUIUsage(t *testing.T) {
@@ -88,25 +71,13 @@ func TestUIActionsNeedAPassword(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "OUTBOX_CONSOLE_PASSWORD")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var stderr strings.Builder
-	done := make(chan int, 1)
 	env := func(k string) string {
 		if k == "OUTBOX_CONSOLE_PASSWORD" {
 			return "operator-secret"
 		}
 		return ""
 	}
-	go func() {
-		done <- run(ctx, []string{"-uri", c.uri, "-db", c.db.Name(), "ui", "-actions", "-allowed-hosts", "console.test", "-addr", "127.0.0.1:0"},
-			pw, &stderr, env)
-		pw.Close()
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	require.NoError(t, err, stderr.String())
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	line, stop := startUI(t, []string{"-uri", c.uri, "-db", c.db.Name(), "ui", "-actions", "-allowed-hosts", "console.test", "-addr", "127.0.0.1:0"}, env)
 	m := regexp.MustCompile(`\(actions enabled for signed-in operators\) on (http://\S+/)`).FindStringSubmatch(line)
 	require.NotNil(t, m, line)
 	cl := &http.Client{Timeout: 30 * time.Second}
@@ -129,13 +100,7 @@ func TestUIActionsNeedAPassword(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF cookie, no operator")
 	require.EqualValues(t, 2, c.count("inbox", bson.D{{Key: "parked", Value: true}}))
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, exitOK, code, stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("outboxctl ui did not stop after its context ended")
-	}
+	stop()
 }
 
 // Slow or idle clients cannot hold the ui server's connections: every
@@ -147,4 +112,38 @@ func TestUIServerBoundsRequests(t *testing.T) {
 	require.Positive(t, srv.ReadTimeout)
 	require.Positive(t, srv.WriteTimeout)
 	require.Positive(t, srv.IdleTimeout)
+}
+
+// startUI runs outboxctl with args (a ui command) until the test ends, and
+// returns the first line it prints and a stop function that cancels it and
+// checks that it exits 0.
+func startUI(t *testing.T, args []string, getenv func(string) string) (line string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	var stderr strings.Builder
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, args, pw, &stderr, getenv)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err, stderr.String())
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			require.Equal(t, exitOK, code, stderr.String())
+		case <-time.After(30 * time.Second):
+			t.Fatal("outboxctl ui did not stop after its context ended")
+		}
+	}
+	t.Cleanup(stop)
+	return line, stop
 }
