@@ -56,13 +56,12 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 	names := actionNames[kind]
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		r.Body = http.MaxBytesReader(w, r.Body, 8<<20)
-		if err := r.ParseForm(); err != nil {
-			c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
+		if !c.readForm(w, r, 8<<20) {
 			return
 		}
-		if err := c.checkCSRF(r); err != nil {
-			c.fail(w, r, http.StatusForbidden, err)
+		operator, ok := c.operator(r)
+		if !ok {
+			c.unauthorized(w, r)
 			return
 		}
 		s, err := c.service(r)
@@ -117,10 +116,19 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 			return
 		}
 		if confirmed {
-			c.opts.Logger.Info("console: action", "action", names.path, "service", s.Name, "events", p.Count)
+			c.opts.Logger.Info("console: action", "action", names.path, "service", s.Name, "events", p.Count, "operator", operator)
 		}
 		c.render(w, r, "action", s, p, start)
 	}
+}
+
+// unauthorized answers an action without an operator credential.
+func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request) {
+	err := errors.New("console: actions need an operator: sign in first")
+	if c.passwordHash == nil {
+		err = errors.New("console: actions need an operator the service authenticates (console.Options.Authorize refused this request)")
+	}
+	c.fail(w, r, http.StatusUnauthorized, err)
 }
 
 // badRequest is an error in the submitted form.
@@ -136,14 +144,7 @@ func (c *Console) parkedAction(ctx context.Context, s *service, kind actionKind,
 		}
 		var ok bool
 		if f, ok = q.adminFilter(); !ok {
-			ids, err := parkedIDs(ctx, s, q)
-			if err != nil {
-				return 0, err
-			}
-			if len(ids) == 0 {
-				return 0, nil
-			}
-			f = outbox.ParkedFilter{IDs: ids}
+			return c.parkedActionByPages(ctx, s, kind, q, dryRun)
 		}
 	case "ids", "":
 		for _, raw := range r.PostForm["id"] {
@@ -164,6 +165,45 @@ func (c *Console) parkedAction(ctx context.Context, s *service, kind actionKind,
 	}
 	return s.admin.PurgeParked(ctx, f, dryRun)
 }
+
+// parkedActionByPages acts on every parked event q selects when
+// outbox.ParkedFilter cannot express q (a key, a lower time bound, a view):
+// a page of ids at a time (eachParkedPage), never all of them in memory or
+// in one $in. A re-drive first counts every page as a dry run, so that a
+// selection holding a record that can never be re-driven is refused
+// (outbox.ErrNotRedrivable) before anything changes, as one request would.
+func (c *Console) parkedActionByPages(ctx context.Context, s *service, kind actionKind, q parkedQuery, dryRun bool) (int64, error) {
+	pass := func(dry bool) (int64, error) {
+		var n int64
+		err := eachParkedPage(ctx, s, q, actionPageSize, func(ids []outbox.InboxID) error {
+			f := outbox.ParkedFilter{IDs: ids}
+			var m int64
+			var err error
+			if kind == actRedrive {
+				m, err = s.admin.RequestRedrive(ctx, f, dry)
+			} else {
+				m, err = s.admin.PurgeParked(ctx, f, dry)
+			}
+			if errors.Is(err, outbox.ErrNotParked) {
+				err = nil // changed meanwhile: none of the page is parked any more
+			}
+			n += m
+			return err
+		})
+		return n, err
+	}
+	if dryRun || kind == actRedrive {
+		n, err := pass(true)
+		if dryRun || err != nil {
+			return n, err
+		}
+	}
+	return pass(false)
+}
+
+// actionPageSize is how many ids an "all matching" action sends to MongoDB
+// at a time.
+const actionPageSize = 500
 
 func (c *Console) failedAction(ctx context.Context, s *service, kind actionKind, r *http.Request, dryRun bool) (int64, error) {
 	topic := strings.TrimSpace(r.PostFormValue("topic"))

@@ -22,9 +22,11 @@ import (
 
 // The browser test drives headless Chromium through the console of a
 // running service: it reads the numbers each page shows and compares them
-// with the database, re-drives a parked event with the buttons and waits
-// for its handler to run, and checks that a form posted from another
-// origin is refused.
+// with the database, signs in as the operator, re-drives a parked event
+// with the buttons and waits for its handler to run, and checks that a
+// form posted from another origin is refused and that a name resolving to
+// 127.0.0.1 (DNS rebinding, simulated with Chromium's host resolver rules)
+// gets no page.
 //
 // It needs Chromium (Debian: apt-get install chromium); without it the test
 // skips. CONSOLE_SCREENSHOTS=<dir> keeps a PNG of each page there (the
@@ -115,7 +117,10 @@ func TestBrowser(t *testing.T) {
 		shots = t.TempDir()
 	}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 900))...)
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 900),
+		// The attacker's name resolves to the console's address, as after
+		// a DNS rebinding.
+		chromedp.Flag("host-resolver-rules", "MAP rebind.attacker.test 127.0.0.1"))...)
 	defer cancelAlloc()
 	bctx, cancelB := chromedp.NewContext(alloc)
 	defer cancelB()
@@ -184,10 +189,18 @@ func TestBrowser(t *testing.T) {
 	require.Equal(t, "1", stat(svc+"/outbox"))
 	shot("find")
 
-	// Parked page, then the head's detail, then re-drive it with the
-	// buttons: a confirmation with the count, then the request.
+	// Parked page, read-only until the operator signs in; then the head's
+	// detail, then re-drive it with the buttons: a confirmation with the
+	// count, then the request.
 	open("parked")
 	require.Equal(t, "3", stat("matching"))
+	require.Contains(t, text(".mode"), "sign in to act")
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#signin")), chromedp.WaitVisible(chromedp.CSS("#password"))))
+	shot("login")
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.CSS("#password"), testPassword), chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#signout"))))
+	require.Equal(t, "actions enabled", text(".mode"))
+	open("parked")
 	shot("parked")
 	require.NoError(t, chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(`a.evt[href*="`+head.ID.IdempotencyKey+`"]`)),
@@ -222,6 +235,21 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(evilURL), chromedp.WaitReady(chromedp.CSS(".error"))))
 	require.Contains(t, text(".error"), "CSRF")
 	shot("csrf-refused")
+	require.Equal(t, int64(1), count(t, b.inbox(), bson.D{{Key: "parked", Value: true}}), "the parked event is not purged")
+
+	// DNS rebinding: the attacker's name now resolves to the console's
+	// address. The browser reaches the console under that name, and gets
+	// neither a page nor a token; its same-origin post is refused too.
+	rebound := strings.Replace(b.url("parked"), "127.0.0.1", "rebind.attacker.test", 1)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(rebound), chromedp.WaitReady(chromedp.CSS("body"))))
+	body := text("body")
+	require.Contains(t, body, "DNS rebinding")
+	require.NotContains(t, body, "k-stays")
+	status, err := chromedp.Run(bctx, chromedp.Evaluate[int](`fetch("purge", {method: "POST",
+		headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "scope=all&confirm=yes"}).then(r => r.status)`,
+		chromedp.EvalAwaitPromise))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusMisdirectedRequest, status)
 	require.Equal(t, int64(1), count(t, b.inbox(), bson.D{{Key: "parked", Value: true}}), "the parked event is not purged")
 }
 

@@ -18,14 +18,20 @@
 //
 // # Safety
 //
-// The console is read-only unless Options.EnableActions is set. Actions are
-// POST requests that must pass a same-origin check (Sec-Fetch-Site, Origin
-// or Referer) and carry a CSRF token bound to a cookie of the browser; a
+// The console answers only to the hosts it serves (Options.AllowedHosts,
+// localhost and IP literals): any other Host header gets 421 before a page
+// or a token, which defeats DNS rebinding. It is read-only unless
+// Options.EnableActions is set, and actions need an operator credential:
+// the console's own sign-in (Options.OperatorPassword) or the service's
+// authentication (Options.Authorize); reaching the console, even on
+// loopback, is not authentication. Actions are POST requests that must pass
+// a same-origin check (Sec-Fetch-Site, then Origin or Referer against the
+// served hosts) and carry a CSRF token bound to a cookie of the browser; a
 // first POST only shows how many events the action would change (the same
 // dry-run count outboxctl prints) and asks for confirmation. No page shows a
-// connection string or credential. The console has no authentication of its
-// own: put it behind the service's (see the README's Operations console
-// section for a middleware example).
+// connection string or credential. Pages are readable by whoever reaches
+// the console: put it behind the service's authentication when it listens
+// beyond loopback (see the README's Operations console section).
 //
 // # Reads
 //
@@ -40,6 +46,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"embed"
 	"errors"
 	"fmt"
@@ -110,9 +117,38 @@ type Options struct {
 	// Defaults to nil: the partitions page says that Kafka is not
 	// configured.
 	Kafka *kadm.Client
-	// EnableActions allows re-drive, purge, retry and discard. Defaults to
-	// false: the console is read-only and refuses every POST.
+	// EnableActions allows re-drive, purge, retry and discard, by an
+	// operator that OperatorPassword or Authorize authenticates (at least
+	// one is required with it). Defaults to false: the console is read-only
+	// and refuses every POST.
 	EnableActions bool
+	// OperatorPassword turns on the console's sign-in page: an operator
+	// signs in with this password (compared in constant time; after five
+	// wrong ones in a row, sign-in pauses, from 1 s doubling to a minute)
+	// and gets a session cookie (HttpOnly, SameSite=Strict, valid for
+	// SessionTTL in this browser only) that lets them run actions. At least
+	// 8 characters. Defaults to "": no sign-in page.
+	OperatorPassword string
+	// Authorize authenticates operators by the service's own means (its
+	// session, a header its authenticating proxy sets): a request it
+	// accepts may run actions, and the name it returns is logged with each
+	// action. Defaults to nil.
+	Authorize func(r *http.Request) (operator string, ok bool)
+	// SessionTTL is how long a sign-in lasts. Defaults to 8 hours.
+	SessionTTL time.Duration
+	// AllowedHosts are the host names, besides localhost and IP literals,
+	// that the console answers to (ports are ignored): list the names
+	// operators open it by, such as a proxy's public name. A request whose
+	// Host header names another host is refused with 421 Misdirected
+	// Request before any page or token, and an action's Origin must be the
+	// request's own or name a listed host. "*" allows any host: only when
+	// every request is authenticated before it reaches the console, or a
+	// page anywhere can read it by DNS rebinding. Defaults to none.
+	AllowedHosts []string
+	// SecureCookies marks the console's cookies Secure even on plain HTTP
+	// requests: set it behind a proxy that terminates TLS. Defaults to
+	// false: Secure when the request itself came over TLS.
+	SecureCookies bool
 	// CSRFKey signs the CSRF tokens. Replicas behind one load balancer need
 	// the same key (at least 32 bytes), or a form rendered by one replica
 	// is refused by another. Defaults to a random key per Console.
@@ -138,6 +174,13 @@ type Console struct {
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
 	csrfKey  []byte
+	// hosts are the AllowedHosts names (lower case); anyHost is "*".
+	hosts   map[string]bool
+	anyHost bool
+	// passwordHash is the SHA-256 of OperatorPassword, nil without one.
+	passwordHash []byte
+	limiter      signInLimiter
+	now          func() time.Time // time.Now; tests move it
 }
 
 // service is a Service with its Admin.
@@ -165,10 +208,34 @@ func New(opts Options) (*Console, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	opts.SessionTTL = cmp.Or(opts.SessionTTL, 8*time.Hour)
 	if opts.PageSize < 1 {
 		return nil, bad("PageSize must be positive")
 	}
-	c := &Console{opts: opts, byName: map[string]*service{}}
+	if opts.SessionTTL < 0 {
+		return nil, bad("SessionTTL must not be negative")
+	}
+	c := &Console{opts: opts, byName: map[string]*service{}, hosts: map[string]bool{}, now: time.Now}
+	switch {
+	case opts.EnableActions && opts.OperatorPassword == "" && opts.Authorize == nil:
+		return nil, bad("EnableActions needs an operator credential: set OperatorPassword (the console's sign-in) " +
+			"or Authorize (the service's authentication); reaching the console is not authentication")
+	case opts.OperatorPassword != "" && len(opts.OperatorPassword) < 8:
+		return nil, bad("OperatorPassword must have at least 8 characters")
+	case opts.OperatorPassword != "":
+		h := sha256.Sum256([]byte(opts.OperatorPassword))
+		c.passwordHash = h[:]
+	}
+	for _, h := range opts.AllowedHosts {
+		switch name := hostName(strings.TrimSpace(h)); {
+		case name == "*":
+			c.anyHost = true
+		case name == "" || strings.ContainsAny(h, "/?#@ \t"):
+			return nil, bad("AllowedHosts has %q: want a host name, such as console.example.com", h)
+		default:
+			c.hosts[name] = true
+		}
+	}
 	for i, s := range opts.Services {
 		if s.Name == "" {
 			return nil, bad("Services[%d].Name is required", i)
@@ -213,7 +280,12 @@ func New(opts Options) (*Console, error) {
 //	GET  /partitions    partitions and their owners, offsets and lag
 //	GET  /find          an event's journey (?q=&by=idempotency|partition)
 //	GET  /assets/...    stylesheet and script
+//	GET  /login, POST /login, POST /logout    sign-in (Options.OperatorPassword)
 //	POST /redrive, /purge, /retry, /discard   actions (Options.EnableActions)
+//
+// An inbox event's id is outbox.InboxID.String: topic/schema/key with
+// each part escaped, so that a slash in a key or schema never misaddresses
+// an event.
 func (c *Console) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", c.overview)
@@ -229,10 +301,16 @@ func (c *Console) routes() *http.ServeMux {
 	mux.HandleFunc("POST /purge", c.action(actPurge))
 	mux.HandleFunc("POST /retry", c.action(actRetry))
 	mux.HandleFunc("POST /discard", c.action(actDiscard))
+	if c.passwordHash != nil {
+		mux.HandleFunc("GET /login", c.loginForm)
+		mux.HandleFunc("POST /login", c.login)
+		mux.HandleFunc("POST /logout", c.logout)
+	}
 	return mux
 }
 
-// ServeHTTP serves the console. Every response forbids framing and
+// ServeHTTP serves the console. A request for a host the console does not
+// serve is refused first (421). Every response forbids framing and
 // caching, and pages may load nothing but their own assets.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
@@ -241,6 +319,10 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	if !c.hostAllowed(r.Host) {
+		misdirected(w, r)
+		return
+	}
 	if r.URL.Path == "" { // mounted with StripPrefix("/x/ui") and asked for /x/ui
 		u, _, _ := strings.Cut(r.RequestURI, "?")
 		w.Header().Set("Location", u+"/")
@@ -277,25 +359,36 @@ type page struct {
 	Title, Page string
 	// ListPage is the page the service switcher links to: the listing
 	// of the page's kind (parked, failed), never a detail.
-	ListPage      string
-	Services      []*service
-	Service       *service
-	Actions       bool
-	CSRF          string
-	Error         string
-	Data          any
-	RenderedAt    time.Time
-	RenderSeconds string
+	ListPage string
+	Services []*service
+	Service  *service
+	// Actions: this request may run actions (enabled, and an operator
+	// authenticated). SignIn: actions are enabled and the sign-in page
+	// would allow them. SignedIn: a sign-in session is open (sign out).
+	Actions, SignIn, SignedIn bool
+	CSRF                      string
+	Error                     string
+	Data                      any
+	RenderedAt                time.Time
+	RenderSeconds             string
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, svc *service, data any, start time.Time) {
+	c.renderStatus(w, r, http.StatusOK, name, svc, data, start)
+}
+
+// renderStatus renders a page with the given status.
+func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, code int, name string, svc *service, data any, start time.Time) {
 	p := page{Title: c.opts.Title, Page: name, ListPage: "parked", Services: c.services, Service: svc,
-		Actions: c.opts.EnableActions, Data: data, RenderedAt: time.Now().UTC()}
+		Data: data, RenderedAt: time.Now().UTC()}
 	if name == "failed" || name == "outbox-event" {
 		p.ListPage = "failed"
 	}
 	if c.opts.EnableActions {
 		p.CSRF = c.csrfToken(w, r)
+		_, p.Actions = c.operator(r)
+		p.SignedIn = c.passwordHash != nil && c.validSession(r)
+		p.SignIn = !p.Actions && c.passwordHash != nil
 	}
 	p.RenderSeconds = fmt.Sprintf("%.3f", time.Since(start).Seconds())
 	var b strings.Builder
@@ -305,6 +398,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, sv
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
 	_, _ = w.Write([]byte(b.String()))
 }
 

@@ -248,8 +248,7 @@ func TestCSRFRefusals(t *testing.T) {
 	b := setup(t, true)
 	head := seed(t, b)
 	cl := jarClient(t)
-	_, page := get(t, cl, b.url("parked"))
-	token := csrfOf(t, page)
+	token := b.signIn(t, cl)
 	form := func(tok string) url.Values {
 		return url.Values{"csrf": {tok}, "scope": {"ids"}, "id": {head.String()}, "confirm": {"yes"}}
 	}
@@ -286,15 +285,17 @@ func TestActionsConfirmWithTheDryRunCount(t *testing.T) {
 	b := setup(t, true)
 	seed(t, b)
 	cl := jarClient(t)
-	_, page := get(t, cl, b.url("parked?key=o-1"))
-	token := csrfOf(t, page)
+	token := b.signIn(t, cl)
 	hdr := map[string]string{"Origin": b.srv.URL}
 	all := url.Values{"csrf": {token}, "scope": {"all"}, "key": {"o-1"}}
 
 	// First POST: a confirmation with the count of outbox.Admin's dry run;
 	// nothing changes.
-	ids, err := parkedIDs(context.Background(), b.console.services[0], parkedQuery{Key: "o-1"})
-	require.NoError(t, err)
+	var ids []outbox.InboxID
+	require.NoError(t, eachParkedPage(context.Background(), b.console.services[0], parkedQuery{Key: "o-1"}, 2, func(page []outbox.InboxID) error {
+		ids = append(ids, page...)
+		return nil
+	}))
 	dry, err := b.client.Admin().RequestRedrive(context.Background(), outbox.ParkedFilter{IDs: ids}, true)
 	require.NoError(t, err)
 	require.Equal(t, int64(4), dry)
@@ -423,8 +424,7 @@ func TestConsoleRefusesToRedriveUnreadableRecords(t *testing.T) {
 		{Key: "offset", Value: int64(7)}, {Key: "payload", Value: "junk"}, {Key: "unreadable", Value: true}})
 	require.NoError(t, err)
 	cl := jarClient(t)
-	_, page := get(t, cl, b.url("parked"))
-	token := csrfOf(t, page)
+	token := b.signIn(t, cl)
 	hdr := map[string]string{"Origin": b.srv.URL}
 	code, body := post(t, cl, b.url("redrive"), url.Values{"csrf": {token}, "id": {ordersTopic + "/unknown/malformed:0:7"}}, hdr)
 	require.Equal(t, http.StatusConflict, code, body)

@@ -6,8 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
-	"net/url"
 	"regexp"
 )
 
@@ -16,10 +16,13 @@ import (
 // Two checks, both required:
 //
 //  1. Same origin. A browser tells where a request comes from: Sec-Fetch-Site
-//     (modern browsers) must be "same-origin" or "none"; otherwise Origin,
-//     when present, must name the request's host; otherwise Referer, when
-//     present, must. A request with none of the three (curl, scripts) is
-//     judged by the token alone.
+//     (modern browsers) must be "same-origin" or "none"; then Origin, when
+//     present, must be the request's own origin or name a host listed in
+//     Options.AllowedHosts (never merely the Host header: under DNS
+//     rebinding the attacker's page and its Host header share a name, which
+//     ServeHTTP refuses before this); otherwise Referer, when present, must.
+//     A request with none of the three (curl, scripts) is judged by the
+//     token alone.
 //  2. A token. Each browser gets a random cookie (HttpOnly, SameSite=Strict)
 //     the first time it loads a page; forms carry HMAC-SHA256(key, cookie)
 //     in a hidden field. Another site can neither read the token (the same
@@ -43,7 +46,7 @@ func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 		b := make([]byte, 32)
 		_, _ = rand.Read(b)
 		ck = &http.Cookie{Name: csrfCookie, Value: hex.EncodeToString(b), HttpOnly: true,
-			SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}
+			SameSite: http.SameSiteStrictMode, Secure: c.secure(r)}
 		http.SetCookie(w, ck)
 	}
 	return c.sign(ck.Value)
@@ -55,6 +58,22 @@ func (c *Console) sign(cookie string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
+// readForm reads a POSTed form of at most limit bytes and checks it
+// against CSRF; it answers the request and returns false when either
+// fails.
+func (c *Console) readForm(w http.ResponseWriter, r *http.Request, limit int64) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	if err := r.ParseForm(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("read form: %w", err))
+		return false
+	}
+	if err := c.checkCSRF(r); err != nil {
+		c.fail(w, r, http.StatusForbidden, err)
+		return false
+	}
+	return true
+}
+
 // checkCSRF reports why r fails the CSRF checks, or nil.
 func (c *Console) checkCSRF(r *http.Request) error {
 	switch site := r.Header.Get("Sec-Fetch-Site"); site {
@@ -63,11 +82,11 @@ func (c *Console) checkCSRF(r *http.Request) error {
 		return errors.Join(errCSRF, errors.New("cross-site request (Sec-Fetch-Site: "+safeHeader(site)+")"))
 	}
 	if o := r.Header.Get("Origin"); o != "" {
-		if !sameHost(o, r.Host) {
-			return errors.Join(errCSRF, errors.New("origin "+safeHeader(o)+" is not this console's host"))
+		if !c.originAllowed(o, r) {
+			return errors.Join(errCSRF, errors.New("origin "+safeHeader(o)+" is not this console's"))
 		}
-	} else if ref := r.Header.Get("Referer"); ref != "" && !sameHost(ref, r.Host) {
-		return errors.Join(errCSRF, errors.New("referer is not this console's host"))
+	} else if ref := r.Header.Get("Referer"); ref != "" && !c.originAllowed(ref, r) {
+		return errors.Join(errCSRF, errors.New("referer is not this console's"))
 	}
 	ck, err := r.Cookie(csrfCookie)
 	if err != nil {
@@ -78,11 +97,6 @@ func (c *Console) checkCSRF(r *http.Request) error {
 		return errors.Join(errCSRF, errors.New("missing or wrong CSRF token: reload the page and try again"))
 	}
 	return nil
-}
-
-func sameHost(raw, host string) bool {
-	u, err := url.Parse(raw)
-	return err == nil && u.Host != "" && u.Host == host
 }
 
 var unsafeHeaderChars = regexp.MustCompile(`[^A-Za-z0-9.:/_-]`)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -139,6 +140,9 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q, err := parseParkedQuery(r)
+	if err == nil && q.Page > maxPage(c.opts.PageSize) {
+		err = fmt.Errorf("page must be at most %d, not %d", maxPage(c.opts.PageSize), q.Page)
+	}
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -165,6 +169,11 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, "parked", s, p, start)
 }
+
+// maxPage is the last page number the parked page accepts: its skip,
+// page × size, stays within an int32 (a larger number would overflow into
+// a negative skip, which MongoDB refuses).
+func maxPage(size int) int { return math.MaxInt32/size - 1 }
 
 // parseParkedQuery reads the parked page's filters from a GET query or a
 // POSTed form.

@@ -232,25 +232,84 @@ func listParked(ctx context.Context, s *service, q parkedQuery, size int) ([]inb
 	return docs, n, nil
 }
 
-// parkedIDs returns the ids of every parked event q selects, for an action
-// on "all matching" that outbox.ParkedFilter cannot express (a key, a lower
-// time bound or a view). Same index as listParked.
-func parkedIDs(ctx context.Context, s *service, q parkedQuery) ([]outbox.InboxID, error) {
-	cur, err := s.inbox.Find(ctx, q.filter(), options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
-	if err != nil {
-		return nil, fmt.Errorf("select parked events: %w", err)
+// eachParkedPage calls fn with the ids of the parked events q selects, at
+// most size at a time (more only when more than size events share one
+// parked_at millisecond), newest parked first, for an action on "all
+// matching" that outbox.ParkedFilter cannot express (a key, a lower time
+// bound or a view). Each page is read when the previous one was handled,
+// below the parked_at of the previous page: the events it handled drop out
+// and the events a purge releases (held behind a purged head, parked later
+// than it) are never read. Newest first also purges held events before
+// the heads they are held behind, so a purge releases nothing it is about
+// to purge.
+//
+// Queries: inbox find {parked: true, ...q, parked_at < last} sort
+// {parked_at: -1} limit size, and for a page that ends inside a
+// millisecond, find {parked: true, ...q, parked_at: that millisecond};
+// both served by the partial index inbox_parked (parked documents only,
+// in parked_at order).
+func eachParkedPage(ctx context.Context, s *service, q parkedQuery, size int, fn func([]outbox.InboxID) error) error {
+	type idAt struct {
+		ID       outbox.InboxID `bson:"_id"`
+		ParkedAt time.Time      `bson:"parked_at"`
 	}
-	var docs []struct {
-		ID outbox.InboxID `bson:"_id"`
+	read := func(f bson.D, opts *options.FindOptionsBuilder) ([]idAt, error) {
+		cur, err := s.inbox.Find(ctx, f, opts.SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "parked_at", Value: 1}}))
+		if err != nil {
+			return nil, fmt.Errorf("select parked events: %w", err)
+		}
+		var docs []idAt
+		if err := cur.All(ctx, &docs); err != nil {
+			return nil, fmt.Errorf("select parked events: %w", err)
+		}
+		return docs, nil
 	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("select parked events: %w", err)
+	ids := func(docs []idAt) []outbox.InboxID {
+		out := make([]outbox.InboxID, len(docs))
+		for i, d := range docs {
+			out[i] = d.ID
+		}
+		return out
 	}
-	ids := make([]outbox.InboxID, len(docs))
-	for i, d := range docs {
-		ids[i] = d.ID
+	match := q.filter()
+	var below *time.Time
+	for {
+		f := match
+		if below != nil {
+			f = bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: *below}}}}}}}
+		}
+		page, err := read(f, options.Find().SetSort(bson.D{{Key: "parked_at", Value: -1}}).SetLimit(int64(size)))
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		if len(page) < size {
+			return fn(ids(page))
+		}
+		// A full page may end inside a millisecond: handle the page up to
+		// it, then that millisecond's events whole, then go on below it.
+		last := page[len(page)-1].ParkedAt
+		i := len(page)
+		for i > 0 && page[i-1].ParkedAt.Equal(last) {
+			i--
+		}
+		if i > 0 {
+			if err := fn(ids(page[:i])); err != nil {
+				return err
+			}
+		}
+		tie, err := read(bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "parked_at", Value: last}}}}}, options.Find())
+		if err != nil {
+			return err
+		}
+		for len(tie) > 0 {
+			n := min(size, len(tie))
+			if err := fn(ids(tie[:n])); err != nil {
+				return err
+			}
+			tie = tie[n:]
+		}
+		below = &last
 	}
-	return ids, nil
 }
 
 // getInbox reads one inbox document. Query: find by _id (the _id index).

@@ -62,6 +62,9 @@ func (b *bundle) timesHandled(orderID string) int64 {
 	return n.(*atomic.Int64).Load()
 }
 
+// testPassword is the operator password of a console with actions.
+const testPassword = "correct horse battery staple"
+
 // setup starts MongoDB and Kafka, a framework Client for service "shop"
 // (not running; see run) with a handler of orderPlaced, and a console on
 // an httptest server mounted at /outbox/ui/.
@@ -90,7 +93,11 @@ func setup(t testing.TB, actions bool) *bundle {
 		return nil
 	}))
 	require.NoError(t, c.EnsureIndexes(context.Background()))
-	b.console, err = New(Options{Services: []Service{ServiceOf(b.cfg)}, Kafka: k.Admin(), EnableActions: actions})
+	opts := Options{Services: []Service{ServiceOf(b.cfg)}, Kafka: k.Admin(), EnableActions: actions}
+	if actions {
+		opts.OperatorPassword = testPassword
+	}
+	b.console, err = New(opts)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/outbox/ui/", http.StripPrefix("/outbox/ui", b.console))
@@ -196,18 +203,35 @@ func get(t testing.TB, cl *http.Client, u string) (int, string) {
 // post submits a form with the given headers.
 func post(t *testing.T, cl *http.Client, u string, form url.Values, hdr map[string]string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	resp, body := send(t, cl, http.MethodPost, u, "", form, hdr)
+	return resp.StatusCode, body
+}
+
+// send makes a request with a form (nil for none), a Host header ("" for
+// the URL's) and headers, and returns the response and its body.
+func send(t *testing.T, cl *http.Client, method, u, host string, form url.Values, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, u, body)
 	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if host != "" {
+		req.Host = host
+	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
 	resp, err := cl.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp.StatusCode, string(body)
+	return resp, string(b)
 }
 
 var statRe = regexp.MustCompile(`data-stat="([^"]+)">(?:<a [^>]*>)?([^<]*)<`)
@@ -222,6 +246,19 @@ func stats(body string) map[string]string {
 }
 
 var csrfRe = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// signIn signs cl in as the operator and returns a CSRF token of its
+// cookie.
+func (b *bundle) signIn(t *testing.T, cl *http.Client) string {
+	t.Helper()
+	code, page := get(t, cl, b.url("login"))
+	require.Equal(t, http.StatusOK, code, page)
+	code, page = post(t, cl, b.url("login"), url.Values{"csrf": {csrfOf(t, page)}, "password": {testPassword}},
+		map[string]string{"Origin": b.srv.URL})
+	require.Equal(t, http.StatusOK, code, page)
+	require.Contains(t, page, "actions enabled", "signed in")
+	return csrfOf(t, page)
+}
 
 func csrfOf(t *testing.T, body string) string {
 	t.Helper()

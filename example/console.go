@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -15,12 +15,48 @@ import (
 	"github.com/event-outbox/outbox/console"
 )
 
+// Environment variables of the console.
+const (
+	// envConsolePassword enables the console's actions (re-drive, purge,
+	// retry, discard) for operators who sign in with this password (at
+	// least 8 characters). Unset, the console is read-only. An
+	// environment variable rather than a flag: flags show in process
+	// lists.
+	envConsolePassword = "OUTBOX_CONSOLE_PASSWORD"
+	// envConsoleHosts lists, comma-separated, the host names the console
+	// answers to besides localhost and IP addresses (the name operators
+	// open it by through a proxy or DNS); any other name gets 421, the
+	// defence against DNS rebinding.
+	envConsoleHosts = "OUTBOX_CONSOLE_HOSTS"
+)
+
+// consoleAccess is who may reach and drive the console.
+type consoleAccess struct {
+	password string   // operator password; "" leaves the console read-only
+	hosts    []string // allowed host names beyond localhost and IP addresses
+}
+
+// consoleAccessFrom reads consoleAccess from the environment.
+func consoleAccessFrom(getenv func(string) string) consoleAccess {
+	a := consoleAccess{password: getenv(envConsolePassword)}
+	for _, h := range strings.Split(getenv(envConsoleHosts), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			a.hosts = append(a.hosts, h)
+		}
+	}
+	return a
+}
+
 // newConsole returns the operations console of both contexts, for
 // /outbox/ui/, and the Kafka client it reads the groups with (closed by
-// the replica). Actions (re-drive, purge, retry, discard) are enabled only
-// when the replica listens on a loopback address: the example has no
-// authentication, and a service must put the console behind its own (see
-// the README's Operations console section).
+// the replica). It is read-only unless OUTBOX_CONSOLE_PASSWORD is set:
+// then operators sign in with that password before any action. Listening
+// on loopback is not authentication (any local process, and any website
+// through DNS rebinding, can reach 127.0.0.1); the console answers only to
+// localhost, IP addresses and the names in OUTBOX_CONSOLE_HOSTS. A service
+// of one's own may authenticate operators itself instead
+// (console.Options.Authorize; see the README's Operations console
+// section).
 func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 	kc, err := kgo.NewClient(append(slices.Clone(r.stack.kafkaOpts), kgo.SeedBrokers(r.stack.brokers...),
 		kgo.ClientID("outbox-example-"+r.name+"-console"))...)
@@ -33,23 +69,21 @@ func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 		{Name: "orders", Database: r.stack.mongo.Database(ordersDB)},
 		{Name: "payments", Database: r.stack.mongo.Database(paymentsDB)},
 	}
+	access := r.stack.console
 	c, err := console.New(console.Options{
-		Services:      services,
-		Kafka:         kadm.NewClient(kc),
-		EnableActions: isLoopback(r.ln.Addr()),
-		Title:         "outbox example",
-		Logger:        r.log,
+		Services:         services,
+		Kafka:            kadm.NewClient(kc),
+		EnableActions:    access.password != "",
+		OperatorPassword: access.password,
+		AllowedHosts:     access.hosts,
+		Title:            "outbox example",
+		Logger:           r.log,
 	})
 	if err != nil {
 		kc.Close()
 		return nil, nil, err
 	}
 	return c, kc, nil
-}
-
-func isLoopback(a net.Addr) bool {
-	tcp, ok := a.(*net.TCPAddr)
-	return ok && tcp.IP.IsLoopback()
 }
 
 // charges answers GET /outbox/charges: whether every order was charged

@@ -29,7 +29,7 @@ import (
 //	                                     metrics, in Prometheus text format
 //	GET  /healthz                     -> 200 when MongoDB answers
 //	GET  /outbox/ui/                  -> the operations console of both contexts (package console);
-//	                                     actions only when listening on a loopback address
+//	                                     read-only unless OUTBOX_CONSOLE_PASSWORD is set
 //	GET  /outbox/charges              -> whether every order was charged exactly once
 //
 // Every error, including 404 for an unknown path and 405 for a wrong

@@ -25,7 +25,10 @@
 // cloudevents; the orders context reads any of them. -replica-id (or
 // REPLICA_ID) names the process in logs, GET /outbox/status and Kafka
 // client ids; by default it is the host name and process id, so that
-// processes started separately tell themselves apart.
+// processes started separately tell themselves apart. The console at
+// /outbox/ui/ is read-only unless OUTBOX_CONSOLE_PASSWORD is set (operators
+// sign in with it to re-drive, purge, retry or discard), and answers only
+// to localhost, IP addresses and the names in OUTBOX_CONSOLE_HOSTS.
 //
 // Usage:
 //
@@ -113,6 +116,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	defer st.Close()
 	st.paymentsFormat = format
+	st.console = consoleAccessFrom(getenv)
 
 	var reps []*replica
 	for i, ln := range listeners {

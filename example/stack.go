@@ -58,6 +58,9 @@ type stack struct {
 	// paymentsFormat is the wire format the payments context publishes
 	// in; the zero value is native.
 	paymentsFormat outbox.Format
+	// console is who may reach and drive the console (run reads it from
+	// the environment); the zero value is read-only.
+	console consoleAccess
 }
 
 // Close disconnects and stops what the stack started, in reverse order.

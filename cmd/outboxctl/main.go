@@ -12,10 +12,10 @@
 //	outboxctl [flags] outbox failed list
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
 //	outboxctl [flags] outbox failed discard (<id>... | -all)
-//	outboxctl [flags] ui [-addr 127.0.0.1:8090] [-brokers ...] [-service ...] [-actions]
+//	outboxctl [flags] ui [-addr 127.0.0.1:8090] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
 //
 // "ui" serves the operations console (package console) in a browser; see
-// ui.go.
+// ui.go. -actions needs an operator password in $OUTBOX_CONSOLE_PASSWORD.
 //
 // Flags may come before or after the command:
 //
@@ -32,7 +32,8 @@
 //	-timeout  overall deadline (default 30s)
 //	-partitions  partition counts of the topics, topic=N,... (migrate)
 //
-// Parked event ids have the form topic/schema/key, as "parked list" prints
+// Parked event ids have the form topic/schema/key, each part escaped (a
+// slash inside a part is %2F, a percent sign %25), as "parked list" prints
 // them (with -json too: "id" and "held_by" are strings in that form,
 // "inbox_id" has the fields); failed outbox event ids are hex ObjectIDs.
 // "status" fails when the database, or both its outbox and inbox
@@ -54,8 +55,9 @@
 // keys and events, and a retry or a discard releases them, in order.
 //
 // Exit status: 0 success, 1 failure (MongoDB unreachable, event not
-// parked...), 2 usage error. Passwords in the connection string never
-// appear in the output.
+// parked...), 2 usage error. The connection string never appears in the
+// output: a mistake in it is named (the invalid option, or "user name or
+// password is malformed"), not quoted.
 package main
 
 import (
@@ -65,10 +67,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -76,7 +76,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
 )
@@ -117,8 +116,10 @@ type cliOptions struct {
 	partitions             string
 	words                  []string // command words and ids
 	// ui only
-	addr, brokers, services string
-	actions, findIndexes    bool
+	addr, brokers, services       string
+	actions, findIndexes          bool
+	allowedHosts, consolePassword string
+	secureCookies                 bool
 
 	// stderr receives warnings; mdb is the service's database once
 	// connected.
@@ -147,6 +148,9 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
+	fs.StringVar(&o.allowedHosts, "allowed-hosts", "", "ui: host names, comma-separated, the console answers to besides localhost and IP addresses (the name operators open it by)")
+	fs.BoolVar(&o.secureCookies, "secure-cookies", false, "ui: mark cookies Secure (behind a proxy that terminates TLS)")
+	o.consolePassword = getenv(envConsolePassword)
 	fs.StringVar(&o.partitions, "partitions", "", "partition counts of the topics, topic=N,... (migrate event-outbox)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
@@ -158,7 +162,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
   outboxctl [flags] outbox failed discard (<id>... | -all)
-  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-actions]
+  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
 flags:
 `)
 		fs.PrintDefaults()
@@ -200,9 +204,9 @@ flags:
 // run runs one command and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	o, err := parse(args, stderr, getenv)
-	var secret string
+	var secrets []string
 	if o != nil {
-		secret = password(o.uri)
+		secrets = uriSecrets(o.uri)
 	}
 	if err == nil {
 		o.stderr = stderr
@@ -216,11 +220,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitOK
 	case errors.As(err, &uerr):
 		if !uerr.printed {
-			fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secret))
+			fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secrets))
 		}
 		return exitUsage
 	default:
-		fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secret))
+		fmt.Fprintln(stderr, "outboxctl:", redact(err.Error(), secrets))
 		return exitFailure
 	}
 }
@@ -278,25 +282,11 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	copts := options.Client().ApplyURI(o.uri)
-	if copts.AppName == nil {
-		copts.SetAppName("outboxctl")
-	}
-	if copts.ServerSelectionTimeout == nil {
-		copts.SetServerSelectionTimeout(min(o.timeout, 10*time.Second))
-	}
-	if err := copts.Validate(); err != nil {
-		return usagef("invalid MongoDB URI %s: %v", redactURI(o.uri), err)
-	}
-	client, err := mongo.Connect(copts)
+	client, err := o.connect("outboxctl", min(o.timeout, 10*time.Second))
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redactURI(o.uri), err)
+		return err
 	}
-	defer func() {
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer dcancel()
-		_ = client.Disconnect(dctx)
-	}()
+	defer disconnect(ctx, client)
 	o.mdb = client.Database(o.db)
 	admin := outbox.NewAdmin(o.mdb, o.outbox, o.inbox)
 	return do(ctx, admin, stdout)
@@ -551,38 +541,4 @@ func oneLine(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
-}
-
-// password returns the password of a connection string, or "".
-func password(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil || u.User == nil {
-		// Unparsable (for example several hosts with ports): look by hand.
-		if m := uriPassword.FindStringSubmatch(uri); m != nil {
-			return m[2]
-		}
-		return ""
-	}
-	p, _ := u.User.Password()
-	return p
-}
-
-// uriPassword matches the password of a URL's userinfo.
-var uriPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):([^@/?#\s]*)@`)
-
-// redactURI returns the connection string with its password replaced.
-func redactURI(uri string) string {
-	return uriPassword.ReplaceAllString(uri, "$1:xxxxx@")
-}
-
-// redact removes passwords from a message: any URL userinfo password, and
-// the given secret in plain and URL-escaped forms.
-func redact(msg, secret string) string {
-	msg = redactURI(msg)
-	if secret != "" {
-		msg = strings.ReplaceAll(msg, secret, "xxxxx")
-		msg = strings.ReplaceAll(msg, url.QueryEscape(secret), "xxxxx")
-		msg = strings.ReplaceAll(msg, url.PathEscape(secret), "xxxxx")
-	}
-	return msg
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -221,24 +223,56 @@ func TestUsageAndEnvironment(t *testing.T) {
 	require.Equal(t, exitOK, code)
 }
 
+// The connection string is never printed, nor any form of its password,
+// whatever the password holds and whatever is wrong: a password with an
+// unescaped space or tab in a URI with a bad option used to be printed
+// whole in the error of status and ui, and one with "@" everything after
+// it. Every command, with passwords holding specials, raw or escaped.
 func TestPasswordNeverPrinted(t *testing.T) {
 	t.Parallel()
-	for _, uri := range []string{
-		// Unreachable: the driver's error may quote the address.
-		"mongodb://app:hunter2@127.0.0.1:1/?serverSelectionTimeoutMS=200&connectTimeoutMS=200",
-		// Invalid options: the parse error may quote the URI.
-		"mongodb://app:hunter2@127.0.0.1:1/?w=nonsense&replicaSet=",
-		"mongodb://app:hunter2@",
-	} {
-		var stdout, stderr bytes.Buffer
-		code := run(context.Background(), []string{"-uri", uri, "-db", "x", "-timeout", "2s", "status"}, &stdout, &stderr,
-			func(string) string { return "" })
-		require.NotEqual(t, exitOK, code, uri)
-		require.NotContains(t, stderr.String()+stdout.String(), "hunter2", uri)
-		require.NotEmpty(t, stderr.String())
+	commands := [][]string{
+		{"status"}, {"parked", "list"}, {"parked", "redrive", "orders/Evt.v1/k-1"}, {"parked", "purge", "-all"},
+		{"outbox", "failed", "list"}, {"outbox", "failed", "retry", "-all"}, {"outbox", "failed", "discard", "-all"},
+		{"migrate", "event-outbox", "-partitions", "orders=3"}, {"ui", "-find-indexes", "-addr", "127.0.0.1:0"},
 	}
-	require.Equal(t, "mongodb://u:xxxxx@h/db", redactURI("mongodb://u:p%40ss@h/db"))
-	require.Equal(t, "connect to xxxxx failed", redact("connect to p@ss failed", "p@ss"))
+	// Every piece of each password holds the marker Q7z, which must never
+	// be printed: not the password, nor any part of it.
+	for _, pw := range []string{"Q7za Q7zb", "Q7za\tQ7zb", "Q7z@Q7zb", "Q7z@Q7z w0Q7z/Q7z?Q7z#Q7z", "Q7zhunter%zz", "Q7z:Q7z@Q7z/%41+Q7z", "ünQ7z cödQ7z"} {
+		t.Run(pw, func(t *testing.T) {
+			t.Parallel()
+			const fast = "serverSelectionTimeoutMS=200&connectTimeoutMS=200"
+			uris := map[string]string{
+				"bad option":  "mongodb://app:" + pw + "@127.0.0.1:1/?serverSelectionTimeoutMS=abc",
+				"raw":         "mongodb://app:" + pw + "@127.0.0.1:1/?" + fast,
+				"escaped":     "mongodb://app:" + url.QueryEscape(pw) + "@127.0.0.1:1/?" + fast,
+				"no host":     "mongodb://app:" + pw + "@",
+				"srv":         "mongodb+srv://app:" + url.QueryEscape(pw) + "@h1,h2/?" + fast,
+				"bad escape":  "mongodb://app:" + pw + "%zz@127.0.0.1:1/?" + fast,
+				"two options": "mongodb://app:" + pw + "@127.0.0.1:1/?tls=maybe&w=nonsense",
+			}
+			for name, uri := range uris {
+				for _, cmd := range commands {
+					var stdout, stderr bytes.Buffer
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					code := run(ctx, append([]string{"-uri", uri, "-db", "x", "-timeout", "2s"}, cmd...), &stdout, &stderr,
+						func(string) string { return "" })
+					cancel()
+					out := stdout.String() + stderr.String()
+					what := fmt.Sprintf("%s %v: %s", name, cmd, out)
+					require.NotEqual(t, exitOK, code, what)
+					require.NotEmpty(t, stderr.String(), what)
+					require.NotContains(t, out, "Q7z", what)
+					require.NotContains(t, out, "mongodb://", what)
+					require.NotContains(t, out, "mongodb+srv://", what)
+					if name == "bad option" && !strings.ContainsAny(pw, "%@") {
+						require.Contains(t, out, "serverSelectionTimeoutMS", "the invalid option is named: "+what)
+					}
+				}
+			}
+		})
+	}
+	require.Equal(t, "connect to xxxxx failed", redact("connect to p@ss failed", uriSecrets("mongodb://u:p@ss@h")))
+	require.Equal(t, "h1:1,h2", uriHosts("mongodb://u:p@s/s?x@h1:1,h2/db?a=b"))
 }
 
 func TestOutboxFailedHeldAndDiscard(t *testing.T) {

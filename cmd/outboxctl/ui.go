@@ -12,8 +12,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/console"
 )
@@ -26,10 +24,19 @@ import (
 // the same order (their Kafka groups derive from the names as in
 // outbox.Config) and defaults to the database names. -brokers (default
 // $KAFKA_BROKERS) feeds the partitions page; without it that page says
-// Kafka is not configured. The console is read-only unless -actions is
-// given. -find-indexes creates the indexes of the find page first. The
-// console has no authentication: listen on a loopback address, or put it
-// behind a proxy that authenticates.
+// Kafka is not configured. -find-indexes creates the indexes of the find
+// page first.
+//
+// The console answers only to localhost, IP addresses and the names given
+// with -allowed-hosts (the name operators open it by, through a proxy or
+// DNS): any other Host gets 421, which defeats DNS rebinding. It is
+// read-only unless -actions is given, and -actions needs an operator
+// password in $OUTBOX_CONSOLE_PASSWORD (an environment variable, not a
+// flag, so that it shows in no process list): operators sign in with it
+// before any action. Pages are readable by whoever reaches the address:
+// listen on loopback, or put the console behind a proxy that
+// authenticates. -secure-cookies marks its cookies Secure behind a proxy
+// that terminates TLS.
 //
 // The server runs until ctx ends (SIGINT, SIGTERM), then shuts down within
 // 5 s. -timeout does not apply: it bounds one-shot commands.
@@ -42,26 +49,19 @@ func (o *cliOptions) ui(ctx context.Context, stdout io.Writer) error {
 	if len(names) != len(dbs) {
 		return usagef("ui: -service names %d services but -db lists %d databases", len(names), len(dbs))
 	}
-	copts := options.Client().ApplyURI(o.uri)
-	if copts.AppName == nil {
-		copts.SetAppName("outboxctl-ui")
+	if o.actions && len(o.consolePassword) < 8 {
+		return usagef("ui -actions needs an operator password of at least 8 characters in $%s: operators sign in with it before any action", envConsolePassword)
 	}
-	if copts.ServerSelectionTimeout == nil {
-		copts.SetServerSelectionTimeout(10 * time.Second)
-	}
-	if err := copts.Validate(); err != nil {
-		return usagef("invalid MongoDB URI %s: %v", redactURI(o.uri), err)
-	}
-	mc, err := mongo.Connect(copts)
+	mc, err := o.connect("outboxctl-ui", 10*time.Second)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redactURI(o.uri), err)
+		return err
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = mc.Disconnect(dctx)
-	}()
-	opts := console.Options{EnableActions: o.actions, Title: "outbox console"}
+	defer disconnect(ctx, mc)
+	opts := console.Options{EnableActions: o.actions, Title: "outbox console", AllowedHosts: splitList(o.allowedHosts),
+		SecureCookies: o.secureCookies}
+	if o.actions {
+		opts.OperatorPassword = o.consolePassword
+	}
 	for i, db := range dbs {
 		s := console.Service{Name: names[i], Database: mc.Database(db), OutboxCollection: o.outbox, InboxCollection: o.inbox}
 		if o.findIndexes {
@@ -90,12 +90,10 @@ func (o *cliOptions) ui(ctx context.Context, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", c)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := newUIServer(c)
 	mode := "read-only"
 	if o.actions {
-		mode = "actions enabled"
+		mode = "actions enabled for signed-in operators"
 	}
 	fmt.Fprintf(stdout, "outbox console (%s) on http://%s/\n", mode, ln.Addr())
 	done := make(chan error, 1)
@@ -112,6 +110,20 @@ func (o *cliOptions) ui(ctx context.Context, stdout io.Writer) error {
 		err = serr
 	}
 	return err
+}
+
+// envConsolePassword holds the operator password of ui -actions.
+const envConsolePassword = "OUTBOX_CONSOLE_PASSWORD"
+
+// newUIServer returns the HTTP server of ui: every phase of a request is
+// bounded, so that slow or idle clients cannot hold connections open
+// (headers 5 s, the whole request 30 s, writing the answer 60 s: pages
+// take at most the console's 10 s query timeout; idle keep-alive 2 min).
+func newUIServer(h http.Handler) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 }
 
 func splitList(s string) []string {

@@ -16,7 +16,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams, ChangeStreamImages,
-// ClusterTime, Catalog, FailPoints, Unsupported). Cases run in parallel.
+// ClusterTime, Catalog, FailPoints, Unsupported, Limits). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -38,6 +38,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Catalog", catalogCases},
 		{"FailPoints", failPointCases},
 		{"Unsupported", unsupportedCases},
+		{"Limits", limitCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) { g.run(t, env) })

@@ -73,6 +73,13 @@ func (c *conn) serve() {
 	for {
 		// m is valid until the next read: handle decodes what it keeps.
 		m, err := rd.Next()
+		var deep *wire.DepthError
+		if errors.As(err, &deep) {
+			if !c.refuseTooDeep(deep, log) {
+				return
+			}
+			continue
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), c.ctx.Err() != nil:
@@ -109,34 +116,59 @@ func (c *conn) handle(m *wire.Message, log *slog.Logger) bool {
 			// w:0 / unacknowledged: the client does not read a reply.
 			return true
 		}
-		frame, err := c.replyFrame(reply, m.Header.RequestID)
-		if err != nil {
-			log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
-			return false
-		}
-		_, err = c.nc.Write(frame)
-		if cap(frame) <= maxKeptWriteBuffer {
-			c.wbuf = frame[:0]
-		}
-		return err == nil
+		return c.writeMsg(reply, m.Header.RequestID, log)
 
 	case m.Query != nil:
 		reply, drop := c.legacyQuery(m.Query)
 		if drop {
 			return false
 		}
-		raw, err := bson.Marshal(reply)
-		if err != nil {
-			log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
-			return false
-		}
-		if err := wire.WriteReply(c.nc, s.nextReqID.Add(1), m.Header.RequestID, raw); err != nil {
-			return false
-		}
-		return true
+		return c.writeLegacyReply(reply, m.Header.RequestID, log)
 	}
 	log.Warn("mongofake: message without payload; closing connection", "opCode", m.Header.OpCode)
 	return false
+}
+
+// refuseTooDeep answers a message holding a document nested deeper than
+// mongod's maxBSONDepth, which the reader refused before anything decoded
+// it, as mongod answers it: code 15, Overflow. The connection stays open
+// (the message was consumed); it returns false when the reply cannot be
+// written.
+func (c *conn) refuseTooDeep(de *wire.DepthError, log *slog.Logger) bool {
+	log.Warn("mongofake: refused a message nesting documents too deep", "err", de)
+	reply := c.srv.errorReply(nil, errorf(15, "Overflow", de.Error()), nil)
+	if de.Header.OpCode == wire.OpQuery {
+		return c.writeLegacyReply(reply, de.Header.RequestID, log)
+	}
+	if de.FlagBits&wire.FlagMoreToCome != 0 {
+		return true // the client reads no reply
+	}
+	return c.writeMsg(reply, de.Header.RequestID, log)
+}
+
+// writeMsg writes reply as an OP_MSG answering request responseTo.
+func (c *conn) writeMsg(reply bson.D, responseTo int32, log *slog.Logger) bool {
+	frame, err := c.replyFrame(reply, responseTo)
+	if err != nil {
+		log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
+		return false
+	}
+	_, err = c.nc.Write(frame)
+	if cap(frame) <= maxKeptWriteBuffer {
+		c.wbuf = frame[:0]
+	}
+	return err == nil
+}
+
+// writeLegacyReply writes reply as the OP_REPLY answering OP_QUERY
+// request responseTo.
+func (c *conn) writeLegacyReply(reply bson.D, responseTo int32, log *slog.Logger) bool {
+	raw, err := bson.Marshal(reply)
+	if err != nil {
+		log.Warn("mongofake: cannot encode reply; closing connection", "err", err)
+		return false
+	}
+	return wire.WriteReply(c.nc, c.srv.nextReqID.Add(1), responseTo, raw) == nil
 }
 
 // replyFrame encodes reply as an OP_MSG answering request responseTo, in

@@ -3,10 +3,13 @@ package mongofake
 import (
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
@@ -103,4 +106,73 @@ func le32(v int32) []byte {
 	b := make([]byte, 4)
 	binary.LittleEndian.PutUint32(b, uint32(v))
 	return b
+}
+
+// withNested returns cmd encoded with one more field, x, holding doc.
+func withNested(t *testing.T, cmd bson.D, doc []byte) []byte {
+	t.Helper()
+	raw, err := bson.Marshal(cmd)
+	require.NoError(t, err)
+	raw = append(raw[:len(raw)-1], 0x03, 'x', 0)
+	raw = append(append(raw, doc...), 0)
+	binary.LittleEndian.PutUint32(raw, uint32(len(raw)))
+	return raw
+}
+
+// One unauthenticated message nesting a document 2,000,000 levels deep
+// (14 MB) used to overflow the server's stack, a fatal error that took the
+// whole process down. mongod refuses a document nested deeper than
+// maxBSONDepth (200) on receipt with code 15, Overflow, and so does the
+// server, on OP_MSG and OP_QUERY alike, keeping the connection.
+func TestDocumentsNestedTooDeepAreRefused(t *testing.T) {
+	t.Parallel()
+	srv, client := setup(t)
+	nc := rawDial(t, srv)
+	require.NoError(t, nc.SetDeadline(time.Now().Add(60*time.Second)))
+	deep := bsonkit.NestedDocument(2_000_000)
+	ping := bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}}
+
+	require.NoError(t, wire.WriteMsg(nc, 21, 0, 0, withNested(t, ping, deep)))
+	m, reply := readMsgReply(t, nc)
+	require.Equal(t, int32(21), m.Header.ResponseTo)
+	require.Equal(t, 0.0, get(reply, "ok"))
+	require.Equal(t, int32(15), get(reply, "code"))
+	require.Equal(t, "Overflow", get(reply, "codeName"))
+	require.Contains(t, get(reply, "errmsg"), "exceeds maximum nested object depth")
+
+	// Unacknowledged: no reply, and the connection goes on.
+	require.NoError(t, wire.WriteMsg(nc, 22, 0, wire.FlagMoreToCome, withNested(t, ping, deep)))
+	q := withNested(t, bson.D{{Key: "isMaster", Value: 1}}, deep)
+	b := le32(int32(wire.HeaderSize + 4 + len("admin.$cmd") + 1 + 8 + len(q)))
+	b = append(append(append(b, le32(23)...), le32(0)...), le32(wire.OpQuery)...)
+	b = append(append(append(append(b, le32(0)...), "admin.$cmd"...), 0), le32(0)...)
+	b = append(append(b, le32(-1)...), q...)
+	_, err := nc.Write(b)
+	require.NoError(t, err)
+	responseTo, _, legacy := readOpReply(t, nc)
+	require.Equal(t, int32(23), responseTo)
+	require.Equal(t, int32(15), get(legacy, "code"))
+
+	rawMsg(t, nc, 24, 0, ping)
+	m, reply = readMsgReply(t, nc)
+	require.Equal(t, int32(24), m.Header.ResponseTo)
+	require.Equal(t, 1.0, get(reply, "ok"))
+
+	// Through the driver: 200 levels below a document pass the wire, 201
+	// do not.
+	nest := func(levels int) bson.D {
+		d := bson.D{{Key: "v", Value: 1}}
+		for range levels {
+			d = bson.D{{Key: "a", Value: d}}
+		}
+		return d
+	}
+	coll := client.Database("deep").Collection("c")
+	_, err = coll.InsertOne(testCtx(t), append(nest(199), bson.E{Key: "_id", Value: 1}))
+	require.NoError(t, err)
+	_, err = coll.InsertOne(testCtx(t), append(nest(201), bson.E{Key: "_id", Value: 2}))
+	var ce mongo.CommandError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, int32(15), ce.Code)
+	require.NoError(t, client.Ping(testCtx(t), nil))
 }

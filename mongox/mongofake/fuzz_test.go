@@ -1,6 +1,7 @@
 package mongofake
 
 import (
+	"encoding/binary"
 	"io"
 	"net"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/wire"
 )
 
@@ -68,6 +70,13 @@ func FuzzCommandBody(f *testing.F) {
 		require.NoError(f, err)
 		f.Add([]byte(raw))
 	}
+	// A level deeper than mongod's maxBSONDepth: refused with code 15.
+	deep, err := bson.Marshal(bson.D{{Key: "ping", Value: 1}, {Key: "$db", Value: "admin"}})
+	require.NoError(f, err)
+	deep = append(append(deep[:len(deep)-1], 0x03, 'x', 0), bsonkit.NestedDocument(bsonkit.MaxWireDepth)...)
+	deep = append(deep, 0)
+	binary.LittleEndian.PutUint32(deep, uint32(len(deep)))
+	f.Add(deep)
 
 	srv, err := NewServer() // no test commands: random input must not arm fail points
 	require.NoError(f, err)

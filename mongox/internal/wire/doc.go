@@ -7,10 +7,13 @@
 //
 // ReadMessage reads exactly one message; a Reader does the same reusing one
 // buffer, its messages valid until the next read. Every document it returns has been
-// validated as BSON, so later decoding fails only on semantic grounds. An
-// error wrapping ErrMalformed, ErrCompressed or ErrUnsupportedOpCode means
-// the message was consumed in full and the stream is still in step, so the
-// caller may reply and carry on; any other error (including a length beyond
+// validated as BSON, so later decoding fails only on semantic grounds, and
+// nests at most bsonkit.MaxWireDepth levels of documents and arrays,
+// measured on the raw bytes without recursion, so recursive decoders cannot
+// exhaust the stack. An error wrapping ErrMalformed, ErrCompressed,
+// ErrUnsupportedOpCode or ErrTooDeep (a *DepthError) means the message was
+// consumed in full and the stream is still in step, so the caller may reply
+// and carry on; any other error (including a length beyond
 // the size limit) leaves the stream out of step and the connection should be
 // closed.
 //

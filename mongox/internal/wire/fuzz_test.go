@@ -2,10 +2,13 @@ package wire
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 )
 
 func FuzzReadMessage(f *testing.F) {
@@ -18,8 +21,14 @@ func FuzzReadMessage(f *testing.F) {
 	f.Add(opQuery(f, "admin.$cmd", q))
 	f.Add(opQuery(f, "db.coll", q, d1))
 	f.Add(frame(1, 0, OpCompressed, []byte{1, 2, 3}))
+	f.Add(opMsg(0, section0(bsonkit.NestedDocument(bsonkit.MaxWireDepth+1))))
+	f.Add(opQuery(f, "admin.$cmd", bsonkit.NestedDocument(bsonkit.MaxWireDepth)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ReadMessage(bytes.NewReader(data), 1<<16)
+		var de *DepthError
+		if errors.As(err, &de) {
+			require.GreaterOrEqual(t, len(data), int(de.Header.MessageLength))
+		}
 		if err != nil {
 			return
 		}

@@ -62,7 +62,37 @@ var (
 	// ErrTooLarge reports a declared message length above the size limit
 	// (it comes wrapped together with ErrFraming).
 	ErrTooLarge = errors.New("wire: message too large")
+	// ErrTooDeep is wrapped by a *DepthError: a message holding a document
+	// nested deeper than bsonkit.MaxWireDepth.
+	ErrTooDeep = errors.New("wire: document nested too deep")
 )
+
+// DepthError reports a well-framed message holding a document that nests
+// embedded documents and arrays more than Limit levels deep. Its depth was
+// measured on the raw bytes before anything decoded them (a recursive
+// decoder would exhaust the goroutine stack on millions of levels, a fatal
+// error no recover catches). The message has been consumed and the stream
+// is in step: the server answers with an error, as mongod does (code 15,
+// Overflow), and keeps the connection.
+type DepthError struct {
+	Header Header
+	// FlagBits are the OP_MSG flag bits (0 for OP_QUERY); with
+	// FlagMoreToCome the client reads no reply.
+	FlagBits uint32
+	// Where names the document ("OP_MSG body section", ...).
+	Where string
+	// Limit is the number of levels allowed below a top-level document.
+	Limit int
+}
+
+// Error implements error, with mongod's wording.
+func (e *DepthError) Error() string {
+	return fmt.Sprintf("BSONObj exceeds maximum nested object depth: the %s nests documents and arrays more than %d levels deep",
+		e.Where, e.Limit)
+}
+
+// Unwrap returns ErrTooDeep.
+func (e *DepthError) Unwrap() error { return ErrTooDeep }
 
 // Header is the standard header that starts every message.
 type Header struct {
@@ -260,6 +290,14 @@ func readMessage(r io.Reader, maxSize int, buf *[]byte) (*Message, error) {
 	default:
 		return nil, &OpCodeError{Header: h}
 	}
+	var de *DepthError
+	if errors.As(err, &de) {
+		de.Header = h
+		if h.OpCode == OpMsg {
+			de.FlagBits = binary.LittleEndian.Uint32(payload)
+		}
+		return nil, de
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +463,9 @@ func readCString(p []byte, what string) (string, []byte, error) {
 	return string(p[:i]), p[i+1:], nil
 }
 
-// readDoc reads one BSON document and validates it.
+// readDoc reads one BSON document and validates it: first its framing and
+// nesting depth (bsonkit.CheckDepth, which does not recurse), then its
+// values.
 func readDoc(p []byte, what string) (bson.Raw, []byte, error) {
 	if len(p) < 4 {
 		return nil, nil, malformed("%s: too short for a document length", what)
@@ -435,6 +475,12 @@ func readDoc(p []byte, what string) (bson.Raw, []byte, error) {
 		return nil, nil, malformed("%s: document length %d is out of range (5..%d)", what, size, len(p))
 	}
 	doc := bson.Raw(p[:size:size])
+	var de *bsonkit.DepthError
+	if err := bsonkit.CheckDepth(doc, bsonkit.MaxWireDepth); errors.As(err, &de) {
+		return nil, nil, &DepthError{Where: what, Limit: de.Limit}
+	} else if err != nil {
+		return nil, nil, malformed("%s: invalid BSON: %v", what, err)
+	}
 	if err := doc.Validate(); err != nil {
 		return nil, nil, malformed("%s: invalid BSON: %v", what, err)
 	}

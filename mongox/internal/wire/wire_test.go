@@ -416,3 +416,76 @@ func TestReaderReusesBufferBodiesSurvive(t *testing.T) {
 		}, b)
 	}
 }
+
+// embed returns {ping: 1, x: doc}: one level more than doc.
+func embed(doc []byte) []byte {
+	b := le32(0)
+	b = append(b, 0x10, 'p', 'i', 'n', 'g', 0, 1, 0, 0, 0)
+	b = append(b, 0x03, 'x', 0)
+	b = append(append(b, doc...), 0)
+	binary.LittleEndian.PutUint32(b, uint32(len(b)))
+	return b
+}
+
+// A document nested deeper than mongod's maxBSONDepth (200 levels below
+// the top level) is refused before anything decodes it, in every place a
+// message carries one, with the header and flags to answer it by; the
+// stream stays in step. 200 levels pass and decode.
+func TestReadRefusesDocumentsNestedTooDeep(t *testing.T) {
+	t.Parallel()
+	ok := embed(bsonkit.NestedDocument(bsonkit.MaxWireDepth - 1))
+	deep := embed(bsonkit.NestedDocument(bsonkit.MaxWireDepth))
+	body := mustDoc(t, bson.D{{Key: "insert", Value: "c"}})
+
+	m, err := ReadMessage(bytes.NewReader(opMsg(0, section0(ok))), 0)
+	require.NoError(t, err)
+	_, err = m.Msg.Body()
+	require.NoError(t, err)
+	m, err = ReadMessage(bytes.NewReader(opQuery(t, "admin.$cmd", ok)), 0)
+	require.NoError(t, err)
+	_, err = m.Body()
+	require.NoError(t, err)
+
+	for name, c := range map[string]struct {
+		raw   []byte
+		where string
+		flags uint32
+	}{
+		"body":     {opMsg(FlagExhaustAllowed, section0(deep)), "OP_MSG body section", FlagExhaustAllowed},
+		"sequence": {opMsg(FlagMoreToCome, section0(body), section1("documents", ok, deep)), `OP_MSG document sequence "documents"`, FlagMoreToCome},
+		"query":    {opQuery(t, "admin.$cmd", deep), "OP_QUERY query", 0},
+		"selector": {opQuery(t, "db.c", body, deep), "OP_QUERY returnFieldsSelector", 0},
+	} {
+		var stream bytes.Buffer
+		stream.Write(c.raw)
+		stream.Write(opMsg(0, section0(body)))
+		rd := NewReader(&stream, 0)
+		_, err := rd.Next()
+		require.ErrorIs(t, err, ErrTooDeep, name)
+		var de *DepthError
+		require.ErrorAs(t, err, &de, name)
+		require.Equal(t, int32(len(c.raw)), de.Header.MessageLength, name)
+		require.Equal(t, c.flags, de.FlagBits, name)
+		require.Equal(t, bsonkit.MaxWireDepth, de.Limit, name)
+		require.Contains(t, de.Error(), c.where, name)
+		require.Contains(t, de.Error(), "exceeds maximum nested object depth", name)
+		m, err := rd.Next()
+		require.NoError(t, err, name)
+		require.Equal(t, bson.Raw(body), m.Msg.Document, name)
+	}
+}
+
+// The attack: a 14 MB document nested 2,000,000 levels deep, under the
+// 48 MB message limit. It used to overflow the goroutine stack in the
+// decoder (a fatal error that killed the whole process); it is refused.
+func TestReadRefusesTwoMillionLevels(t *testing.T) {
+	t.Parallel()
+	doc := bsonkit.NestedDocument(2_000_000)
+	for name, raw := range map[string][]byte{"OP_MSG": opMsg(0, section0(doc)), "OP_QUERY": opQuery(t, "admin.$cmd", doc)} {
+		m, err := ReadMessage(bytes.NewReader(raw), 0)
+		if err == nil {
+			_, err = m.Body() // what the server does next
+		}
+		require.ErrorIs(t, err, ErrTooDeep, name)
+	}
+}
