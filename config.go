@@ -139,6 +139,12 @@ type Config struct {
 	// an event in a process count as attempts, so a handler that snoozes
 	// for ever still ends parked. Defaults to 100.
 	MaxSnoozes int
+	// DrainTimeout bounds how long a stopping consumer (Run's context ended)
+	// and a revoked partition let the transactions in hand finish and
+	// commit before their handlers' contexts are canceled. Keep it below
+	// the orchestrator's grace period (Kubernetes: 30 s by default) minus
+	// a few seconds for leaving the groups. Defaults to 20 s.
+	DrainTimeout time.Duration
 	// KeyConcurrency is how many events of different partition keys of one
 	// partition may be handled at the same time, each key still strictly
 	// in offset order (events of one key never run side by side). 1 handles
@@ -267,6 +273,7 @@ func (c Config) withDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, 10)
 	c.HandleBatchSize = cmp.Or(c.HandleBatchSize, 32)
 	c.KeyConcurrency = cmp.Or(c.KeyConcurrency, 1)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 20*time.Second)
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, 45*time.Second)
 	c.MaxSnoozes = cmp.Or(c.MaxSnoozes, 100)
 	c.RetryMinBackoff = cmp.Or(c.RetryMinBackoff, 100*time.Millisecond)
@@ -308,6 +315,8 @@ func (c Config) validate() error {
 		return bad("MaxAttempts", "must be at least 1")
 	case c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent:
 		return bad("PoisonPolicy", "must be HoldKey or SkipEvent")
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout", "must not be negative")
 	case c.HandlerTimeout < 0:
 		return bad("HandlerTimeout", "must not be negative")
 	case c.MaxSnoozes < 0:

@@ -37,7 +37,7 @@ import (
 //
 // When Run's context ends, the poll loop, the lag poller and the re-drive
 // loop stop, every worker finishes its running transactions and commits
-// (bounded by drainTimeout), then the client leaves the group (waiting at
+// (bounded by Config.DrainTimeout), then the client leaves the group (waiting at
 // most leaveTimeout for the coordinator).
 
 const (
@@ -49,7 +49,6 @@ const (
 	// fetch sent while partitions were paused waits this long before a
 	// resumed partition's records can flow, so keep it short.
 	fetchMaxWait = 500 * time.Millisecond
-	drainTimeout = 30 * time.Second
 	// heldRecheck is how often a worker with held keys reads its
 	// partition's sequences again, to release what an operator unblocked.
 	heldRecheck = 5 * time.Second
@@ -117,7 +116,7 @@ func (c *Client) consumeConfig(host *consumeHost, pauser consume.Pauser) *consum
 		QueueBytes:   bytes,
 		Backoff:      c.cfg.backoff(),
 		Recheck:      c.heldRecheckEvery(),
-		DrainTimeout: drainTimeout,
+		DrainTimeout: c.cfg.DrainTimeout,
 		WaitVisible:  waitVisible,
 	}
 }
@@ -172,11 +171,11 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	defer c.startRedriveRequests(ctx)()
 	defer func() {
 		// Drain first, while still a member: every worker finishes the
-		// transactions in hand and commits (bounded by drainTimeout). Then
+		// transactions in hand and commits (bounded by Config.DrainTimeout). Then
 		// leave with a bounded wait, and force the leave before Close:
 		// Close leaves again with no deadline and blocks for as long as the
 		// coordinator is unreachable.
-		stopTimer := time.AfterFunc(drainTimeout, cancelWork)
+		stopTimer := time.AfterFunc(c.cfg.DrainTimeout, cancelWork)
 		cons.set.Close()
 		stopTimer.Stop()
 		leaveCtx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
