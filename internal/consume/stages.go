@@ -333,8 +333,8 @@ func (w *Worker) learnHold(ctx context.Context, e *Event, r *unitResult) {
 
 // release runs one step of the release of key's sequence for the worker.
 func (w *Worker) release(ctx context.Context, key string) unitResult {
-	st := w.relState(key)
-	k, more, at, err := releaseStep(ctx, w.cfg.Host, w.cfg.Observer, w.cfg.Backoff, w.tp, key, st)
+	st := w.relState(key) // a copy: Waits reads the worker's under relMu
+	k, more, at, err := releaseStep(ctx, w.cfg.Host, w.cfg.Observer, w.cfg.Backoff, w.tp, key, &st)
 	switch k {
 	case Empty:
 		w.unhold(key)
@@ -342,9 +342,7 @@ func (w *Worker) release(ctx context.Context, key string) unitResult {
 	case Handled, HeadParked:
 		w.dropRelState(key)
 	default:
-		if more && at.After(time.Now()) {
-			w.noteRelWait(key, st, err)
-		}
+		w.saveRelState(key, st, more && at.After(time.Now()), err)
 	}
 	return unitResult{more: more, moreAt: at}
 }

@@ -258,15 +258,31 @@ func (w *Worker) heldKeys() int {
 	return len(w.held)
 }
 
-func (w *Worker) relState(key string) *relState {
+// relState returns a copy of the state of key's release.
+func (w *Worker) relState(key string) relState {
 	w.relMu.Lock()
 	defer w.relMu.Unlock()
-	st := w.relWait[key]
-	if st == nil {
-		st = &relState{}
-		w.relWait[key] = st
+	if st := w.relWait[key]; st != nil {
+		return *st
 	}
-	return st
+	return relState{}
+}
+
+// saveRelState stores the state of key's release; waiting marks the
+// release as waiting since now unless it was already, with err as its
+// last error.
+func (w *Worker) saveRelState(key string, st relState, waiting bool, err error) {
+	w.relMu.Lock()
+	defer w.relMu.Unlock()
+	if waiting {
+		if st.since.IsZero() {
+			st.since = time.Now()
+		}
+		if err != nil {
+			st.last = err.Error()
+		}
+	}
+	w.relWait[key] = &st
 }
 
 func (w *Worker) dropRelState(key string) {
@@ -275,16 +291,7 @@ func (w *Worker) dropRelState(key string) {
 	delete(w.relWait, key)
 }
 
-func (w *Worker) noteRelWait(key string, st *relState, err error) {
-	w.relMu.Lock()
-	defer w.relMu.Unlock()
-	if st.since.IsZero() {
-		st.since = time.Now()
-	}
-	if err != nil {
-		st.last = err.Error()
-	}
-}
+
 
 // targetUnit is the run time a unit of deliveries aims at when several run
 // at once: handlers that wait (on an external call, say) run one event per
