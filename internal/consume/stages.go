@@ -222,6 +222,7 @@ func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
 		case s.Done:
 			w.settled(e, out, SettledSkipped, "duplicate")
 			w.learnHold(ctx, e, r)
+			w.lookups.Store(lookupCredits) // more redeliveries are likely
 			settledAny = true
 		case count:
 			e.Attempts, e.Counted = s.Attempts, true
