@@ -57,6 +57,7 @@ func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
 	eventually(t, "the event after the slow one handled", func() bool {
 		return count(t, effects, bson.D{{Key: "key", Value: "next-1"}}) == 1
 	})
+	eventually(t, "the slow one parked", func() bool { return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 1 })
 	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
 	require.Len(t, parked, 1)

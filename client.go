@@ -34,6 +34,7 @@ type Client struct {
 	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
 	metadataEvery time.Duration             // period of Run's partition count refresh; tests shorten it
 	replicaEvery  time.Duration             // period of Run's liveness record refresh; tests shorten it
+	sessions      sessionLog                // the consumer's sessions, for takeover (takeover.go)
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler

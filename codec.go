@@ -88,7 +88,17 @@ func encodeNative(env *Envelope, payload []byte) *kgo.Record {
 // Format for the detection). It never panics; every failure wraps
 // ErrMalformedRecord and names what is wrong; the payload is then the
 // record's value.
-func decodeRecord(r *kgo.Record) (Envelope, []byte, error) {
+func decodeRecord(r *kgo.Record) (Envelope, []byte, error) { return decodeRecordFrom(r, r.Topic) }
+
+// decodeRecord is decodeRecord for a record of the client's consumer,
+// whose topic is bare: the Python library writes the Kafka topic it
+// produced to (Config.TopicPrefix included) in its body's topic field.
+func (c *Client) decodeRecord(r *kgo.Record) (Envelope, []byte, error) {
+	return decodeRecordFrom(r, c.cfg.kafkaTopic(r.Topic))
+}
+
+// decodeRecordFrom is decodeRecord for a record read from kafkaTopic.
+func decodeRecordFrom(r *kgo.Record, kafkaTopic string) (Envelope, []byte, error) {
 	if _, ok := header(r, HeaderVersion); ok {
 		env, err := decodeNative(r)
 		return env, r.Value, err
@@ -105,7 +115,7 @@ func decodeRecord(r *kgo.Record) (Envelope, []byte, error) {
 			return decodeCloudEventsStructured(r)
 		}
 	}
-	env, looksLike, err := decodeEventOutbox(r)
+	env, looksLike, err := decodeEventOutbox(r, kafkaTopic)
 	if !looksLike {
 		env.Format = FormatNative
 		return env, r.Value, malformed("unknown format: missing header %s (native), no %s header (CloudEvents), "+

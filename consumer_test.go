@@ -248,8 +248,8 @@ func TestConsumerParksMalformedRecords(t *testing.T) {
 	b.produce(t, Envelope{Topic: ordersTopic, ContentSchema: "Unknown.v9", IdempotencyKey: "u", PartitionKey: "k"}, []byte(`{}`))
 	b.produce(t, b.envelope("good"), b.payload(t, "o-1", 0))
 	eventually(t, "good event handled", func() bool { return calls.Load() == 1 })
-	eventually(t, "three malformed records parked", func() bool {
-		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 3
+	eventually(t, "three malformed records and one without a handler parked", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 4
 	})
 	parked, err := c.Admin().ParkedEvents(context.Background(), ParkedFilter{})
 	require.NoError(t, err)
@@ -260,6 +260,7 @@ func TestConsumerParksMalformedRecords(t *testing.T) {
 	require.Contains(t, keys["malformed:0:0"], "missing header outbox-version")
 	require.Contains(t, keys["bad-json"], "decode")
 	require.Contains(t, keys["invalid"], "OrderID")
+	require.Contains(t, keys["u"], "no handler")
 	eventually(t, "offsets committed past every record", func() bool {
 		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 5
 	})

@@ -1,10 +1,15 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"time"
+
+	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // HandlerFunc handles one event of type T. Its context carries the
@@ -45,9 +50,75 @@ type handlerKey struct {
 	topic, schema string
 }
 
+// HandleOption sets a handler's own retry policy, beside the Config's
+// defaults (Handle, MustHandle).
+type HandleOption func(*handlerPolicy) error
+
+// handlerPolicy is a handler's retry policy; zero fields take the Config's.
+type handlerPolicy struct {
+	maxAttempts            int
+	minBackoff, maxBackoff time.Duration
+	timeout                time.Duration
+}
+
+// WithMaxAttempts sets how many times the handler runs for a failing event
+// before the event is parked, instead of Config.MaxAttempts.
+func WithMaxAttempts(n int) HandleOption {
+	return func(p *handlerPolicy) error {
+		if n < 1 {
+			return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, n)
+		}
+		p.maxAttempts = n
+		return nil
+	}
+}
+
+// WithRetryBackoff sets the handler's retry delays, instead of
+// Config.RetryMinBackoff and RetryMaxBackoff: the first retry waits min,
+// each next one twice as long (with jitter), up to max.
+func WithRetryBackoff(min, max time.Duration) HandleOption {
+	return func(p *handlerPolicy) error {
+		if min <= 0 || max < min {
+			return fmt.Errorf("%w: WithRetryBackoff(%s, %s): max must be at least min, both positive", ErrConfig, min, max)
+		}
+		p.minBackoff, p.maxBackoff = min, max
+		return nil
+	}
+}
+
+// WithHandlerTimeout bounds one run of the handler (and its transaction),
+// instead of Config.HandlerTimeout.
+func WithHandlerTimeout(d time.Duration) HandleOption {
+	return func(p *handlerPolicy) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: WithHandlerTimeout(%s): must be positive", ErrConfig, d)
+		}
+		p.timeout = d
+		return nil
+	}
+}
+
+// policy is the handler's retry policy, the Config's where it sets none.
+func (h *handler) policy(c *Client) consume.Policy {
+	p := c.defaultPolicy()
+	if h.pol.maxAttempts > 0 {
+		p.MaxAttempts = h.pol.maxAttempts
+	}
+	if h.pol.minBackoff > 0 {
+		p.Backoff = retry.Backoff{Min: h.pol.minBackoff, Max: h.pol.maxBackoff}
+	}
+	return p
+}
+
+// timeout bounds one run of the handler.
+func (h *handler) timeout(c *Client) time.Duration {
+	return cmp.Or(h.pol.timeout, c.cfg.HandlerTimeout)
+}
+
 // handler is a registered handler with its type erased.
 type handler struct {
 	key handlerKey
+	pol handlerPolicy
 	// decode unmarshals and validates a payload into the handler's type.
 	decode func(c *Client, payload []byte) (Event, error)
 	// run calls the user's function.
@@ -58,9 +129,18 @@ type handler struct {
 // topic and content schema). The consumer subscribes to the topics of all
 // registered handlers. Register before Run; registering while Run runs
 // returns ErrRunning.
-func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
+func Handle[T Event](c *Client, fn HandlerFunc[T], opts ...HandleOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil handler function", ErrConfig)
+	}
+	var pol handlerPolicy
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&pol); err != nil {
+			return err
+		}
 	}
 	var sample T
 	switch t := reflect.TypeFor[T](); t.Kind() {
@@ -82,6 +162,7 @@ func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
 	}
 	h := &handler{
 		key: key,
+		pol: pol,
 		decode: func(c *Client, payload []byte) (Event, error) {
 			var v T
 			if err := json.Unmarshal(payload, &v); err != nil {
@@ -110,8 +191,8 @@ func Handle[T Event](c *Client, fn HandlerFunc[T]) error {
 
 // MustHandle is Handle that panics on error, for registration at start-up
 // where an error is a programming mistake.
-func MustHandle[T Event](c *Client, fn HandlerFunc[T]) {
-	if err := Handle(c, fn); err != nil {
+func MustHandle[T Event](c *Client, fn HandlerFunc[T], opts ...HandleOption) {
+	if err := Handle(c, fn, opts...); err != nil {
 		panic(err)
 	}
 }

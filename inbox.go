@@ -10,7 +10,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // inboxDoc is the stored form of a received event. Field names are part of
@@ -33,8 +32,8 @@ type inboxDoc struct {
 	TraceState   string    `bson:"tracestate,omitempty"`
 	Payload      string    `bson:"payload,omitempty"`
 	ReceivedAt   time.Time `bson:"received_at"`
-	// HeldBy is the anchor of the chain a held event waits in
-	// (Config.PoisonPolicy HoldKey; see poison.go).
+	// HeldBy marks a held event: the head of its key when it was held
+	// (Config.PoisonPolicy HoldKey; see keyseq.go).
 	HeldBy *InboxID `bson:"held_by,omitempty"`
 	// PayloadTruncated is set when the payload was too large to store
 	// whole (see storedPayload).
@@ -42,6 +41,11 @@ type inboxDoc struct {
 	// Unreadable is set on a record parked because its envelope could not
 	// be read; it cannot be re-driven (see redrive_unreadable.go).
 	Unreadable bool `bson:"unreadable,omitempty"`
+	// ParkReason says why a parked event was parked (keyseq.go).
+	ParkReason string `bson:"park_reason,omitempty"`
+	// Fault is why a held event cannot be handled (malformed), kept for
+	// when it becomes its key's head.
+	Fault string `bson:"fault,omitempty"`
 }
 
 // errAlreadyDone reports that an event's inbox document is handled or parked.
@@ -97,86 +101,6 @@ func deliveryFields(env *Envelope, offset int64, payload []byte, now time.Time, 
 		d = append(d, bson.E{Key: "payload", Value: string(payload)})
 	}
 	return d
-}
-
-// noteFailure records a failed handling attempt outside any transaction,
-// with majority write concern (the offset is committed after it, so it must
-// survive a failover): inc attempts more (0 when the attempt was counted
-// before it ran, see noteAttempt), the last error, and the payload for
-// inspection and re-drive. When park is true the event is parked: later
-// deliveries skip it until it is re-driven. It returns the stored attempt
-// count after the update, which includes the attempts of earlier processes
-// (a partition that moved, a process that crashed), and whether the stored
-// payload had to be truncated (see storedPayload).
-func (c *Client) noteFailure(ctx context.Context, env *Envelope, offset int64, payload []byte, cause error, park bool, inc int) (int32, error) {
-	now := time.Now().UTC()
-	msg := truncate(cause.Error(), 4096)
-	stored, note := storedPayload(payload)
-	if note != "" {
-		msg += " (" + note + ")"
-	}
-	set := bson.D{{Key: "last_error", Value: msg}, {Key: "payload", Value: stored}}
-	if note != "" {
-		set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(payload)})
-	}
-	if isUnreadable(cause) {
-		set = append(set, bson.E{Key: "unreadable", Value: true})
-	}
-	if park {
-		set = append(set, bson.E{Key: "parked", Value: true}, bson.E{Key: "parked_at", Value: now})
-	}
-	onInsert := deliveryFields(env, offset, nil, now, false)
-	if !park {
-		onInsert = append(onInsert, bson.E{Key: "parked", Value: false})
-	}
-	var got struct {
-		Attempts int32 `bson:"attempts"`
-	}
-	err := c.inboxMajority().FindOneAndUpdate(ctx,
-		bson.D{{Key: "_id", Value: inboxIDOf(env)}, {Key: "handled", Value: false}},
-		bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}, {Key: "$setOnInsert", Value: onInsert}},
-		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
-			SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
-	if mongo.IsDuplicateKeyError(err) {
-		return 0, errAlreadyDone // handled meanwhile by another consumer: nothing to note
-	}
-	if err != nil {
-		return 0, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(env), err)
-	}
-	return got.Attempts, nil
-}
-
-// noteAttempt counts an attempt before it runs, outside any transaction and
-// with majority write concern, and returns the stored count (the attempts
-// of earlier processes included). The consumer does it for the first event
-// a worker handles after its partition is assigned: if the previous owner
-// crashed while handling it (a handler that brings the process down), the
-// in-transaction state is lost, and only this count lets it reach
-// Config.MaxAttempts. errAlreadyDone when the event is handled or parked.
-func (c *Client) noteAttempt(ctx context.Context, env *Envelope, offset int64) (int32, error) {
-	onInsert := append(deliveryFields(env, offset, nil, time.Now().UTC(), false), bson.E{Key: "parked", Value: false})
-	var got struct {
-		Attempts int32 `bson:"attempts"`
-	}
-	err := c.inboxMajority().FindOneAndUpdate(ctx,
-		bson.D{{Key: "_id", Value: inboxIDOf(env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
-		bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}}, {Key: "$setOnInsert", Value: onInsert}},
-		options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
-			SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
-	if mongo.IsDuplicateKeyError(err) {
-		return 0, errAlreadyDone // handled or parked: the upsert met its _id
-	}
-	if err != nil {
-		return 0, fmt.Errorf("outbox: count attempt of %s: %w", inboxIDOf(env), err)
-	}
-	return got.Attempts, nil
-}
-
-// inboxMajority is the inbox collection with majority write concern, for
-// the writes made outside a transaction before an offset is committed
-// (failure notes, parks, attempt counts).
-func (c *Client) inboxMajority() *mongo.Collection {
-	return c.inbox.Clone(options.Collection().SetWriteConcern(writeconcern.Majority()))
 }
 
 // maxStoredPayload is the largest payload an inbox document stores whole:

@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
 
@@ -37,7 +38,12 @@ func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	rec.Partition = 0
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // 16 MiB documents are slow under -race
 	defer cancel()
-	require.NoError(t, c.handleRecord(ctx, nil, &keyHolds{loaded: true}, rec))
+	h := c.host()
+	tp := consume.TopicPartition{Topic: ordersTopic, Partition: 0}
+	e := h.Decode(rec)
+	require.NoError(t, e.Fault)
+	_, err := h.Park(ctx, tp, e, errors.New("too big to handle"), 1, "handler_error")
+	require.NoError(t, err)
 
 	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)
@@ -52,8 +58,10 @@ func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	require.ErrorIs(t, c.Redrive(ctx, p.ID), ErrPayloadTruncated)
 
 	// A held event is stored the same way.
-	require.NoError(t, c.handleRecord(ctx, nil, &keyHolds{loaded: true, anchors: map[string]InboxID{"big": p.ID}},
-		withKey(rec, b, "big-2")))
+	r2 := withKey(rec, b, "big-2")
+	e2 := h.Decode(r2)
+	e2.Offset = r2.Offset
+	require.NoError(t, h.Hold(ctx, tp, e2))
 	var doc inboxDoc
 	require.NoError(t, c.inbox.FindOne(ctx, bson.D{{Key: "_id.idempotency_key", Value: "big-2"}}).Decode(&doc))
 	require.True(t, doc.PayloadTruncated)
@@ -69,26 +77,28 @@ func withKey(rec *kgo.Record, b *bundle, key string) *kgo.Record {
 	return r
 }
 
-// Issue 12 item 7: failure notes and parks are written outside the
-// handling transaction before the offset is committed; they ask for
-// majority write concern explicitly, whatever the client's default.
+// Issue 12 item 7: failure notes and parks are written before the offset
+// is committed, in transactions of their own (so that a lock held by a dead
+// replica's transaction fails them at once, issue 31); the commits of those
+// transactions ask for majority write concern explicitly, whatever the
+// client's default.
 func TestFailureNotesUseMajorityWriteConcern(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var notes []bson.Raw
+	noteTxns := map[string]bool{} // lsid and txnNumber of the notes
 	monitor := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-		if e.CommandName != "update" && e.CommandName != "findAndModify" {
-			return
-		}
-		if _, err := e.Command.LookupErr("autocommit"); err == nil {
-			return // inside a transaction: the commit carries the write concern
-		}
-		if !strings.Contains(e.Command.String(), "last_error") {
-			return
-		}
+		txn := e.Command.Lookup("lsid").String() + e.Command.Lookup("txnNumber").String()
 		mu.Lock()
-		notes = append(notes, append(bson.Raw(nil), e.Command...))
-		mu.Unlock()
+		defer mu.Unlock()
+		switch {
+		case (e.CommandName == "update" || e.CommandName == "findAndModify") && strings.Contains(e.Command.String(), "last_error"):
+			_, err := e.Command.LookupErr("autocommit")
+			require.NoError(t, err, "a failure note outside a transaction: %s", e.Command)
+			noteTxns[txn] = true
+		case e.CommandName == "commitTransaction" && noteTxns[txn]:
+			notes = append(notes, append(bson.Raw(nil), e.Command...))
+		}
 	}}
 	b := setup(t, mongotest.ClientOptions(options.Client().SetMonitor(monitor)))
 	cfg := consumerConfig(b, "wc")

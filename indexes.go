@@ -43,6 +43,9 @@ type indexSpec struct {
 	partial bson.D // nil: not partial
 	ttl     *int32 // expireAfterSeconds; nil: not a TTL index
 	unique  bool
+	// replaces, when set, recognises an earlier definition of the index
+	// under its name, which EnsureIndexes drops and creates anew.
+	replaces func(ix bson.D) bool
 }
 
 // outboxIndexes are the indexes of the outbox collection.
@@ -67,7 +70,7 @@ func (c *Client) outboxIndexes() []indexSpec {
 		},
 	}
 	if c.cfg.UniqueIdempotencyKeys {
-		specs = append(specs, indexSpec{name: indexOutboxIdempotency, keys: outboxIdempotencyKeys(), unique: true})
+		specs = append(specs, outboxIdempotencySpec())
 	}
 	return specs
 }
@@ -154,7 +157,10 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := c.stampInbox(ctx); err != nil {
 		return err
 	}
-	return ensureIndexes(ctx, c.inbox, c.inboxIndexes()...)
+	if err := ensureIndexes(ctx, c.inbox, c.inboxIndexes()...); err != nil {
+		return err
+	}
+	return c.migrateUnreadable(ctx)
 }
 
 // consumes reports whether handlers are registered.
@@ -216,8 +222,17 @@ func ensureIndex(ctx context.Context, coll *mongo.Collection, existing []bson.D,
 		return false, nil
 	}
 	for _, ix := range existing {
-		if indexName(ix) == s.name {
+		if indexName(ix) != s.name {
+			continue
+		}
+		if s.replaces == nil || !s.replaces(ix) {
 			return false, conflictf(coll, s, ix, "an index with this name has another key or partial filter")
+		}
+		// An earlier definition of ours: drop it, then create it anew. A
+		// replica doing the same meanwhile makes the drop fail (not
+		// found) or the creation conflict: ensureIndexes lists again.
+		if err := coll.Indexes().DropOne(ctx, s.name); err != nil {
+			return false, fmt.Errorf("%w: drop earlier index %s on %s: %w", ErrIndexConflict, s.name, coll.Name(), err)
 		}
 	}
 	opts := options.Index().SetName(s.name)

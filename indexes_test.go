@@ -34,7 +34,7 @@ func TestEnsureIndexesIdempotentAndRetentionChange(t *testing.T) {
 	cfg := b.config("svc")
 	cfg.OutboxRetention = time.Hour
 	c := b.client(t, cfg)
-	consume(t, c) // the inbox indexes are a consumer's
+	registerConsumer(t, c) // the inbox indexes are a consumer's
 	// Several replicas starting at once.
 	errs := make(chan error, 3)
 	for range 3 {
@@ -65,7 +65,7 @@ func TestTTLRemovesOnlyPublishedAndHandled(t *testing.T) {
 	cfg.OutboxRetention = time.Second
 	cfg.InboxRetention = time.Second
 	c := b.client(t, cfg)
-	consume(t, c)
+	registerConsumer(t, c)
 	require.NoError(t, c.EnsureIndexes(ctx))
 	old := time.Now().Add(-time.Hour)
 	_, err := c.outbox.InsertMany(ctx, []any{
@@ -88,7 +88,7 @@ func TestTTLRemovesOnlyPublishedAndHandled(t *testing.T) {
 }
 
 // consume registers a no-op handler, making c a consumer.
-func consume(t *testing.T, c *Client) {
+func registerConsumer(t *testing.T, c *Client) {
 	t.Helper()
 	require.NoError(t, Handle(c, func(context.Context, orderPlaced, Metadata) error { return nil }))
 }
@@ -121,7 +121,7 @@ func TestEnsureIndexesReusesEquivalentIndexesOfAnotherName(t *testing.T) {
 	cfg.OutboxRetention = time.Hour
 	cfg.InboxRetention = 2 * time.Hour
 	c := b.client(t, cfg)
-	consume(t, c)
+	registerConsumer(t, c)
 	day := int32(24 * 3600)
 	createIndex(t, c.outbox, "idempotency", bson.D{
 		{Key: "payload.topic", Value: int32(1)}, {Key: "payload.content_schema", Value: int32(1)}, {Key: "payload.idempotency_key", Value: int32(1)},

@@ -55,7 +55,15 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 	for retry.Sleep(ctx, nil, delay) {
 		lctx, cancel := context.WithTimeout(ctx, lagPollTimeout)
 		listed, err := adm.ListEndOffsets(lctx, cons.c.cfg.kafkaTopics(topics)...)
+		starts, serr := adm.ListStartOffsets(lctx, cons.c.cfg.kafkaTopics(topics)...)
 		cancel()
+		if serr == nil {
+			starts.Each(func(o kadm.ListedOffset) {
+				if o.Err == nil {
+					cons.c.tel.setLogStart(cons.c.cfg.bareTopic(o.Topic), o.Partition, o.Offset)
+				}
+			})
+		}
 		if ctx.Err() != nil {
 			return
 		}

@@ -19,13 +19,13 @@ func TestInboxOfAnotherGroupIsRefused(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	first := b.client(t, b.config("billing"))
-	consume(t, first)
+	registerConsumer(t, first)
 	require.NoError(t, first.EnsureIndexes(ctx))
 	start(t, first)
 
 	cfg := b.config("shipping")
 	second := b.client(t, cfg)
-	consume(t, second)
+	registerConsumer(t, second)
 	err := second.EnsureIndexes(ctx)
 	require.ErrorIs(t, err, ErrInboxOwned)
 	require.ErrorContains(t, err, `"`+first.cfg.ConsumerGroup+`"`, "names the owner")
@@ -46,7 +46,7 @@ func TestInboxOfAnotherGroupIsRefused(t *testing.T) {
 	// The fix: an inbox collection of its own.
 	cfg.InboxCollection = "shipping_inbox"
 	fixed := b.client(t, cfg)
-	consume(t, fixed)
+	registerConsumer(t, fixed)
 	require.NoError(t, fixed.EnsureIndexes(ctx))
 }
 
@@ -61,7 +61,7 @@ func TestInboxStampConcurrentReplicasOfOneGroup(t *testing.T) {
 	errs := make(chan error, n)
 	for range n {
 		c := b.client(t, cfg)
-		consume(t, c)
+		registerConsumer(t, c)
 		go func() { errs <- c.EnsureIndexes(ctx) }()
 	}
 	for range n {
@@ -81,7 +81,7 @@ func TestInboxNotStampedWithoutHandlers(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	owner := b.client(t, b.config("owner"))
-	consume(t, owner)
+	registerConsumer(t, owner)
 	require.NoError(t, owner.EnsureIndexes(ctx))
 
 	pub := b.client(t, b.config("publisher-only"))

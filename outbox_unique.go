@@ -29,3 +29,20 @@ const indexOutboxIdempotency = "outbox_idempotency"
 func outboxIdempotencyKeys() bson.D {
 	return bson.D{{Key: "topic", Value: 1}, {Key: "schema", Value: 1}, {Key: "idempotency_key", Value: 1}}
 }
+
+// outboxIdempotencySpec is the unique index of Config.UniqueIdempotencyKeys.
+// It is partial, on the documents that have an idempotency key of their
+// own: a service that took over a Python event-outbox database (Admin.
+// MigrateEventOutbox) keeps the library's published documents until they
+// expire, and those have the key inside their payload only; in a full
+// index they would all collide on {null, null, null}. The earlier,
+// non-partial definition is replaced on start.
+func outboxIdempotencySpec() indexSpec {
+	return indexSpec{name: indexOutboxIdempotency, keys: outboxIdempotencyKeys(), unique: true,
+		partial: bson.D{{Key: "idempotency_key", Value: bson.D{{Key: "$type", Value: "string"}}}},
+		replaces: func(ix bson.D) bool {
+			key, _ := lookup(ix, "key")
+			_, partial := lookup(ix, "partialFilterExpression")
+			return !partial && indexBool(ix, "unique") && sameBSON(key, outboxIdempotencyKeys(), true)
+		}}
+}

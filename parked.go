@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/event-outbox/outbox/internal/consume"
 )
 
 // Parked events management.
@@ -151,19 +154,24 @@ const (
 	ParkedStateHeld = "held"
 )
 
-// Redrive runs the handler of a parked event now, from the payload stored in
-// the inbox, in a transaction that also unparks it. On success the event is
-// handled (exactly once, as for a delivery), then the events held behind it
-// (Config.PoisonPolicy HoldKey) are handled the same way, one transaction
-// each, in order, with the usual retries; if one of them still fails after
-// Config.MaxAttempts runs (counting its stored attempts) or asks to park,
-// it becomes the parked head of its key, the rest stay held behind it, and Redrive still returns nil (the
-// failure is logged and listed by Admin.ParkedEvents). On failure of the event
-// itself it stays parked with the new error, which Redrive returns.
+// Redrive runs the handler of a parked event now, in the calling process
+// (which must have the handler registered), from the payload stored in the
+// inbox, in one transaction that also takes it off its key's sequence. On
+// success the event is handled (exactly once, as for a delivery), then the
+// events held behind it (Config.PoisonPolicy HoldKey) are handled the same
+// way, one transaction each, in order, with the usual retries; one that
+// still fails after its attempts (counting its stored ones) or asks to
+// park becomes the parked head of its key, the rest stay held behind it,
+// and Redrive still returns nil (the failure is logged and listed by
+// Admin.ParkedEvents). When ctx ends or MongoDB fails during that release,
+// Redrive returns and the partition's consumer goes on with it within
+// seconds: every step is one transaction, so nothing is left half done. On
+// failure of the event itself it stays parked with the new error (and one
+// more attempt), which Redrive returns.
 //
-// A held event is not re-driven on its own (ErrHeld), unless the event it
-// is held behind is no longer parked (a release that was interrupted, by a
-// crash for example): then the release goes on from it.
+// Only the head of a key (its oldest parked event in the partition) can be
+// re-driven: another one returns ErrHeld. A held event that became the head
+// (the event it waited for was handled or purged) is released with the rest.
 func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	var d inboxDoc
 	err := c.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
@@ -173,50 +181,84 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	if err != nil {
 		return fmt.Errorf("outbox: redrive: %w", err)
 	}
-	if d.HeldBy != nil {
-		n, err := c.inbox.CountDocuments(ctx, bson.D{{Key: "_id", Value: *d.HeldBy}, {Key: "parked", Value: true}})
-		if err != nil {
-			return fmt.Errorf("outbox: redrive: %w", err)
-		}
-		if n > 0 {
-			return fmt.Errorf("%w: %s is held behind %s", ErrHeld, id, *d.HeldBy)
-		}
-		c.releaseHeld(ctx, *d.HeldBy, d.Partition)
-		return nil
-	}
 	if d.unreadable() {
 		return fmt.Errorf("%w: %s", ErrNotRedrivable, id)
 	}
-	h := c.handlerFor(id.Topic, id.ContentSchema)
-	if h == nil {
+	tp := consume.TopicPartition{Topic: id.Topic, Partition: d.Partition}
+	key := d.PartitionKey
+	if c.cfg.PoisonPolicy != HoldKey {
+		key = "" // no sequences: the event alone
+	}
+	if d.HeldBy != nil && key != "" {
+		head, ok, err := firstParked(ctx, c.inbox, tp, key)
+		if err != nil {
+			return fmt.Errorf("outbox: redrive: %w", err)
+		}
+		if !ok || head.ID != id {
+			return fmt.Errorf("%w: %s is held behind %s", ErrHeld, id, head.ID)
+		}
+		c.releaseKey(ctx, tp, key)
+		return nil
+	}
+	if c.handlerFor(id.Topic, id.ContentSchema) == nil {
 		return fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
 	}
-	env := d.envelope()
-	evt, err := c.storedEvent(h, &d)
-	if err != nil {
-		return err
+	e, res := c.releaseHead(ctx, tp, key, &id)
+	switch res.Kind {
+	case consume.Handled:
+		c.tel.handled.Add(ctx, 1, eventAttrs(&deliveryOf(e).env))
+		if key != "" {
+			c.releaseKey(ctx, tp, key)
+		}
+		return nil
+	case consume.Empty:
+		return fmt.Errorf("%w: %+v", ErrNotParked, id)
+	case consume.HeadParked:
+		return res.Err
+	case consume.Canceled:
+		return fmt.Errorf("outbox: redrive %s: %w", id, cmp.Or(ctx.Err(), res.Err))
+	case consume.Locked, consume.Infra:
+		return fmt.Errorf("outbox: redrive %s: %w", id, res.Err)
 	}
-	meta := Metadata{Envelope: env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
-	err = c.transactWithin(ctx, func(ctx context.Context) error {
-		res, err := c.inbox.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}}},
-			unparkUpdate())
-		if err != nil {
-			return err
-		}
-		if res.MatchedCount == 0 {
-			return fmt.Errorf("%w: %+v", ErrNotParked, id)
-		}
-		return safeRun(ctx, h, evt, meta)
-	})
-	if err != nil {
-		if !errors.Is(err, ErrNotParked) {
-			_, _ = c.noteFailure(context.WithoutCancel(ctx), &env, d.Offset, []byte(d.Payload), err, true, 1)
-		}
-		return err
+	// The handler failed: the event stays parked with the new error.
+	reason := "handler_error"
+	if res.Park {
+		reason = "handler_parked"
 	}
-	c.releaseHeld(ctx, id, d.Partition)
-	return nil
+	if _, err := c.host().NoteReleaseFailure(context.WithoutCancel(ctx), tp, e, res.Err, 1, true, reason); err != nil {
+		c.cfg.Logger.Warn("outbox: noting a failed re-drive failed", "id", id.String(), "err", err)
+	}
+	return res.Err
+}
+
+// releaseKey releases the held events of key inline (Redrive), until one
+// fails for good, MongoDB fails or ctx ends: the partition's consumer goes
+// on from there.
+func (c *Client) releaseKey(ctx context.Context, tp consume.TopicPartition, key string) {
+	h := c.host()
+	consume.ReleaseKey(ctx, h, h, c.cfg.backoff(), tp, key)
+}
+
+// host is a consumeHost for work outside the consumer (Redrive).
+func (c *Client) host() *consumeHost {
+	if cons := c.tel.cons.Load(); cons != nil {
+		return &consumeHost{c: c, cons: cons}
+	}
+	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}}
+}
+
+// firstParked reads the head of key's sequence (keyseq.go); ok is false
+// when the key holds nothing.
+func firstParked(ctx context.Context, inbox *mongo.Collection, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
+	err = inbox.FindOne(ctx, seqFilter(tp, key),
+		options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}}).SetProjection(headProjection)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return d, false, nil
+	}
+	if err != nil {
+		return d, false, fmt.Errorf("outbox: read the held events of key %q in %s: %w", key, tp, err)
+	}
+	return d, true, nil
 }
 
 // ParkedEvents lists the parked events f selects, oldest first.
@@ -234,10 +276,37 @@ func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent
 		return nil, fmt.Errorf("outbox: list parked events: %w", err)
 	}
 	out := make([]ParkedEvent, 0, len(docs))
+	heads := map[headKey]*InboxID{} // the head of each key met
 	for i := range docs {
-		out = append(out, docs[i].event())
+		p := docs[i].event()
+		if p.State == ParkedStateHeld {
+			k := headKey{p.ID.Topic, p.Partition, p.PartitionKey}
+			head, ok := heads[k]
+			if !ok {
+				d, found, err := firstParked(ctx, a.inbox, consume.TopicPartition{Topic: k.topic, Partition: k.partition}, k.key)
+				if err != nil {
+					return nil, fmt.Errorf("outbox: list parked events: %w", err)
+				}
+				if found && d.ID != p.ID {
+					head = &d.ID
+				}
+				heads[k] = head
+			}
+			p.HeldBy = head
+			if head == nil || *head == p.ID {
+				p.HeldBy = nil // the head itself: released next
+			}
+		}
+		out = append(out, p)
 	}
 	return out, nil
+}
+
+// headKey names a key's sequence.
+type headKey struct {
+	topic     string
+	partition int32
+	key       string
 }
 
 // RequestRedrive asks the service's running consumers to re-drive the
@@ -266,31 +335,16 @@ func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool)
 // is marked handled and discarded (discarded_at), so a redelivery of the
 // same event is skipped as a duplicate, and the inbox TTL index deletes it
 // after Config.InboxRetention. The events held behind a purged event
-// (Config.PoisonPolicy HoldKey) and not purged themselves are released in
-// order: the first becomes the parked head of its key with a re-drive
-// request, which a running consumer serves, handling it and then the rest.
+// (Config.PoisonPolicy HoldKey) and not purged themselves go on in order:
+// when the next one of its key only waited (held), the partition's running
+// consumer releases it and the rest within seconds; when it was parked on
+// its own, it is the key's head now.
 // With dryRun nothing changes. It returns how many events were (or would
 // be) purged; when f names IDs and none of them is parked, the error wraps
 // ErrNotParked.
 func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
-	if dryRun {
-		return a.updateParked(ctx, f, true, "purge", nil)
-	}
-	// The heads among the selection, whose chains go on after them.
-	cur, err := a.inbox.Find(ctx, append(f.query(), bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}}),
-		options.Find().SetProjection(bson.D{{Key: "partition", Value: 1}}))
-	if err != nil {
-		return 0, fmt.Errorf("outbox: purge parked events: %w", err)
-	}
-	var heads []struct {
-		ID        InboxID `bson:"_id"`
-		Partition int32   `bson:"partition"`
-	}
-	if err := cur.All(ctx, &heads); err != nil {
-		return 0, fmt.Errorf("outbox: purge parked events: %w", err)
-	}
 	now := time.Now().UTC()
-	n, err := a.updateParked(ctx, f, false, "purge", bson.D{
+	return a.updateParked(ctx, f, dryRun, "purge", bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "parked", Value: false},
 			{Key: "handled", Value: true},
@@ -299,15 +353,6 @@ func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (i
 		}},
 		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}, {Key: "held_by", Value: ""}}},
 	})
-	if err != nil {
-		return n, err
-	}
-	for _, h := range heads {
-		if err := releaseAfterPurge(ctx, a.inbox, h.ID, h.Partition); err != nil {
-			return n, fmt.Errorf("outbox: release the events held behind purged %s: %w", h.ID, err)
-		}
-	}
-	return n, nil
 }
 
 func (a *Admin) updateParked(ctx context.Context, f ParkedFilter, dryRun bool, what string, update bson.D) (int64, error) {
@@ -333,9 +378,10 @@ func (a *Admin) updateParked(ctx context.Context, f ParkedFilter, dryRun bool, w
 }
 
 // startRedriveRequests runs the loop that serves re-drive requests until
-// ctx ends; handlers run under work. The returned function waits for the
-// loop to end.
-func (c *Client) startRedriveRequests(ctx, work context.Context) (wait func()) {
+// ctx ends; handlers run under ctx too: a shutdown cuts a re-drive short
+// between two transactions, and the partition's consumer goes on with it.
+// The returned function waits for the loop to end.
+func (c *Client) startRedriveRequests(ctx context.Context) (wait func()) {
 	every := c.redriveEvery
 	if every <= 0 {
 		every = redriveInterval
@@ -350,12 +396,8 @@ func (c *Client) startRedriveRequests(ctx, work context.Context) (wait func()) {
 				return
 			case <-t.C:
 			}
-			if err := c.serveRedriveRequests(ctx, work); err != nil && ctx.Err() == nil {
+			if err := c.serveRedriveRequests(ctx); err != nil && ctx.Err() == nil {
 				c.cfg.Logger.Warn("outbox: reading re-drive requests failed", "err", err)
-				c.tel.setError(err)
-			}
-			if err := c.resumeOrphanChains(ctx, work); err != nil && ctx.Err() == nil {
-				c.cfg.Logger.Warn("outbox: looking for interrupted releases of held events failed", "err", err)
 				c.tel.setError(err)
 			}
 		}
@@ -368,7 +410,7 @@ func (c *Client) startRedriveRequests(ctx, work context.Context) (wait func()) {
 // conditional update), so one replica runs it; a replica that dies after
 // the claim leaves the event parked, never lost, and the operator asks
 // again.
-func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
+func (c *Client) serveRedriveRequests(ctx context.Context) error {
 	cur, err := c.inbox.Find(ctx, bson.D{
 		{Key: "parked", Value: true},
 		{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
@@ -400,7 +442,7 @@ func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
 		env := Envelope{Topic: d.ID.Topic, ContentSchema: d.ID.ContentSchema, IdempotencyKey: d.ID.IdempotencyKey,
 			PartitionKey: d.PartitionKey, Partition: d.Partition, TraceParent: d.TraceParent, TraceState: d.TraceState}
 		meta := Metadata{Envelope: env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
-		sctx, span := c.tel.startHandle(work, &meta)
+		sctx, span := c.tel.startHandle(ctx, &meta)
 		span.SetAttributes(attribute.Bool("outbox.redrive", true))
 		err = c.Redrive(sctx, d.ID)
 		if err != nil {
@@ -410,13 +452,12 @@ func (c *Client) serveRedriveRequests(ctx, work context.Context) error {
 		switch {
 		case err == nil:
 			c.cfg.Logger.Info("outbox: parked event re-driven", "id", d.ID.String())
-			c.tel.handled.Add(work, 1, eventAttrs(&env))
 		case errors.Is(err, ErrNotParked), errors.Is(err, ErrHeld):
 			// Handled or purged meanwhile, or held: re-driven with its head.
 		default:
 			c.cfg.Logger.Warn("outbox: re-drive failed; event stays parked", "id", d.ID.String(), "err", err)
 			c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))
-			c.tel.parked.Add(work, 1, eventAttrs(&env, attrReason.String("redrive_failed")))
+			c.tel.parked.Add(ctx, 1, eventAttrs(&env, attrReason.String("redrive_failed")))
 		}
 	}
 	return nil

@@ -24,6 +24,9 @@ type holdEnv struct {
 	// failOnce fails the next run of an order id only.
 	failOnce map[string]bool
 	calls    map[string]int
+	// blockOnce, when set, runs at the start of every run of the handler
+	// (a test hook that blocks or slows chosen events).
+	blockOnce func(ctx context.Context, orderID string)
 }
 
 func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
@@ -37,10 +40,20 @@ func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
 	c := b.client(t, cfg)
 	c.redriveEvery = 20 * time.Millisecond
 	h := &holdEnv{b: b, c: c, failing: map[string]bool{}, failOnce: map[string]bool{}, calls: map[string]int{}}
+	h.register(c)
+	return h
+}
+
+// register registers the environment's handler on c.
+func (h *holdEnv) register(c *Client) {
+	b := h.b
 	effects := b.db.Collection("effects")
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		if e.Run != b.run {
 			return nil
+		}
+		if f := h.blockOnce; f != nil {
+			f(ctx, e.OrderID)
 		}
 		h.mu.Lock()
 		fail := h.failing[e.OrderID] || h.failOnce[e.OrderID]
@@ -53,7 +66,6 @@ func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
 		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "pk", Value: m.PartitionKey}, {Key: "seq", Value: e.Seq}})
 		return err
 	})
-	return h
 }
 
 func (h *holdEnv) setFailing(ids ...string) {
@@ -405,6 +417,8 @@ func TestHandlerParkAndSnooze(t *testing.T) {
 	b.produce(t, b.keyed("forever", "F"), b.payload(t, "forever", 2))
 	b.produce(t, b.keyed("last", "L"), b.payload(t, "last", 3))
 	eventually(t, "last handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "last"}}) == 1 })
+	// Other keys do not wait for a key that retries (issue 31 item 5).
+	eventually(t, "park and forever parked", func() bool { return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 2 })
 	ctx := context.Background()
 	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})
 	require.NoError(t, err)

@@ -46,22 +46,30 @@ func isUnreadable(cause error) bool {
 	return errors.As(cause, &u)
 }
 
-// inventedKeyPrefix starts the idempotency key the consumer gives a record
-// that has none (parkMalformed). Documents parked before the unreadable
-// flag existed are recognised by it.
-const inventedKeyPrefix = "malformed:"
-
 // unreadableConds matches the parked documents that cannot be re-driven.
 func unreadableConds() bson.A {
-	return bson.A{
-		bson.D{{Key: "unreadable", Value: true}},
-		bson.D{{Key: "_id.idempotency_key", Value: bson.D{{Key: "$regex", Value: "^" + inventedKeyPrefix}}}},
-	}
+	return bson.A{bson.D{{Key: "unreadable", Value: true}}}
 }
 
-// unreadable reports whether a stored parked event can never be re-driven.
-func (d *inboxDoc) unreadable() bool {
-	return d.Unreadable || strings.HasPrefix(d.ID.IdempotencyKey, inventedKeyPrefix)
+// unreadable reports whether a stored parked event can never be re-driven:
+// by its flag only (an idempotency key chosen by a producer may start with
+// inventedKeyPrefix too; documents parked before the flag existed are given
+// it on start, see migrateUnreadable).
+func (d *inboxDoc) unreadable() bool { return d.Unreadable }
+
+// migrateUnreadable flags the parked documents stored before the
+// unreadable flag existed, which only their invented idempotency key told
+// apart. Idempotent; run by EnsureIndexes for a consuming client.
+func (c *Client) migrateUnreadable(ctx context.Context) error {
+	_, err := c.inbox.UpdateMany(ctx, bson.D{
+		{Key: "parked", Value: true},
+		{Key: "_id.idempotency_key", Value: bson.D{{Key: "$regex", Value: "^" + inventedKeyPrefix}}},
+		{Key: "unreadable", Value: bson.D{{Key: "$exists", Value: false}}},
+	}, bson.D{{Key: "$set", Value: bson.D{{Key: "unreadable", Value: true}}}})
+	if err != nil {
+		return fmt.Errorf("outbox: flag unreadable parked events: %w", err)
+	}
+	return nil
 }
 
 // refuseUnreadable fails with ErrNotRedrivable, naming them, when the ids

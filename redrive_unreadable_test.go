@@ -67,10 +67,11 @@ func TestRedriveRefusesUnreadableRecords(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 
-	// Documents parked before the unreadable flag existed are known by
-	// their invented key.
+	// Documents parked before the unreadable flag existed, known only by
+	// their invented key, are flagged at start (EnsureIndexes).
 	_, err = c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: noKey}}, bson.D{{Key: "$unset", Value: bson.D{{Key: "unreadable", Value: ""}}}})
 	require.NoError(t, err)
+	require.NoError(t, c.EnsureIndexes(ctx))
 	_, err = admin.RequestRedrive(ctx, ParkedFilter{IDs: []InboxID{noKey}}, false)
 	require.ErrorIs(t, err, ErrNotRedrivable)
 

@@ -116,6 +116,10 @@ type Replica struct {
 	// Silence is the time since LastSeen when the record was read, by
 	// MongoDB's clock.
 	Silence time.Duration `json:"silence"`
+
+	// lsids are the sessions the replica's consumer ran transactions on
+	// (takeover.go).
+	lsids []bson.Raw
 }
 
 // Responding reports whether the replica is running and refreshed its
@@ -126,22 +130,23 @@ func (r Replica) Responding() bool {
 
 // replicaDoc is a replica record as stored.
 type replicaDoc struct {
-	ID                  string    `bson:"_id"`
-	Service             string    `bson:"service"`
-	ConsumerGroup       string    `bson:"consumer_group"`
-	PublisherGroup      string    `bson:"publisher_group"`
-	ConsumerMemberID    string    `bson:"consumer_member_id"`
-	ConsumerGeneration  int32     `bson:"consumer_generation"`
-	PublisherMemberID   string    `bson:"publisher_member_id"`
-	PublisherGeneration int32     `bson:"publisher_generation"`
-	Host                string    `bson:"host"`
-	PID                 int       `bson:"pid"`
-	StartedAt           time.Time `bson:"started_at"`
-	LastSeen            time.Time `bson:"last_seen"`
-	RefreshMS           int64     `bson:"refresh_ms"`
-	State               string    `bson:"state"`
-	StoppedAt           time.Time `bson:"stopped_at"`
-	StopError           string    `bson:"stop_error"`
+	ID                  string     `bson:"_id"`
+	Service             string     `bson:"service"`
+	ConsumerGroup       string     `bson:"consumer_group"`
+	PublisherGroup      string     `bson:"publisher_group"`
+	ConsumerMemberID    string     `bson:"consumer_member_id"`
+	ConsumerGeneration  int32      `bson:"consumer_generation"`
+	PublisherMemberID   string     `bson:"publisher_member_id"`
+	PublisherGeneration int32      `bson:"publisher_generation"`
+	Host                string     `bson:"host"`
+	PID                 int        `bson:"pid"`
+	StartedAt           time.Time  `bson:"started_at"`
+	LastSeen            time.Time  `bson:"last_seen"`
+	RefreshMS           int64      `bson:"refresh_ms"`
+	State               string     `bson:"state"`
+	StoppedAt           time.Time  `bson:"stopped_at"`
+	StopError           string     `bson:"stop_error"`
+	LSIDs               []bson.Raw `bson:"lsids"`
 }
 
 // Replicas returns the liveness records of the replicas that ran in the
@@ -179,7 +184,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 			Host: d.Host, PID: d.PID, StartedAt: d.StartedAt, LastSeen: d.LastSeen,
 			RefreshInterval: time.Duration(d.RefreshMS) * time.Millisecond,
 			Stopped:         d.State == "stopped", StoppedAt: d.StoppedAt, StopError: d.StopError,
-			Silence: max(now.Sub(d.LastSeen), 0),
+			Silence: max(now.Sub(d.LastSeen), 0), lsids: d.LSIDs,
 		})
 	}
 	slices.SortFunc(out, func(a, b Replica) int {
@@ -222,12 +227,14 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 		interval: cmp.Or(c.replicaEvery, replicaInterval(&c.cfg)),
 		consGen:  -1, pubGen: -1,
 	}
+	c.sessions.start(r)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { r.run(lctx) })
 	return func(runErr error) {
 		cancel()
 		wg.Wait()
+		c.sessions.stop()
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replicaWriteTimeout)
 		defer cancel()
 		if err := r.write(wctx, true, runErr); err != nil {

@@ -20,7 +20,7 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.config("alive"))
-	consume(t, c)
+	registerConsumer(t, c)
 	c.replicaEvery = 50 * time.Millisecond
 	stop := start(t, c)
 	adm := c.Admin()
@@ -92,7 +92,7 @@ func TestReplicaRecordOfAFailedRun(t *testing.T) {
 	cfg := b.config("failed")
 	cfg.KafkaOptions = []kgo.Opt{kgo.MaxProduceRequestsInflightPerBroker(2)} // refused with idempotency
 	c := b.client(t, cfg)
-	consume(t, c)
+	registerConsumer(t, c)
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	runErr := c.Run(rctx)

@@ -147,6 +147,24 @@ func (b *bundle) produce(t *testing.T, env Envelope, payload []byte) {
 	require.NoError(t, cl.ProduceSync(context.Background(), rec).FirstErr())
 }
 
+// produceMany writes framework records straight to Kafka in one call, to
+// partition 0 of the test's Kafka topics.
+func (b *bundle) produceMany(t *testing.T, envs []Envelope, payloads [][]byte) {
+	t.Helper()
+	cl := b.kafka.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	recs := make([]*kgo.Record, len(envs))
+	for i := range envs {
+		env := envs[i]
+		if env.OccurredAt.IsZero() {
+			env.OccurredAt = time.Now()
+		}
+		recs[i] = encodeRecord(&env, payloads[i])
+		recs[i].Topic = b.kafkaTopic(recs[i].Topic)
+		recs[i].Partition = 0
+	}
+	require.NoError(t, cl.ProduceSync(context.Background(), recs...).FirstErr())
+}
+
 // produceRaw writes rec to the test's Kafka topic of rec.Topic (a bare
 // topic, as the test's events name it).
 func (b *bundle) produceRaw(t *testing.T, rec *kgo.Record) {

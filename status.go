@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/event-outbox/outbox/internal/consume"
 )
 
 // Status is a snapshot of a Client for health pages and operators: what
@@ -24,6 +26,15 @@ type Status struct {
 	// Handling lists the partitions whose events this process handles (its
 	// assignment in Config.ConsumerGroup), sorted.
 	Handling []TopicPartition
+	// Consumer describes each partition this process handles: events in
+	// flight, the offset it may commit (the lowest not yet settled), the
+	// last committed one.
+	Consumer []PartitionStatus
+	// Waiting lists what this process's handled partitions have waited on
+	// for longer than a few seconds (a handler failing and retried, MongoDB
+	// failing, an inbox entry locked by a dead replica's transaction, a long
+	// transaction, a release of held events that fails), oldest first.
+	Waiting []Wait
 	// PublisherLeaseValid reports whether the publisher's group session is
 	// confirmed recently enough to publish (see Config.FenceMargin).
 	PublisherLeaseValid bool
@@ -40,16 +51,26 @@ type Status struct {
 // MarshalJSON writes snake_case keys, partitions grouped by topic
 // ({"orders": [0, 2]}) and ages in seconds.
 func (s Status) MarshalJSON() ([]byte, error) {
+	consumerJSON := s.Consumer
+	if consumerJSON == nil {
+		consumerJSON = []PartitionStatus{}
+	}
+	waiting := s.Waiting
+	if waiting == nil {
+		waiting = []Wait{}
+	}
 	return json.Marshal(struct {
 		Service             string             `json:"service"`
 		Running             bool               `json:"running"`
 		Publishing          map[string][]int32 `json:"publishing"`
 		Handling            map[string][]int32 `json:"handling"`
+		Consumer            []PartitionStatus  `json:"consumer"`
+		Waiting             []Wait             `json:"waiting"`
 		PublisherLeaseValid bool               `json:"publisher_lease_valid"`
 		storeStatusJSON
 		LastError   string    `json:"last_error,omitempty"`
 		LastErrorAt time.Time `json:"last_error_at,omitzero"`
-	}{s.Service, s.Running, byTopic(s.Publishing), byTopic(s.Handling), s.PublisherLeaseValid,
+	}{s.Service, s.Running, byTopic(s.Publishing), byTopic(s.Handling), consumerJSON, waiting, s.PublisherLeaseValid,
 		s.Store.jsonForm(), s.LastError, s.LastErrorAt})
 }
 
@@ -59,6 +80,54 @@ func byTopic(tps []TopicPartition) map[string][]int32 {
 		out[tp.Topic] = append(out[tp.Topic], tp.Partition)
 	}
 	return out
+}
+
+// PartitionStatus is the state of one partition this process handles.
+type PartitionStatus struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// InFlight counts the events in running transactions.
+	InFlight int `json:"in_flight"`
+	// Unsettled counts the events taken from Kafka and not yet settled
+	// (handled, skipped, parked or held).
+	Unsettled int `json:"unsettled"`
+	// LowestUnsettled is the offset the partition may commit: the lowest
+	// not yet settled (-1 before any record).
+	LowestUnsettled int64 `json:"lowest_unsettled"`
+	// Committed is the last offset this process committed (-1 before the
+	// first).
+	Committed int64 `json:"committed"`
+	// HeldKeys counts the partition keys held behind parked events.
+	HeldKeys int `json:"held_keys"`
+}
+
+// Wait is something a handled partition has waited on for longer than a
+// few seconds.
+type Wait struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// PartitionKey is the key of the event that waits.
+	PartitionKey string `json:"partition_key"`
+	// Offset is the event's offset; -1 for a release of held events.
+	Offset int64 `json:"offset"`
+	// What it waits on: "retry" (its handler failed), "snooze",
+	// "conflict", "infra" (MongoDB failing), "locked" (its inbox entry held
+	// by another session's open transaction: a replica that died), "running"
+	// (a long transaction) or "release" (a release of held events failing).
+	What string `json:"what"`
+	// Since is when the wait began.
+	Since time.Time `json:"since"`
+	// Detail is the last error, if any.
+	Detail string `json:"detail,omitempty"`
+	// Attempts counts the attempts stored for the event.
+	Attempts int `json:"attempts"`
+	// Next is when the event runs again; zero while it runs.
+	Next time.Time `json:"next,omitzero"`
+}
+
+func waitOf(w consume.Wait) Wait {
+	return Wait{Topic: w.Partition.Topic, Partition: w.Partition.Partition, PartitionKey: w.Key, Offset: w.Offset,
+		What: w.What, Since: w.Since, Detail: redactSecrets(w.Detail), Attempts: w.Attempts, Next: w.Next}
 }
 
 // TopicPartition names one Kafka partition.
@@ -175,14 +244,21 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	st.PublisherLeaseValid = ps.LeaseValid
 	st.Publishing = ps.Owned
 	if cons := c.tel.cons.Load(); cons != nil {
-		cons.mu.Lock()
-		for tp := range cons.workers {
-			st.Handling = append(st.Handling, TopicPartition{Topic: tp.topic, Partition: tp.partition})
+		stats := cons.set.Stats()
+		for tp, ps := range stats {
+			st.Handling = append(st.Handling, TopicPartition{Topic: tp.Topic, Partition: tp.Partition})
+			st.Consumer = append(st.Consumer, PartitionStatus{Topic: tp.Topic, Partition: tp.Partition, InFlight: ps.InFlight,
+				Unsettled: ps.Unsettled, LowestUnsettled: ps.LowestUnsettled, Committed: ps.Committed, HeldKeys: ps.HeldKeys})
 		}
-		cons.mu.Unlock()
 		slices.SortFunc(st.Handling, func(a, b TopicPartition) int {
 			return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 		})
+		slices.SortFunc(st.Consumer, func(a, b PartitionStatus) int {
+			return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+		})
+		for _, w := range cons.set.Waits() {
+			st.Waiting = append(st.Waiting, waitOf(w))
+		}
 	}
 	st.LastError, st.LastErrorAt = c.tel.lastError()
 	if ps.LastError != "" && (st.LastError == "" || ps.LastErrorAt.After(st.LastErrorAt)) {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/publish"
 )
 
@@ -45,7 +46,10 @@ import (
 //	outbox.parked               gauge      parked inbox events (held ones included)
 //	outbox.held                 gauge      parked inbox events held behind an earlier one of their key
 //	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
-//	outbox.consumer.lag         gauge      records between the committed offset and the high watermark {topic, partition}
+//	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
+//	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
+//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release}
+//	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //
 // The gauges are observed while Run runs. The storage gauges (pending,
 // oldest age, failed, parked) come from one aggregation over the outbox's
@@ -83,6 +87,7 @@ const (
 	attrOutcome   = attribute.Key("outbox.outcome")
 	attrRole      = attribute.Key("outbox.role")
 	attrChange    = attribute.Key("outbox.change")
+	attrWait      = attribute.Key("outbox.wait")
 )
 
 // telemetry holds a Client's instruments and the runtime state that the
@@ -98,11 +103,14 @@ type telemetry struct {
 	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
 	heldKeysG, heldEventsG, heldG      metric.Int64ObservableGauge
 	lagG                               metric.Int64ObservableGauge
+	inFlightG, waitingG                metric.Int64ObservableGauge
+	waitAgeG                           metric.Float64ObservableGauge
 	oldestG                            metric.Float64ObservableGauge
 	instrumentErr                      error
 	cons                               atomic.Pointer[consumer] // the running consumer
 	hwmMu                              sync.Mutex
 	hwm                                map[topicPartition]int64 // high watermarks listed or fetched by the consumer
+	lwm                                map[topicPartition]int64 // log start offsets listed by the consumer
 	lagEvery                           time.Duration            // period of the consumer's lag poller (0: lagPollInterval); tests shorten it
 	errMu                              sync.Mutex
 	lastErr                            string
@@ -117,10 +125,12 @@ func newTelemetry(cfg *Config) *telemetry {
 		tracer: cfg.TracerProvider.Tracer(instrumentationName),
 		meter:  cfg.MeterProvider.Meter(instrumentationName),
 		hwm:    map[topicPartition]int64{},
+		lwm:    map[topicPartition]int64{},
 		latencyBounds: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 			30, 60},
 	}
 	var errs []error
+	var err error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		c, err := t.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		errs = append(errs, err)
@@ -155,7 +165,11 @@ func newTelemetry(cfg *Config) *telemetry {
 	t.heldG = gauge("outbox.held", "{event}", "Parked inbox events held behind an earlier parked event of their key.")
 	t.ownedG = gauge("outbox.partitions.owned", "{partition}", "Partitions this process publishes (role publisher) or handles (role consumer).")
 	t.lagG = gauge("outbox.consumer.lag", "{record}", "Records between the committed offset and the high watermark of a handled partition.")
-	var err error
+	t.inFlightG = gauge("outbox.consumer.in_flight", "{event}", "Events of a handled partition in running transactions.")
+	t.waitingG = gauge("outbox.consumer.waiting", "{event}", "Events of a handled partition that have waited longer than a few seconds, by what they wait on (retry, infra, locked, running, release...).")
+	t.waitAgeG, err = t.meter.Float64ObservableGauge("outbox.consumer.waiting.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest wait of a handled partition."))
+	errs = append(errs, err)
 	t.oldestG, err = t.meter.Float64ObservableGauge("outbox.pending.oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest outbox event not yet published."))
 	errs = append(errs, err)
@@ -273,6 +287,14 @@ func (t *telemetry) noteHighWatermark(topic string, partition int32, hwm int64) 
 
 // setHighWatermark records a partition's high watermark as listed by the lag
 // poller, the authority (it may also lower it, after a truncation).
+// setLogStart sets a partition's log start offset, listed by the lag
+// poller.
+func (t *telemetry) setLogStart(topic string, partition int32, lwm int64) {
+	t.hwmMu.Lock()
+	t.lwm[topicPartition{topic, partition}] = lwm
+	t.hwmMu.Unlock()
+}
+
 func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {
 	if hwm < 0 {
 		return
@@ -309,16 +331,15 @@ func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Co
 	return ctx, span
 }
 
-// endHandle ends a handling attempt's span and records its outcome.
+// endHandle ends a handling attempt's span and records its duration and
+// outcome (the events' counters are the consumer's, see consumeHost).
 func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelope, start time.Time, err error) {
 	var herr *handlerError
 	outcome := "handled"
 	switch {
 	case err == nil:
-		t.handled.Add(ctx, 1, eventAttrs(env))
 	case errors.Is(err, errAlreadyDone):
 		outcome = "duplicate"
-		t.skipped.Add(ctx, 1, eventAttrs(env, attrReason.String("duplicate")))
 	case errors.As(err, &herr):
 		outcome = "handler_error"
 		span.RecordError(herr.err)
@@ -441,15 +462,16 @@ func (c *Client) registerGauges() (unregister func()) {
 					n = len(p.set.Owned())
 				}
 			} else if cons := t.cons.Load(); cons != nil {
-				cons.mu.Lock()
-				n = len(cons.workers)
-				cons.mu.Unlock()
+				n = len(cons.set.Owned())
 			}
 			o.ObserveInt64(t.ownedG, int64(n), metric.WithAttributes(attrRole.String(role)))
 		}
 		for tp, lag := range t.consumerLag() {
 			o.ObserveInt64(t.lagG, lag, metric.WithAttributes(attrTopic.String(tp.topic),
 				attrPartition.String(strconv.Itoa(int(tp.partition)))))
+		}
+		if cons := t.cons.Load(); cons != nil {
+			t.observeConsumer(o, cons)
 		}
 		st, err := c.storeStatus(ctx, backlogCacheTTL)
 		if err != nil {
@@ -478,7 +500,8 @@ func (c *Client) registerGauges() (unregister func()) {
 		o.ObserveInt64(t.parkedG, st.Parked)
 		o.ObserveInt64(t.heldG, st.Held)
 		return nil
-	}, t.pendingG, t.failedG, t.parkedG, t.heldG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG)
+	}, t.pendingG, t.failedG, t.parkedG, t.heldG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG,
+		t.inFlightG, t.waitingG, t.waitAgeG)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}
@@ -486,31 +509,60 @@ func (c *Client) registerGauges() (unregister func()) {
 	return func() { _ = reg.Unregister() }
 }
 
+// observeConsumer observes the consumer's partitions: events in flight,
+// and what they wait on.
+func (t *telemetry) observeConsumer(o metric.Observer, cons *consumer) {
+	for tp, st := range cons.set.Stats() {
+		o.ObserveInt64(t.inFlightG, int64(st.InFlight), metric.WithAttributes(attrTopic.String(tp.Topic),
+			attrPartition.String(strconv.Itoa(int(tp.Partition)))))
+	}
+	type waitKey struct {
+		tp   consume.TopicPartition
+		what string
+	}
+	counts := map[waitKey]int64{}
+	oldest := map[consume.TopicPartition]time.Time{}
+	for _, w := range cons.set.Waits() {
+		counts[waitKey{w.Partition, w.What}]++
+		if o, ok := oldest[w.Partition]; !ok || w.Since.Before(o) {
+			oldest[w.Partition] = w.Since
+		}
+	}
+	for k, n := range counts {
+		o.ObserveInt64(t.waitingG, n, metric.WithAttributes(attrTopic.String(k.tp.Topic),
+			attrPartition.String(strconv.Itoa(int(k.tp.Partition))), attrWait.String(k.what)))
+	}
+	for tp, since := range oldest {
+		o.ObserveFloat64(t.waitAgeG, time.Since(since).Seconds(), metric.WithAttributes(attrTopic.String(tp.Topic),
+			attrPartition.String(strconv.Itoa(int(tp.Partition)))))
+	}
+}
+
 // consumerLag returns, per handled partition, the high watermark (listed
-// or fetched) minus the committed offset; partitions without both are left
-// out.
+// or fetched) minus the committed offset, or minus the log start offset
+// when the group committed nothing for the partition yet (a new group
+// stalled on its first record shows its lag too); partitions without a
+// listed or fetched watermark are left out.
 func (t *telemetry) consumerLag() map[topicPartition]int64 {
 	cons := t.cons.Load()
 	if cons == nil || cons.cl == nil {
 		return nil
 	}
 	committed := cons.cl.CommittedOffsets()
-	cons.mu.Lock()
-	owned := make([]topicPartition, 0, len(cons.workers))
-	for tp := range cons.workers {
-		owned = append(owned, tp)
-	}
-	cons.mu.Unlock()
 	out := map[topicPartition]int64{}
 	t.hwmMu.Lock()
 	defer t.hwmMu.Unlock()
-	for _, tp := range owned {
+	for _, ctp := range cons.set.Owned() {
+		tp := topicPartition{ctp.Topic, ctp.Partition}
 		hwm, ok := t.hwm[tp]
-		co, ok2 := committed[cons.c.cfg.kafkaTopic(tp.topic)][tp.partition]
-		if !ok || !ok2 || co.Offset < 0 {
+		if !ok {
 			continue
 		}
-		out[tp] = max(hwm-co.Offset, 0)
+		from := t.lwm[tp]
+		if co, ok := committed[cons.c.cfg.kafkaTopic(tp.topic)][tp.partition]; ok && co.Offset >= 0 {
+			from = co.Offset
+		}
+		out[tp] = max(hwm-from, 0)
 	}
 	return out
 }

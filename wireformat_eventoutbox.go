@@ -98,8 +98,14 @@ func encodeEventOutbox(env *Envelope, payload []byte) *kgo.Record {
 // library's flat body. The payload is the whole body (a handler's type
 // ignores the envelope fields). looksLike is false when the value is not a
 // JSON object with any of the library's identity fields: then it is no
-// event-outbox record either.
-func decodeEventOutbox(r *kgo.Record) (env Envelope, looksLike bool, err error) {
+// event-outbox record either. The body's topic must name the record's
+// topic, bare or as read from Kafka (kafkaTopic: the library writes the
+// topic it produced to, Config.TopicPrefix included).
+//
+// Every identity field is read before any is judged, so that a record
+// parked as malformed keeps what could be read of its identity: above all
+// its partition key, by which it holds the later events of its key.
+func decodeEventOutbox(r *kgo.Record, kafkaTopic string) (env Envelope, looksLike bool, err error) {
 	env = Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatEventOutbox}
 	trimmed := bytes.TrimSpace(r.Value)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
@@ -129,41 +135,43 @@ func decodeEventOutbox(r *kgo.Record) (env Envelope, looksLike bool, err error) 
 		}
 		return s, nil
 	}
-	topic, err := str("topic")
-	if err != nil {
-		return env, true, err
-	}
-	if topic != r.Topic {
-		return env, true, malformed("event-outbox record: field topic %q differs from the record's topic %q", topic, r.Topic)
-	}
-	if env.ContentSchema, err = str("content_schema"); err != nil {
-		return env, true, err
-	}
-	if env.IdempotencyKey, err = str("idempotency_key"); err != nil {
-		// The library would invent a random key here, which makes every
-		// delivery a new event: refuse instead.
-		return env, true, err
-	}
-	if err := checkIdentity(&env, "field content_schema", "field idempotency_key"); err != nil {
-		return env, true, err
-	}
+	// The partition key first: it decides what a malformed record holds.
+	var errs [6]error
 	if r.Key == nil {
 		n, err := eventOutboxPartitionKey(body["partition_key"])
-		if err != nil {
-			return env, true, err
+		if err == nil {
+			env.PartitionKey = strconv.FormatInt(n, 10)
 		}
-		env.PartitionKey = strconv.FormatInt(n, 10)
+		errs[0] = err
+	}
+	topic, terr := str("topic")
+	switch {
+	case terr != nil:
+		errs[1] = terr
+	case topic != r.Topic && topic != kafkaTopic:
+		errs[1] = malformed("event-outbox record: field topic %q differs from the record's topic %q", topic, kafkaTopic)
+	}
+	env.ContentSchema, errs[2] = str("content_schema")
+	// The library would invent a random key for a missing one, which
+	// makes every delivery a new event: refuse instead.
+	env.IdempotencyKey, errs[3] = str("idempotency_key")
+	if errs[2] == nil && errs[3] == nil {
+		errs[4] = checkIdentity(&env, "field content_schema", "field idempotency_key")
 	}
 	if raw, ok := body["occurred_at"]; ok && string(raw) != "null" {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return env, true, malformed("event-outbox record: field occurred_at is not a string")
+			errs[5] = malformed("event-outbox record: field occurred_at is not a string")
+		} else if t, err := time.Parse(time.RFC3339Nano, s); err != nil {
+			errs[5] = malformed("event-outbox record: field occurred_at: %v", err)
+		} else {
+			env.OccurredAt = t.UTC()
 		}
-		t, err := time.Parse(time.RFC3339Nano, s)
+	}
+	for _, err := range errs {
 		if err != nil {
-			return env, true, malformed("event-outbox record: field occurred_at: %v", err)
+			return env, true, err
 		}
-		env.OccurredAt = t.UTC()
 	}
 	return env, true, nil
 }

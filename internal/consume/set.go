@@ -1,0 +1,141 @@
+package consume
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Set is the workers of the partitions a consumer owns. The rebalance
+// callbacks call Assign, Revoke and Lose (one at a time); the poll loop
+// calls Enqueue; status and metrics read Owned, Stats and Waits.
+type Set struct {
+	cfg  *Config
+	work context.Context
+
+	mu      sync.Mutex
+	workers map[TopicPartition]*Worker
+}
+
+// NewSet returns an empty set whose workers run their handlers under work.
+func NewSet(cfg *Config, work context.Context) *Set {
+	return &Set{cfg: cfg, work: work, workers: map[TopicPartition]*Worker{}}
+}
+
+// Assign starts the workers of newly assigned partitions (partitions it
+// already has are left alone: callbacks may repeat).
+func (s *Set) Assign(tps []TopicPartition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, tp := range tps {
+		if s.workers[tp] != nil {
+			continue
+		}
+		w := NewWorker(tp, s.cfg, s.work)
+		s.workers[tp] = w
+		w.Start()
+	}
+}
+
+// Revoke stops the workers of revoked partitions, each after its running
+// units and its last commit, and returns when all have stopped.
+func (s *Set) Revoke(tps []TopicPartition) { s.stop(s.remove(tps), false) }
+
+// Lose stops the workers of lost partitions at once, without committing,
+// and returns when all have stopped.
+func (s *Set) Lose(tps []TopicPartition) { s.stop(s.remove(tps), true) }
+
+// Close stops every worker as Revoke does.
+func (s *Set) Close() {
+	s.mu.Lock()
+	ws := make([]*Worker, 0, len(s.workers))
+	for tp, w := range s.workers {
+		ws = append(ws, w)
+		delete(s.workers, tp)
+	}
+	s.mu.Unlock()
+	s.stop(ws, false)
+}
+
+func (s *Set) remove(tps []TopicPartition) []*Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ws []*Worker
+	for _, tp := range tps {
+		if w := s.workers[tp]; w != nil {
+			delete(s.workers, tp)
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// stop stops workers side by side and waits for all of them.
+func (s *Set) stop(ws []*Worker, lost bool) {
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Go(func() {
+			if lost {
+				w.Lose()
+			} else {
+				w.Stop()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Enqueue hands fetched records to the partition's worker; records of a
+// partition not owned any more are dropped.
+func (s *Set) Enqueue(tp TopicPartition, recs []*kgo.Record) {
+	s.mu.Lock()
+	w := s.workers[tp]
+	s.mu.Unlock()
+	if w != nil {
+		w.Enqueue(recs)
+	}
+}
+
+// Owned returns the owned partitions, sorted.
+func (s *Set) Owned() []TopicPartition {
+	s.mu.Lock()
+	out := make([]TopicPartition, 0, len(s.workers))
+	for tp := range s.workers {
+		out = append(out, tp)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b TopicPartition) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// Stats returns a snapshot of each owned partition's worker.
+func (s *Set) Stats() map[TopicPartition]Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[TopicPartition]Stats, len(s.workers))
+	for tp, w := range s.workers {
+		out[tp] = w.Stats()
+	}
+	return out
+}
+
+// Waits returns the visible waits of every owned partition, oldest first.
+func (s *Set) Waits() []Wait {
+	s.mu.Lock()
+	ws := make([]*Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		ws = append(ws, w)
+	}
+	s.mu.Unlock()
+	var out []Wait
+	for _, w := range ws {
+		out = append(out, w.Waits()...)
+	}
+	slices.SortFunc(out, func(a, b Wait) int { return a.Since.Compare(b.Since) })
+	return out
+}

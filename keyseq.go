@@ -1,0 +1,470 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/consume"
+)
+
+// Key sequences (Config.PoisonPolicy HoldKey).
+//
+// The parked inbox documents of one partition key in one partition, in
+// offset order, are the key's sequence: the key is held exactly when it has
+// one, and its first document is its head. Nothing else says so: no
+// pointer names the head, no flag says a key is held, so no crash or
+// cancellation between two writes can leave them disagreeing, and no
+// sweep has to look for what they would leave behind. Storage contract
+// (index inbox_parked_partition serves every query here):
+//
+//   - a parked event: parked: true, park_reason ("handler_error",
+//     "handler_parked", "malformed", "no_handler", "attempts_exhausted"),
+//     last_error, attempts, the payload;
+//   - a held event (it waits, it never failed): parked: true and held_by,
+//     the head of its key when it was held (for operators; nothing reads
+//     it to decide). Tools count held events with {held_by: {$exists:
+//     true}}. A held event that cannot be handled (unreadable, malformed)
+//     keeps why in fault.
+//
+// Every operation is one transaction (txn.go) that writes the key's
+// current head, so two operations on one key always conflict and one of
+// them runs again on what the other left:
+//
+//   - Hold: add a delivered event at the end of its key's sequence;
+//   - Park: park a delivered event (it starts its key's sequence, or
+//     joins it at its offset);
+//   - Release: when the head is releasable (held, so it only waited; or
+//     parked for want of a handler that this process has), handle it and
+//     take it off the sequence; the next event becomes the head;
+//   - NoteReleaseFailure: count a failed attempt of the head, and park it
+//     for good when its attempts are used up;
+//   - Redrive (parked.go): handle a parked head on an operator's request;
+//   - PurgeParked: take events off their sequences for good.
+//
+// The owner of a partition (its consumer worker) releases the releasable
+// heads it finds: when it is assigned the partition, and every few seconds
+// while some of its keys are held; Redrive releases inline too. A release
+// cut short (a crash, a cancellation) leaves the next head releasable, and
+// the owner goes on with it.
+
+// inventedKeyPrefix starts the idempotency key the consumer gives a record
+// that has none (its position). Documents parked before the unreadable
+// flag existed are given it on start (migrateInbox).
+const inventedKeyPrefix = "malformed:"
+
+// seqFilter selects the sequence of key in a partition.
+func seqFilter(tp consume.TopicPartition, key string) bson.D {
+	return bson.D{{Key: "parked", Value: true}, {Key: "_id.topic", Value: tp.Topic},
+		{Key: "partition", Value: tp.Partition}, {Key: "partition_key", Value: key}}
+}
+
+// headDoc is a sequence member as the head queries read it.
+type headDoc struct {
+	ID           InboxID       `bson:"_id"`
+	PartitionKey string        `bson:"partition_key"`
+	Offset       int64         `bson:"offset"`
+	HeldBy       bson.RawValue `bson:"held_by"`
+	ParkReason   string        `bson:"park_reason"`
+	ParkedAt     time.Time     `bson:"parked_at"`
+}
+
+var headProjection = bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "offset", Value: 1},
+	{Key: "held_by", Value: 1}, {Key: "park_reason", Value: 1}, {Key: "parked_at", Value: 1}}
+
+func (d *headDoc) held() bool { return isHeld(d.HeldBy) }
+
+// isHeld reports whether a held_by value marks a held event.
+func isHeld(v bson.RawValue) bool { return v.Type != 0 && v.Type != bson.TypeNull }
+
+// head is the consume.Head of a sequence's first document. A head is
+// releasable when it only waited (held), or was parked for want of a
+// handler that this process has.
+func (c *Client) head(d *headDoc) consume.Head {
+	return consume.Head{ID: d.ID.String(), Since: d.ParkedAt,
+		Releasable: d.held() || (d.ParkReason == reasonNoHandler && c.handlerFor(d.ID.Topic, d.ID.ContentSchema) != nil)}
+}
+
+const reasonNoHandler = "no_handler"
+
+// Sequences returns the held keys of a partition: one query on its parked
+// documents, sorted by key and offset.
+func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) (map[string]consume.Head, error) {
+	c := h.c
+	cur, err := c.inbox.Find(ctx, bson.D{{Key: "parked", Value: true}, {Key: "_id.topic", Value: tp.Topic}, {Key: "partition", Value: tp.Partition}},
+		options.Find().SetSort(bson.D{{Key: "partition_key", Value: 1}, {Key: "offset", Value: 1}}).SetProjection(headProjection))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
+	}
+	defer cur.Close(ctx)
+	heads := map[string]consume.Head{}
+	for cur.Next(ctx) {
+		var d headDoc
+		if err := cur.Decode(&d); err != nil {
+			return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
+		}
+		if d.PartitionKey == "" {
+			continue // events without a key hold nothing
+		}
+		if _, ok := heads[d.PartitionKey]; !ok {
+			heads[d.PartitionKey] = c.head(&d)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
+	}
+	return heads, nil
+}
+
+// firstOf reads the head of key's sequence in the context's transaction
+// (or outside one); ok is false when the key holds nothing.
+func (c *Client) firstOf(ctx context.Context, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
+	err = c.inbox.FindOne(ctx, seqFilter(tp, key),
+		options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}}).SetProjection(headProjection)).Decode(&d)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return d, false, nil
+	}
+	if err != nil {
+		return d, false, fmt.Errorf("outbox: read the held events of key %q in %s: %w", key, tp, err)
+	}
+	return d, true, nil
+}
+
+// Head returns the head of key's sequence.
+func (h *consumeHost) Head(ctx context.Context, tp consume.TopicPartition, key string) (consume.Head, bool, error) {
+	d, ok, err := h.c.firstOf(ctx, tp, key)
+	if !ok || err != nil {
+		return consume.Head{}, false, err
+	}
+	return h.c.head(&d), true, nil
+}
+
+// touchHead writes the head of a sequence, so that the transaction
+// conflicts with every other one that changes the sequence.
+func (c *Client) touchHead(ctx context.Context, head InboxID, offset int64) error {
+	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: head}}, bson.D{{Key: "$max", Value: bson.D{{Key: "held_tail", Value: offset}}}})
+	return err
+}
+
+// Hold adds e at the end of its key's sequence (see the top of the file).
+func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *consume.Event) error {
+	c := h.c
+	d := deliveryOf(e)
+	now := time.Now().UTC()
+	return c.txOnce(ctx, func(tctx context.Context) error {
+		head, ok, err := c.firstOf(tctx, tp, e.Key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return consume.ErrKeyFree
+		}
+		if err := c.touchHead(tctx, head.ID, e.Offset); err != nil {
+			return err
+		}
+		stored, note := storedPayload(d.payload)
+		set := bson.D{
+			{Key: "parked", Value: true}, {Key: "parked_at", Value: now}, {Key: "held_by", Value: head.ID},
+			{Key: "payload", Value: stored}, {Key: "last_error", Value: "held behind " + head.ID.String()},
+		}
+		if note != "" {
+			set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(d.payload)})
+		}
+		if d.unreadable {
+			set = append(set, bson.E{Key: "unreadable", Value: true})
+		}
+		if e.Fault != nil {
+			set = append(set, bson.E{Key: "fault", Value: truncate(e.Fault.Error(), 4096)})
+		}
+		onInsert := append(deliveryFields(&d.env, e.Offset, nil, now, false), bson.E{Key: "attempts", Value: int32(0)})
+		_, err = c.inbox.UpdateOne(tctx,
+			bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
+			bson.D{{Key: "$set", Value: set}, {Key: "$setOnInsert", Value: onInsert}},
+			options.UpdateOne().SetUpsert(true))
+		if mongo.IsDuplicateKeyError(err) {
+			return consume.ErrDone
+		}
+		return err
+	})
+}
+
+// Park parks a delivered event for cause with inc more attempts, and
+// returns the stored attempt count.
+func (h *consumeHost) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, reason string) (int, error) {
+	d := deliveryOf(e)
+	extra := bson.D{{Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()}, {Key: "park_reason", Value: reason}}
+	if d.unreadable {
+		extra = append(extra, bson.E{Key: "unreadable", Value: true})
+	}
+	return h.c.noteDelivery(ctx, d, e.Offset, cause, inc, extra)
+}
+
+// NoteFailure stores a failed attempt of a delivered event (not parked).
+func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int) (int, error) {
+	return h.c.noteDelivery(ctx, deliveryOf(e), e.Offset, cause, inc, nil)
+}
+
+// noteDelivery writes a delivered event's failure in one transaction: inc
+// more attempts, the cause, the payload (for inspection and re-drive) and
+// the extra fields; the document is inserted when absent. It returns the
+// stored attempt count (earlier processes' attempts included), or
+// consume.ErrDone when the event is handled or parked.
+func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, cause error, inc int, extra bson.D) (int, error) {
+	now := time.Now().UTC()
+	msg := truncate(cause.Error(), 4096)
+	stored, note := storedPayload(d.payload)
+	if note != "" {
+		msg += " (" + note + ")"
+	}
+	set := append(bson.D{{Key: "last_error", Value: msg}, {Key: "payload", Value: stored}}, extra...)
+	if note != "" {
+		set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(d.payload)})
+	}
+	onInsert := deliveryFields(&d.env, offset, nil, now, false)
+	if len(extra) == 0 {
+		onInsert = append(onInsert, bson.E{Key: "parked", Value: false})
+	}
+	var got struct {
+		Attempts int32 `bson:"attempts"`
+	}
+	err := c.txOnce(ctx, func(tctx context.Context) error {
+		err := c.inbox.FindOneAndUpdate(tctx,
+			bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
+			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}, {Key: "$setOnInsert", Value: onInsert}},
+			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
+				SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
+		if mongo.IsDuplicateKeyError(err) {
+			return consume.ErrDone
+		}
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, consume.ErrDone) || errors.Is(err, consume.ErrLocked) {
+			return 0, err
+		}
+		return 0, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(&d.env), err)
+	}
+	return int(got.Attempts), nil
+}
+
+// Lookup reads the inbox state of evs; with count it also counts one
+// attempt of each event not done, in the same transaction.
+func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs []*consume.Event, count bool) ([]consume.Stored, error) {
+	c := h.c
+	ids := make(bson.A, len(evs))
+	for i, e := range evs {
+		ids[i] = inboxIDOf(&deliveryOf(e).env)
+	}
+	out := make([]consume.Stored, len(evs))
+	read := func(ctx context.Context) error {
+		cur, err := c.inbox.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
+			options.Find().SetProjection(bson.D{{Key: "handled", Value: 1}, {Key: "parked", Value: 1}, {Key: "attempts", Value: 1}}))
+		if err != nil {
+			return err
+		}
+		var docs []struct {
+			ID       InboxID `bson:"_id"`
+			Handled  bool    `bson:"handled"`
+			Parked   bool    `bson:"parked"`
+			Attempts int32   `bson:"attempts"`
+		}
+		if err := cur.All(ctx, &docs); err != nil {
+			return err
+		}
+		byID := make(map[InboxID]int, len(docs))
+		for i, d := range docs {
+			byID[d.ID] = i
+		}
+		for i, e := range evs {
+			if j, ok := byID[inboxIDOf(&deliveryOf(e).env)]; ok {
+				out[i] = consume.Stored{Done: docs[j].Handled || docs[j].Parked, Attempts: int(docs[j].Attempts)}
+			}
+		}
+		return nil
+	}
+	if !count {
+		if err := read(ctx); err != nil {
+			return nil, fmt.Errorf("outbox: look up events in the inbox: %w", err)
+		}
+		return out, nil
+	}
+	err := c.txOnce(ctx, func(tctx context.Context) error {
+		if err := read(tctx); err != nil {
+			return err
+		}
+		var models []mongo.WriteModel
+		now := time.Now().UTC()
+		for i, e := range evs {
+			if out[i].Done {
+				continue
+			}
+			out[i].Attempts++
+			d := deliveryOf(e)
+			models = append(models, mongo.NewUpdateOneModel().
+				SetFilter(bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}}).
+				SetUpdate(bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}},
+					{Key: "$setOnInsert", Value: append(deliveryFields(&d.env, e.Offset, nil, now, false), bson.E{Key: "parked", Value: false})}}).
+				SetUpsert(true))
+		}
+		if len(models) == 0 {
+			return nil
+		}
+		_, err := c.inbox.BulkWrite(tctx, models, options.BulkWrite().SetOrdered(true))
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, consume.ErrLocked) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("outbox: count attempts in the inbox: %w", err)
+	}
+	return out, nil
+}
+
+// Release handles the head of key's sequence when it is releasable, in one
+// transaction that also takes it off the sequence. A head that can never
+// be handled here (unreadable, its payload refused, no handler) is parked
+// for good instead, in the same transaction: HeadParked.
+func (h *consumeHost) Release(ctx context.Context, tp consume.TopicPartition, key string) (*consume.Event, consume.Result) {
+	return h.c.releaseHead(ctx, tp, key, nil)
+}
+
+// releaseHead is Release. With want (an operator's re-drive of a parked
+// event), the event handled is want, even when it is parked for good, and
+// only when it is the head of its key (else the result's Err is ErrHeld);
+// an event without a key is handled on its own.
+func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key string, want *InboxID) (*consume.Event, consume.Result) {
+	var e *consume.Event
+	var res consume.Result
+	var timeout time.Duration
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t, err := c.beginTx(actx)
+	if err != nil {
+		return nil, infraResult(ctx, err)
+	}
+	defer t.end(actx)
+	var d inboxDoc
+	if want != nil && key == "" {
+		err = c.inbox.FindOne(t.ctx, bson.D{{Key: "_id", Value: *want}, {Key: "parked", Value: true}}).Decode(&d)
+	} else {
+		err = c.inbox.FindOne(t.ctx, seqFilter(tp, key), options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}})).Decode(&d)
+	}
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, consume.Result{Kind: consume.Empty}
+	}
+	if err != nil {
+		return nil, infraResult(ctx, lockedOr(err))
+	}
+	if want != nil && d.ID != *want {
+		return nil, consume.Result{Kind: consume.HeadParked, Err: fmt.Errorf("%w: %s is held behind %s", ErrHeld, *want, d.ID)}
+	}
+	held := d.HeldBy != nil
+	if !held && want == nil && !(d.ParkReason == reasonNoHandler && c.handlerFor(d.ID.Topic, d.ID.ContentSchema) != nil) {
+		return nil, consume.Result{Kind: consume.HeadParked}
+	}
+	e, err = c.storedDelivery(&d)
+	if err != nil && want != nil {
+		return e, consume.Result{Kind: consume.HeadParked, Err: err}
+	}
+	if err != nil {
+		// It can never run here: it becomes the head for good, saying why.
+		reason, why := "malformed", err.Error()
+		if d.Fault != "" {
+			why = d.Fault
+		}
+		if e.NoHandler {
+			reason = reasonNoHandler
+		}
+		if held || d.ParkReason != reason {
+			if err := c.parkHead(t.ctx, &d, why, 0, reason); err != nil {
+				return nil, infraResult(ctx, lockedOr(err))
+			}
+			if err := t.commit(actx); err != nil {
+				return nil, infraResult(ctx, err)
+			}
+		}
+		return nil, consume.Result{Kind: consume.HeadParked}
+	}
+	dl := deliveryOf(e)
+	timeout = dl.h.timeout(c)
+	hctx, hcancel := context.WithTimeout(t.ctx, timeout)
+	defer hcancel()
+	res2, err := c.inbox.UpdateOne(t.ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "handled", Value: false}}, unparkUpdate())
+	if err != nil {
+		return e, infraResult(ctx, lockedOr(err))
+	}
+	if res2.MatchedCount == 0 {
+		return e, consume.Result{Kind: consume.Empty}
+	}
+	meta := &Metadata{Envelope: dl.env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
+	start := time.Now()
+	sctx, span := c.tel.startHandle(hctx, meta)
+	if err := safeRun(sctx, dl.h, dl.evt, *meta); err != nil {
+		c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
+		res = handlerResult(ctx, err)
+		return e, res
+	}
+	if err := t.state.flush(hctx); err != nil {
+		c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
+		return e, consume.Result{Kind: consume.Failed, Err: err}
+	}
+	if err := t.commit(hctx); err != nil {
+		c.tel.endHandle(sctx, span, &meta.Envelope, start, &commitError{err})
+		if ctx.Err() != nil {
+			return e, consume.Result{Kind: consume.Canceled, Err: err}
+		}
+		return e, consume.Result{Kind: consume.CommitFailed, Err: &commitError{err}}
+	}
+	c.tel.endHandle(sctx, span, &meta.Envelope, start, nil)
+	c.tel.committed(ctx, t.state)
+	return e, consume.Result{Kind: consume.Handled}
+}
+
+// parkHead parks a sequence's head for good in the context's transaction:
+// it holds its key until an operator acts.
+func (c *Client) parkHead(ctx context.Context, d *inboxDoc, why string, inc int, reason string) error {
+	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}},
+		parkHeadUpdate(why, inc, reason, d.Unreadable || d.unreadable()))
+	return err
+}
+
+func parkHeadUpdate(why string, inc int, reason string, unreadable bool) bson.D {
+	set := bson.D{{Key: "last_error", Value: truncate(why, 4096)}, {Key: "park_reason", Value: reason}, {Key: "parked_at", Value: time.Now().UTC()}}
+	if unreadable {
+		set = append(set, bson.E{Key: "unreadable", Value: true})
+	}
+	return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "held_by", Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}}
+}
+
+// NoteReleaseFailure stores a failed attempt of a sequence's head, and
+// parks it for good with park.
+func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (int, error) {
+	c := h.c
+	id := inboxIDOf(&deliveryOf(e).env)
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: "last_error", Value: truncate(cause.Error(), 4096)}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}}
+	if park {
+		update = parkHeadUpdate(cause.Error(), inc, reason, false)
+	}
+	var got struct {
+		Attempts int32 `bson:"attempts"`
+	}
+	err := c.txOnce(ctx, func(tctx context.Context) error {
+		return c.inbox.FindOneAndUpdate(tctx, bson.D{{Key: "_id", Value: id}, {Key: "parked", Value: true}, {Key: "handled", Value: false}}, update,
+			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
+	})
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return 0, consume.ErrDone
+	}
+	if err != nil {
+		return 0, fmt.Errorf("outbox: note failure of %s: %w", id, err)
+	}
+	return int(got.Attempts), nil
+}

@@ -1,0 +1,186 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Takeover after a crash.
+//
+// A replica that dies in the middle of a transaction (kill -9, OOM, a lost
+// node) leaves it open: MongoDB aborts it only when its
+// transactionLifetimeLimitSeconds (60 s by default) runs out, and until
+// then its locks stay on the inbox entries it was claiming. The replica
+// that is assigned the dead one's partitions meets those locks (a write
+// conflict: txn.go makes every write of the handling path fail at once on
+// a lock instead of waiting) and would wait for the lifetime to end. So:
+//
+//   - every consumer transaction runs in a session whose id the replica
+//     first records in its liveness record (replicas.go; the driver pools
+//     sessions, so the list settles at the replica's concurrency), and
+//   - a worker that meets a lock asks for a reap (at most every reapEvery):
+//     the replica reads the records of its consumer group and the group's
+//     members, and ends (killSessions) the recorded sessions of every
+//     replica that is no longer a member and has stopped refreshing its
+//     record, or that stopped. Ending a session aborts its transaction and
+//     frees its locks; the keys it held move on at the next retry.
+//
+// A member that left the group but lives on (a zombie) has lost its
+// partitions: aborting its transactions is what fencing wants. Its record's
+// age keeps a replica that just rejoined (a new member id not yet in its
+// record) from being taken for dead.
+
+const (
+	// reapEvery is the least time between two reaps of one replica.
+	reapEvery = 2 * time.Second
+	// reapTimeout bounds one reap.
+	reapTimeout = 10 * time.Second
+	// maxRecordedSessions bounds the session ids a replica record keeps.
+	maxRecordedSessions = 256
+)
+
+// sessionLog records the session ids the consumer runs transactions on in
+// this Run's replica record.
+type sessionLog struct {
+	mu    sync.Mutex
+	rec   *replica // the running replica record; nil outside Run
+	known map[string]bool
+
+	reapMu   sync.Mutex
+	reaping  bool
+	reapedAt time.Time
+	reapWG   sync.WaitGroup
+}
+
+// start and stop bracket a Run's replica record.
+func (l *sessionLog) start(r *replica) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rec, l.known = r, map[string]bool{}
+}
+
+func (l *sessionLog) stop() {
+	l.reapWG.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rec, l.known = nil, nil
+}
+
+// note records lsid in the replica record unless it is there already. It
+// is called before the session's first transaction; outside Run it does
+// nothing (no partitions to take over).
+func (l *sessionLog) note(ctx context.Context, lsid bson.Raw) error {
+	l.mu.Lock()
+	r := l.rec
+	if r == nil || l.known[string(lsid)] {
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, replicaWriteTimeout)
+	defer cancel()
+	_, err := r.c.meta.UpdateOne(wctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
+		{Key: "$push", Value: bson.D{{Key: "lsids", Value: bson.D{{Key: "$each", Value: bson.A{lsid}}, {Key: "$slice", Value: -maxRecordedSessions}}}}},
+		{Key: "$setOnInsert", Value: bson.D{{Key: "kind", Value: replicaKind}, {Key: "service", Value: r.c.cfg.Service},
+			{Key: "consumer_group", Value: r.c.cfg.ConsumerGroup}}},
+		{Key: "$currentDate", Value: bson.D{{Key: "last_seen", Value: true}}},
+	}, options.UpdateOne().SetUpsert(true))
+	if err != nil {
+		return fmt.Errorf("outbox: record session in %s: %w", metaCollection, err)
+	}
+	l.mu.Lock()
+	if l.rec == r {
+		l.known[string(lsid)] = true
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// reapDeadSessions ends, in the background, the recorded sessions of the
+// consumer group's replicas that died (see the top of the file), at most
+// once per reapEvery.
+func (c *Client) reapDeadSessions(cons *consumer) {
+	l := &c.sessions
+	if cons == nil || cons.cl == nil {
+		return
+	}
+	l.reapMu.Lock()
+	if l.reaping || time.Since(l.reapedAt) < reapEvery {
+		l.reapMu.Unlock()
+		return
+	}
+	l.reaping, l.reapedAt = true, time.Now()
+	l.reapWG.Add(1)
+	l.reapMu.Unlock()
+	go func() {
+		defer l.reapWG.Done()
+		defer func() {
+			l.reapMu.Lock()
+			l.reaping = false
+			l.reapMu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+		defer cancel()
+		if err := c.reap(ctx, cons); err != nil {
+			cons.errLog.warn(cons.log, "ending the sessions of dead replicas failed", "reap", "err", err)
+		}
+	}()
+}
+
+// reap ends the sessions of the dead replicas of the consumer group.
+func (c *Client) reap(ctx context.Context, cons *consumer) error {
+	l := &c.sessions
+	l.mu.Lock()
+	self := ""
+	if l.rec != nil {
+		self = l.rec.id
+	}
+	l.mu.Unlock()
+	described, err := kadm.NewClient(cons.cl).DescribeGroups(ctx, c.cfg.ConsumerGroup)
+	if err != nil {
+		return fmt.Errorf("describe group %s: %w", c.cfg.ConsumerGroup, err)
+	}
+	members := map[string]bool{}
+	for _, g := range described {
+		if g.Err != nil {
+			return fmt.Errorf("describe group %s: %w", c.cfg.ConsumerGroup, g.Err)
+		}
+		for _, m := range g.Members {
+			members[m.MemberID] = true
+		}
+	}
+	replicas, err := c.Admin().Replicas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range replicas {
+		if replicaIDPrefix+r.ID == self || r.ConsumerGroup != c.cfg.ConsumerGroup || len(r.lsids) == 0 {
+			continue
+		}
+		gone := r.Stopped || (!members[r.ConsumerMemberID] && r.Silence > 2*max(r.RefreshInterval, time.Second))
+		if !gone {
+			continue
+		}
+		lsids := make(bson.A, len(r.lsids))
+		for i, id := range r.lsids {
+			lsids[i] = id
+		}
+		if err := c.cfg.Mongo.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err(); err != nil {
+			return fmt.Errorf("end the sessions of replica %s: %w", r.ID, err)
+		}
+		if _, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + r.ID}},
+			bson.D{{Key: "$unset", Value: bson.D{{Key: "lsids", Value: ""}}}}); err != nil {
+			return fmt.Errorf("update the record of replica %s: %w", r.ID, err)
+		}
+		cons.log.Info("ended the sessions of a replica that left the group with transactions open",
+			"replica", r.ID, "host", r.Host, "pid", r.PID, "member", r.ConsumerMemberID, "sessions", len(r.lsids),
+			"silent_for", r.Silence.Round(time.Second).String())
+	}
+	return nil
+}
