@@ -291,8 +291,6 @@ func (w *Worker) dropRelState(key string) {
 	delete(w.relWait, key)
 }
 
-
-
 // targetUnit is the run time a unit of deliveries aims at when several run
 // at once: handlers that wait (on an external call, say) run one event per
 // transaction, so that the slots spread over keys; fast handlers keep
