@@ -153,13 +153,6 @@ func unparkUpdate() bson.D {
 	}
 }
 
-// transactWithin is Transact bounded by Config.HandlerTimeout, for runs of
-// handlers outside the consumer (re-drives).
-func (c *Client) transactWithin(ctx context.Context, fn func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
-	defer cancel()
-	return c.Transact(ctx, fn)
-}
 
 // safeRun runs a handler and turns a panic into an error wrapping
 // ErrHandlerPanic and, when the panic's value is an error, that error.

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -39,12 +38,6 @@ func (e *unreadableError) Unwrap() error { return e.err }
 
 // unreadable wraps the error of decodeRecord.
 func unreadable(err error) error { return &unreadableError{err} }
-
-// isUnreadable reports whether a parking cause is an unreadable envelope.
-func isUnreadable(cause error) bool {
-	var u *unreadableError
-	return errors.As(cause, &u)
-}
 
 // unreadableConds matches the parked documents that cannot be re-driven.
 func unreadableConds() bson.A {

@@ -53,16 +53,3 @@ func (c *Config) barePartitions(m map[string][]int32) map[string][]int32 {
 	}
 	return out
 }
-
-// kafkaPartitions returns m (bare topic to partitions) keyed by Kafka
-// topics.
-func (c *Config) kafkaPartitions(m map[string][]int32) map[string][]int32 {
-	if c.TopicPrefix == "" {
-		return m
-	}
-	out := make(map[string][]int32, len(m))
-	for t, ps := range m {
-		out[c.kafkaTopic(t)] = ps
-	}
-	return out
-}

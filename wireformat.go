@@ -274,15 +274,3 @@ func checkIdentity(env *Envelope, schemaField, keyField string) error {
 	}
 	return nil
 }
-
-// withValue returns r with payload as its value: a copy when payload is not
-// r's value already (a structured CloudEvent's data). The consumer handles,
-// stores for inspection and re-drives the payload, not the envelope.
-func withValue(r *kgo.Record, payload []byte) *kgo.Record {
-	if len(payload) == len(r.Value) && (len(payload) == 0 || &payload[0] == &r.Value[0]) {
-		return r
-	}
-	c := *r
-	c.Value = payload
-	return &c
-}
