@@ -153,7 +153,6 @@ func unparkUpdate() bson.D {
 	}
 }
 
-
 // safeRun runs a handler and turns a panic into an error wrapping
 // ErrHandlerPanic and, when the panic's value is an error, that error.
 func safeRun(ctx context.Context, h *handler, evt Event, meta Metadata) (err error) {
