@@ -139,15 +139,15 @@ func (r DoctorReport) Count(s Severity) int {
 	return n
 }
 
-// Summary is one line: "doctor: 1 breaks a guarantee, 2 risk one, 3
-// notes (24 checks)".
+// Summary is one line: "doctor: 1 breaks a guarantee; 2 risks, 3 notes
+// (24 checks)", or "doctor: nothing breaks a guarantee; ...".
 func (r DoctorReport) Summary() string {
 	b, k, n := r.Count(SeverityBreaks), r.Count(SeverityRisk), r.Count(SeverityNote)
 	verdict := "nothing breaks a guarantee"
 	if b > 0 {
 		verdict = fmt.Sprintf("%d break%s a guarantee", b, plural(b, "s", ""))
 	}
-	return fmt.Sprintf("doctor: %s, %d risk%s one, %d note%s (%d checks)", verdict, k, plural(k, "", "s"), n, plural(n, "", "s"), r.Checks)
+	return fmt.Sprintf("doctor: %s; %d risk%s, %d note%s (%d checks)", verdict, k, plural(k, "", "s"), n, plural(n, "", "s"), r.Checks)
 }
 
 func plural(n int, one, many string) string {
