@@ -32,7 +32,10 @@ type Config struct {
 	// KafkaOptions are added to every Kafka client the framework creates
 	// (TLS, SASL, client id...). Options that the framework sets itself
 	// (groups, topics, commit and rebalance behaviour) are overridden.
-	// Defaults to none.
+	// The publisher compresses its batches with gzip, which every
+	// mainstream Kafka client reads; kgo.ProducerBatchCompression here
+	// chooses another codec (kgo.NoCompression() for none; snappy, lz4 and
+	// zstd need a codec that some consumers lack). Defaults to none.
 	KafkaOptions []kgo.Opt
 
 	// Service names this service. Kafka group names derive from it.

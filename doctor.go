@@ -190,6 +190,11 @@ type DoctorOptions struct {
 	// tolerance, which Kafka's default retention (7 days) and the default
 	// InboxRetention (30 days) cover. Defaults to 3 days (a long weekend).
 	ExpectedOutage time.Duration
+	// ProducerCompression names the publisher's codec ("none", "gzip",
+	// "snappy", "lz4", "zstd"), for the size and readability checks.
+	// Defaults to "gzip", the publisher's default (Config.KafkaOptions may
+	// change it).
+	ProducerCompression string
 	// Consumes says that the service handles events, so its inbox indexes
 	// are required. Defaults to true when ConsumeTopics is given or
 	// found, or the inbox collection exists.
@@ -256,22 +261,26 @@ func (d *doctorRun) report() DoctorReport {
 // consumer group, retentions and handler timeout, and a Kafka client made
 // from Config.Brokers and Config.KafkaOptions.
 func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
+	// The publisher's options, as publisher.go builds them, to read its
+	// codec.
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{defaultCompression()}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
 	if err != nil {
 		return DoctorReport{}, fmt.Errorf("outbox: doctor: create Kafka client: %w", err)
 	}
 	defer cl.Close()
+	codec := codecName(cl.OptValue(kgo.ProducerBatchCompression))
 	consumes := c.consumes()
 	return c.Admin().Doctor(ctx, DoctorOptions{
-		Kafka:           kadm.NewClient(cl),
-		TopicPrefix:     c.cfg.TopicPrefix,
-		PublishTopics:   c.cfg.PublishTopics,
-		ConsumeTopics:   c.subscribedTopics(),
-		ConsumerGroup:   c.cfg.ConsumerGroup,
-		OutboxRetention: c.cfg.OutboxRetention,
-		InboxRetention:  c.cfg.InboxRetention,
-		HandlerTimeout:  c.cfg.HandlerTimeout,
-		Consumes:        &consumes,
+		Kafka:               kadm.NewClient(cl),
+		TopicPrefix:         c.cfg.TopicPrefix,
+		PublishTopics:       c.cfg.PublishTopics,
+		ConsumeTopics:       c.subscribedTopics(),
+		ConsumerGroup:       c.cfg.ConsumerGroup,
+		OutboxRetention:     c.cfg.OutboxRetention,
+		InboxRetention:      c.cfg.InboxRetention,
+		HandlerTimeout:      c.cfg.HandlerTimeout,
+		Consumes:            &consumes,
+		ProducerCompression: codec,
 	})
 }
 

@@ -54,6 +54,8 @@ type topicFacts struct {
 	committed, start  map[int32]int64 // the consumer group's commits, the log start offsets
 	offsetsErr        error           // committed or start offsets could not be read
 	sizes             []int64         // estimated record sizes of the sampled events, sorted
+	largestID         any             // the _id of the largest sampled event
+	largestSent       int64           // its estimated size as the publisher sends it (compressed)
 	sampleBytes       int64           // their total
 	sampleSpan        time.Duration   // from the oldest sampled event to now
 }
@@ -175,6 +177,25 @@ func (d *doctorRun) kafka(ctx context.Context) {
 	for _, f := range facts {
 		d.judgeTopic(f, group)
 	}
+	if len(publish) > 0 {
+		d.checks++
+		d.findings = append(d.findings, judgeProducerCompression(d.codec())...)
+	}
+}
+
+// judgeProducerCompression notes a publisher codec that some consumers
+// cannot read.
+func judgeProducerCompression(codec string) []Finding {
+	switch codec {
+	case "snappy", "lz4", "zstd":
+	default:
+		return nil
+	}
+	return []Finding{{Severity: SeverityRisk, Check: "kafka.producer_compression", Subject: "publisher",
+		Read:      "the publisher compresses with " + codec + " (Config.KafkaOptions)",
+		Problem:   "consumers without the " + codec + " codec cannot read one record (kafkajs without a codec plugin, kafka-python without its " + codec + " library, aiokafka without its extras)",
+		Guarantee: GuaranteeReadability,
+		Fix:       "drop kgo.ProducerBatchCompression from Config.KafkaOptions (the default, gzip, every mainstream client reads), or make sure every consumer has the codec"}}
 }
 
 // gatherTopics reads the topics' partitions, replicas, configs and offsets.
@@ -265,7 +286,7 @@ func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFa
 		bson.D{{Key: "$sort", Value: bson.D{{Key: "_id", Value: -1}}}},
 		bson.D{{Key: "$limit", Value: sizeSample}},
 		bson.D{{Key: "$project", Value: bson.D{
-			{Key: "_id", Value: 0}, {Key: "topic", Value: 1}, {Key: "created_at", Value: 1},
+			{Key: "_id", Value: 1}, {Key: "topic", Value: 1}, {Key: "created_at", Value: 1},
 			{Key: "size", Value: bson.D{{Key: "$add", Value: bson.A{
 				strLen("payload"), strLen("key"), strLen("schema"), strLen("idempotency_key"),
 				strLen("traceparent"), strLen("tracestate"), strLen("source"),
@@ -277,6 +298,7 @@ func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFa
 		return
 	}
 	var docs []struct {
+		ID        any       `bson:"_id"`
 		Topic     string    `bson:"topic"`
 		CreatedAt time.Time `bson:"created_at"`
 		Size      int64     `bson:"size"`
@@ -292,6 +314,9 @@ func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFa
 			continue
 		}
 		size := doc.Size + recordOverhead
+		if len(f.sizes) == 0 || size > slices.Max(f.sizes) {
+			f.largestID, f.largestSent = doc.ID, size
+		}
 		f.sizes = append(f.sizes, size)
 		f.sampleBytes += size
 		if o, ok := oldest[doc.Topic]; !ok || doc.CreatedAt.Before(o) {
@@ -302,7 +327,38 @@ func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFa
 		f := byTopic[t]
 		slices.Sort(f.sizes)
 		f.sampleSpan = max(d.now.Sub(o), time.Second)
+		if d.codec() != "none" {
+			d.compressedSize(ctx, f)
+		}
 	}
+}
+
+// codec is the publisher's codec name.
+func (d *doctorRun) codec() string {
+	if d.opts.ProducerCompression == "" {
+		return "gzip"
+	}
+	return d.opts.ProducerCompression
+}
+
+// compressedSize estimates the size of the largest sampled event as the
+// publisher sends it: its fields compressed with gzip (for the other
+// codecs too: an estimate) plus recordOverhead.
+func (d *doctorRun) compressedSize(ctx context.Context, f *topicFacts) {
+	var doc struct {
+		Payload        string `bson:"payload"`
+		Key            string `bson:"key"`
+		Schema         string `bson:"schema"`
+		IdempotencyKey string `bson:"idempotency_key"`
+		TraceParent    string `bson:"traceparent"`
+		TraceState     string `bson:"tracestate"`
+		Source         string `bson:"source"`
+	}
+	if err := d.a.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: f.largestID}}).Decode(&doc); err != nil {
+		return // gone meanwhile (TTL): the uncompressed estimate stands
+	}
+	fields := doc.Payload + doc.Key + doc.Schema + doc.IdempotencyKey + doc.TraceParent + doc.TraceState + doc.Source
+	f.largestSent = gzipSize([]byte(fields)) + recordOverhead
 }
 
 // judgeTopic runs every Kafka check on one topic.
@@ -328,7 +384,7 @@ func (d *doctorRun) judgeTopic(f *topicFacts, group string) {
 	d.findings = append(d.findings, judgeCompression(subject, f.config("compression.type"))...)
 	if f.publish {
 		d.checks += 2
-		d.findings = append(d.findings, judgeMaxMessageBytes(subject, f.config("max.message.bytes"), f.sizes)...)
+		d.findings = append(d.findings, judgeMaxMessageBytes(subject, f.config("max.message.bytes"), f.sizes, f.largestSent, d.codec())...)
 		d.findings = append(d.findings, judgePartitionCount(subject, f.partitions, f.stored)...)
 	}
 	if f.consume && group != "" {
@@ -459,30 +515,30 @@ func judgeCompression(subject, v string) []Finding {
 		Fix:       "set compression.type=producer (the publisher sends uncompressed batches by default) or gzip"}}
 }
 
-// judgeMaxMessageBytes compares the largest and the median estimated
-// record sizes (sorted) with max.message.bytes.
-func judgeMaxMessageBytes(subject, v string, sizes []int64) []Finding {
+// judgeMaxMessageBytes compares the largest event, as the publisher sends
+// it (sent: compressed with codec), and the largest and median estimated
+// record sizes (sorted, uncompressed) with max.message.bytes, which Kafka
+// applies to a batch after compression.
+func judgeMaxMessageBytes(subject, v string, sizes []int64, sent int64, codec string) []Finding {
 	limit, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	if err != nil || len(sizes) == 0 {
 		return nil
 	}
 	largest, median := sizes[len(sizes)-1], sizes[len(sizes)/2]
-	read := fmt.Sprintf("max.message.bytes=%d; of the latest %d events the largest record is about %d bytes, the median %d", limit, len(sizes), largest, median)
+	if codec == "none" || sent <= 0 {
+		sent = largest
+	}
+	read := fmt.Sprintf("max.message.bytes=%d; of the latest %d events the largest record is about %d bytes (about %d as sent, %s), the median %d",
+		limit, len(sizes), largest, sent, codec, median)
 	switch {
-	case largest > limit:
-		over := 0
-		for _, s := range sizes {
-			if s > limit {
-				over++
-			}
-		}
+	case sent > limit:
 		return []Finding{{Severity: SeverityBreaks, Check: "kafka.max_message_bytes", Subject: subject, Read: read,
-			Problem:   fmt.Sprintf("Kafka refuses records above the limit for good: %d of them would be marked failed and hold the later events of their keys", over),
+			Problem:   "Kafka refuses a record above the limit for good: it is marked failed and holds the later events of its key",
 			Guarantee: GuaranteePublishing,
-			Fix:       fmt.Sprintf("raise max.message.bytes above %d (and the consumers' fetch limits), or record smaller events", largest)}}
-	case float64(largest) > nearLimit*float64(limit):
+			Fix:       fmt.Sprintf("raise max.message.bytes above %d (and the consumers' fetch limits), or record smaller events", sent)}}
+	case float64(sent) > nearLimit*float64(limit) || largest > limit:
 		return []Finding{{Severity: SeverityRisk, Check: "kafka.max_message_bytes", Subject: subject, Read: read,
-			Problem:   "the largest events come close to the limit: a slightly larger one is refused for good, marked failed, and holds its key",
+			Problem:   "the largest events come close to the limit (or fit only compressed): a slightly larger or less compressible one is refused for good, marked failed, and holds its key",
 			Guarantee: GuaranteePublishing,
 			Fix:       "raise max.message.bytes, or bound the events' size where they are recorded"}}
 	}

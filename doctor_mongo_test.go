@@ -209,8 +209,12 @@ func TestDoctorKafkaJudges(t *testing.T) {
 	f.configs["retention.ms"] = "-1"
 	require.Empty(t, judgeRetention("t", f, 3*24*time.Hour, 30*24*time.Hour), "a topic this service only publishes")
 
-	require.Equal(t, SeverityRisk, sev(judgeMaxMessageBytes("t", "1000", []int64{100, 200, 900})))
-	require.Empty(t, judgeMaxMessageBytes("t", "1000", []int64{100, 200, 700}))
+	require.Equal(t, SeverityRisk, sev(judgeMaxMessageBytes("t", "1000", []int64{100, 200, 900}, 0, "none")))
+	require.Empty(t, judgeMaxMessageBytes("t", "1000", []int64{100, 200, 700}, 300, "gzip"))
+	require.Equal(t, SeverityRisk, sev(judgeMaxMessageBytes("t", "1000", []int64{100, 200, 1500}, 400, "gzip")), "fits only compressed")
+	require.Equal(t, SeverityBreaks, sev(judgeMaxMessageBytes("t", "1000", []int64{100, 200, 1500}, 1200, "gzip")))
+	require.Equal(t, SeverityRisk, sev(judgeProducerCompression("snappy")))
+	require.Empty(t, judgeProducerCompression("gzip"))
 	require.Equal(t, SeverityBreaks, sev(judgePartitionCount("t", 3, 6)))
 	require.Empty(t, judgePartitionCount("t", 6, 0), "no count stored yet")
 }

@@ -160,7 +160,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		stats: &publish.Stats{},
 	}
 
-	popts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	// gzip unless KafkaOptions choose a codec (compression.go).
+	popts := append([]kgo.Opt{defaultCompression()}, cfg.KafkaOptions...)
 	popts = append(popts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),

@@ -102,7 +102,7 @@ func TestDoctor(t *testing.T) {
 		{"cleanup.policy", 1, set("cleanup.policy", "compact"), unset("cleanup.policy"), "read: cleanup.policy=compact"},
 		{"retention.ms", 1, set("retention.ms", "86400000"), unset("retention.ms"), "read: retention.ms=86400000 (1d), expected outage 3d"},
 		{"retention.bytes", 1, set("retention.bytes", "100000"), unset("retention.bytes"), "read: retention.bytes=100000 per partition"},
-		{"max.message.bytes", 1, set("max.message.bytes", "300"), unset("max.message.bytes"), "read: max.message.bytes=300"},
+		{"max.message.bytes", 1, set("max.message.bytes", "250"), unset("max.message.bytes"), "read: max.message.bytes=250"},
 		{"compression.type", 0, set("compression.type", "lz4"), unset("compression.type"), "RISK topic orders (published and consumed): the broker recompresses every batch with lz4"},
 		{"partition count", 1, func() {
 			_, err := adm.CreatePartitions(ctx, 2, "orders")
