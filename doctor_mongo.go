@@ -182,9 +182,14 @@ func (d *doctorRun) mongoCollections(ctx context.Context) error {
 		d.findings = append(d.findings, judgeInboxOwner(db.Name(), d.a.inbox.Name(), stamp, d.opts.ConsumerGroup, exists[d.a.inbox.Name()])...)
 	}
 
+	// A collection that does not exist yet has no indexes to check: Run
+	// creates both.
 	list := func(coll *mongo.Collection) ([]bson.D, bool) {
 		if !exists[coll.Name()] {
-			return nil, true
+			d.add(Finding{Severity: SeverityNote, Check: "mongo.indexes", Subject: "collection " + db.Name() + "." + coll.Name(),
+				Read: "the collection does not exist", Problem: "its indexes were not checked", Guarantee: "-",
+				Fix: "run the service: Run creates its collections' indexes at start (check -db, -outbox and -inbox if it ran)"})
+			return nil, false
 		}
 		ixs, err := listIndexes(ctx, coll)
 		if err != nil {
@@ -194,7 +199,11 @@ func (d *doctorRun) mongoCollections(ctx context.Context) error {
 		return ixs, true
 	}
 	outboxIdx, okOut := list(d.a.outbox)
-	inboxIdx, okIn := list(d.a.inbox)
+	var inboxIdx []bson.D
+	okIn := false
+	if consumes {
+		inboxIdx, okIn = list(d.a.inbox)
+	}
 	metaIdx, okMeta := list(meta)
 
 	// Retentions: given, else the TTL indexes', else Config's defaults.
@@ -228,17 +237,17 @@ func (d *doctorRun) mongoCollections(ctx context.Context) error {
 	if okOut {
 		d.checks++
 		d.findings = append(d.findings, judgeIndexes(collName(d.a.outbox.Name()), outboxIdx, want.outboxIndexes(), givenOut,
-			bson.D{{Key: "published", Value: true}}, "unpublished events")...)
+			bson.D{{Key: "published", Value: true}}, "unpublished events", "published events")...)
 	}
-	if okIn && consumes {
+	if okIn {
 		d.checks++
 		d.findings = append(d.findings, judgeIndexes(collName(d.a.inbox.Name()), inboxIdx, want.inboxIndexes(), givenIn,
-			bson.D{{Key: "handled", Value: true}}, "unhandled and parked events")...)
+			bson.D{{Key: "handled", Value: true}}, "unhandled and parked events", "handled events")...)
 	}
 	if okMeta {
 		d.checks++
 		d.findings = append(d.findings, judgeIndexes(collName(metaCollection), metaIdx, metaIndexes(), false,
-			bson.D{{Key: "kind", Value: replicaKind}}, "inbox stamps and partition counts")...)
+			bson.D{{Key: "kind", Value: replicaKind}}, "inbox stamps and partition counts", "replica liveness records")...)
 	}
 	return nil
 }
@@ -328,8 +337,9 @@ func judgeWriteConcern(w any, source string) []Finding {
 // framework needs. retentionGiven says that the specs' TTLs are the
 // configured retentions (not read from the indexes). expiresOnly is the
 // only partial filter a TTL index on this collection may have (the
-// framework's own), what names what other TTL indexes would delete.
-func judgeIndexes(coll string, existing []bson.D, specs []indexSpec, retentionGiven bool, expiresOnly bson.D, what string) []Finding {
+// framework's own), what names what other TTL indexes would delete, and
+// expires what the framework's TTL index deletes.
+func judgeIndexes(coll string, existing []bson.D, specs []indexSpec, retentionGiven bool, expiresOnly bson.D, what, expires string) []Finding {
 	var out []Finding
 	subject := "collection " + coll
 	for _, s := range specs {
@@ -351,7 +361,7 @@ func judgeIndexes(coll string, existing []bson.D, specs []indexSpec, retentionGi
 			}
 			problem := "queries that need it scan the collection"
 			if s.ttl != nil {
-				problem = "handled or published documents never expire: the collection grows without bound"
+				problem = expires + " never expire: the collection grows without bound"
 			}
 			out = append(out, Finding{Severity: SeverityRisk, Check: "mongo.indexes", Subject: subject,
 				Read:      "index " + s.name + " " + formatIndex(s.document()) + " is missing",
