@@ -71,18 +71,10 @@ func TestDoctorKafkaChecks(t *testing.T) {
 	}
 
 	set := func(key, value string) func(t *testing.T) {
-		return func(t *testing.T) {
-			resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: key, Value: kadm.StringPtr(value)}}, orders)
-			require.NoError(t, err)
-			require.NoError(t, resp[0].Err)
-		}
+		return func(t *testing.T) { b.kafka.SetTopicConfig(t, orders, key, &value) }
 	}
 	unset := func(key string) func(t *testing.T) {
-		return func(t *testing.T) {
-			resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.DeleteConfig, Name: key}}, orders)
-			require.NoError(t, err)
-			require.NoError(t, resp[0].Err)
-		}
+		return func(t *testing.T) { b.kafka.SetTopicConfig(t, orders, key, nil) }
 	}
 	group := c.cfg.ConsumerGroup
 	cases := []struct {

@@ -16,10 +16,7 @@ import (
 func TestRunReportsBreakingSettings(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	resp, err := b.kafka.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "cleanup.policy", Value: kadm.StringPtr("compact")}},
-		b.kafkaTopic(ordersTopic))
-	require.NoError(t, err)
-	require.NoError(t, resp[0].Err)
+	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", kadm.StringPtr("compact"))
 
 	var logs syncBuffer
 	cfg := b.config("run-doctor")
@@ -30,6 +27,7 @@ func TestRunReportsBreakingSettings(t *testing.T) {
 	start(t, c)
 
 	var st Status
+	var err error
 	eventually(t, "the doctor's report in Status", func() bool {
 		st, err = c.Status(ctx)
 		require.NoError(t, err)

@@ -202,19 +202,13 @@ func TestBrowser(t *testing.T) {
 	open("health")
 	require.Equal(t, "0", stat(svc+"/breaks"), text("main"))
 	require.Contains(t, stat(svc+"/summary"), "nothing breaks a guarantee")
-	alter := func(op kadm.IncrementalOp, value *string) {
-		t.Helper()
-		resp, err := b.kafka.Admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: op, Name: "cleanup.policy", Value: value}}, ordersTopic)
-		require.NoError(t, err)
-		require.NoError(t, resp[0].Err)
-	}
-	alter(kadm.SetConfig, kadm.StringPtr("compact"))
+	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", kadm.StringPtr("compact"))
 	open("health")
 	require.Equal(t, "1", stat(svc+"/breaks"))
 	require.Equal(t, "breaks", strings.ToLower(text(`tr[data-check="kafka.cleanup_policy"] .sev`)))
 	require.Contains(t, text(`tr[data-check="kafka.cleanup_policy"]`), "set cleanup.policy=delete")
 	shot("health")
-	alter(kadm.DeleteConfig, nil)
+	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", nil)
 
 	open("failed")
 	require.Equal(t, "1", stat("matching"))

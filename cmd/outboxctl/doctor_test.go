@@ -68,18 +68,8 @@ func TestDoctor(t *testing.T) {
 	require.Contains(t, out, "RISK topic orders (published and consumed): each record has one copy")
 
 	adm := k.Admin()
-	set := func(key, value string) func() {
-		return func() {
-			_, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: key, Value: kadm.StringPtr(value)}}, "orders")
-			require.NoError(t, err)
-		}
-	}
-	unset := func(key string) func() {
-		return func() {
-			_, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.DeleteConfig, Name: key}}, "orders")
-			require.NoError(t, err)
-		}
-	}
+	set := func(key, value string) func() { return func() { k.SetTopicConfig(t, "orders", key, &value) } }
+	unset := func(key string) func() { return func() { k.SetTopicConfig(t, "orders", key, nil) } }
 	commit := func(at int64) func() {
 		return func() {
 			var o kadm.Offsets
