@@ -3,44 +3,61 @@ package outbox
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The publisher's compression.
+// Compression is the codec of the publisher's record batches (see
+// Config.Compression).
 //
-// The publisher compresses its batches with gzip unless Config.KafkaOptions
-// says otherwise (kgo.ProducerBatchCompression, which replaces the
-// default: kgo.ProducerBatchCompression(kgo.NoCompression()) sends them
-// uncompressed). franz-go's own default is snappy, which kafkajs, the
-// Python kafka-python (without python-snappy) and aiokafka (without its
-// extras, as the Python event-outbox library installs it) cannot read at
-// all; every mainstream client decodes gzip and uncompressed batches
-// without extra libraries. gzip over none: measured with cmd/outbox-bench
-// -phases compression (BENCHMARKS.md), the relay publishes as fast with
-// either (it waits on MongoDB, not on the codec), and gzip writes about a
-// quarter of the bytes to Kafka for order-like JSON events.
+// The default is gzip. franz-go's own default, snappy, is unreadable for
+// kafkajs and for the Python kafka-python without python-snappy (and the
+// Python event-outbox library installs aiokafka without its snappy extra);
+// every mainstream client decodes gzip and uncompressed batches without
+// extra libraries. gzip over none: measured with cmd/outbox-bench -phases
+// compression (BENCHMARKS.md), the relay publishes as fast with either (it
+// waits on MongoDB, not on the codec), and gzip writes about a quarter of
+// the bytes to Kafka for order-like JSON events.
+type Compression string
 
-// defaultCompression is the publisher's codec unless KafkaOptions set one.
-func defaultCompression() kgo.Opt { return kgo.ProducerBatchCompression(kgo.GzipCompression()) }
+// The codecs, named as Kafka's compression.type names them.
+const (
+	CompressionGzip   Compression = "gzip"
+	CompressionNone   Compression = "none"
+	CompressionSnappy Compression = "snappy"
+	CompressionLZ4    Compression = "lz4"
+	CompressionZstd   Compression = "zstd"
+)
 
-// codecName names the first (preferred) codec of a ProducerBatchCompression
-// value, as Kafka's compression.type does, or "" when unknown.
-func codecName(v any) string {
-	codecs, ok := v.([]kgo.CompressionCodec)
-	if !ok || len(codecs) == 0 {
-		return ""
+// codec returns the franz-go codec, or an error naming the valid values.
+func (c Compression) codec() (kgo.CompressionCodec, error) {
+	switch c {
+	case CompressionGzip:
+		return kgo.GzipCompression(), nil
+	case CompressionNone:
+		return kgo.NoCompression(), nil
+	case CompressionSnappy:
+		return kgo.SnappyCompression(), nil
+	case CompressionLZ4:
+		return kgo.Lz4Compression(), nil
+	case CompressionZstd:
+		return kgo.ZstdCompression(), nil
 	}
-	c := codecs[0].WithLevel(0)
-	for name, known := range map[string]kgo.CompressionCodec{
-		"none": kgo.NoCompression(), "gzip": kgo.GzipCompression(), "snappy": kgo.SnappyCompression(),
-		"lz4": kgo.Lz4Compression(), "zstd": kgo.ZstdCompression(),
-	} {
-		if c == known.WithLevel(0) {
-			return name
-		}
+	return kgo.CompressionCodec{}, fmt.Errorf("unknown codec %q (gzip, none, snappy, lz4 or zstd)", string(c))
+}
+
+// producerCompression is the publisher's ProducerBatchCompression option,
+// a new one per client: franz-go dedupes an option's codec list in place
+// when a client is created, so one option shared by clients created at
+// once (a kgo.ProducerBatchCompression in Config.KafkaOptions) is a data
+// race in franz-go.
+func (c *Config) producerCompression() kgo.Opt {
+	codec, err := c.Compression.codec()
+	if err != nil { // validate refused it: not reached
+		codec = kgo.GzipCompression()
 	}
-	return ""
+	return kgo.ProducerBatchCompression(codec)
 }
 
 // gzipSize is the size of b compressed with gzip at the default level.

@@ -13,20 +13,21 @@ import (
 // TestPublisherCompression: the publisher sends gzip batches by default
 // (every mainstream client reads them; franz-go's own default, snappy,
 // kafkajs and kafka-python without python-snappy cannot), and
-// KafkaOptions chooses another codec.
+// Config.Compression chooses another codec.
 func TestPublisherCompression(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		opts  []kgo.Opt
-		codec uint8 // Kafka's attribute: 0 none, 1 gzip, 2 snappy
+		codec Compression
+		attr  uint8 // Kafka's attribute: 0 none, 1 gzip, 2 snappy
 	}{
-		{"default", nil, 1},
-		{"none through KafkaOptions", []kgo.Opt{kgo.ProducerBatchCompression(kgo.NoCompression())}, 0},
+		{"default", "", 1},
+		{"none", CompressionNone, 0},
+		{"snappy", CompressionSnappy, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := setup(t)
 			cfg := b.config("codec")
-			cfg.KafkaOptions = tc.opts
+			cfg.Compression = tc.codec
 			c := b.client(t, cfg)
 			start(t, c)
 			ctx := context.Background()
@@ -44,7 +45,18 @@ func TestPublisherCompression(t *testing.T) {
 				fs.EachRecord(func(r *kgo.Record) { rec = r })
 			}
 			require.NotNil(t, rec, "the event was published")
-			require.Equal(t, tc.codec, rec.Attrs.CompressionType())
+			require.Equal(t, tc.attr, rec.Attrs.CompressionType())
 		})
 	}
+}
+
+// TestCompressionRefusesUnknownCodec: a codec Kafka does not have is a
+// configuration error naming the field and the valid values.
+func TestCompressionRefusesUnknownCodec(t *testing.T) {
+	b := setup(t)
+	cfg := b.config("codec")
+	cfg.Compression = "brotli"
+	_, err := New(cfg)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, `Compression unknown codec "brotli" (gzip, none, snappy, lz4 or zstd)`)
 }

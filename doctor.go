@@ -192,8 +192,7 @@ type DoctorOptions struct {
 	ExpectedOutage time.Duration
 	// ProducerCompression names the publisher's codec ("none", "gzip",
 	// "snappy", "lz4", "zstd"), for the size and readability checks.
-	// Defaults to "gzip", the publisher's default (Config.KafkaOptions may
-	// change it).
+	// Defaults to "gzip", Config.Compression's default.
 	ProducerCompression string
 	// Consumes says that the service handles events, so its inbox indexes
 	// are required. Defaults to true when ConsumeTopics is given or
@@ -261,14 +260,11 @@ func (d *doctorRun) report() DoctorReport {
 // consumer group, retentions and handler timeout, and a Kafka client made
 // from Config.Brokers and Config.KafkaOptions.
 func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
-	// The publisher's options, as publisher.go builds them, to read its
-	// codec.
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{defaultCompression()}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
 	if err != nil {
 		return DoctorReport{}, fmt.Errorf("outbox: doctor: create Kafka client: %w", err)
 	}
 	defer cl.Close()
-	codec := codecName(cl.OptValue(kgo.ProducerBatchCompression))
 	consumes := c.consumes()
 	return c.Admin().Doctor(ctx, DoctorOptions{
 		Kafka:               kadm.NewClient(cl),
@@ -280,7 +276,7 @@ func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
 		InboxRetention:      c.cfg.InboxRetention,
 		HandlerTimeout:      c.cfg.HandlerTimeout,
 		Consumes:            &consumes,
-		ProducerCompression: codec,
+		ProducerCompression: string(c.cfg.Compression),
 	})
 }
 

@@ -192,10 +192,10 @@ func judgeProducerCompression(codec string) []Finding {
 		return nil
 	}
 	return []Finding{{Severity: SeverityRisk, Check: "kafka.producer_compression", Subject: "publisher",
-		Read:      "the publisher compresses with " + codec + " (Config.KafkaOptions)",
+		Read:      "the publisher compresses with " + codec + " (Config.Compression)",
 		Problem:   "consumers without the " + codec + " codec cannot read one record (kafkajs without a codec plugin, kafka-python without its " + codec + " library, aiokafka without its extras)",
 		Guarantee: GuaranteeReadability,
-		Fix:       "drop kgo.ProducerBatchCompression from Config.KafkaOptions (the default, gzip, every mainstream client reads), or make sure every consumer has the codec"}}
+		Fix:       "set Config.Compression to CompressionGzip (the default, which every mainstream client reads) or CompressionNone, or make sure every consumer has the codec"}}
 }
 
 // gatherTopics reads the topics' partitions, replicas, configs and offsets.
@@ -512,7 +512,7 @@ func judgeCompression(subject, v string) []Finding {
 		Read:      "compression.type=" + codec,
 		Problem:   "the broker recompresses every batch with " + codec + ": consumers without that codec cannot read one record (kafkajs without a codec plugin, kafka-python without its " + codec + " library, the Python event-outbox library's aiokafka without its extras); this framework's consumers read it",
 		Guarantee: GuaranteeReadability,
-		Fix:       "set compression.type=producer (the publisher sends uncompressed batches by default) or gzip"}}
+		Fix:       "set compression.type=producer (the publisher sends gzip batches by default) or gzip"}}
 }
 
 // judgeMaxMessageBytes compares the largest event, as the publisher sends

@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	outbox "github.com/event-outbox/outbox"
 )
 
@@ -17,14 +15,9 @@ import (
 // are order-like JSON (field names repeat, values are random hex), which
 // compresses about as real events do, unlike the other phases' padding.
 
-// compressionCodecs are the codecs the phase measures, by name.
-var compressionCodecs = map[string]kgo.CompressionCodec{
-	"none":   kgo.NoCompression(),
-	"gzip":   kgo.GzipCompression(),
-	"snappy": kgo.SnappyCompression(),
-	"lz4":    kgo.Lz4Compression(),
-	"zstd":   kgo.ZstdCompression(),
-}
+// compressionCodecs are the codecs the phase can measure.
+var compressionCodecs = []outbox.Compression{outbox.CompressionNone, outbox.CompressionGzip,
+	outbox.CompressionSnappy, outbox.CompressionLZ4, outbox.CompressionZstd}
 
 // compressionResult is the relay with one codec.
 type compressionResult struct {
@@ -74,14 +67,13 @@ func orderLike(r *rand.Rand, topic string, size int) compressionEvent {
 // runCompression runs the relay once per codec.
 func runCompression(ctx context.Context, e *env, n int, codecs []string) ([]compressionResult, error) {
 	var out []compressionResult
-	defer func() { e.codec = nil }()
+	defer func() { e.codec = "" }()
 	for _, name := range codecs {
-		codec := compressionCodecs[name]
 		topic := "bench.compression-" + name + "." + e.run
 		if _, err := e.admin.CreateTopics(ctx, int32(e.opts.partitions), 1, nil, topic); err != nil {
 			return out, fmt.Errorf("create topic %s: %w", topic, err)
 		}
-		e.codec = &codec
+		e.codec = outbox.Compression(name)
 		// Event i is the same for every codec (fill calls this from
 		// several goroutines: one generator per event).
 		res, err := runRelay(ctx, e, n, topic, "compression_"+name, func(i int) outbox.Event {

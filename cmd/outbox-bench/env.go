@@ -145,9 +145,9 @@ type env struct {
 	kafka              *kafkaCounter // every framework Kafka client
 	admin              *kadm.Client
 	adminCl            *kgo.Client
-	// codec, when set, is the producer codec of the framework clients
-	// (the compression phase); nil: the framework's default.
-	codec *kgo.CompressionCodec
+	// codec, when set, is the framework clients' Config.Compression (the
+	// compression phase); "": the framework's default.
+	codec outbox.Compression
 
 	closers []func()
 }
@@ -325,7 +325,8 @@ func (e *env) config(m *mongo.Client, phase, service string, publish ...string) 
 		Mongo:             m,
 		Database:          e.db(phase),
 		Brokers:           e.brokers,
-		KafkaOptions:      e.kafkaOptions(),
+		KafkaOptions:      []kgo.Opt{kgo.WithHooks(e.kafka)},
+		Compression:       e.codec,
 		Service:           service + "-" + e.run,
 		PublishTopics:     publish,
 		SessionTimeout:    6 * time.Second,
@@ -335,16 +336,6 @@ func (e *env) config(m *mongo.Client, phase, service string, publish ...string) 
 		RetryMaxBackoff:   time.Second,
 		PublishLinger:     e.opts.publishLinger,
 	}
-}
-
-// kafkaOptions are the framework clients' KafkaOptions: the counting hook
-// and, in the compression phase, the codec under test.
-func (e *env) kafkaOptions() []kgo.Opt {
-	opts := []kgo.Opt{kgo.WithHooks(e.kafka)}
-	if e.codec != nil {
-		opts = append(opts, kgo.ProducerBatchCompression(*e.codec))
-	}
-	return opts
 }
 
 // fill records n events (mk builds event i) through the framework, perTxn

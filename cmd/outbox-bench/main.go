@@ -53,6 +53,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -165,7 +166,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if c = strings.TrimSpace(c); c == "" {
 			continue
 		}
-		if _, ok := compressionCodecs[c]; !ok {
+		if !slices.Contains(compressionCodecs, outbox.Compression(c)) {
 			return fmt.Errorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
 		}
 		codecList = append(codecList, c)
