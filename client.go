@@ -29,12 +29,13 @@ type Client struct {
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *partitionCounts
-	pub           atomic.Pointer[publisher] // the running publisher, for status
-	tel           *telemetry                // metrics, spans, runtime state for Status
-	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
-	metadataEvery time.Duration             // period of Run's partition count refresh; tests shorten it
-	replicaEvery  time.Duration             // period of Run's liveness record refresh; tests shorten it
-	sessions      sessionLog                // the consumer's sessions, for takeover (takeover.go)
+	pub           atomic.Pointer[publisher]    // the running publisher, for status
+	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
+	tel           *telemetry                   // metrics, spans, runtime state for Status
+	redriveEvery  time.Duration                // period of the re-drive request loop; tests shorten it
+	metadataEvery time.Duration                // period of Run's partition count refresh; tests shorten it
+	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
+	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
 
 	mu       sync.Mutex // guards handlers and running
 	handlers map[handlerKey]*handler

@@ -123,6 +123,15 @@
 // the event's handler, within seconds; cmd/outboxctl offers all of this on
 // the command line.
 //
+// Admin.Doctor (Client.Doctor with the Client's configuration, outboxctl
+// doctor, the console's Health page) checks the MongoDB and Kafka settings
+// the guarantees rest on: unclean leader election, min.insync.replicas,
+// compaction, retention, max.message.bytes, partition counts, records that
+// expired unread, codecs, the replica set, the oplog window,
+// transactionLifetimeLimitSeconds, the default write concern, the indexes,
+// the clock and the inbox's owner. Run runs it once at start and logs what
+// breaks a guarantee, with the fix (Status.Doctor).
+//
 // # Wire formats
 //
 // The native format (see the constants HeaderVersion and following): value

@@ -160,7 +160,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		stats: &publish.Stats{},
 	}
 
-	popts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	// Config.Compression (compression.go), before KafkaOptions.
+	popts := append([]kgo.Opt{cfg.producerCompression()}, cfg.KafkaOptions...)
 	popts = append(popts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),

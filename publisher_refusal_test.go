@@ -94,6 +94,7 @@ func TestPublisherBatchRefusalPublishesInnocentEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := pubConfig(b)
+	cfg.Compression = CompressionNone // the limits below are for records as recorded
 	c := b.client(t, cfg)
 	b.setMaxMessageBytes(t, 1500)
 	r := newRecorder(b, c)
@@ -111,6 +112,7 @@ func TestPublisherBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := pubConfig(b)
+	cfg.Compression = CompressionNone // the limits below are for records as recorded
 	c := b.client(t, cfg)
 	b.setMaxMessageBytes(t, 4000)
 	keys := samePartitionKeys(8) // one batch; distinct keys, so nothing is held
@@ -166,6 +168,7 @@ func holdScenario(t *testing.T) (*bundle, *Client, *recorder, string, string) {
 	t.Helper()
 	b := setup(t)
 	cfg := pubConfig(b)
+	cfg.Compression = CompressionNone // the limits below are for records as recorded
 	c := b.client(t, cfg)
 	b.setMaxMessageBytes(t, 4000)
 	keys := samePartitionKeys(2)

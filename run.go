@@ -24,7 +24,11 @@ import (
 // While it runs, a goroutine keeps a liveness record of this replica in the
 // outbox_meta collection (its groups' member ids, host, pid, last seen;
 // refreshed every SessionTimeout/5, between 1 s and 5 s; see
-// Admin.Replicas), marked stopped when Run returns. When ctx ends, the
+// Admin.Replicas), marked stopped when Run returns. Once at start, the
+// doctor checks the deployment's settings (Client.Doctor): each finding
+// that breaks a guarantee is logged as a warning with its fix, and the
+// report shows in Status.Doctor and the metric outbox.doctor.findings; it
+// never stops Run. When ctx ends, the
 // consumer finishes the events in hand (at most 30 s), commits their
 // offsets and leaves its group; the publisher finishes its batches in
 // flight and leaves its group. A fatal error (for example a Kafka client
@@ -69,6 +73,7 @@ func (c *Client) Run(ctx context.Context) error {
 
 	// The observable gauges report while Run runs.
 	defer c.registerGauges()()
+	defer c.registerDoctorGauge()()
 
 	// One group of goroutines: the first fatal error cancels the others.
 	gctx, cancel := context.WithCancelCause(ctx)
@@ -87,6 +92,8 @@ func (c *Client) Run(ctx context.Context) error {
 			}
 		})
 	}
+	// The doctor's check (doctor_run.go) never stops Run.
+	wg.Go(func() { c.checkAtStart(gctx) })
 	if len(c.cfg.PublishTopics) > 0 {
 		start(c.refreshPartitions)
 		start(c.runPublisher)

@@ -46,6 +46,10 @@ type Status struct {
 	LastError string
 	// LastErrorAt is when LastError happened; zero when there is none.
 	LastErrorAt time.Time
+	// Doctor is the report of the doctor's check at Run's start (see
+	// Client.Doctor): the settings of MongoDB and Kafka that break or risk
+	// a guarantee. Nil until the check finished.
+	Doctor *DoctorReport
 }
 
 // MarshalJSON writes snake_case keys, partitions grouped by topic
@@ -68,10 +72,11 @@ func (s Status) MarshalJSON() ([]byte, error) {
 		Waiting             []Wait             `json:"waiting"`
 		PublisherLeaseValid bool               `json:"publisher_lease_valid"`
 		storeStatusJSON
-		LastError   string    `json:"last_error,omitempty"`
-		LastErrorAt time.Time `json:"last_error_at,omitzero"`
+		LastError   string        `json:"last_error,omitempty"`
+		LastErrorAt time.Time     `json:"last_error_at,omitzero"`
+		Doctor      *DoctorReport `json:"doctor,omitempty"`
 	}{s.Service, s.Running, byTopic(s.Publishing), byTopic(s.Handling), consumerJSON, waiting, s.PublisherLeaseValid,
-		s.Store.jsonForm(), s.LastError, s.LastErrorAt})
+		s.Store.jsonForm(), s.LastError, s.LastErrorAt, s.Doctor})
 }
 
 func byTopic(tps []TopicPartition) map[string][]int32 {
@@ -261,6 +266,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 		}
 	}
 	st.LastError, st.LastErrorAt = c.tel.lastError()
+	st.Doctor = c.doctor.Load()
 	if ps.LastError != "" && (st.LastError == "" || ps.LastErrorAt.After(st.LastErrorAt)) {
 		st.LastError, st.LastErrorAt = redactSecrets(ps.LastError), ps.LastErrorAt
 	}

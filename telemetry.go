@@ -50,6 +50,7 @@ import (
 //	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
 //	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release}
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
+//	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 //
 // The gauges are observed while Run runs. The storage gauges (pending,
 // oldest age, failed, parked) come from one aggregation over the outbox's

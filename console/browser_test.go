@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
@@ -51,7 +52,12 @@ func TestBrowser(t *testing.T) {
 	if exe == "" {
 		t.Skip("browser test skipped: no Chromium found (install Debian's chromium package or set CHROMIUM=/path/to/chrome)")
 	}
-	b := setup(t, true)
+	// The service publishes and handles orders, only publishes payments
+	// and only handles refunds.
+	b := setup(t, true, func(cfg *outbox.Config) { cfg.PublishTopics = append(cfg.PublishTopics, paymentsTopic) })
+	b.kafka.CreateTopic(t, 2, paymentsTopic)
+	b.kafka.CreateTopic(t, 2, refundsTopic)
+	require.NoError(t, outbox.Handle(b.client, func(context.Context, refundIssued, outbox.Metadata) error { return nil }))
 	ctx := context.Background()
 	svc := b.cfg.Service
 
@@ -109,7 +115,7 @@ func TestBrowser(t *testing.T) {
 			}
 		}
 		c := lags[b.cfg.Service]
-		return c.Lag.Total() == 0 && len(c.Lag.Sorted()) == 3
+		return c.Lag.Total() == 0 && len(c.Lag.Sorted()) == 5 // orders and refunds
 	})
 
 	shots := os.Getenv("CONSOLE_SCREENSHOTS")
@@ -177,8 +183,32 @@ func TestBrowser(t *testing.T) {
 			require.Equal(t, strconv.FormatInt(l.Commit.At, 10), stat(p+"committed"), p)
 		}
 	}
+	// Each topic's rows show the roles the service has for it: no owner
+	// and no warning for a role it does not have.
 	require.NotContains(t, text("main"), "nobody")
+	for _, row := range []struct {
+		topic, role string
+		publishes   bool
+		handles     bool
+	}{{ordersTopic, "publishes, handles", true, true}, {paymentsTopic, "publishes", true, false}, {refundsTopic, "handles", false, true}} {
+		p := fmt.Sprintf("%s/%s/0/", svc, row.topic)
+		require.Equal(t, row.role, stat(p+"role"), p)
+		require.Equal(t, !row.publishes, stat(p+"publisher") == "–", p+"publisher: "+stat(p+"publisher"))
+		require.Equal(t, !row.handles, stat(p+"consumer") == "–", p+"consumer: "+stat(p+"consumer"))
+	}
 	shot("partitions")
+
+	// Health: the doctor's findings; a compacted topic breaks a guarantee.
+	open("health")
+	require.Equal(t, "0", stat(svc+"/breaks"), text("main"))
+	require.Contains(t, stat(svc+"/summary"), "nothing breaks a guarantee")
+	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", kadm.StringPtr("compact"))
+	open("health")
+	require.Equal(t, "1", stat(svc+"/breaks"))
+	require.Equal(t, "breaks", strings.ToLower(text(`tr[data-check="kafka.cleanup_policy"] .sev`)))
+	require.Contains(t, text(`tr[data-check="kafka.cleanup_policy"]`), "set cleanup.policy=delete")
+	shot("health")
+	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", nil)
 
 	open("failed")
 	require.Equal(t, "1", stat("matching"))
@@ -207,7 +237,29 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#redrive"))))
 	require.Equal(t, "parked", stat("state"))
 	require.Equal(t, "2", stat("heldcount"))
+	require.Equal(t, "actions enabled", text(".mode"))
 	shot("event")
+	// A held event and a malformed record offer no Re-drive, and say why.
+	notRedrivable := func(id outbox.InboxID, why string) {
+		t.Helper()
+		open("event?id=" + id.String())
+		require.Contains(t, text("#not-redrivable"), why)
+		require.Equal(t, 0, countOf(t, bctx, "#redrive"), "no Re-drive button")
+		require.Equal(t, 1, countOf(t, bctx, "#purge"), "Purge stays")
+	}
+	notRedrivable(outbox.InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: "held-a"}, "held behind an earlier parked event")
+	malformed := outbox.InboxID{Topic: ordersTopic, ContentSchema: "unknown", IdempotencyKey: "malformed:0:7"}
+	insert(t, b.inbox(), bson.D{{Key: "_id", Value: malformed}, {Key: "handled", Value: false}, {Key: "parked", Value: true},
+		{Key: "parked_at", Value: now}, {Key: "attempts", Value: int32(1)}, {Key: "last_error", Value: "outbox: malformed record: missing header outbox-version"},
+		{Key: "partition", Value: int32(0)}, {Key: "offset", Value: int64(7)}, {Key: "payload", Value: "junk"}, {Key: "unreadable", Value: true}})
+	notRedrivable(malformed, "envelope could not be read")
+	_, err = b.inbox().DeleteOne(ctx, bson.D{{Key: "_id", Value: malformed}})
+	require.NoError(t, err)
+	// The same badge on an error page.
+	open("event?id=" + ordersTopic + "/none/none")
+	require.Equal(t, "actions enabled", text(".mode"))
+	require.Contains(t, text(".error"), "no inbox event")
+	open("event?id=" + head.ID.String())
 	b.heal.Store(true)
 	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#redrive")), chromedp.WaitVisible(chromedp.CSS("#confirm"))))
 	require.Equal(t, "1", stat("count"))
@@ -251,6 +303,14 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusMisdirectedRequest, status)
 	require.Equal(t, int64(1), count(t, b.inbox(), bson.D{{Key: "parked", Value: true}}), "the parked event is not purged")
+}
+
+// countOf counts the elements a CSS selector matches.
+func countOf(t *testing.T, ctx context.Context, sel string) int {
+	t.Helper()
+	n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll(`+strconv.Quote(sel)+`).length`))
+	require.NoError(t, err)
+	return n
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

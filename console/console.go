@@ -1,8 +1,9 @@
 // Package console is the operations console of the outbox framework: an
 // http.Handler that shows, for one or more services, the outbox backlog,
 // the partitions each replica publishes and handles, the parked and held
-// events and the failed outbox events, and (when enabled) lets an operator
-// re-drive, purge, retry or discard them.
+// events, the failed outbox events and the doctor's findings (the settings
+// of MongoDB and Kafka that break or risk a guarantee), and (when enabled)
+// lets an operator re-drive, purge, retry or discard events.
 //
 // Pages are rendered on the server with html/template; the stylesheet and
 // the small script (auto-refresh only) are embedded in the binary. Nothing
@@ -279,6 +280,7 @@ func New(opts Options) (*Console, error) {
 //	GET  /outbox-event  one outbox event (?svc=&id=hex)
 //	GET  /partitions    partitions and their owners, offsets and lag
 //	GET  /find          an event's journey (?q=&by=idempotency|partition)
+//	GET  /health        the doctor's findings (outbox.Admin.Doctor)
 //	GET  /assets/...    stylesheet and script
 //	GET  /login, POST /login, POST /logout    sign-in (Options.OperatorPassword)
 //	POST /redrive, /purge, /retry, /discard   actions (Options.EnableActions)
@@ -295,6 +297,7 @@ func (c *Console) routes() *http.ServeMux {
 	mux.HandleFunc("GET /outbox-event", c.outboxEvent)
 	mux.HandleFunc("GET /partitions", c.partitions)
 	mux.HandleFunc("GET /find", c.find)
+	mux.HandleFunc("GET /health", c.health)
 	assets, _ := fs.Sub(assetFS, "assets")
 	mux.Handle("GET /assets/", http.StripPrefix("/assets", http.FileServerFS(assets)))
 	mux.HandleFunc("POST /redrive", c.action(actRedrive))
@@ -408,6 +411,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, err err
 	c.opts.Logger.Warn("console: request failed", "path", r.URL.Path, "err", err)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
-	p := page{Title: c.opts.Title, Page: "error", Services: c.services, Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
+	p := page{Title: c.opts.Title, Page: "error", Services: c.services, Actions: c.opts.EnableActions,
+		Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
 	_ = c.pages["error"].ExecuteTemplate(w, "layout", p)
 }

@@ -75,6 +75,11 @@ type partitionRow struct {
 	Lag           int64 // -1 when unknown
 	HasCommit     bool
 	ConsumerError string
+	// Publishes and Handles are the service's roles for the row's topic:
+	// its publisher group subscribes to the topic, its consumer group
+	// subscribes to it or has committed offsets for it. A role the
+	// service does not have shows no owner and no warning.
+	Publishes, Handles bool
 }
 
 // partitions shows, per service and topic partition, the publisher group's
@@ -160,6 +165,34 @@ func partitionsOf(ctx context.Context, adm *kadm.Client, ps *partitionsService) 
 		}
 		return g
 	}
+	// The topics of each role: the groups' subscriptions and assignments,
+	// and the consumer group's commits.
+	publishes, handles := map[string]bool{}, map[string]bool{}
+	roles := func(l kadm.DescribedGroupLag, set map[string]bool) {
+		for _, m := range l.Members {
+			if j, ok := m.Join.AsConsumer(); ok {
+				for _, t := range j.Topics {
+					set[t] = true
+				}
+			}
+			if a, ok := m.Assigned.AsConsumer(); ok {
+				for _, t := range a.Topics {
+					set[t.Topic] = true
+				}
+			}
+		}
+	}
+	if pl, ok := lags[ps.PublisherGroup]; ok {
+		roles(pl, publishes)
+	}
+	if cl, ok := lags[ps.ConsumerGroup]; ok {
+		roles(cl, handles)
+		for _, l := range cl.Lag.Sorted() {
+			if l.Commit.At >= 0 {
+				handles[l.Topic] = true
+			}
+		}
+	}
 	if pl, ok := lags[ps.PublisherGroup]; ok {
 		ps.Publisher = info(pl, false)
 		for _, m := range pl.Members {
@@ -204,6 +237,7 @@ func partitionsOf(ctx context.Context, adm *kadm.Client, ps *partitionsService) 
 		}
 	}
 	for _, r := range rows {
+		r.Publishes, r.Handles = publishes[r.Topic], handles[r.Topic]
 		ps.Rows = append(ps.Rows, *r)
 	}
 	slices.SortFunc(ps.Rows, func(a, b partitionRow) int {

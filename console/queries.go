@@ -41,6 +41,29 @@ type inboxDoc struct {
 	Payload            string          `bson:"payload"`
 	RedriveRequestedAt *time.Time      `bson:"redrive_requested_at"`
 	DiscardedAt        *time.Time      `bson:"discarded_at"`
+	// Unreadable marks a record parked because its envelope could not be
+	// read (the root package's redrive_unreadable.go).
+	Unreadable bool `bson:"unreadable"`
+}
+
+// inventedKeyPrefix starts the idempotency key the consumer invents for a
+// malformed record that had none (the root package's inventedKeyPrefix):
+// such a record can never be re-driven either.
+const inventedKeyPrefix = "malformed:"
+
+// NotRedrivable says why the event cannot be re-driven on its own, or ""
+// when it can: the console offers no Re-drive button then, and shows this
+// instead.
+func (d *inboxDoc) NotRedrivable() string {
+	switch {
+	case !d.Parked:
+		return ""
+	case d.Unreadable || strings.HasPrefix(d.ID.IdempotencyKey, inventedKeyPrefix):
+		return "This record's envelope could not be read (a malformed record): no handler can ever take it, so it cannot be re-driven. Purge it once you have kept what you need from its payload."
+	case d.HeldBy != nil:
+		return "This event is held behind an earlier parked event of its partition key: re-drive that event, and this one follows in order."
+	}
+	return ""
 }
 
 // outboxDoc is an outbox document as the console shows it.

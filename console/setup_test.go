@@ -28,7 +28,20 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const ordersTopic = "orders"
+const (
+	ordersTopic   = "orders"
+	paymentsTopic = "payments" // the browser test's service publishes it only
+	refundsTopic  = "refunds"  // the browser test's service handles it only
+)
+
+// refundIssued is an event of refundsTopic.
+type refundIssued struct {
+	OrderID string `json:"order_id"`
+}
+
+func (refundIssued) Topic() string          { return refundsTopic }
+func (refundIssued) ContentSchema() string  { return "RefundIssued.v1" }
+func (e refundIssued) PartitionKey() string { return e.OrderID }
 
 // orderPlaced is the test event. A handler fails while failing is set.
 type orderPlaced struct {
@@ -67,8 +80,9 @@ const testPassword = "correct horse battery staple"
 
 // setup starts MongoDB and Kafka, a framework Client for service "shop"
 // (not running; see run) with a handler of orderPlaced, and a console on
-// an httptest server mounted at /outbox/ui/.
-func setup(t testing.TB, actions bool) *bundle {
+// an httptest server mounted at /outbox/ui/. configure may change the
+// Client's configuration before it is created.
+func setup(t testing.TB, actions bool, configure ...func(*outbox.Config)) *bundle {
 	t.Helper()
 	m := mongotest.Start(t)
 	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic))
@@ -80,6 +94,9 @@ func setup(t testing.TB, actions bool) *bundle {
 		Mongo: m.Client, Database: b.db.Name(), Brokers: k.Seeds, Service: "shop", // each test has its own Kafka cluster and database
 		PublishTopics: []string{ordersTopic}, RetryMinBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond,
 		MaxAttempts: 2, SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, FenceMargin: 2 * time.Second,
+	}
+	for _, f := range configure {
+		f(&b.cfg)
 	}
 	c, err := outbox.New(b.cfg)
 	require.NoError(t, err)

@@ -100,6 +100,7 @@ func (c *mongoCounter) monitor() *event.CommandMonitor {
 type kafkaCounter struct {
 	requests atomic.Int64
 	acked    atomic.Int64
+	bytes    atomic.Int64 // written, every request
 }
 
 var (
@@ -108,9 +109,10 @@ var (
 )
 
 // OnBrokerWrite counts one request.
-func (k *kafkaCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, _ int, _, _ time.Duration, err error) {
+func (k *kafkaCounter) OnBrokerWrite(_ kgo.BrokerMetadata, _ int16, written int, _, _ time.Duration, err error) {
 	if err == nil {
 		k.requests.Add(1)
+		k.bytes.Add(int64(written))
 	}
 }
 
@@ -124,6 +126,7 @@ func (k *kafkaCounter) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
 func (k *kafkaCounter) reset() {
 	k.requests.Store(0)
 	k.acked.Store(0)
+	k.bytes.Store(0)
 }
 
 // env is what every phase uses: the servers, an unmonitored MongoDB client
@@ -142,6 +145,9 @@ type env struct {
 	kafka              *kafkaCounter // every framework Kafka client
 	admin              *kadm.Client
 	adminCl            *kgo.Client
+	// codec, when set, is the framework clients' Config.Compression (the
+	// compression phase); "": the framework's default.
+	codec outbox.Compression
 
 	closers []func()
 }
@@ -320,6 +326,7 @@ func (e *env) config(m *mongo.Client, phase, service string, publish ...string) 
 		Database:          e.db(phase),
 		Brokers:           e.brokers,
 		KafkaOptions:      []kgo.Opt{kgo.WithHooks(e.kafka)},
+		Compression:       e.codec,
 		Service:           service + "-" + e.run,
 		PublishTopics:     publish,
 		SessionTimeout:    6 * time.Second,

@@ -8,7 +8,8 @@
 //	    [-replicas 1] [-events 50000] [-backlog 200000] [-rate 1000]
 //	    [-servers inproc|subprocess] [-mongo-uri URI -kafka-brokers HOST:PORT,...]
 //	    [-latency-runs 3]
-//	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory] [-json]
+//	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory,compression]
+//	    [-codecs none,gzip,snappy] [-json]
 //	    [-cpuprofile FILE]
 //
 // Phases:
@@ -31,6 +32,10 @@
 //   - bare: one-document transactions for -duration from as many goroutines
 //     as there are partitions (the consumer's ceiling).
 //   - memory: peak memory while publishing a backlog of -backlog events.
+//   - compression (not run by default): the relay once per producer codec
+//     of -codecs, each on a topic of its own, with order-like JSON events:
+//     events/s and bytes written to Kafka per event. The figures behind
+//     the publisher's default codec.
 //
 // It prints a table (or JSON with -json) with every figure, the ratios and
 // the targets.
@@ -48,6 +53,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -92,11 +98,12 @@ type results struct {
 	// LatencyRuns has one entry per run of the latency phase
 	// (-latency-runs); Latency and PollLat are the run whose ratio is the
 	// median.
-	LatencyRuns []latencyRun    `json:"latency_runs,omitempty"`
-	Consume     *consumeResult  `json:"consume,omitempty"`
-	Bare        *baselineResult `json:"bare_transactions,omitempty"`
-	Memory      *memoryResult   `json:"memory,omitempty"`
-	Targets     []target        `json:"targets"`
+	LatencyRuns []latencyRun        `json:"latency_runs,omitempty"`
+	Consume     *consumeResult      `json:"consume,omitempty"`
+	Bare        *baselineResult     `json:"bare_transactions,omitempty"`
+	Memory      *memoryResult       `json:"memory,omitempty"`
+	Compression []compressionResult `json:"compression,omitempty"`
+	Targets     []target            `json:"targets"`
 }
 
 type machine struct {
@@ -130,7 +137,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
 	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
-	phases := fs.String("phases", allPhases, "comma-separated phases to run")
+	phases := fs.String("phases", allPhases, "comma-separated phases to run (compression too, which is not run by default)")
+	codecs := fs.String("codecs", "none,gzip,snappy", "compression phase: producer codecs to measure (none, gzip, snappy, lz4, zstd)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print JSON instead of a table")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
@@ -148,10 +156,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if p == "" {
 			continue
 		}
-		if !strings.Contains(","+allPhases+",", ","+p+",") {
-			return fmt.Errorf("unknown phase %q (phases: %s)", p, allPhases)
+		if !strings.Contains(","+allPhases+",compression,", ","+p+",") {
+			return fmt.Errorf("unknown phase %q (phases: %s, compression)", p, allPhases)
 		}
 		o.phases[p] = true
+	}
+	var codecList []string
+	for _, c := range strings.Split(*codecs, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		if !slices.Contains(compressionCodecs, outbox.Compression(c)) {
+			return fmt.Errorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
+		}
+		codecList = append(codecList, c)
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -234,6 +252,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"consume", func() error { v, err := runConsume(ctx, e, o.events); r.Consume = &v; return err }},
 		{"bare", func() error { v, err := runBare(ctx, e); r.Bare = &v; return err }},
 		{"memory", func() error { v, err := runMemory(ctx, e, o.backlog); r.Memory = &v; return err }},
+		{"compression", func() error { v, err := runCompression(ctx, e, o.events, codecList); r.Compression = v; return err }},
 	}
 	for _, s := range steps {
 		if err := step(s.name, s.fn); err != nil {
@@ -394,6 +413,12 @@ func printTable(w io.Writer, r *results) {
 			fmt.Fprintf(tw, "\tpeak RSS %.0f MB", m.PeakRSSMB)
 		}
 		fmt.Fprintf(tw, "\t%.0f events/s\n", m.Rate)
+	}
+	if len(r.Compression) > 0 {
+		fmt.Fprintln(tw, "\nrelay by producer codec\tevents\tevents/s\tbytes written/event\tKafka reqs/event")
+		for _, c := range r.Compression {
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.3f\n", c.Codec, c.Events, c.Rate, c.BytesPerEvent, c.KafkaPerEvent)
+		}
 	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(tw, "\ntarget\tgoal\tmeasured\tmet")

@@ -13,6 +13,10 @@
 //	outboxctl [flags] outbox failed retry (<id>... | -all)
 //	outboxctl [flags] outbox failed discard (<id>... | -all)
 //	outboxctl [flags] ui [-addr 127.0.0.1:8090] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
+//	outboxctl [flags] doctor [-brokers ...] [-group ...] [-outage 72h] [-json]
+//
+// "doctor" checks the settings of MongoDB and Kafka that the guarantees
+// rest on; see doctor.go.
 //
 // "ui" serves the operations console (package console) in a browser; see
 // ui.go. -actions needs an operator password in $OUTBOX_CONSOLE_PASSWORD.
@@ -120,6 +124,8 @@ type cliOptions struct {
 	actions, findIndexes          bool
 	allowedHosts, consolePassword string
 	secureCookies                 bool
+	// doctor only
+	doc doctorOptions
 
 	// stderr receives warnings; mdb is the service's database once
 	// connected.
@@ -144,7 +150,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "overall deadline")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8090", "ui: listen address")
-	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "ui: Kafka brokers, comma-separated, for the partitions page (default $KAFKA_BROKERS)")
+	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "ui, doctor: Kafka brokers, comma-separated (default $KAFKA_BROKERS)")
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
@@ -152,6 +158,12 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.BoolVar(&o.secureCookies, "secure-cookies", false, "ui: mark cookies Secure (behind a proxy that terminates TLS)")
 	o.consolePassword = getenv(envConsolePassword)
 	fs.StringVar(&o.partitions, "partitions", "", "partition counts of the topics, topic=N,... (migrate event-outbox)")
+	fs.StringVar(&o.doc.group, "group", "", "doctor: the service's consumer group (default the inbox's owner)")
+	fs.StringVar(&o.doc.publish, "publish", "", "doctor: the topics the service publishes, comma-separated (default those stored in outbox_meta)")
+	fs.StringVar(&o.doc.consume, "consume", "", "doctor: the topics the service handles, comma-separated (default the consumer group's)")
+	fs.StringVar(&o.doc.prefix, "prefix", "", "doctor: the service's Config.TopicPrefix")
+	fs.DurationVar(&o.doc.outage, "outage", 0, "doctor: the longest outage the topics and the oplog must outlast (default 72h)")
+	fs.DurationVar(&o.doc.handlerTimeout, "handler-timeout", 0, "doctor: the service's Config.HandlerTimeout (default 45s)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
   outboxctl [flags] migrate event-outbox -partitions topic=N,...
@@ -163,6 +175,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] outbox failed retry (<id>... | -all)
   outboxctl [flags] outbox failed discard (<id>... | -all)
   outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
+  outboxctl [flags] doctor [-brokers ...] [-group ...] [-outage 72h] [-json]
 flags:
 `)
 		fs.PrintDefaults()
@@ -243,6 +256,8 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 		do = o.migrateEventOutbox
 	case len(o.words) == 1 && o.words[0] == "status":
 		do = o.status
+	case len(o.words) == 1 && o.words[0] == "doctor":
+		do = o.doctor
 	case len(o.words) == 2 && o.words[0] == "parked" && o.words[1] == "list":
 		do = o.parkedList
 	case len(o.words) >= 2 && o.words[0] == "parked" && (o.words[1] == "redrive" || o.words[1] == "purge"):
@@ -252,7 +267,7 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && (o.words[2] == "retry" || o.words[2] == "discard"):
 		do = o.failedChange
 	default:
-		return usagef("unknown command %q (commands: status, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
+		return usagef("unknown command %q (commands: status, doctor, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
 	}
 	// Check the whole command line before connecting.
 	if _, err := o.parkedFilter(); err != nil {

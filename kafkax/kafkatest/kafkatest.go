@@ -197,6 +197,26 @@ func (e *Env) CreateTopic(t testing.TB, partitions int32, topic string) {
 	}
 }
 
+// SetTopicConfig sets a config of topic, as an operator would with
+// kafka-configs.sh (IncrementalAlterConfigs); a nil value deletes it, so
+// the broker's default applies again. kfake accepts any key.
+func (e *Env) SetTopicConfig(t testing.TB, topic, key string, value *string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	op := kadm.SetConfig
+	if value == nil {
+		op = kadm.DeleteConfig
+	}
+	resp, err := e.admin.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: op, Name: key, Value: value}}, topic)
+	if err == nil {
+		err = resp[0].Err
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: set %s of topic %q: %v", key, topic, err)
+	}
+}
+
 // Topic creates a topic with a unique name derived from the test's name and
 // the given number of partitions, deletes it in t.Cleanup, and returns its
 // name.

@@ -16,7 +16,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams, ChangeStreamImages,
-// ClusterTime, Catalog, FailPoints, Unsupported, Limits). Cases run in parallel.
+// ClusterTime, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -39,6 +39,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"FailPoints", failPointCases},
 		{"Unsupported", unsupportedCases},
 		{"Limits", limitCases},
+		{"Diagnostics", diagnosticsCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) { g.run(t, env) })

@@ -209,6 +209,9 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
+	if isOplogNS(ns) {
+		return findOplog(r, tc, ns, filter, sortSpec, projSpec, skip, limit, batchSize, hasBatch, single)
+	}
 	q, err := compileFilter(filter, r.vars, coll)
 	if err != nil {
 		return nil, err

@@ -120,6 +120,7 @@ func New(opts Options) *Engine {
 		stop:  make(chan struct{}),
 	}
 	e.oplog.init(opts.OplogSize)
+	e.oplog.initiated = opts.Now()
 	e.wg.Add(1)
 	go e.monitor()
 	return e

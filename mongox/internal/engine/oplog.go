@@ -91,6 +91,7 @@ type oplog struct {
 	head      int       // retained entries start at chunks[0][head]
 	n         int       // number of retained entries
 	truncated *Position // position of the newest dropped entry
+	initiated time.Time // when the engine started: the replica set's first oplog entry (see OplogHeads)
 	signal    chan struct{}
 }
 
