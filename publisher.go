@@ -36,6 +36,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -45,6 +46,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/kafkax"
@@ -175,7 +177,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	}
 	defer producer.Close()
 
-	store := instrumentedStore{Store: outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}, t: c.tel}
+	store := outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
 	marker.Timeout = markTimeout
 	marker.Backoff = cfg.backoff()
@@ -306,6 +308,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			Logger:         log,
 			Stats:          p.stats,
 			Opened:         o.streamOpened,
+			Reopened: func(reason string) {
+				c.tel.streamReopens.Add(context.Background(), 1, metric.WithAttributes(attrReason.String(reason)))
+			},
 		}
 		w.Run(bg)
 	})
@@ -347,7 +352,7 @@ type outboxStore struct {
 	prefix string
 }
 
-func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int, exclude []string) ([]publish.Item, error) {
+func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit publish.Limit, exclude []string) ([]publish.Item, bool, error) {
 	// Served by the partial index outbox_pending {topic, partition, seq, _id}
 	// where published is false. Held keys are filtered on the server while
 	// it walks the index in order; their events are few (they wait for an
@@ -363,22 +368,58 @@ func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, lim
 	}
 	opts := options.Find().
 		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
-		SetLimit(int64(limit)).
-		SetBatchSize(int32(limit)) // the whole batch in one round trip
+		SetLimit(int64(limit.Events)).
+		SetBatchSize(int32(limit.Events)) // the whole batch in one round trip (the server caps a reply at 16 MiB)
 	cur, err := s.coll.Find(ctx, filter, opts)
 	if err != nil {
-		return nil, fmt.Errorf("find pending events: %w", err)
+		return nil, false, fmt.Errorf("find pending events: %w", err)
 	}
-	var docs []outboxDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("read pending events: %w", err)
+	defer cur.Close(context.WithoutCancel(ctx))
+	// One document at a time: a document that cannot be decoded is handed
+	// over as such (the worker marks it failed) instead of failing the
+	// read, and the read stops at the byte cap.
+	var items []publish.Item
+	size := 0
+	for cur.Next(ctx) {
+		if len(items) > 0 && size+len(cur.Current) > limit.Bytes {
+			return items, true, nil
+		}
+		size += len(cur.Current)
+		items = append(items, s.decode(cur.Current))
 	}
-	items := make([]publish.Item, len(docs))
-	for i := range docs {
-		items[i] = docs[i].item(s.prefix)
+	if err := cur.Err(); err != nil {
+		return nil, false, fmt.Errorf("read pending events: %w", err)
 	}
-	return items, nil
+	return items, len(items) == limit.Events, nil
 }
+
+// decode returns the item of an outbox document; one that cannot be decoded
+// comes with Err set, its raw _id and, when it can be read, its key (see
+// publish.Item).
+func (s outboxStore) decode(raw bson.Raw) publish.Item {
+	var d outboxDoc
+	err := bson.Unmarshal(raw, &d)
+	if err == nil {
+		return d.item(s.prefix)
+	}
+	var id any = raw.Lookup("_id")
+	if oid, ok := raw.Lookup("_id").ObjectIDOK(); ok {
+		id = oid
+	}
+	it := publish.Item{ID: id, Record: &kgo.Record{}, Err: unreadableDocError{err}}
+	if key, ok := raw.Lookup("key").StringValueOK(); ok {
+		it.Record.Key = []byte(key)
+	}
+	return it
+}
+
+// unreadableDocError is why an outbox document cannot be read.
+type unreadableDocError struct{ err error }
+
+func (e unreadableDocError) Error() string {
+	return "cannot read the outbox document: " + e.err.Error()
+}
+func (e unreadableDocError) Unwrap() error { return e.err }
 
 // item is d's record, produced to the Kafka topic prefix + d.Topic
 // (Config.TopicPrefix). The record's body and headers name the bare topic.
@@ -416,16 +457,19 @@ func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at tim
 	if len(msg) > 1000 {
 		msg = msg[:1000]
 	}
-	_, err := s.coll.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: id}},
-		bson.D{
-			{Key: "$set", Value: bson.D{
-				{Key: "failed", Value: true},
-				{Key: "failed_at", Value: at.UTC()},
-				{Key: "error", Value: msg},
-			}},
-			{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
-		})
+	update := bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "failed", Value: true},
+			{Key: "failed_at", Value: at.UTC()},
+			{Key: "error", Value: msg},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
+	}
+	if errors.As(cause, new(unreadableDocError)) {
+		// Its attempts field may be what cannot be read: $inc would fail.
+		update = update[:1]
+	}
+	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, update)
 	return err
 }
 
@@ -444,15 +488,17 @@ func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) 
 	if err != nil {
 		return nil, fmt.Errorf("find failed events: %w", err)
 	}
-	var docs []struct {
-		Key string `bson:"key"`
+	defer cur.Close(context.WithoutCancel(ctx))
+	var keys []string
+	for cur.Next(ctx) {
+		// A key that is not a string (an unreadable document) holds
+		// nothing: no event of the partition has that key.
+		if k, ok := cur.Current.Lookup("key").StringValueOK(); ok {
+			keys = append(keys, k)
+		}
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := cur.Err(); err != nil {
 		return nil, fmt.Errorf("read failed events: %w", err)
-	}
-	keys := make([]string, 0, len(docs))
-	for _, d := range docs {
-		keys = append(keys, d.Key)
 	}
 	return keys, nil
 }

@@ -17,14 +17,19 @@
 //     waiter, after a hard stop, when the producer resolves or fails the
 //     records, at the latest when the producer client is closed).
 //   - Watcher: Watcher.Run runs in the caller's goroutine and returns when
-//     its context ends.
+//     its context ends; a failing stream is reopened with backoff.
 //   - Marker: Marker.Run runs in the caller's goroutine. Its owner cancels
 //     its context after every worker has stopped; it then writes what is
 //     left (bounded by Marker.Timeout) and returns.
 //
-// Kafka's refusals for good are judged per record (a refused batch is sent
-// again one record at a time), and under the hold policy a refused event
-// holds the later events of its key: see Worker and the holds type.
+// A batch is produced in waves that hold at most one event per key, so no
+// event of a key is in flight while an earlier one may still fail. Kafka's
+// refusals for good are judged per record (a refused wave is sent again
+// one record at a time, and a record too large for the producer's batches
+// is always sent alone), and under the hold policy a refused event holds
+// the later events of its key: see Worker and the holds type. A document
+// that cannot be read is marked failed like a refused event; it never
+// stops its partition.
 //
 // Nothing here knows the outbox document format: the root package provides
 // a Store that reads and marks events and builds their Kafka records.
