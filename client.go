@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-playground/validator/v10"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
@@ -29,6 +30,7 @@ type Client struct {
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *partitionCounts
+	compressor    func() kgo.Compressor     // the producer's codec, for Record's size check (publisher_producer.go)
 	pub           atomic.Pointer[publisher] // the running publisher, for status
 	tel           *telemetry                // metrics, spans, runtime state for Status
 	redriveEvery  time.Duration             // period of the re-drive request loop; tests shorten it
@@ -59,6 +61,7 @@ func New(cfg Config) (*Client, error) {
 		handlers:      map[handlerKey]*handler{},
 	}
 	c.topics = newPartitionCounts(&c.cfg, c.meta)
+	c.compressor = sync.OnceValue(func() kgo.Compressor { return producerCompressor(c.cfg.KafkaOptions) })
 	c.tel = newTelemetry(&c.cfg)
 	if c.tel.instrumentErr != nil {
 		cfg.Logger.Warn("outbox: some metric instruments could not be created", "err", c.tel.instrumentErr)

@@ -49,6 +49,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/kafkax"
 )
 
@@ -115,6 +116,7 @@ type publisher struct {
 	lease *publish.Lease
 	set   *publish.Set
 	stats *publish.Stats
+	prods *producers
 }
 
 // publisherStatus returns a snapshot of the publisher's state.
@@ -171,11 +173,13 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.RecordDeliveryTimeout(deliveryTimeout),
 	)
 	popts = append(popts, o.producerOpts...)
-	producer, err := kgo.NewClient(popts...)
+	prods, err := newProducers(popts, c.topics.limitsSnapshot(), cfg.kafkaTopic, log)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka producer: %w", err)
 	}
-	defer producer.Close()
+	defer prods.close()
+	p.prods = prods
+	sizeRefused := make(chan struct{}, 1) // a record was refused for its size: read the limits again
 
 	store := outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
@@ -186,7 +190,6 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	wcfg := &publish.WorkerConfig{
 		Store:       store,
 		Marker:      marker,
-		Producer:    producer,
 		Lease:       p.lease,
 		BatchSize:   cfg.PublishBatchSize,
 		Backoff:     cfg.backoff(),
@@ -202,6 +205,12 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		Stats:       p.stats,
 		Hooks:       c.tel.publishHooks(o.hooks),
 	}
+	prods.workerHooks(wcfg, func(string) {
+		select {
+		case sizeRefused <- struct{}{}:
+		default:
+		}
+	})
 	p.set = publish.NewSet(func(tp publish.TopicPartition) *publish.Worker {
 		return publish.NewWorker(tp, wcfg)
 	})
@@ -315,6 +324,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		w.Run(bg)
 	})
 	wg.Go(func() { probe.Run(bg) })
+	wg.Go(func() { c.followTopics(bg, prods, sizeRefused) })
 
 	<-ctx.Done()
 
@@ -336,6 +346,41 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	wg.Wait()
 	group.Close()
 	return nil
+}
+
+// followTopics keeps the publisher's producers in line with its topics
+// until ctx ends (a goroutine of runPublisher): it reads the topics'
+// partition counts and max.message.bytes at start and after a size refusal
+// (at most every limitRereadDelay), and rebuilds the main producer when a
+// limit changed (see producers), whoever read it (here, Run's refresh loop
+// or a Transact).
+func (c *Client) followTopics(ctx context.Context, prods *producers, sizeRefused <-chan struct{}) {
+	read := func() {
+		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
+		counts, limits, err := c.topics.fetch(rctx, prods.solo, c.cfg.PublishTopics)
+		cancel()
+		c.topics.apply(ctx, counts, limits)
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Debug("outbox publisher: reading topic metadata failed", "error", err)
+		}
+	}
+	read()
+	var readAt time.Time
+	for {
+		changed := c.topics.watch()
+		prods.update(c.topics.limitsSnapshot())
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-sizeRefused:
+			if !retry.Sleep(ctx, nil, time.Until(readAt.Add(limitRereadDelay))) {
+				return
+			}
+			readAt = time.Now()
+			read()
+		}
+	}
 }
 
 func cmpOrDuration(a, b time.Duration) time.Duration {
