@@ -91,8 +91,12 @@ const (
 	holdRecheckInterval = 5 * time.Second
 	streamDebounce      = 100 * time.Millisecond
 	streamMaxAwait      = 500 * time.Millisecond
-	markDelay           = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	leaveTimeout        = 5 * time.Second
+	// metadataMaxAge bounds the age of the group's and the producers'
+	// metadata: partitions added to a topic are assigned and published
+	// within about this (kgo's default is five minutes).
+	metadataMaxAge = 10 * time.Second
+	markDelay      = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	leaveTimeout   = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
@@ -164,7 +168,11 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		stats: &publish.Stats{},
 	}
 
-	popts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	// A bounded metadata age, so that partitions added to a topic are
+	// assigned (group) and produced to (producers) within seconds, not
+	// kgo's default five minutes. KafkaOptions may override it.
+	popts := []kgo.Opt{kgo.MetadataMaxAge(metadataMaxAge)}
+	popts = append(popts, cfg.KafkaOptions...)
 	popts = append(popts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -247,7 +255,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			p.lease.Revoke()
 		},
 	}
-	gopts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	gopts := []kgo.Opt{kgo.MetadataMaxAge(metadataMaxAge)}
+	gopts = append(gopts, cfg.KafkaOptions...)
 	gopts = append(gopts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.PublisherGroup),
@@ -266,6 +275,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
+				// An assigned partition exists: the producers learn of
+				// it now if it is new (added to its topic).
+				prods.forceMetadataRefresh()
 				p.set.Assign(tps)
 			}
 		}),
@@ -324,7 +336,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		w.Run(bg)
 	})
 	wg.Go(func() { probe.Run(bg) })
-	wg.Go(func() { c.followTopics(bg, prods, sizeRefused) })
+	wg.Go(func() { c.followTopics(bg, prods, group, sizeRefused) })
 
 	<-ctx.Done()
 
@@ -348,13 +360,15 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	return nil
 }
 
-// followTopics keeps the publisher's producers in line with its topics
-// until ctx ends (a goroutine of runPublisher): it reads the topics'
-// partition counts and max.message.bytes at start and after a size refusal
-// (at most every limitRereadDelay), and rebuilds the main producer when a
-// limit changed (see producers), whoever read it (here, Run's refresh loop
-// or a Transact).
-func (c *Client) followTopics(ctx context.Context, prods *producers, sizeRefused <-chan struct{}) {
+// followTopics keeps the publisher's clients in line with its topics until
+// ctx ends (a goroutine of runPublisher): it reads the topics' partition
+// counts and max.message.bytes at start and after a size refusal (at most
+// every limitRereadDelay), rebuilds the main producer when a limit changed
+// (see producers), and when a topic gained partitions (read here, by Run's
+// refresh loop or by a Transact) makes the group and producer clients read
+// the metadata at once, so that the new partitions are assigned and
+// published without waiting for metadataMaxAge.
+func (c *Client) followTopics(ctx context.Context, prods *producers, group *kgo.Client, sizeRefused <-chan struct{}) {
 	read := func() {
 		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
 		counts, limits, err := c.topics.fetch(rctx, prods.solo, c.cfg.PublishTopics)
@@ -364,11 +378,22 @@ func (c *Client) followTopics(ctx context.Context, prods *producers, sizeRefused
 			c.cfg.Logger.Debug("outbox publisher: reading topic metadata failed", "error", err)
 		}
 	}
+	known := c.topics.snapshot()
 	read()
 	var readAt time.Time
 	for {
 		changed := c.topics.watch()
 		prods.update(c.topics.limitsSnapshot())
+		now := c.topics.snapshot()
+		for t, n := range now {
+			if n > known[t] && known[t] > 0 {
+				c.cfg.Logger.Info("outbox publisher: topic gained partitions; refreshing metadata", "topic", t, "partitions", n, "before", known[t])
+				group.ForceMetadataRefresh()
+				prods.forceMetadataRefresh()
+				break
+			}
+		}
+		known = now
 		select {
 		case <-ctx.Done():
 			return

@@ -164,6 +164,15 @@ func (p *producers) update(limits map[string]int) {
 	})
 }
 
+// forceMetadataRefresh makes both producers read the topics' metadata now
+// (new partitions).
+func (p *producers) forceMetadataRefresh() {
+	p.mu.RLock()
+	p.main.ForceMetadataRefresh()
+	p.mu.RUnlock()
+	p.solo.ForceMetadataRefresh()
+}
+
 // close closes the producers; the workers have stopped.
 func (p *producers) close() {
 	p.closed()

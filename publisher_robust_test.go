@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/kafkax"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -55,6 +56,46 @@ func TestPublisherRefusedKeylessEventHoldsNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.OutboxHeldKeys)
 	require.Zero(t, st.OutboxHeldEvents)
+}
+
+// Issue 27, item 3: events on partitions added to a topic waited for the
+// clients' metadata refresh (kgo's default: five minutes). Here they are
+// recorded by another client that knows the new count, while the
+// publisher's own refresh of the counts is a minute away: the bounded
+// metadata age of its group and producers brings them out.
+func TestPublisherPublishesOnAddedPartitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	pub := b.client(t, cfg)
+	start(t, pub)
+	eventually(t, "owns the 3 partitions", func() bool { return len(pub.publisherStatus().Owned) == 3 })
+
+	ctx := context.Background()
+	res, err := b.kafka.Admin().CreatePartitions(ctx, 3, b.kafkaTopic(ordersTopic))
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+	}
+	added := time.Now()
+	rec := b.client(t, cfg)
+	rec.topics.apply(ctx, map[string]int{ordersTopic: 6}, nil) // it read the new count
+	r := newRecorder(b, rec)
+	var keys []string
+	for i := 0; len(keys) < 6; i++ {
+		if k := "new-" + itoa(i); kafkax.Partition([]byte(k), 6) >= 3 {
+			keys = append(keys, k)
+		}
+	}
+	r.record(t, keys...)
+	eventually(t, "events on the new partitions published", func() bool { return b.published(t, cfg) == 6 })
+	t.Logf("published %v after the partitions were added", time.Since(added))
+	require.Len(t, pub.publisherStatus().Owned, 6)
+	recs := b.kafkaEvents(t, ordersTopic, 6)
+	for _, rec := range recs {
+		require.GreaterOrEqual(t, rec.Partition, int32(3))
+	}
+	checkDelivery(t, r, recs)
 }
 
 // Issue 27, item 4: a change stream whose getMore keeps failing after a
