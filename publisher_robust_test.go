@@ -212,3 +212,29 @@ func TestPublisherUnreadableDocumentDoesNotStopItsPartition(t *testing.T) {
 	require.EqualValues(t, 1, n)
 	require.Zero(t, countFind(t, coll, bson.D{{Key: "_id", Value: bad}}))
 }
+
+// Issue 27, item 9: an event stored for a partition beyond its topic's
+// count waited with no reason given. Status names the cause.
+func TestStatusNamesEventsBeyondThePartitionCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	ctx := context.Background()
+	c.topics.apply(ctx, map[string]int{ordersTopic: 3}, nil) // as Run stores it
+	for _, part := range []int32{1, 7, 9} {
+		_, err := c.outbox.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Partition: part, Key: "k",
+			Schema: "X.v1", IdempotencyKey: "u-" + itoa(int(part)), CreatedAt: time.Now()})
+		require.NoError(t, err)
+	}
+	st, err := c.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, st.Pending)
+	require.EqualValues(t, 2, st.Unroutable)
+	require.Len(t, st.Topics, 1)
+	require.Equal(t, 3, st.Topics[0].Partitions)
+	require.EqualValues(t, 2, st.Topics[0].Unroutable)
+	require.Contains(t, st.Topics[0].UnroutableCause(), `2 pending events of topic "orders" are stored for partitions beyond its 3`)
+	raw, err := st.MarshalJSON()
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"unroutable_cause":`)
+}
