@@ -82,9 +82,13 @@ func newProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) stri
 	if err != nil {
 		return nil, err
 	}
-	// The largest request kgo may write bounds the solo producer's batch.
-	maxWrite, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
-	solo, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...), kgo.ProducerBatchMaxBytes(max(maxWrite, defaultBatchMaxBytes)))...)
+	// The largest request kgo may write (BrokerMaxWriteBytes, 100 MiB by
+	// default) bounds the solo producer's batch.
+	soloMax, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	if soloMax <= 0 {
+		soloMax = defaultBatchMaxBytes
+	}
+	solo, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...), kgo.ProducerBatchMaxBytes(min(soloMax, 1<<30)))...)
 	if err != nil {
 		main.Close()
 		return nil, err
