@@ -251,7 +251,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	commands := [][]string{
 		{"status"}, {"parked", "list"}, {"parked", "redrive", "orders/Evt.v1/k-1"}, {"parked", "purge", "-all"},
 		{"outbox", "failed", "list"}, {"outbox", "failed", "retry", "-all"}, {"outbox", "failed", "discard", "-all"},
-		{"migrate", "event-outbox", "-partitions", "orders=3"}, {"ui", "-find-indexes", "-addr", "127.0.0.1:0"},
+		{"migrate", "event-outbox", "-partitions", "orders=3", "-brokers", "127.0.0.1:1"}, {"ui", "-find-indexes", "-addr", "127.0.0.1:0"},
 	}
 	// Every piece of each password holds the marker Q7z, which must never
 	// be printed: not the password, nor any part of it.
