@@ -31,8 +31,9 @@ type Config struct {
 	Brokers []string
 	// KafkaOptions are added to every Kafka client the framework creates
 	// (TLS, SASL, client id...). Options that the framework sets itself
-	// (groups, topics, commit and rebalance behaviour) are overridden.
-	// Defaults to none.
+	// (groups, topics, commit and rebalance behaviour, the publisher's
+	// batch size limits, which follow the topics' max.message.bytes) are
+	// overridden. Defaults to none.
 	KafkaOptions []kgo.Opt
 
 	// Service names this service. Kafka group names derive from it.

@@ -362,8 +362,10 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 
 // followTopics keeps the publisher's clients in line with its topics until
 // ctx ends (a goroutine of runPublisher): it reads the topics' partition
-// counts and max.message.bytes at start and after a size refusal (at most
-// every limitRereadDelay), rebuilds the main producer when a limit changed
+// counts and max.message.bytes at start, every limitRefreshInterval and
+// after a size refusal (at most every limitRereadDelay), so that a raised
+// limit reaches Record and the producer within seconds; it rebuilds the
+// main producer when a limit changed
 // (see producers), and when a topic gained partitions (read here, by Run's
 // refresh loop or by a Transact) makes the group and producer clients read
 // the metadata at once, so that the new partitions are assigned and
@@ -380,7 +382,9 @@ func (c *Client) followTopics(ctx context.Context, prods *producers, group *kgo.
 	}
 	known := c.topics.snapshot()
 	read()
-	var readAt time.Time
+	readAt := time.Now()
+	every := time.NewTicker(limitRefreshInterval)
+	defer every.Stop()
 	for {
 		changed := c.topics.watch()
 		prods.update(c.topics.limitsSnapshot())
@@ -398,6 +402,9 @@ func (c *Client) followTopics(ctx context.Context, prods *producers, group *kgo.
 		case <-ctx.Done():
 			return
 		case <-changed:
+		case <-every.C:
+			readAt = time.Now()
+			read()
 		case <-sizeRefused:
 			if !retry.Sleep(ctx, nil, time.Until(readAt.Add(limitRereadDelay))) {
 				return

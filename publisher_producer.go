@@ -14,8 +14,9 @@ package outbox
 //     max.message.bytes as read from Kafka (partitionCounts.readLimits; the
 //     client's default while unknown), so its batches are never too large
 //     for Kafka, compressed or not. The limits are read when the publisher
-//     starts, whenever a record is refused for its size (at most every
-//     limitRereadDelay) and with the partition counts every minute. When a
+//     starts, every limitRefreshInterval, whenever a record is refused for
+//     its size (at most every limitRereadDelay) and with the partition
+//     counts by Run's refresh. When a
 //     limit changes the main producer is replaced by one built with the new
 //     limits (kgo would keep the old one); the old one finishes the records
 //     it holds and is closed.
@@ -49,9 +50,13 @@ import (
 // topic whose max.message.bytes is unknown.
 const defaultBatchMaxBytes = 1000012
 
-// limitRereadDelay is the least time between two reads of the topics'
-// limits caused by size refusals.
-const limitRereadDelay = 5 * time.Second
+// limitRereadDelay is the least time between a read of the topics' limits
+// and the next one caused by a size refusal; limitRefreshInterval is the
+// period of the publisher's own reads.
+const (
+	limitRereadDelay     = 5 * time.Second
+	limitRefreshInterval = 15 * time.Second
+)
 
 // producers is the publisher's main and solo producers (see the file
 // comment). Safe for concurrent use.
