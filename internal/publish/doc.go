@@ -11,9 +11,10 @@
 //     stops gracefully (Set.Revoke, Set.Close: finish the batch in flight,
 //     mark it, exit) or at once (Set.Lose: cancel the batch, do not mark).
 //     Both calls return after the goroutine has exited.
-//   - Per batch, a worker starts at most two short-lived goroutines: one that
-//     cancels the batch context when the lease is revoked and one that waits
-//     for the producer's promises. Both end when the batch ends (the promise
+//   - Per batch, a worker starts a short-lived goroutine that cancels the
+//     batch context when the lease is revoked, and one per produce call (a
+//     wave, or a record sent alone) that waits for the producer's promises,
+//     one at a time. Each ends when its batch or call ends (the promise
 //     waiter, after a hard stop, when the producer resolves or fails the
 //     records, at the latest when the producer client is closed).
 //   - Watcher: Watcher.Run runs in the caller's goroutine and returns when
