@@ -15,7 +15,8 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams, ChangeStreamImages,
+// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions,
+// TransactionRules, CatalogRaces, SnapshotReads, ChangeStreams, ChangeStreamImages,
 // ClusterTime, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
@@ -31,6 +32,8 @@ func Run(t *testing.T, env EnvFunc) {
 		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
 		{"Transactions", txnCases},
+		{"TransactionRules", txnRuleCases},
+		{"CatalogRaces", catalogRaceCases},
 		{"SnapshotReads", snapshotCases},
 		{"ChangeStreams", changeStreamCases},
 		{"ChangeStreamImages", changeStreamImageCases},

@@ -362,7 +362,7 @@ func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
 	return func(r *request) (bson.D, error) {
 		tc, release, err := r.srv.data.begin(r)
 		if err != nil {
-			return nil, err
+			return nil, convertErr(err)
 		}
 		defer release()
 		if tc.retryable && tc.sess.retry != nil && tc.sess.retry.txnNumber == *r.txnNumber {
@@ -428,7 +428,8 @@ func writeError(index int, err error) bson.D {
 func isCommandLevel(err error) bool {
 	if ee, ok := engine.AsError(err); ok {
 		switch ee.Code {
-		case engine.CodeMaxTimeMSExpired, 11601, engine.CodeNoSuchTransaction, engine.CodeTransactionCommitted, engine.CodeWriteConflict:
+		case engine.CodeMaxTimeMSExpired, 11601, engine.CodeNoSuchTransaction, engine.CodeTransactionCommitted, engine.CodeWriteConflict,
+			engine.CodeSnapshotUnavailable, engine.CodeLockTimeout:
 			return true
 		}
 	}

@@ -90,6 +90,9 @@ type Engine struct {
 	historyFloor bson.Timestamp
 	pruneBounded bool
 	oplog        oplog
+	// gone records when namespaces lost their collection (drop, rename
+	// away), for the transactions whose snapshot is older; see goneLocked.
+	gone map[NS]bson.Timestamp
 
 	stop chan struct{}
 	wg   sync.WaitGroup
