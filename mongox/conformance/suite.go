@@ -15,7 +15,8 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions,
+// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, IndexRules,
+// Transactions,
 // TransactionRules, CatalogRaces, SnapshotReads, ChangeStreams, ChangeStreamImages,
 // ClusterTime, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
@@ -31,6 +32,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Aggregate", aggregateCases},
 		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
+		{"IndexRules", indexRuleCases},
 		{"Transactions", txnCases},
 		{"TransactionRules", txnRuleCases},
 		{"CatalogRaces", catalogRaceCases},

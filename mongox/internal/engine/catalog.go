@@ -539,12 +539,19 @@ func createIndexEntry(c *collection, ix *index, ts bson.Timestamp) Entry {
 		Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}}
 }
 
+// maxIndexes is the most indexes a collection may have, _id_ included.
+const maxIndexes = 64
+
 // buildIndexesLocked validates and builds the indexes of specs that c does
 // not have yet and returns them (not yet attached). Caller holds e.mu.
 func (e *Engine) buildIndexesLocked(c *collection, specs []IndexSpec) ([]*index, error) {
 	todo, err := newIndexSpecs(c, specs)
 	if err != nil {
 		return nil, err
+	}
+	if n := len(c.indexes) + len(todo); n > maxIndexes {
+		return nil, &Error{Code: CodeCannotCreateIndex, Name: "CannotCreateIndex",
+			Msg: fmt.Sprintf("add index fails, too many indexes for %s key:%s", c.ns, FormatValue(todo[len(todo)-1].Key))}
 	}
 	add := make([]*index, 0, len(todo))
 	for _, s := range todo {
@@ -796,26 +803,44 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 	return before, err
 }
 
-// SetIndexTTL changes the expireAfterSeconds of an index found by name or
-// key pattern (collMod). It returns the previous value.
-func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D, seconds int64) (old int64, err error) {
+// SetIndexTTL sets the expireAfterSeconds of an index found by name or by
+// key pattern (collMod), making a single-field index a TTL index (MongoDB
+// 5.1+). It returns the previous value, nil when the index had none. A key
+// pattern several indexes share fails with 181 AmbiguousIndexKeyPattern;
+// the _id index and compound indexes cannot become TTL indexes (72).
+func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D, seconds int64) (old *int64, err error) {
 	err = e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
 			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
-		for _, ix := range c.indexes {
-			if (name != "" && ix.name == name) || (key != nil && bsonkit.Equal(ix.keys, key)) {
-				if ix.ttl == nil {
-					return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "no expireAfterSeconds field to update"}
-				}
-				old = *ix.ttl
-				v := seconds
-				ix.ttl = &v
-				return nil
+		var ix *index
+		if name != "" {
+			i := slices.IndexFunc(c.indexes, func(x *index) bool { return x.name == name })
+			if i < 0 {
+				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + " for ns " + ns.String()}
+			}
+			ix = c.indexes[i]
+		} else {
+			var err error
+			if ix, err = indexByKey(c, key); err != nil {
+				return err
 			}
 		}
-		return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + FormatValue(key) + " for ns " + ns.String()}
+		if ix.ttl == nil {
+			switch {
+			case ix.name == "_id_":
+				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "the _id field does not support TTL indexes"}
+			case len(ix.fields) != 1:
+				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "TTL indexes are single-field indexes, compound indexes do not support TTL"}
+			}
+		} else {
+			v := *ix.ttl
+			old = &v
+		}
+		v := seconds
+		ix.ttl = &v
+		return nil
 	})
 	return old, err
 }

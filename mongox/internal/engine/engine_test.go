@@ -280,7 +280,8 @@ func TestTTL(t *testing.T) {
 	// collMod shortens the TTL.
 	prev, err := e.SetIndexTTL(context.Background(), ns, "at_1", nil, 0)
 	require.NoError(t, err)
-	require.Equal(t, int64(60), prev)
+	require.NotNil(t, prev)
+	require.Equal(t, int64(60), *prev)
 	mu.Lock()
 	now = now.Add(time.Second)
 	mu.Unlock()

@@ -233,14 +233,7 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		ch = &chain{coll: c, key: key}
 		c.chains[key] = ch
 	}
-	for i := range doc {
-		if doc[i].Key == "_id" {
-			continue
-		}
-		if ts, ok := doc[i].Value.(bson.Timestamp); ok && ts.T == 0 && ts.I == 0 {
-			doc[i].Value = v.e.tick()
-		}
-	}
+	v.fillEmptyTimestamps(doc)
 	if err := v.checkUnique(c, ch, doc); err != nil {
 		if len(ch.versions) == 0 && ch.owner == nil {
 			delete(c.chains, key)
@@ -251,6 +244,21 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 	v.record(ch, doc, true)
 	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
 	return nil
+}
+
+// fillEmptyTimestamps gives the top-level fields of doc (other than _id)
+// that hold Timestamp(0, 0) a fresh clock tick, as mongod does for inserted
+// documents and replacements
+// (https://www.mongodb.com/docs/v7.0/reference/bson-types/#timestamps).
+func (v *View) fillEmptyTimestamps(doc bson.D) {
+	for i := range doc {
+		if doc[i].Key == "_id" {
+			continue
+		}
+		if ts, ok := doc[i].Value.(bson.Timestamp); ok && ts.T == 0 && ts.I == 0 {
+			doc[i].Value = v.e.tick()
+		}
+	}
 }
 
 // UpdateDescription describes an update for the oplog and change streams.
@@ -265,15 +273,18 @@ type UpdateDescription struct {
 }
 
 // Update replaces the document with newDoc's _id by newDoc (its _id stored
-// first). desc nil
-// records a replace, else an update with that description. The document
-// must exist in the view.
+// first). desc nil records a replace (whose top-level Timestamp(0, 0) fields
+// are filled as Insert fills them), else an update with that description.
+// The document must exist in the view.
 func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	c, err := v.writable(ns)
 	if err != nil {
 		return err
 	}
 	newDoc = idFirst(newDoc)
+	if desc == nil {
+		v.fillEmptyTimestamps(newDoc)
+	}
 	id, _ := bsonkit.Get(newDoc, "_id")
 	ch := c.chains[bsonkit.Key(id)]
 	if ch == nil || v.docOf(ch) == nil {
