@@ -217,6 +217,9 @@ var snapshotReadCommands = map[string]bool{"find": true, "aggregate": true, "dis
 // session for the duration of the command: call the returned release.
 func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	tc := &txnCtx{}
+	if err := checkAfterClusterTime(r.readConcern, d.srv.engine.ClusterTime()); err != nil {
+		return nil, nil, err
+	}
 	level, _ := bsonkit.Get(r.readConcern, "level")
 	atV, hasAt := bsonkit.Get(r.readConcern, "atClusterTime")
 	var at bson.Timestamp
@@ -340,6 +343,25 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	}
 	tc.txn = s.txn
 	return tc, release, nil
+}
+
+// checkAfterClusterTime refuses a readConcern afterClusterTime later than
+// the server's cluster time with 72 InvalidOptions, as mongod does: a
+// client can only have seen times the server issued.
+func checkAfterClusterTime(rc bson.D, now bson.Timestamp) error {
+	v, ok := bsonkit.Get(rc, "afterClusterTime")
+	if !ok {
+		return nil
+	}
+	ts, isTS := v.(bson.Timestamp)
+	if !isTS {
+		return wrongType("readConcern.afterClusterTime", v, "timestamp")
+	}
+	if bsonkit.CompareTimestamps(ts, now) > 0 {
+		return errorf(72, "InvalidOptions", fmt.Sprintf("readConcern afterClusterTime value must not be greater than the current clusterTime. "+
+			"Requested clusterTime: %s; current clusterTime: %s", engine.FormatValue(ts), engine.FormatValue(now)))
+	}
+	return nil
 }
 
 func checkTxnReadConcern(rc bson.D) error {

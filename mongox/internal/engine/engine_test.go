@@ -18,9 +18,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var ns = NS{DB: "db", Coll: "c"}
 
+// setup starts an engine; unless opts say otherwise it keeps no history
+// window, so that versions go as soon as no snapshot needs them.
 func setup(t testing.TB, opts ...func(*Options)) *Engine {
 	t.Helper()
-	var o Options
+	o := Options{HistoryWindow: -1}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -35,6 +35,7 @@ type Txn struct {
 	auto     bool // one auto-committed statement
 	pin      bool // a read-only Snapshot holding history
 	started  time.Time
+	lifetime time.Duration // transactionLifetimeLimitSeconds when it started
 	snapshot bson.Timestamp
 	hasSnap  bool
 	state    TxnState
@@ -73,7 +74,8 @@ func (e *Engine) newTxnLocked(auto bool) *Txn {
 	// never needs them.
 	t := &Txn{
 		e: e, id: e.nextTxn, auto: auto, started: e.opts.Now(),
-		done: make(chan struct{}),
+		lifetime: e.opts.TransactionLifetime,
+		done:     make(chan struct{}),
 	}
 	e.txns[t] = struct{}{}
 	return t
