@@ -17,7 +17,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 // Run runs every conformance case as a subtest of t, grouped by area
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, AggregateStages,
 // Indexes, IndexRules, Transactions, TransactionRules, CatalogRaces,
-// SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
+// Sessions, SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
 // Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
@@ -36,6 +36,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Transactions", txnCases},
 		{"TransactionRules", txnRuleCases},
 		{"CatalogRaces", catalogRaceCases},
+		{"Sessions", sessionCases},
 		{"SnapshotReads", snapshotCases},
 		{"ChangeStreams", changeStreamCases},
 		{"ChangeStreamImages", changeStreamImageCases},

@@ -122,6 +122,38 @@ type session struct {
 	// snaps are the read snapshots of the session's snapshot reads
 	// (readConcern snapshot outside a transaction), by timestamp.
 	snaps map[bson.Timestamp]*engine.Snapshot
+
+	// killMu guards what killSessions reaches without waiting for the
+	// session's running command (which holds mu): that command's cancel
+	// function and the session's transaction.
+	killMu  sync.Mutex
+	cancel  context.CancelFunc // of the running command, nil when idle
+	liveTxn *engine.Txn        // s.txn, for kill
+}
+
+// setTxn sets the session's transaction. Caller holds s.mu.
+func (s *session) setTxn(t *engine.Txn) {
+	s.txn = t
+	s.killMu.Lock()
+	s.liveTxn = t
+	s.killMu.Unlock()
+}
+
+// kill interrupts the session's running command (it fails with 11601
+// Interrupted) and aborts its transaction, without waiting for the command.
+// The session itself stays: its later commands see the transaction aborted
+// (251 NoSuchTransaction) and its retryable writes stay recorded, as after
+// mongod's killSessions.
+func (s *session) kill() {
+	s.killMu.Lock()
+	cancel, t := s.cancel, s.liveTxn
+	s.killMu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if t != nil {
+		t.AbortWithReason("session killed")
+	}
 }
 
 // retryRecord is the result of the retryable write with a txnNumber.
@@ -183,6 +215,23 @@ func (d *dataState) endSession(lsid bson.D) {
 		s.mu.Lock()
 		s.end("session ended")
 		s.mu.Unlock()
+	}
+}
+
+// killSession kills a session (killSessions): its cursors close, its running
+// command is interrupted and its transaction aborted; see session.kill.
+func (d *dataState) killSession(lsid bson.D) {
+	k := sessionKey(lsid)
+	d.mu.Lock()
+	s := d.sessions[k]
+	for id, c := range d.cursors {
+		if c.session == k {
+			delete(d.cursors, id)
+		}
+	}
+	d.mu.Unlock()
+	if s != nil {
+		s.kill()
 	}
 }
 
@@ -265,7 +314,17 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	s.busy = true
 	s.lastUse = time.Now()
 	tc.sess = s
+	// The command runs under a context killSessions can cancel.
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.ctx = ctx
+	s.killMu.Lock()
+	s.cancel = cancel
+	s.killMu.Unlock()
 	release := func() {
+		s.killMu.Lock()
+		s.cancel = nil
+		s.killMu.Unlock()
+		cancel()
 		s.busy = false
 		s.lastUse = time.Now()
 		s.mu.Unlock()
@@ -307,7 +366,8 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		}
 		if !s.hasNumber || n > s.txnNumber {
 			s.abortTxn("a newer transaction number was used")
-			s.txnNumber, s.hasNumber, s.txn, s.retry = n, true, nil, nil
+			s.txnNumber, s.hasNumber, s.retry = n, true, nil
+			s.setTxn(nil)
 		} else if s.txn != nil {
 			release()
 			return nil, nil, errorf(50768, "IncompleteTransactionHistory",
@@ -332,7 +392,7 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		}
 		s.abortTxn("a newer transaction was started")
 		s.txnNumber, s.hasNumber, s.retry = n, true, nil
-		s.txn = d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n})
+		s.setTxn(d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n}))
 		tc.txn = s.txn
 		return tc, release, nil
 	}
