@@ -1,12 +1,14 @@
 package conformance
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 )
 
 // manualTxnOperations is the manual page listing what a transaction may
@@ -27,6 +29,8 @@ func txnRuleCases(t *testing.T, env EnvFunc) {
 		{"ReadConcernAfterTheFirstStatement", testTxnLaterReadConcern},
 		{"GetMoreStaysInItsTransaction", testTxnGetMore},
 		{"ExistingIndexInTransaction", testTxnExistingIndex},
+		{"ExplicitCreateNeedsLocalReadConcern", testTxnCreateReadConcern},
+		{"StagesRefusedInTransaction", testTxnStagesRefused},
 	})
 }
 
@@ -139,4 +143,54 @@ func testTxnExistingIndex(t *testing.T, env EnvFunc) {
 	_, sctx = startTxn(t, ctx, e.Client)
 	_, err = coll.Indexes().CreateOne(sctx, mongo.IndexModel{Keys: D(`{"b":1}`)})
 	requireRefusedInTxn(t, err, "a new index on an existing collection")
+}
+
+// testTxnCreateReadConcern: explicit creation of a collection or an index
+// in a transaction needs read concern "local"; implicit creation by a write
+// works with any read concern a transaction takes
+// (https://www.mongodb.com/docs/v7.0/reference/read-concern-local/).
+func testTxnCreateReadConcern(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	sess, err := e.Client.StartSession()
+	require.NoError(t, err)
+	defer sess.EndSession(context.Background())
+	sctx := mongo.NewSessionContext(ctx, sess)
+	snapshot := options.Transaction().SetReadConcern(readconcern.Snapshot())
+
+	require.NoError(t, sess.StartTransaction(snapshot))
+	requireRefusedInTxn(t, db.CreateCollection(sctx, "explicit"), "create in a snapshot transaction")
+	_ = sess.AbortTransaction(ctx)
+
+	require.NoError(t, sess.StartTransaction(snapshot))
+	_, err = db.Collection("implicit").InsertOne(sctx, D(`{"_id":1}`))
+	require.NoError(t, err, "an insert creates its collection in a snapshot transaction")
+	_, err = db.Collection("implicit").Indexes().CreateOne(sctx, mongo.IndexModel{Keys: D(`{"a":1}`)})
+	requireRefusedInTxn(t, err, "createIndexes in a snapshot transaction")
+	_ = sess.AbortTransaction(ctx)
+
+	require.NoError(t, sess.StartTransaction(options.Transaction().SetReadConcern(readconcern.Local())))
+	require.NoError(t, db.CreateCollection(sctx, "explicit"), "create in a transaction with read concern local")
+	require.NoError(t, sess.CommitTransaction(ctx))
+}
+
+// testTxnStagesRefused: aggregate runs in a transaction without the stages
+// the manual excludes ($out, $merge, $changeStream, $listLocalSessions...).
+func testTxnStagesRefused(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	coll := createColl(t, ctx, db, "c")
+	insert(t, ctx, coll, `[{"_id":1}]`)
+	for _, p := range []string{
+		`[{"$out":"o"}]`,
+		`[{"$merge":{"into":"o"}}]`,
+		`[{"$changeStream":{}}]`,
+	} {
+		sess, sctx := startTxn(t, ctx, e.Client)
+		_, err := coll.Aggregate(sctx, Ds(p))
+		requireRefusedInTxn(t, err, "aggregate "+p)
+		_ = sess.AbortTransaction(ctx)
+	}
+	sess, sctx := startTxn(t, ctx, e.Client)
+	_, err := db.Aggregate(sctx, Ds(`[{"$listLocalSessions":{}}]`))
+	requireRefusedInTxn(t, err, "$listLocalSessions")
+	_ = sess.AbortTransaction(ctx)
 }

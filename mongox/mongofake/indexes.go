@@ -174,6 +174,9 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 	var created bool
 	var before, after int
 	if tc.txn != nil {
+		if err := explicitCreateInTxn(r, tc); err != nil {
+			return nil, err
+		}
 		// Allowed on a collection the transaction creates (MongoDB 4.4+).
 		err = r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
 			var err error
@@ -231,9 +234,6 @@ func cmdListIndexes(r *request, tc *txnCtx) (bson.D, error) {
 }
 
 func cmdDropIndexes(r *request, tc *txnCtx) (bson.D, error) {
-	if err := noDDLInTxn(r, tc); err != nil {
-		return nil, err
-	}
 	if err := checkFields(r, "index"); err != nil {
 		return nil, err
 	}
@@ -280,9 +280,6 @@ func cmdDropIndexes(r *request, tc *txnCtx) (bson.D, error) {
 }
 
 func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
-	if err := noDDLInTxn(r, tc); err != nil {
-		return nil, err
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err

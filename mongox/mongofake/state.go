@@ -117,8 +117,11 @@ type session struct {
 	txnNumber int64
 	hasNumber bool
 	txn       *engine.Txn // transaction of txnNumber, nil for a retryable write
-	retry     *retryRecord
-	lastUse   time.Time
+	// txnLevel is the read concern level the transaction started with
+	// ("" for the default).
+	txnLevel string
+	retry    *retryRecord
+	lastUse  time.Time
 	// snaps are the read snapshots of the session's snapshot reads
 	// (readConcern snapshot outside a transaction), by timestamp.
 	snaps map[bson.Timestamp]*engine.Snapshot
@@ -392,6 +395,7 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		}
 		s.abortTxn("a newer transaction was started")
 		s.txnNumber, s.hasNumber, s.retry = n, true, nil
+		s.txnLevel, _ = level.(string)
 		s.setTxn(d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n}))
 		tc.txn = s.txn
 		return tc, release, nil
