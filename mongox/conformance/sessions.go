@@ -34,6 +34,19 @@ func killSessions(ctx context.Context, cl *mongo.Client, sess ...*mongo.Session)
 	return cl.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: ids}}).Err()
 }
 
+// holdDocument creates collection c with document {_id: 1, v: 0} and
+// returns it with a session whose open transaction has incremented v, so
+// that the document is locked.
+func holdDocument(t *testing.T, ctx context.Context, cl *mongo.Client, db *mongo.Database) (*mongo.Collection, *mongo.Session) {
+	t.Helper()
+	coll := createColl(t, ctx, db, "c")
+	insert(t, ctx, coll, `[{"_id":1,"v":0}]`)
+	holder, hctx := startTxn(t, ctx, cl)
+	_, err := coll.UpdateOne(hctx, D(`{"_id":1}`), D(`{"$inc":{"v":1}}`))
+	require.NoError(t, err)
+	return coll, holder
+}
+
 func testKillAbortsTxn(t *testing.T, env EnvFunc) {
 	e, db, ctx := setup(t, env)
 	coll := createColl(t, ctx, db, "c")
@@ -51,11 +64,7 @@ func testKillAbortsTxn(t *testing.T, env EnvFunc) {
 // once, without the transaction lifetime running out.
 func testKillReleasesWaiter(t *testing.T, env EnvFunc) {
 	e, db, ctx := setup(t, env)
-	coll := createColl(t, ctx, db, "c")
-	insert(t, ctx, coll, `[{"_id":1,"v":0}]`)
-	holder, hctx := startTxn(t, ctx, e.Client)
-	_, err := coll.UpdateOne(hctx, D(`{"_id":1}`), D(`{"$inc":{"v":1}}`))
-	require.NoError(t, err)
+	coll, holder := holdDocument(t, ctx, e.Client, db)
 
 	done := make(chan error, 1)
 	go func() {
@@ -78,11 +87,7 @@ func testKillReleasesWaiter(t *testing.T, env EnvFunc) {
 // the lock, and the write does not apply.
 func testKillInterruptsWaiter(t *testing.T, env EnvFunc) {
 	e, db, ctx := setup(t, env)
-	coll := createColl(t, ctx, db, "c")
-	insert(t, ctx, coll, `[{"_id":1,"v":0}]`)
-	holder, hctx := startTxn(t, ctx, e.Client)
-	_, err := coll.UpdateOne(hctx, D(`{"_id":1}`), D(`{"$inc":{"v":1}}`))
-	require.NoError(t, err)
+	coll, holder := holdDocument(t, ctx, e.Client, db)
 
 	waiter, err := e.Client.StartSession()
 	require.NoError(t, err)

@@ -113,58 +113,43 @@ type Engine struct {
 const DefaultHistoryWindow = 10 * time.Second
 
 // TTLInterval returns how often the TTL monitor runs.
-func (e *Engine) TTLInterval() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.opts.TTLInterval
-}
+func (e *Engine) TTLInterval() time.Duration { return e.setting(&e.opts.TTLInterval) }
 
 // SetTTLInterval changes how often the TTL monitor runs (mongod's
 // ttlMonitorSleepSecs); the next pass is due one new interval from now.
 // d must be positive.
-func (e *Engine) SetTTLInterval(d time.Duration) {
-	e.mu.Lock()
-	e.opts.TTLInterval = d
-	e.mu.Unlock()
-	e.poke()
-}
+func (e *Engine) SetTTLInterval(d time.Duration) { e.set(&e.opts.TTLInterval, d) }
 
 // TransactionLifetime returns the lifetime of new transactions.
-func (e *Engine) TransactionLifetime() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.opts.TransactionLifetime
-}
+func (e *Engine) TransactionLifetime() time.Duration { return e.setting(&e.opts.TransactionLifetime) }
 
 // SetTransactionLifetime changes the lifetime of the transactions started
 // from now on (mongod's transactionLifetimeLimitSeconds: a transaction's
 // expiry is fixed when it starts). d must be positive.
-func (e *Engine) SetTransactionLifetime(d time.Duration) {
-	e.mu.Lock()
-	e.opts.TransactionLifetime = d
-	e.mu.Unlock()
-	e.poke()
-}
+func (e *Engine) SetTransactionLifetime(d time.Duration) { e.set(&e.opts.TransactionLifetime, d) }
 
 // HistoryWindow returns how long committed versions stay readable.
-func (e *Engine) HistoryWindow() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.opts.HistoryWindow
-}
+func (e *Engine) HistoryWindow() time.Duration { return e.setting(&e.opts.HistoryWindow) }
 
 // SetHistoryWindow changes how long committed versions stay readable by
 // snapshot reads at a past timestamp (mongod's
 // minSnapshotHistoryWindowInSeconds). Lengthening it cannot bring back
 // versions already pruned.
-func (e *Engine) SetHistoryWindow(d time.Duration) {
+func (e *Engine) SetHistoryWindow(d time.Duration) { e.set(&e.opts.HistoryWindow, d) }
+
+// setting reads one of e.opts' run-time settings.
+func (e *Engine) setting(p *time.Duration) time.Duration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.opts.HistoryWindow = d
+	return *p
 }
 
-// poke wakes the monitor to re-arm its timers.
-func (e *Engine) poke() {
+// set changes one of e.opts' run-time settings and wakes the monitor to
+// re-arm its timers.
+func (e *Engine) set(p *time.Duration, d time.Duration) {
+	e.mu.Lock()
+	*p = d
+	e.mu.Unlock()
 	select {
 	case e.wake <- struct{}{}:
 	default:
