@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"sort"
+
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -66,9 +68,12 @@ func (e *Engine) pruneLocked(c *chain, minTS bson.Timestamp, bounded bool) bool 
 	}
 	keep := len(c.versions) - 1
 	if bounded {
-		for keep > 0 && bsonkit.CompareTimestamps(c.versions[keep].ts, minTS) > 0 {
-			keep--
-		}
+		// The newest version at or before minTS stays (versions ascend by
+		// timestamp; a history window can leave many on a hot document, so
+		// search rather than scan).
+		keep = max(sort.Search(len(c.versions), func(i int) bool {
+			return bsonkit.CompareTimestamps(c.versions[i].ts, minTS) > 0
+		})-1, 0)
 	}
 	var dropped []bson.D
 	removedRec := false
