@@ -31,6 +31,7 @@ func catalogRaceCases(t *testing.T, env EnvFunc) {
 		{"CreateInsideAndOutsideTransaction", testCreateInsideAndOutside},
 		{"WriteAfterIndexBuildPastSnapshot", testWriteAfterIndexBuild},
 		{"CatalogOperationWaitsForTransaction", testDDLWaitsForTxn},
+		{"NoOpCreateIndexesDoesNotWait", testNoOpCreateIndexes},
 	})
 }
 
@@ -154,4 +155,29 @@ func testDDLWaitsForTxn(t *testing.T, env EnvFunc) {
 		t.Fatal("the index build did not finish after the transaction committed")
 	}
 	require.Equal(t, idList(1, 2), ids(t, ctx, coll, bson.D{}))
+}
+
+// testNoOpCreateIndexes: createIndexes of indexes that all exist, or with a
+// conflicting spec, answers at once while a transaction uses the
+// collection; only a new index waits for it. A service creating its indexes
+// at every start-up relies on this.
+func testNoOpCreateIndexes(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	coll := createColl(t, ctx, db, "c")
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"a":1}`)})
+	require.NoError(t, err)
+	holder, hctx := startTxn(t, ctx, e.Client)
+	_, err = coll.InsertOne(hctx, D(`{"_id":1,"a":1}`))
+	require.NoError(t, err)
+
+	raw, err := db.RunCommand(ctx, D(`{"createIndexes":"c","indexes":[{"key":{"a":1},"name":"a_1"}],"maxTimeMS":5000}`)).Raw()
+	require.NoError(t, err, "an index that exists does not wait for the transaction ("+manualTxnDDL+")")
+	require.Equal(t, num(raw.Lookup("numIndexesBefore")), num(raw.Lookup("numIndexesAfter")), "reply: %s", raw)
+	err = db.RunCommand(ctx, D(`{"createIndexes":"c","indexes":[{"key":{"a":1},"name":"other"}],"maxTimeMS":5000}`)).Err()
+	requireCode(t, err, 85, "a conflicting spec fails at once")
+	err = db.RunCommand(ctx, D(`{"createIndexes":"c","indexes":[{"key":{"b":1},"name":"b_1"}],"maxTimeMS":300}`)).Err()
+	requireCode(t, err, 50, "a new index waits for the transaction, here until maxTimeMS")
+	_, err = coll.InsertOne(hctx, D(`{"_id":2,"a":2}`))
+	require.NoError(t, err, "the transaction is not disturbed")
+	require.NoError(t, holder.CommitTransaction(ctx))
 }

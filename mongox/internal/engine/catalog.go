@@ -504,6 +504,19 @@ func (e *Engine) CollectionStats(ns NS) (count int64, size int64, nindexes int, 
 // returns whether the collection was created and the index counts before
 // and after. Identical existing indexes are no-ops.
 func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (created bool, before, after int, err error) {
+	// Indexes that all exist already (or a conflicting spec) are answered at
+	// once: as in mongod, only a build waits for the transactions using the
+	// collection.
+	e.mu.Lock()
+	if c := e.collLocked(ns); c != nil {
+		todo, err := newIndexSpecs(c, specs)
+		if err != nil || len(todo) == 0 {
+			n := len(c.indexes)
+			e.mu.Unlock()
+			return false, n, n, err
+		}
+	}
+	e.mu.Unlock()
 	err = e.ddl(ctx, []NS{ns}, func() error {
 		c, made, err := e.ensureLocked(ns)
 		if err != nil {
