@@ -38,8 +38,10 @@ func (c *Client) Admin() *Admin { return &Admin{outbox: c.outbox, inbox: c.inbox
 // up to three counts over the inbox's parked documents (partial index
 // inbox_parked). When events failed, one more read of the failed events
 // (partial index outbox_failed) and one count of the pending events of
-// their partitions give the held keys and events. Published and handled
-// documents are never read.
+// their partitions give the held keys and events. When a topic has pending
+// events, its stored partition count is read (outbox_meta, by _id), and
+// when one of them lies beyond it, one count (outbox_pending) gives
+// TopicBacklog.Unroutable. Published and handled documents are never read.
 func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	now := time.Now().UTC()
 	st := StoreStatus{CheckedAt: now}
@@ -49,6 +51,7 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$topic"}, {Key: "failed", Value: "$failed"}}},
 			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
 			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$created_at"}}},
+			{Key: "last", Value: bson.D{{Key: "$max", Value: "$partition"}}},
 		}}},
 	})
 	if err != nil {
@@ -61,11 +64,13 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		} `bson:"_id"`
 		N      int64     `bson:"n"`
 		Oldest time.Time `bson:"oldest"`
+		Last   int64     `bson:"last"` // the highest partition
 	}
 	if err := cur.All(ctx, &groups); err != nil {
 		return st, fmt.Errorf("outbox: read outbox backlog: %w", err)
 	}
 	byTopic := map[string]*TopicBacklog{}
+	lastPartition := map[string]int64{} // highest partition of a topic's pending events
 	for _, g := range groups {
 		b := byTopic[g.ID.Topic]
 		if b == nil {
@@ -79,6 +84,7 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		}
 		b.Pending += g.N
 		st.Pending += g.N
+		lastPartition[g.ID.Topic] = g.Last
 		if !g.Oldest.IsZero() {
 			age := max(now.Sub(g.Oldest), 0)
 			b.OldestPendingAge = max(b.OldestPendingAge, age)
@@ -89,6 +95,9 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		if err := a.heldCounts(ctx, &st, byTopic); err != nil {
 			return st, err
 		}
+	}
+	if err := a.unroutable(ctx, &st, byTopic, lastPartition); err != nil {
+		return st, err
 	}
 	for _, b := range byTopic {
 		st.Topics = append(st.Topics, *b)
@@ -114,4 +123,54 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		}
 	}
 	return st, nil
+}
+
+// unroutable fills the partition counts of the topics with pending events
+// (as stored in outbox_meta by the services' reads of Kafka) and counts the
+// pending events stored for a partition the topic does not have.
+func (a *Admin) unroutable(ctx context.Context, st *StoreStatus, byTopic map[string]*TopicBacklog, lastPartition map[string]int64) error {
+	if len(lastPartition) == 0 {
+		return nil
+	}
+	ids := make(bson.A, 0, len(lastPartition))
+	for t := range lastPartition {
+		ids = append(ids, bson.D{{Key: "outbox", Value: a.outbox.Name()}, {Key: "topic", Value: t}})
+	}
+	meta := a.outbox.Database().Collection(metaCollection)
+	cur, err := meta.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+	if err != nil {
+		return fmt.Errorf("outbox: read partition counts: %w", err)
+	}
+	var docs []struct {
+		ID struct {
+			Topic string `bson:"topic"`
+		} `bson:"_id"`
+		Partitions int `bson:"partitions"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return fmt.Errorf("outbox: read partition counts: %w", err)
+	}
+	for _, d := range docs {
+		b := byTopic[d.ID.Topic]
+		if b == nil || d.Partitions <= 0 {
+			continue
+		}
+		b.Partitions = d.Partitions
+		if lastPartition[d.ID.Topic] < int64(d.Partitions) {
+			continue
+		}
+		// Served by outbox_pending (published false, topic, partition).
+		n, err := a.outbox.CountDocuments(ctx, bson.D{
+			{Key: "published", Value: false},
+			{Key: "topic", Value: d.ID.Topic},
+			{Key: "partition", Value: bson.D{{Key: "$gte", Value: d.Partitions}}},
+			{Key: "failed", Value: false},
+		})
+		if err != nil {
+			return fmt.Errorf("outbox: count events beyond the partition count: %w", err)
+		}
+		b.Unroutable = n
+		st.Unroutable += n
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-playground/validator/v10"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
@@ -29,6 +30,7 @@ type Client struct {
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *partitionCounts
+	compressor    func() kgo.Compressor        // the producer's codec, for Record's size check (publisher_producer.go)
 	pub           atomic.Pointer[publisher]    // the running publisher, for status
 	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
 	tel           *telemetry                   // metrics, spans, runtime state for Status
@@ -60,6 +62,9 @@ func New(cfg Config) (*Client, error) {
 		handlers:      map[handlerKey]*handler{},
 	}
 	c.topics = newPartitionCounts(&c.cfg, c.meta)
+	c.compressor = sync.OnceValue(func() kgo.Compressor {
+		return producerCompressor(append([]kgo.Opt{c.cfg.producerCompression()}, c.cfg.KafkaOptions...))
+	})
 	c.tel = newTelemetry(&c.cfg)
 	if c.tel.instrumentErr != nil {
 		cfg.Logger.Warn("outbox: some metric instruments could not be created", "err", c.tel.instrumentErr)

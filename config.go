@@ -31,11 +31,12 @@ type Config struct {
 	Brokers []string
 	// KafkaOptions are added to every Kafka client the framework creates
 	// (TLS, SASL, client id...). Options that the framework sets itself
-	// (groups, topics, commit and rebalance behaviour) are overridden.
-	// Choose the publisher's codec with Compression rather than with
-	// kgo.ProducerBatchCompression here (franz-go modifies that option's
-	// codec list when a client is created, a data race when the framework
-	// creates its clients at once). Defaults to none.
+	// (groups, topics, commit and rebalance behaviour, the publisher's
+	// batch size limits, which follow the topics' max.message.bytes) are
+	// overridden. Choose the publisher's codec with Compression rather
+	// than with kgo.ProducerBatchCompression here (franz-go modifies that
+	// option's codec list when a client is created, a data race when the
+	// framework creates its clients at once). Defaults to none.
 	KafkaOptions []kgo.Opt
 
 	// Compression is the codec of the publisher's record batches:

@@ -101,7 +101,8 @@
 //
 // Metrics: outbox.events.recorded, .published, .publish_failed, .handled,
 // .skipped, .retried and .parked (counters); outbox.publish.duration and
-// outbox.handle.duration (histograms, seconds); outbox.rebalances; and,
+// outbox.handle.duration (histograms, seconds); outbox.rebalances and
+// outbox.change_stream.reopens; and,
 // while Run runs, the gauges outbox.pending and outbox.pending.oldest_age
 // per topic, outbox.failed, outbox.parked, outbox.partitions.owned per role
 // and outbox.consumer.lag per partition. The storage gauges cost one

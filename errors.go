@@ -87,6 +87,36 @@ var (
 	ErrEnvelopeCollision = errors.New("outbox: event field collides with an event-outbox envelope field")
 )
 
+// ErrEventTooLarge is wrapped (with ErrInvalidEvent) by the error Record
+// returns for an event whose Kafka record cannot fit in its topic's
+// max.message.bytes, even compressed with the publisher's codec, when that
+// limit is known (read from Kafka by this service, or by another replica
+// and stored in MongoDB). The error is an *EventTooLargeError with the
+// sizes. Without a known limit Record accepts the event, and an event
+// Kafka refuses is marked failed by the publisher.
+var ErrEventTooLarge = errors.New("outbox: event too large for its topic")
+
+// EventTooLargeError reports an event that cannot fit in its topic (see
+// ErrEventTooLarge).
+type EventTooLargeError struct {
+	// Topic and ContentSchema identify the event.
+	Topic, ContentSchema string
+	// Size is the size of a Kafka record batch holding the event alone,
+	// before compression; CompressedSize an estimate of it compressed with
+	// the producer's codec.
+	Size, CompressedSize int
+	// Limit is the topic's max.message.bytes.
+	Limit int
+}
+
+func (e *EventTooLargeError) Error() string {
+	return fmt.Sprintf("outbox: event %s too large for topic %q: %d bytes, about %d compressed, above its max.message.bytes of %d",
+		e.ContentSchema, e.Topic, e.Size, e.CompressedSize, e.Limit)
+}
+
+// Unwrap returns ErrInvalidEvent and ErrEventTooLarge.
+func (e *EventTooLargeError) Unwrap() []error { return []error{ErrInvalidEvent, ErrEventTooLarge} }
+
 // ErrDuplicateEvent is returned (wrapped) when recording an event whose
 // topic, content schema and idempotency key are those of an event already in
 // the outbox, with Config.UniqueIdempotencyKeys.

@@ -29,16 +29,23 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 	if err != nil {
 		return fmt.Errorf("outbox: read failed events: %w", err)
 	}
-	var docs []struct {
-		Topic     string `bson:"topic"`
-		Partition int32  `bson:"partition"`
-		Key       string `bson:"key"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return fmt.Errorf("outbox: read failed events: %w", err)
-	}
+	defer cur.Close(context.WithoutCancel(ctx))
 	keys := map[partitionKeys]map[string]bool{}
-	for _, d := range docs {
+	for cur.Next(ctx) {
+		var d struct {
+			Topic     string
+			Partition int32
+			Key       string
+		}
+		var ok1, ok2, ok3 bool
+		d.Topic, ok1 = cur.Current.Lookup("topic").StringValueOK()
+		d.Partition, ok2 = cur.Current.Lookup("partition").Int32OK()
+		d.Key, ok3 = cur.Current.Lookup("key").StringValueOK()
+		if !ok1 || !ok2 || !ok3 || d.Key == "" {
+			// A keyless failed event holds nothing (keyless events promise
+			// no order), nor does a document whose key cannot be read.
+			continue
+		}
 		pk := partitionKeys{d.Topic, d.Partition}
 		if keys[pk] == nil {
 			keys[pk] = map[string]bool{}
@@ -52,6 +59,9 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 				byTopic[d.Topic] = &TopicBacklog{Topic: d.Topic, HeldKeys: 1}
 			}
 		}
+	}
+	if err := cur.Err(); err != nil {
+		return fmt.Errorf("outbox: read failed events: %w", err)
 	}
 	for pk, ks := range keys {
 		in := make(bson.A, 0, len(ks))
@@ -122,21 +132,52 @@ func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list failed events: %w", err)
 	}
-	var docs []outboxDoc
-	if err := cur.All(ctx, &docs); err != nil {
+	defer cur.Close(context.WithoutCancel(ctx))
+	out := []FailedEvent{}
+	for cur.Next(ctx) {
+		out = append(out, failedEventOf(cur.Current))
+	}
+	if err := cur.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: list failed events: %w", err)
 	}
-	out := make([]FailedEvent, 0, len(docs))
-	for _, d := range docs {
+	return out, nil
+}
+
+// failedEventOf returns the failed event of a document; one that cannot be
+// decoded (the publisher marked it failed for that reason) is listed with
+// the fields that can be read, so that an operator can see it and retry or
+// discard it.
+func failedEventOf(raw bson.Raw) FailedEvent {
+	var d outboxDoc
+	if err := bson.Unmarshal(raw, &d); err == nil {
 		e := FailedEvent{ID: d.ID.Hex(), Topic: d.Topic, Partition: d.Partition, PartitionKey: d.Key,
 			ContentSchema: d.Schema, IdempotencyKey: d.IdempotencyKey, CreatedAt: d.CreatedAt,
 			Attempts: d.Attempts, Error: d.Error, PayloadSize: len(d.Payload)}
 		if d.FailedAt != nil {
 			e.FailedAt = *d.FailedAt
 		}
-		out = append(out, e)
+		return e
 	}
-	return out, nil
+	var e FailedEvent
+	if oid, ok := raw.Lookup("_id").ObjectIDOK(); ok {
+		e.ID = oid.Hex()
+	} else {
+		e.ID = raw.Lookup("_id").String()
+	}
+	e.Topic, _ = raw.Lookup("topic").StringValueOK()
+	e.Partition, _ = raw.Lookup("partition").Int32OK()
+	e.PartitionKey, _ = raw.Lookup("key").StringValueOK()
+	e.ContentSchema, _ = raw.Lookup("schema").StringValueOK()
+	e.IdempotencyKey, _ = raw.Lookup("idempotency_key").StringValueOK()
+	e.Error, _ = raw.Lookup("error").StringValueOK()
+	if t, ok := raw.Lookup("created_at").TimeOK(); ok {
+		e.CreatedAt = t.UTC()
+	}
+	if t, ok := raw.Lookup("failed_at").TimeOK(); ok {
+		e.FailedAt = t.UTC()
+	}
+	e.PayloadSize = len(raw.Lookup("payload").Value)
+	return e
 }
 
 // RetryFailed clears the failed mark of the selected failed events (those

@@ -1,15 +1,20 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/event-outbox/outbox/internal/publish"
 )
 
 // outboxDoc is the stored form of a recorded event. Field names are part of
@@ -243,7 +248,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	}
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
-	return &outboxDoc{
+	doc := &outboxDoc{
 		ID:             bson.NewObjectID(),
 		Topic:          topic,
 		Partition:      wire.partition,
@@ -257,5 +262,53 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 		TraceParent:    carrier.Get(HeaderTraceParent),
 		TraceState:     carrier.Get(HeaderTraceState),
 		CreatedAt:      now,
-	}, nil
+	}
+	if err := c.checkSize(doc); err != nil {
+		return nil, err
+	}
+	return doc, nil
+}
+
+// checkSize refuses an event whose record cannot fit in its topic's
+// max.message.bytes, when that is known (ErrEventTooLarge). The record is
+// built and compressed only for an event near or above the limit.
+func (c *Client) checkSize(d *outboxDoc) error {
+	limit, ok := c.topics.maxMessageBytes(d.Topic)
+	if !ok || len(d.Payload)+len(d.Key)+sizeSlack < limit {
+		return nil
+	}
+	rec := d.item(c.cfg.TopicPrefix).Record
+	size := publish.RecordBatchBytes(rec)
+	if size <= limit {
+		return nil
+	}
+	compressed := c.compressedSize(rec)
+	if compressed <= limit {
+		return nil // the publisher sends it alone, compressed (publisher_producer.go)
+	}
+	return &EventTooLargeError{Topic: d.Topic, ContentSchema: d.Schema, Size: size, CompressedSize: compressed, Limit: limit}
+}
+
+// sizeSlack bounds what a record adds to its payload and key (headers,
+// framing): an event this far below its topic's limit fits.
+const sizeSlack = 16 << 10
+
+// compressedSize estimates the size of a batch holding rec alone,
+// compressed with the codec of the publisher's producer (Config.KafkaOptions,
+// snappy by default): its header and its record's bytes compressed.
+func (c *Client) compressedSize(rec *kgo.Record) int {
+	comp := c.compressor()
+	raw := publish.RecordBatchBytes(rec)
+	if comp == nil {
+		return raw
+	}
+	src := make([]byte, 0, raw)
+	src = append(src, rec.Key...)
+	src = append(src, rec.Value...)
+	for _, h := range rec.Headers {
+		src = append(append(src, h.Key...), h.Value...)
+	}
+	var buf bytes.Buffer
+	out, _ := comp.Compress(&buf, src)
+	return min(raw, raw-len(src)+len(out))
 }

@@ -24,12 +24,21 @@ package outbox
 // counts. A first-ever start with Kafka down records nothing: Record fails
 // at once with ErrPartitionsUnknown, and Transact returns that error within
 // about lookupTimeout instead of hanging in an open transaction.
+//
+// Each read also learns the topics' max.message.bytes (DescribeConfigs:
+// the topic's own value, or the broker's message.max.bytes it inherits),
+// kept and persisted with the counts: Record refuses an event that cannot
+// fit (ErrEventTooLarge) and the publisher sizes its producer's batches by
+// it (publisher_producer.go). A failed config read (an ACL, say) leaves the
+// limit unknown and never fails the count.
 
 import (
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"time"
 
@@ -78,11 +87,19 @@ type partitionCounts struct {
 
 	mu        sync.Mutex
 	counts    map[string]partitionCount
-	persisted map[string]int // counts known to be stored in MongoDB
-	loadedAt  time.Time      // last load from MongoDB or read from Kafka that succeeded
-	triedAt   time.Time      // last load attempt from MongoDB
-	failedAt  time.Time      // last failed Kafka read
-	lastErr   error          // last failure to learn a count, for ErrPartitionsUnknown
+	limits    map[string]int        // max.message.bytes by topic, when known
+	persisted map[string]storedMeta // what is known to be stored in MongoDB
+	loadedAt  time.Time             // last load from MongoDB or read from Kafka that succeeded
+	triedAt   time.Time             // last load attempt from MongoDB
+	failedAt  time.Time             // last failed Kafka read
+	lastErr   error                 // last failure to learn a count, for ErrPartitionsUnknown
+	limitErr  string                // last failure to read the limits, logged when it changes
+	changed   chan struct{}         // closed and replaced when a count or a limit changes
+}
+
+// storedMeta is what a topic's outbox_meta document holds.
+type storedMeta struct {
+	partitions, maxMessageBytes int
 }
 
 func newPartitionCounts(cfg *Config, meta *mongo.Collection) *partitionCounts {
@@ -92,8 +109,38 @@ func newPartitionCounts(cfg *Config, meta *mongo.Collection) *partitionCounts {
 		lookupTimeout: partitionLookupTimeout,
 		slow:          make(chan struct{}, 1),
 		counts:        map[string]partitionCount{},
-		persisted:     map[string]int{},
+		limits:        map[string]int{},
+		persisted:     map[string]storedMeta{},
+		changed:       make(chan struct{}),
 	}
+}
+
+// maxMessageBytes returns topic's max.message.bytes, when known.
+func (pc *partitionCounts) maxMessageBytes(topic string) (int, bool) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	n, ok := pc.limits[topic]
+	return n, ok
+}
+
+// limitsSnapshot returns the known limits, by topic.
+func (pc *partitionCounts) limitsSnapshot() map[string]int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return maps.Clone(pc.limits)
+}
+
+// watch returns a channel closed at the next change of a count or a limit.
+func (pc *partitionCounts) watch() <-chan struct{} {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.changed
+}
+
+// notifyLocked wakes the watchers; pc.mu is held.
+func (pc *partitionCounts) notifyLocked() {
+	close(pc.changed)
+	pc.changed = make(chan struct{})
 }
 
 // get returns the partition count of topic from memory; it does no I/O.
@@ -116,6 +163,9 @@ func (pc *partitionCounts) set(topic string, n int) {
 		return
 	}
 	pc.mu.Lock()
+	if pc.counts[topic].n != n {
+		pc.notifyLocked()
+	}
 	pc.counts[topic] = partitionCount{n: n, at: time.Now()}
 	pc.mu.Unlock()
 }
@@ -176,8 +226,8 @@ func (pc *partitionCounts) prepare(ctx context.Context) {
 	}
 	kctx, cancel := context.WithTimeout(ctx, pc.lookupTimeout)
 	defer cancel()
-	counts, err := pc.fetch(kctx, nil, missing)
-	pc.apply(ctx, counts)
+	counts, limits, err := pc.fetch(kctx, nil, missing)
+	pc.apply(ctx, counts, limits)
 	if err != nil && ctx.Err() == nil {
 		pc.failed(err)
 		pc.cfg.Logger.Warn("outbox: partition counts unknown and Kafka unreachable; recording for these topics fails until Kafka answers",
@@ -204,22 +254,32 @@ func (pc *partitionCounts) load(ctx context.Context) error {
 		ID struct {
 			Topic string `bson:"topic"`
 		} `bson:"_id"`
-		Partitions int       `bson:"partitions"`
-		ReadAt     time.Time `bson:"read_at"`
+		Partitions      int       `bson:"partitions"`
+		MaxMessageBytes int       `bson:"max_message_bytes"`
+		ReadAt          time.Time `bson:"read_at"`
 	}
 	if err := cur.All(ctx, &docs); err != nil {
 		return pc.loadFailed(err)
 	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	changed := false
 	for _, d := range docs {
 		if d.Partitions <= 0 {
 			continue
 		}
-		pc.persisted[d.ID.Topic] = d.Partitions
+		pc.persisted[d.ID.Topic] = storedMeta{partitions: d.Partitions, maxMessageBytes: d.MaxMessageBytes}
 		if c, ok := pc.counts[d.ID.Topic]; !ok || d.ReadAt.After(c.at) {
+			changed = changed || c.n != d.Partitions
 			pc.counts[d.ID.Topic] = partitionCount{n: d.Partitions, at: d.ReadAt}
+			if d.MaxMessageBytes > 0 && pc.limits[d.ID.Topic] != d.MaxMessageBytes {
+				pc.limits[d.ID.Topic] = d.MaxMessageBytes
+				changed = true
+			}
 		}
+	}
+	if changed {
+		pc.notifyLocked()
 	}
 	pc.loadedAt = time.Now()
 	return nil
@@ -238,17 +298,18 @@ func (pc *partitionCounts) id(topic string) bson.D {
 	return bson.D{{Key: "outbox", Value: pc.cfg.OutboxCollection}, {Key: "topic", Value: topic}}
 }
 
-// fetch reads the partition counts of topics (bare, read from their Kafka
-// topics: Config.TopicPrefix) from Kafka, with cl or, when cl is nil, a
-// short-lived client. It returns the counts it learnt, by bare topic, and
-// an error wrapping ErrTopicMetadata, naming Kafka topics, when it could
-// not learn them all.
-func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, bare []string) (map[string]int, error) {
+// fetch reads the partition counts and the max.message.bytes of topics
+// (bare, read from their Kafka topics: Config.TopicPrefix) from Kafka, with
+// cl or, when cl is nil, a short-lived client. It returns the counts and
+// the limits it learnt, by bare topic, and an error wrapping
+// ErrTopicMetadata, naming Kafka topics, when it could not learn every
+// count (a limit it cannot read is left out, see readLimits).
+func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, bare []string) (counts, limits map[string]int, err error) {
 	topics := pc.cfg.kafkaTopics(bare)
 	if cl == nil {
 		var err error
 		if cl, err = pc.newKafkaClient(); err != nil {
-			return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
+			return nil, nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
 		}
 		defer cl.Close()
 		// kgo does not cancel a connection's initialization (ApiVersions,
@@ -266,9 +327,9 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, bare []str
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
+		return nil, nil, fmt.Errorf("%w %q: %w", ErrTopicMetadata, topics, err)
 	}
-	counts := map[string]int{}
+	counts = map[string]int{}
 	var errs []error
 	for i, topic := range topics {
 		d, ok := details[topic]
@@ -283,7 +344,52 @@ func (pc *partitionCounts) fetch(ctx context.Context, cl *kgo.Client, bare []str
 			counts[bare[i]] = len(d.Partitions)
 		}
 	}
-	return counts, errors.Join(errs...)
+	return counts, pc.readLimits(ctx, adm, bare), errors.Join(errs...)
+}
+
+// readLimits reads the max.message.bytes of topics (bare) with adm: the
+// value Kafka applies, the topic's own or the broker's message.max.bytes
+// it inherits. Topics whose config cannot be read are left out, and the
+// failure is logged when it differs from the last one.
+func (pc *partitionCounts) readLimits(ctx context.Context, adm *kadm.Client, bare []string) map[string]int {
+	limits := map[string]int{}
+	rcs, err := adm.DescribeTopicConfigs(ctx, pc.cfg.kafkaTopics(bare)...)
+	if err == nil {
+		byName := map[string]kadm.ResourceConfig{}
+		for _, rc := range rcs {
+			byName[rc.Name] = rc
+		}
+		var errs []error
+		for _, t := range bare {
+			rc, ok := byName[pc.cfg.kafkaTopic(t)]
+			if !ok || rc.Err != nil {
+				errs = append(errs, fmt.Errorf("%q: %v", t, cmp.Or(rc.Err, errors.New("not described"))))
+				continue
+			}
+			for _, c := range rc.Configs {
+				if c.Key != "max.message.bytes" || c.Value == nil {
+					continue
+				}
+				if n, perr := strconv.Atoi(*c.Value); perr == nil && n > 0 {
+					limits[t] = n
+				}
+			}
+		}
+		err = errors.Join(errs...)
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	pc.mu.Lock()
+	report := msg != pc.limitErr
+	pc.limitErr = msg
+	pc.mu.Unlock()
+	if report && msg != "" && ctx.Err() == nil {
+		pc.cfg.Logger.Warn("outbox: cannot read max.message.bytes of publish topics (DescribeConfigs); events are sized against Kafka's default until it can be read",
+			"error", err)
+	}
+	return limits
 }
 
 func (pc *partitionCounts) newKafkaClient() (*kgo.Client, error) {
@@ -292,37 +398,58 @@ func (pc *partitionCounts) newKafkaClient() (*kgo.Client, error) {
 	return kgo.NewClient(opts...)
 }
 
-// apply records counts read from Kafka in memory and persists the ones
-// that differ from what MongoDB holds. A failed write is logged and tried
-// again at the next read.
-func (pc *partitionCounts) apply(ctx context.Context, counts map[string]int) {
-	if len(counts) == 0 {
+// apply records counts and limits read from Kafka in memory and persists
+// the ones that differ from what MongoDB holds (a limit only with its
+// topic's count). A failed write is logged and tried again at the next
+// read.
+func (pc *partitionCounts) apply(ctx context.Context, counts, limits map[string]int) {
+	if len(counts) == 0 && len(limits) == 0 {
 		return
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	pc.mu.Lock()
+	notify := false
+	for topic, n := range limits {
+		if pc.limits[topic] != n {
+			pc.limits[topic] = n
+			notify = true
+		}
+	}
 	var changed []string
 	for topic, n := range counts {
+		if pc.counts[topic].n != n {
+			notify = true
+		}
 		pc.counts[topic] = partitionCount{n: n, at: now}
-		if pc.persisted[topic] != n {
+		if want := (storedMeta{n, pc.limits[topic]}); pc.persisted[topic] != want {
 			changed = append(changed, topic)
 		}
 	}
-	pc.loadedAt = time.Now()
-	pc.failedAt = time.Time{}
-	pc.lastErr = nil
+	if notify {
+		pc.notifyLocked()
+	}
+	if len(counts) > 0 {
+		pc.loadedAt = time.Now()
+		pc.failedAt = time.Time{}
+		pc.lastErr = nil
+	}
 	pc.mu.Unlock()
 	for _, topic := range changed {
-		n := counts[topic]
+		pc.mu.Lock()
+		m := storedMeta{counts[topic], pc.limits[topic]}
+		pc.mu.Unlock()
+		set := bson.D{{Key: "partitions", Value: m.partitions}, {Key: "read_at", Value: now}}
+		if m.maxMessageBytes > 0 {
+			set = append(set, bson.E{Key: "max_message_bytes", Value: m.maxMessageBytes})
+		}
 		_, err := pc.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: pc.id(topic)}},
-			bson.D{{Key: "$set", Value: bson.D{{Key: "partitions", Value: n}, {Key: "read_at", Value: now}}}},
-			options.UpdateOne().SetUpsert(true))
+			bson.D{{Key: "$set", Value: set}}, options.UpdateOne().SetUpsert(true))
 		if err != nil && !mongo.IsDuplicateKeyError(err) {
-			pc.cfg.Logger.Warn("outbox: storing a partition count failed", "topic", topic, "partitions", n, "error", err)
+			pc.cfg.Logger.Warn("outbox: storing a partition count failed", "topic", topic, "partitions", m.partitions, "error", err)
 			continue
 		}
 		pc.mu.Lock()
-		pc.persisted[topic] = n
+		pc.persisted[topic] = m
 		pc.mu.Unlock()
 	}
 }
@@ -367,9 +494,9 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 	_ = pc.load(ctx)
 	for attempt := 1; ; {
 		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
-		counts, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
+		counts, limits, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
 		cancel()
-		pc.apply(ctx, counts)
+		pc.apply(ctx, counts, limits)
 		wait := cmp.Or(c.metadataEvery, metadataInterval)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -181,3 +181,26 @@ func TestRunRefreshesPartitionCountsAfterIncrease(t *testing.T) {
 	require.NoError(t, c.outbox.FindOne(context.Background(), bson.D{{Key: "key", Value: key}}).Decode(&doc))
 	require.Equal(t, kafkax.Partition([]byte(key), 7), doc.Partition)
 }
+
+// The topics' max.message.bytes is read and stored with their counts, so a
+// process that only records learns it from MongoDB and refuses an event
+// that cannot fit (ErrEventTooLarge).
+func TestRunStoresTopicLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.setMaxMessageBytes(t, 300000)
+	cfg := b.config("limits")
+	cfg.Compression = CompressionSnappy // pad's hex is incompressible for snappy
+	c := b.client(t, cfg)
+	start(t, c)
+	eventually(t, "limit stored", func() bool {
+		return count(t, c.meta, bson.D{{Key: "_id.topic", Value: ordersTopic}, {Key: "max_message_bytes", Value: 300000}}) == 1
+	})
+
+	rec := b.client(t, cfg) // records only: loads the stored counts and limits
+	e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "k", Amount: 1}, Pad: pad(400000)}
+	err := rec.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, e) })
+	var tooLarge *EventTooLargeError
+	require.ErrorAs(t, err, &tooLarge)
+	require.Equal(t, 300000, tooLarge.Limit)
+}

@@ -36,6 +36,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -45,8 +46,10 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/kafkax"
 )
 
@@ -88,8 +91,12 @@ const (
 	holdRecheckInterval = 5 * time.Second
 	streamDebounce      = 100 * time.Millisecond
 	streamMaxAwait      = 500 * time.Millisecond
-	markDelay           = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
-	leaveTimeout        = 5 * time.Second
+	// metadataMaxAge bounds the age of the group's and the producers'
+	// metadata: partitions added to a topic are assigned and published
+	// within about this (kgo's default is five minutes).
+	metadataMaxAge = 10 * time.Second
+	markDelay      = 100 * time.Millisecond // events produced from the stream are marked in one write per markDelay
+	leaveTimeout   = 5 * time.Second
 	// The relay hands the producer whole batches, so records batch without
 	// lingering; kgo's default (10 ms) or even 1 ms only adds latency (at
 	// 1,000 events/s, 1 ms of linger was 1.8 ms of p50 commit→handler).
@@ -113,6 +120,7 @@ type publisher struct {
 	lease *publish.Lease
 	set   *publish.Set
 	stats *publish.Stats
+	prods *producers
 }
 
 // publisherStatus returns a snapshot of the publisher's state.
@@ -160,8 +168,12 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		stats: &publish.Stats{},
 	}
 
-	// Config.Compression (compression.go), before KafkaOptions.
-	popts := append([]kgo.Opt{cfg.producerCompression()}, cfg.KafkaOptions...)
+	// A bounded metadata age, so that partitions added to a topic are
+	// assigned (group) and produced to (producers) within seconds, not
+	// kgo's default five minutes; Config.Compression (compression.go).
+	// KafkaOptions may override both.
+	popts := []kgo.Opt{kgo.MetadataMaxAge(metadataMaxAge), cfg.producerCompression()}
+	popts = append(popts, cfg.KafkaOptions...)
 	popts = append(popts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -170,13 +182,15 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.RecordDeliveryTimeout(deliveryTimeout),
 	)
 	popts = append(popts, o.producerOpts...)
-	producer, err := kgo.NewClient(popts...)
+	prods, err := newProducers(popts, c.topics.limitsSnapshot(), cfg.kafkaTopic, log)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka producer: %w", err)
 	}
-	defer producer.Close()
+	defer prods.close()
+	p.prods = prods
+	sizeRefused := make(chan struct{}, 1) // a record was refused for its size: read the limits again
 
-	store := instrumentedStore{Store: outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}, t: c.tel}
+	store := outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
 	marker.Timeout = markTimeout
 	marker.Backoff = cfg.backoff()
@@ -185,7 +199,6 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	wcfg := &publish.WorkerConfig{
 		Store:       store,
 		Marker:      marker,
-		Producer:    producer,
 		Lease:       p.lease,
 		BatchSize:   cfg.PublishBatchSize,
 		Backoff:     cfg.backoff(),
@@ -201,6 +214,12 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		Stats:       p.stats,
 		Hooks:       c.tel.publishHooks(o.hooks),
 	}
+	prods.workerHooks(wcfg, func(string) {
+		select {
+		case sizeRefused <- struct{}{}:
+		default:
+		}
+	})
 	p.set = publish.NewSet(func(tp publish.TopicPartition) *publish.Worker {
 		return publish.NewWorker(tp, wcfg)
 	})
@@ -237,7 +256,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			p.lease.Revoke()
 		},
 	}
-	gopts := append([]kgo.Opt{}, cfg.KafkaOptions...)
+	gopts := []kgo.Opt{kgo.MetadataMaxAge(metadataMaxAge)}
+	gopts = append(gopts, cfg.KafkaOptions...)
 	gopts = append(gopts,
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.PublisherGroup),
@@ -256,6 +276,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
+				// An assigned partition exists: the producers learn of
+				// it now if it is new (added to its topic).
+				prods.forceMetadataRefresh()
 				p.set.Assign(tps)
 			}
 		}),
@@ -307,10 +330,14 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			Logger:         log,
 			Stats:          p.stats,
 			Opened:         o.streamOpened,
+			Reopened: func(reason string) {
+				c.tel.streamReopens.Add(context.Background(), 1, metric.WithAttributes(attrReason.String(reason)))
+			},
 		}
 		w.Run(bg)
 	})
 	wg.Go(func() { probe.Run(bg) })
+	wg.Go(func() { c.followTopics(bg, prods, group, sizeRefused) })
 
 	<-ctx.Done()
 
@@ -334,6 +361,61 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	return nil
 }
 
+// followTopics keeps the publisher's clients in line with its topics until
+// ctx ends (a goroutine of runPublisher): it reads the topics' partition
+// counts and max.message.bytes at start, every limitRefreshInterval and
+// after a size refusal (at most every limitRereadDelay), so that a raised
+// limit reaches Record and the producer within seconds; it rebuilds the
+// main producer when a limit changed
+// (see producers), and when a topic gained partitions (read here, by Run's
+// refresh loop or by a Transact) makes the group and producer clients read
+// the metadata at once, so that the new partitions are assigned and
+// published without waiting for metadataMaxAge.
+func (c *Client) followTopics(ctx context.Context, prods *producers, group *kgo.Client, sizeRefused <-chan struct{}) {
+	read := func() {
+		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
+		counts, limits, err := c.topics.fetch(rctx, prods.solo, c.cfg.PublishTopics)
+		cancel()
+		c.topics.apply(ctx, counts, limits)
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Logger.Debug("outbox publisher: reading topic metadata failed", "error", err)
+		}
+	}
+	known := c.topics.snapshot()
+	read()
+	readAt := time.Now()
+	every := time.NewTicker(limitRefreshInterval)
+	defer every.Stop()
+	for {
+		changed := c.topics.watch()
+		prods.update(c.topics.limitsSnapshot())
+		now := c.topics.snapshot()
+		for t, n := range now {
+			if n > known[t] && known[t] > 0 {
+				c.cfg.Logger.Info("outbox publisher: topic gained partitions; refreshing metadata", "topic", t, "partitions", n, "before", known[t])
+				group.ForceMetadataRefresh()
+				prods.forceMetadataRefresh()
+				break
+			}
+		}
+		known = now
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-every.C:
+			readAt = time.Now()
+			read()
+		case <-sizeRefused:
+			if !retry.Sleep(ctx, nil, time.Until(readAt.Add(limitRereadDelay))) {
+				return
+			}
+			readAt = time.Now()
+			read()
+		}
+	}
+}
+
 func cmpOrDuration(a, b time.Duration) time.Duration {
 	if a > 0 {
 		return a
@@ -348,7 +430,7 @@ type outboxStore struct {
 	prefix string
 }
 
-func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit int, exclude []string) ([]publish.Item, error) {
+func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit publish.Limit, exclude []string) ([]publish.Item, bool, error) {
 	// Served by the partial index outbox_pending {topic, partition, seq, _id}
 	// where published is false. Held keys are filtered on the server while
 	// it walks the index in order; their events are few (they wait for an
@@ -364,22 +446,58 @@ func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, lim
 	}
 	opts := options.Find().
 		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
-		SetLimit(int64(limit)).
-		SetBatchSize(int32(limit)) // the whole batch in one round trip
+		SetLimit(int64(limit.Events)).
+		SetBatchSize(int32(limit.Events)) // the whole batch in one round trip (the server caps a reply at 16 MiB)
 	cur, err := s.coll.Find(ctx, filter, opts)
 	if err != nil {
-		return nil, fmt.Errorf("find pending events: %w", err)
+		return nil, false, fmt.Errorf("find pending events: %w", err)
 	}
-	var docs []outboxDoc
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("read pending events: %w", err)
+	defer cur.Close(context.WithoutCancel(ctx))
+	// One document at a time: a document that cannot be decoded is handed
+	// over as such (the worker marks it failed) instead of failing the
+	// read, and the read stops at the byte cap.
+	var items []publish.Item
+	size := 0
+	for cur.Next(ctx) {
+		if len(items) > 0 && size+len(cur.Current) > limit.Bytes {
+			return items, true, nil
+		}
+		size += len(cur.Current)
+		items = append(items, s.decode(cur.Current))
 	}
-	items := make([]publish.Item, len(docs))
-	for i := range docs {
-		items[i] = docs[i].item(s.prefix)
+	if err := cur.Err(); err != nil {
+		return nil, false, fmt.Errorf("read pending events: %w", err)
 	}
-	return items, nil
+	return items, len(items) == limit.Events, nil
 }
+
+// decode returns the item of an outbox document; one that cannot be decoded
+// comes with Err set, its raw _id and, when it can be read, its key (see
+// publish.Item).
+func (s outboxStore) decode(raw bson.Raw) publish.Item {
+	var d outboxDoc
+	err := bson.Unmarshal(raw, &d)
+	if err == nil {
+		return d.item(s.prefix)
+	}
+	var id any = raw.Lookup("_id")
+	if oid, ok := raw.Lookup("_id").ObjectIDOK(); ok {
+		id = oid
+	}
+	it := publish.Item{ID: id, Record: &kgo.Record{}, Err: unreadableDocError{err}}
+	if key, ok := raw.Lookup("key").StringValueOK(); ok {
+		it.Record.Key = []byte(key)
+	}
+	return it
+}
+
+// unreadableDocError is why an outbox document cannot be read.
+type unreadableDocError struct{ err error }
+
+func (e unreadableDocError) Error() string {
+	return "cannot read the outbox document: " + e.err.Error()
+}
+func (e unreadableDocError) Unwrap() error { return e.err }
 
 // item is d's record, produced to the Kafka topic prefix + d.Topic
 // (Config.TopicPrefix). The record's body and headers name the bare topic.
@@ -417,16 +535,19 @@ func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at tim
 	if len(msg) > 1000 {
 		msg = msg[:1000]
 	}
-	_, err := s.coll.UpdateOne(ctx,
-		bson.D{{Key: "_id", Value: id}},
-		bson.D{
-			{Key: "$set", Value: bson.D{
-				{Key: "failed", Value: true},
-				{Key: "failed_at", Value: at.UTC()},
-				{Key: "error", Value: msg},
-			}},
-			{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
-		})
+	update := bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "failed", Value: true},
+			{Key: "failed_at", Value: at.UTC()},
+			{Key: "error", Value: msg},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
+	}
+	if errors.As(cause, new(unreadableDocError)) {
+		// Its attempts field may be what cannot be read: $inc would fail.
+		update = update[:1]
+	}
+	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, update)
 	return err
 }
 
@@ -445,15 +566,17 @@ func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) 
 	if err != nil {
 		return nil, fmt.Errorf("find failed events: %w", err)
 	}
-	var docs []struct {
-		Key string `bson:"key"`
+	defer cur.Close(context.WithoutCancel(ctx))
+	var keys []string
+	for cur.Next(ctx) {
+		// A key that is not a string (an unreadable document) holds
+		// nothing: no event of the partition has that key.
+		if k, ok := cur.Current.Lookup("key").StringValueOK(); ok {
+			keys = append(keys, k)
+		}
 	}
-	if err := cur.All(ctx, &docs); err != nil {
+	if err := cur.Err(); err != nil {
 		return nil, fmt.Errorf("read failed events: %w", err)
-	}
-	keys := make([]string, 0, len(docs))
-	for _, d := range docs {
-		keys = append(keys, d.Key)
 	}
 	return keys, nil
 }

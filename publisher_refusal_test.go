@@ -114,12 +114,12 @@ func TestPublisherBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 	cfg := pubConfig(b)
 	cfg.Compression = CompressionNone // the limits below are for records as recorded
 	c := b.client(t, cfg)
-	b.setMaxMessageBytes(t, 4000)
 	keys := samePartitionKeys(8) // one batch; distinct keys, so nothing is held
 	r := newRecorder(b, c)
 	r.recordPadded(t, 0, keys[:3]...)
 	r.recordPadded(t, 6000, keys[3])
 	r.recordPadded(t, 0, keys[4:]...)
+	b.setMaxMessageBytes(t, 4000) // lowered after the events were recorded
 
 	runPub(t, c, publisherOptions{})
 	eventually(t, "7 published, 1 failed", func() bool { return b.published(t, cfg) == 7 && failedCount(t, b) == 1 })
@@ -170,7 +170,6 @@ func holdScenario(t *testing.T) (*bundle, *Client, *recorder, string, string) {
 	cfg := pubConfig(b)
 	cfg.Compression = CompressionNone // the limits below are for records as recorded
 	c := b.client(t, cfg)
-	b.setMaxMessageBytes(t, 4000)
 	keys := samePartitionKeys(2)
 	ka, kb := keys[0], keys[1]
 	r := newRecorder(b, c)
@@ -180,6 +179,7 @@ func holdScenario(t *testing.T) (*bundle, *Client, *recorder, string, string) {
 	r.recordPadded(t, 0, kb)
 	r.recordPadded(t, 0, ka)
 	r.recordPadded(t, 0, kb)
+	b.setMaxMessageBytes(t, 4000) // lowered after the events were recorded
 	runPub(t, c, publisherOptions{holdRecheck: 50 * time.Millisecond})
 	eventually(t, "a0, b0, b1 published, a1 failed", func() bool { return b.published(t, cfg) == 3 && failedCount(t, b) == 1 })
 	// Live events (change stream): a4 is committed before b2, so once b2 is

@@ -30,6 +30,9 @@ import (
 func pubConfig(b *bundle) Config {
 	cfg := b.config("pub")
 	cfg.PublishTopics = []string{ordersTopic}
+	// The size tests pad events with random hex (pad), which snappy
+	// cannot compress and gzip, the default, would halve.
+	cfg.Compression = CompressionSnappy
 	return cfg
 }
 
@@ -436,14 +439,11 @@ func TestPublisherPermanentFailureMarksEventFailed(t *testing.T) {
 	c := b.client(t, cfg)
 	r := newRecorder(b, c)
 	r.record(t, "k")
-	big := orderPlaced{Run: b.run, OrderID: "k", Amount: 1, Seq: 1}
-	big.Run = b.run + string(make([]byte, 4096)) // JSON escapes NULs: ~24 KiB
-	require.NoError(t, c.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, big) }))
-	r.next["k"] = 2 // seq 1 is refused; consumers see 0 then 2
+	r.recordPadded(t, 24<<10, "k") // incompressible: refused even compressed
 	r.record(t, "k")
-	r.next["k"] = 3
+	b.setMaxMessageBytes(t, 16<<10) // lowered after the events were recorded
 
-	runPub(t, c, publisherOptions{producerOpts: []kgo.Opt{kgo.ProducerBatchMaxBytes(16 << 10)}})
+	runPub(t, c, publisherOptions{})
 	coll := b.db.Collection("outbox")
 	eventually(t, "others published", func() bool { return b.published(t, cfg) == 2 })
 	eventually(t, "big one failed", func() bool { return countFind(t, coll, bson.D{{Key: "failed", Value: true}}) == 1 })

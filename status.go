@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"slices"
@@ -173,6 +174,10 @@ type StoreStatus struct {
 	// RedriveRequested counts parked events waiting for a running consumer
 	// to re-drive them (see RequestRedrive).
 	RedriveRequested int64
+	// Unroutable counts pending events stored for a partition their topic
+	// does not have (see TopicBacklog.Unroutable); they are in Pending
+	// too, and are never published while it is so.
+	Unroutable int64
 	// Topics breaks the outbox counts down by topic, sorted by topic.
 	Topics []TopicBacklog
 	// CheckedAt is when the counts were read.
@@ -192,6 +197,27 @@ type TopicBacklog struct {
 	// HeldKeys and HeldEvents are StoreStatus.OutboxHeldKeys and
 	// OutboxHeldEvents for this topic.
 	HeldKeys, HeldEvents int64
+	// Partitions is the topic's partition count as a running service last
+	// read it from Kafka (stored in the outbox_meta collection), 0 when
+	// none is stored or nothing is pending.
+	Partitions int
+	// Unroutable counts the pending events stored for a partition at or
+	// beyond Partitions. No publisher owns such a partition, so they wait,
+	// unpublished, until the topic has that many partitions (add them), or
+	// an operator deletes them. They were recorded with a wrong count
+	// (outboxctl migrate -partitions), or the topic was recreated with
+	// fewer partitions.
+	Unroutable int64
+}
+
+// UnroutableCause names why the topic's Unroutable events wait, or "" when
+// there are none.
+func (b TopicBacklog) UnroutableCause() string {
+	if b.Unroutable == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d pending events of topic %q are stored for partitions beyond its %d: no publisher owns those partitions, so they are never published until the topic has that many partitions (recorded with a wrong partition count, or the topic was recreated smaller)",
+		b.Unroutable, b.Topic, b.Partitions)
 }
 
 // MarshalJSON writes snake_case keys and the age in seconds.
@@ -203,7 +229,11 @@ func (b TopicBacklog) MarshalJSON() ([]byte, error) {
 		Failed           int64   `json:"failed"`
 		HeldKeys         int64   `json:"held_keys"`
 		HeldEvents       int64   `json:"held_events"`
-	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed, b.HeldKeys, b.HeldEvents})
+		Partitions       int     `json:"partitions,omitempty"`
+		Unroutable       int64   `json:"unroutable,omitempty"`
+		UnroutableCause  string  `json:"unroutable_cause,omitempty"`
+	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed, b.HeldKeys, b.HeldEvents,
+		b.Partitions, b.Unroutable, b.UnroutableCause()})
 }
 
 // storeStatusJSON is the JSON form of StoreStatus, shared with Status.
@@ -216,6 +246,7 @@ type storeStatusJSON struct {
 	Parked           int64          `json:"parked"`
 	Held             int64          `json:"held"`
 	RedriveRequested int64          `json:"redrive_requested"`
+	Unroutable       int64          `json:"unroutable,omitempty"`
 	Topics           []TopicBacklog `json:"topics"`
 	CheckedAt        time.Time      `json:"checked_at"`
 }
@@ -227,7 +258,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	}
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
 		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
-		RedriveRequested: s.RedriveRequested, Topics: topics, CheckedAt: s.CheckedAt}
+		RedriveRequested: s.RedriveRequested, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.

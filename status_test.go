@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -83,7 +84,7 @@ func TestStatusCountsFailedAndParked(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, b.config("status-counts"))
 	ctx := context.Background()
-	_, err := c.outbox.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Schema: "X.v1",
+	_, err := c.outbox.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Schema: "X.v1", Key: "k-1",
 		IdempotencyKey: "f-1", Failed: true, Error: "MESSAGE_TOO_LARGE"})
 	require.NoError(t, err)
 	_, err = c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: InboxID{ordersTopic, "X.v1", "p-1"}},
@@ -118,6 +119,27 @@ func TestStatusCountsFailedAndParked(t *testing.T) {
 	require.EqualValues(t, 0, st.Failed)
 	_, err = c.Admin().RetryFailed(ctx, FailedFilter{}, []string{"nope"}, false)
 	require.ErrorContains(t, err, `"nope"`)
+}
+
+// Issue 27, item 2: a failed keyless event holds nothing (keyless events
+// promise no order), so the keyless events pending beside it are not
+// counted as held.
+func TestStatusKeylessFailedEventHoldsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, b.config("status-keyless"))
+	ctx := context.Background()
+	for i, failed := range []bool{true, false, false} {
+		_, err := c.outbox.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Partition: 1, Schema: "X.v1",
+			IdempotencyKey: "f-" + itoa(i), Failed: failed, CreatedAt: time.Now()})
+		require.NoError(t, err)
+	}
+	st, err := c.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.Failed)
+	require.EqualValues(t, 2, st.Pending)
+	require.Zero(t, st.OutboxHeldKeys)
+	require.Zero(t, st.OutboxHeldEvents)
 }
 
 func TestRedactSecrets(t *testing.T) {

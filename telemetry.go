@@ -30,7 +30,8 @@ import (
 //
 //	outbox.events.recorded      counter    events committed to the outbox {topic}
 //	outbox.events.published     counter    events acknowledged by Kafka {topic}
-//	outbox.events.publish_failed counter   events Kafka refused for good (marked failed) {topic}
+//	outbox.events.publish_failed counter   events marked failed in the outbox {topic, reason: refused (by Kafka, for good)|unreadable (document)}
+//	outbox.change_stream.reopens counter   reopens of the publisher's outbox change stream {reason: error|closed|ownership}
 //	outbox.events.handled       counter    events whose handling committed {topic, schema}
 //	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
 //	outbox.events.retried       counter    handler failures that will be retried {topic, schema, reason: snooze when snoozed}
@@ -99,7 +100,7 @@ type telemetry struct {
 
 	recorded, published, publishFailed metric.Int64Counter
 	handled, skipped, retried, parked  metric.Int64Counter
-	rebalances                         metric.Int64Counter
+	rebalances, streamReopens          metric.Int64Counter
 	publishDuration, handleDuration    metric.Float64Histogram
 	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
 	heldKeysG, heldEventsG, heldG      metric.Int64ObservableGauge
@@ -150,7 +151,8 @@ func newTelemetry(cfg *Config) *telemetry {
 	}
 	t.recorded = counter("outbox.events.recorded", "{event}", "Events committed to the outbox.")
 	t.published = counter("outbox.events.published", "{event}", "Events acknowledged by Kafka.")
-	t.publishFailed = counter("outbox.events.publish_failed", "{event}", "Events Kafka refused for good; marked failed in the outbox.")
+	t.publishFailed = counter("outbox.events.publish_failed", "{event}", "Events marked failed in the outbox: refused for good by Kafka, or unreadable documents.")
+	t.streamReopens = counter("outbox.change_stream.reopens", "{reopen}", "Reopens of the publisher's outbox change stream, by reason.")
 	t.handled = counter("outbox.events.handled", "{event}", "Events whose handling transaction committed.")
 	t.skipped = counter("outbox.events.skipped", "{event}", "Deliveries skipped: already handled or parked, or no handler.")
 	t.retried = counter("outbox.events.retried", "{event}", "Handler failures that are retried.")
@@ -358,20 +360,6 @@ func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelop
 	t.handleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
 }
 
-// instrumentedStore wraps the publisher's store to count failed events.
-type instrumentedStore struct {
-	publish.Store
-	t *telemetry
-}
-
-func (s instrumentedStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
-	err := s.Store.MarkFailed(ctx, id, cause, at)
-	if err == nil {
-		s.t.publishFailed.Add(ctx, 1)
-	}
-	return err
-}
-
 // batchLinks returns links to the recorded traces of a batch's events (at
 // most maxBatchLinks).
 func batchLinks(items []publish.Item) []trace.Link {
@@ -399,6 +387,17 @@ func batchLinks(items []publish.Item) []trace.Link {
 
 // publishHooks adds the publish metrics and span to the test hooks.
 func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
+	nextFailed := h.Failed
+	h.Failed = func(tp publish.TopicPartition, it publish.Item, cause error) {
+		reason := "refused"
+		if it.Err != nil {
+			reason = "unreadable"
+		}
+		t.publishFailed.Add(context.Background(), 1, cachedAttrs(attrKey{topic: tp.Topic, extra: attrReason, extraValue: reason}))
+		if nextFailed != nil {
+			nextFailed(tp, it, cause)
+		}
+	}
 	next := h.Produced
 	h.Produced = func(tp publish.TopicPartition, items []publish.Item, start, end time.Time, acked int) {
 		ctx := context.Background()

@@ -90,6 +90,20 @@ func TestOverviewShowsTheDatabaseCounts(t *testing.T) {
 	require.Contains(t, body, "<svg class=\"chart\"")
 	require.Contains(t, body, "read-only")
 	require.Regexp(t, `data-stat="`+svc+`/oldest">10m`, body)
+	require.NotContains(t, body, `data-stat="unroutable"`)
+}
+
+// Issue 27, item 9: pending events stored for a partition their topic does
+// not have are named, with the cause.
+func TestOverviewNamesEventsBeyondThePartitionCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	seed(t, b) // pending events on partition 2
+	insert(t, b.db.Collection("outbox_meta"), bson.D{
+		{Key: "_id", Value: bson.D{{Key: "outbox", Value: "outbox"}, {Key: "topic", Value: ordersTopic}}}, {Key: "partitions", Value: 2}})
+	code, body := get(t, jarClient(t), b.url(""))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `data-stat="unroutable">3 pending events of topic &#34;orders&#34; are stored for partitions beyond its 2`)
 }
 
 func TestParkedPageListsHeadsAndHeldWithFilters(t *testing.T) {

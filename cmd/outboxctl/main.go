@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	outboxctl [flags] migrate event-outbox -partitions topic=N,...
+//	outboxctl [flags] migrate event-outbox -partitions topic=N,... -brokers host:port,...
 //	outboxctl [flags] status
 //	outboxctl [flags] parked list
 //	outboxctl [flags] parked redrive (<id>... | -all)
@@ -34,7 +34,9 @@
 //	-before   only events parked before this time (RFC 3339) or this long ago (duration, e.g. 24h)
 //	-limit    list at most this many events (default 100; 0 for all)
 //	-timeout  overall deadline (default 30s)
-//	-partitions  partition counts of the topics, topic=N,... (migrate)
+//	-partitions  partition counts of the topics, topic=N,... (migrate), checked against Kafka
+//	-brokers  Kafka brokers (ui, migrate; default: $KAFKA_BROKERS)
+//	-topic-prefix  the service's Config.TopicPrefix (migrate)
 //
 // Parked event ids have the form topic/schema/key, each part escaped (a
 // slash inside a part is %2F, a percent sign %25), as "parked list" prints
@@ -112,13 +114,13 @@ func usagef(format string, args ...any) error {
 
 // options are the parsed command line.
 type cliOptions struct {
-	uri, db, outbox, inbox string
-	json, dryRun, all      bool
-	topic, schema, before  string
-	limit                  int
-	timeout                time.Duration
-	partitions             string
-	words                  []string // command words and ids
+	uri, db, outbox, inbox  string
+	json, dryRun, all       bool
+	topic, schema, before   string
+	limit                   int
+	timeout                 time.Duration
+	partitions, topicPrefix string
+	words                   []string // command words and ids
 	// ui only
 	addr, brokers, services       string
 	actions, findIndexes          bool
@@ -150,7 +152,8 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "overall deadline")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8090", "ui: listen address")
-	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "ui, doctor: Kafka brokers, comma-separated (default $KAFKA_BROKERS)")
+	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated: ui, for the partitions page; doctor; migrate, to check -partitions (default $KAFKA_BROKERS)")
+	fs.StringVar(&o.topicPrefix, "topic-prefix", "", "migrate: the service's Config.TopicPrefix, to find its Kafka topics")
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
@@ -166,7 +169,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.DurationVar(&o.doc.handlerTimeout, "handler-timeout", 0, "doctor: the service's Config.HandlerTimeout (default 45s)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
-  outboxctl [flags] migrate event-outbox -partitions topic=N,...
+  outboxctl [flags] migrate event-outbox -partitions topic=N,... -brokers host:port,...
   outboxctl [flags] status
   outboxctl [flags] parked list
   outboxctl [flags] parked redrive (<id>... | -all)
@@ -252,6 +255,9 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	case len(o.words) == 2 && o.words[0] == "migrate" && o.words[1] == "event-outbox":
 		if _, err := parsePartitions(o.partitions); err != nil {
 			return err
+		}
+		if len(splitList(o.brokers)) == 0 {
+			return usagef("migrate event-outbox checks -partitions against Kafka: set -brokers or KAFKA_BROKERS (and -topic-prefix if the service has a TopicPrefix)")
 		}
 		do = o.migrateEventOutbox
 	case len(o.words) == 1 && o.words[0] == "status":
@@ -410,7 +416,15 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\n", b.Topic, b.Pending, age(b.OldestPendingAge), b.Failed, b.HeldKeys, b.HeldEvents)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, b := range st.Topics {
+		if cause := b.UnroutableCause(); cause != "" {
+			fmt.Fprintf(w, "\nwarning: %s\n", cause)
+		}
+	}
+	return nil
 }
 
 func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {

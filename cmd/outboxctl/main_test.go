@@ -103,6 +103,24 @@ func TestStatus(t *testing.T) {
 	require.EqualValues(t, 1, st["failed"])
 	require.EqualValues(t, 2, st["parked"])
 	require.GreaterOrEqual(t, st["oldest_pending_age_seconds"], 60.0)
+	require.NotContains(t, out, "unroutable")
+}
+
+// Issue 27, item 9: a pending event stored for a partition its topic does
+// not have waited with no reason given; status names the cause.
+func TestStatusNamesEventsBeyondThePartitionCount(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed() // pending orders on partitions 0 and 1
+	_, err := c.db.Collection("outbox_meta").InsertOne(context.Background(), bson.D{
+		{Key: "_id", Value: bson.D{{Key: "outbox", Value: "outbox"}, {Key: "topic", Value: "orders"}}}, {Key: "partitions", Value: 1}})
+	require.NoError(t, err)
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, `warning: 1 pending events of topic "orders" are stored for partitions beyond its 1: no publisher owns those partitions`)
+	code, out, _ = c.run("status", "-json")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, `"unroutable": 1`)
 }
 
 func TestParkedListRedrivePurge(t *testing.T) {
@@ -233,7 +251,7 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	commands := [][]string{
 		{"status"}, {"parked", "list"}, {"parked", "redrive", "orders/Evt.v1/k-1"}, {"parked", "purge", "-all"},
 		{"outbox", "failed", "list"}, {"outbox", "failed", "retry", "-all"}, {"outbox", "failed", "discard", "-all"},
-		{"migrate", "event-outbox", "-partitions", "orders=3"}, {"ui", "-find-indexes", "-addr", "127.0.0.1:0"},
+		{"migrate", "event-outbox", "-partitions", "orders=3", "-brokers", "127.0.0.1:1"}, {"ui", "-find-indexes", "-addr", "127.0.0.1:0"},
 	}
 	// Every piece of each password holds the marker Q7z, which must never
 	// be printed: not the password, nor any part of it.

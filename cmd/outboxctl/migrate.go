@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox"
 )
@@ -30,10 +34,14 @@ func parsePartitions(s string) (map[string]int, error) {
 }
 
 // migrateEventOutbox converts a Python event-outbox service's collections
-// (see outbox.Admin.MigrateEventOutbox).
+// (see outbox.Admin.MigrateEventOutbox), once the operator's partition
+// counts agree with Kafka's.
 func (o *cliOptions) migrateEventOutbox(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
 	partitions, err := parsePartitions(o.partitions)
 	if err != nil {
+		return err
+	}
+	if err := checkPartitions(ctx, splitList(o.brokers), o.topicPrefix, partitions); err != nil {
 		return err
 	}
 	rep, err := admin.MigrateEventOutbox(ctx, partitions, o.dryRun)
@@ -79,4 +87,41 @@ func (o *cliOptions) migrateEventOutbox(ctx context.Context, admin *outbox.Admin
 		return fmt.Errorf("%d document(s) could not be converted and were left as they are", len(rep.Refused))
 	}
 	return nil
+}
+
+// checkPartitions compares the operator's partition counts with the topics'
+// in Kafka (prefix + topic): an event converted with a wrong count would be
+// stored for a partition that no publisher owns, or that other producers do
+// not use for its key.
+func checkPartitions(ctx context.Context, brokers []string, prefix string, partitions map[string]int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("outboxctl-migrate"))
+	if err != nil {
+		return fmt.Errorf("create a Kafka client: %w", err)
+	}
+	defer cl.Close()
+	topics := make([]string, 0, len(partitions))
+	for t := range partitions {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	kafka := make([]string, len(topics))
+	for i, t := range topics {
+		kafka[i] = prefix + t
+	}
+	details, err := kadm.NewClient(cl).ListTopics(ctx, kafka...)
+	if err != nil {
+		return fmt.Errorf("read the partition counts of %q from Kafka: %w", kafka, err)
+	}
+	var errs []error
+	for i, t := range topics {
+		d, ok := details[kafka[i]]
+		switch {
+		case !ok || d.Err != nil:
+			errs = append(errs, fmt.Errorf("-partitions %s=%d: Kafka has no topic %q (%v)", t, partitions[t], kafka[i], d.Err))
+		case len(d.Partitions) != partitions[t]:
+			errs = append(errs, fmt.Errorf("-partitions %s=%d: Kafka topic %q has %d partitions; converting with another count would store events for partitions their keys do not map to (or that do not exist)",
+				t, partitions[t], kafka[i], len(d.Partitions)))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -50,11 +50,24 @@ func (w *Worker) push(id uint64, it Item) {
 	w.Wake()
 }
 
+// defaultBatchBytes caps, by default, both what a scan reads per round and
+// what the stream buffer holds, per partition.
+const defaultBatchBytes = 16 << 20
+
 func (w *Worker) bufferBytesCap() int {
 	if w.cfg.StreamBufferBytes > 0 {
 		return w.cfg.StreamBufferBytes
 	}
-	return 16 << 20
+	return defaultBatchBytes
+}
+
+// scanLimit bounds one scan: BatchSize events and BatchBytes bytes.
+func (w *Worker) scanLimit() Limit {
+	l := Limit{Events: w.cfg.BatchSize, Bytes: w.cfg.BatchBytes}
+	if l.Bytes <= 0 {
+		l.Bytes = defaultBatchBytes
+	}
+	return l
 }
 
 // recordSize approximates the memory an item's record holds.

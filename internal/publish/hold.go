@@ -46,7 +46,10 @@ import (
 //     held keys out on the server (Store.Pending's exclude), events the
 //     change stream delivers are dropped from the batch (they stay pending),
 //     and, inside the batch that refused an event, the records of its key
-//     after it are neither sent again nor marked.
+//     after it are never sent: they belong to later waves (see Worker),
+//     which leave out the keys held meanwhile.
+//   - A keyless event promises no order: refused, it holds nothing (the
+//     empty key is never held), so the other keyless events go on.
 //   - Release goes through a scan: when a re-read shows that a held key has
 //     no failed event any more, the worker resets (drops its stream buffer
 //     and scans). The scan reads the partition's pending events in
@@ -78,8 +81,9 @@ func (w *Worker) isHeld(key string) bool {
 }
 
 // hold holds key (an event of it was marked failed), under the hold policy.
+// A keyless event promises no order and holds nothing.
 func (w *Worker) hold(key string) {
-	if !w.cfg.Hold {
+	if !w.cfg.Hold || key == "" {
 		return
 	}
 	if w.holds.keys == nil {
@@ -152,7 +156,9 @@ func (w *Worker) refreshHolds() error {
 	}
 	next := make(map[string]struct{}, len(keys))
 	for _, k := range keys {
-		next[k] = struct{}{}
+		if k != "" { // a keyless failed event holds nothing
+			next[k] = struct{}{}
+		}
 	}
 	released := 0
 	for k := range w.holds.keys {

@@ -126,15 +126,19 @@ type memStore struct {
 	failMark  int // fail the next n MarkPublished calls
 
 	failedKeyReads int
+	// sizes pads the values of some events to these sizes: the id, then
+	// spaces (fmt.Sscan reads the id back).
+	sizes map[int]int
 }
 
 type memEvent struct {
-	id        int
-	key       string
-	published bool
-	failed    bool
-	discarded bool
-	cause     string
+	id         int
+	key        string
+	published  bool
+	failed     bool
+	discarded  bool
+	unreadable bool // its document cannot be decoded
+	cause      string
 }
 
 func (s *memStore) add(tp TopicPartition, n int, keys ...string) {
@@ -147,25 +151,36 @@ func (s *memStore) add(tp TopicPartition, n int, keys ...string) {
 	}
 }
 
-func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error) {
+func (s *memStore) Pending(ctx context.Context, tp TopicPartition, limit Limit, exclude []string) ([]Item, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.findCalls++
 	if s.failFind > 0 {
 		s.failFind--
-		return nil, errors.New("mongo down")
+		return nil, false, errors.New("mongo down")
 	}
 	var out []Item
+	bytes := 0
 	for _, e := range s.events {
 		if e.published || e.failed || slices.Contains(exclude, e.key) {
 			continue
 		}
-		out = append(out, memItem(tp, e))
-		if len(out) == limit {
-			break
+		it := memItem(tp, e)
+		if s.sizes != nil {
+			if n := s.sizes[e.id]; n > len(it.Record.Value) {
+				it.Record.Value = append(it.Record.Value, strings.Repeat(" ", n-len(it.Record.Value))...)
+			}
 		}
+		if e.unreadable {
+			it.Record.Value, it.Err = nil, errors.New("cannot decode")
+		}
+		if len(out) == limit.Events || (len(out) > 0 && bytes+len(it.Record.Value) > limit.Bytes) {
+			return out, true, nil
+		}
+		bytes += len(it.Record.Value)
+		out = append(out, it)
 	}
-	return out, nil
+	return out, false, nil
 }
 
 func memItem(tp TopicPartition, e memEvent) Item {
@@ -426,7 +441,7 @@ func TestWorkerPausesWhileLeaseLapsed(t *testing.T) {
 func TestWorkerRevokedLeaseCancelsBatch(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}
-	store.add(testTP, 5, "k")
+	store.add(testTP, 5, "a", "b", "c", "d", "e") // one wave
 	prod := &fakeProducer{block: make(chan struct{})}
 	lease := validLease()
 	w, _ := newTestWorker(store, prod, lease, 10)
@@ -448,7 +463,7 @@ func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 	t.Parallel()
 	for _, kill := range []bool{false, true} {
 		store := &memStore{}
-		store.add(testTP, 5, "k")
+		store.add(testTP, 5, "a", "b", "c", "d", "e") // one wave
 		block := make(chan struct{})
 		prod := &fakeProducer{block: block}
 		w, _ := newTestWorker(store, prod, validLease(), 10)
@@ -488,7 +503,7 @@ func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 func TestWorkerStopTimeoutAbandonsUnresolvedBatch(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}
-	store.add(testTP, 3, "k")
+	store.add(testTP, 3, "a", "b", "c") // one wave
 	block := make(chan struct{})
 	defer close(block)
 	prod := &fakeProducer{block: block}
@@ -510,7 +525,7 @@ func TestWorkerStopTimeoutAbandonsUnresolvedBatch(t *testing.T) {
 func TestWorkerBeforeMarkHookSimulatesCrash(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}
-	store.add(testTP, 3, "k")
+	store.add(testTP, 3, "a", "b", "c")
 	prod := &fakeProducer{}
 	w, _ := newTestWorker(store, prod, validLease(), 10)
 	w.cfg.Hooks.BeforeMark = func(TopicPartition, []any) bool { return false }
@@ -675,23 +690,6 @@ func (p *refusingProducer) delivered() []int {
 	return slices.Clone(p.log)
 }
 
-// sizedStore is a memStore whose events have values of given sizes: the
-// id, padded with spaces (fmt.Sscan reads the id back).
-type sizedStore struct {
-	memStore
-	sizes map[int]int
-}
-
-func (s *sizedStore) Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error) {
-	items, err := s.memStore.Pending(ctx, tp, limit, exclude)
-	for _, it := range items {
-		if n := s.sizes[it.ID.(int)]; n > len(it.Record.Value) {
-			it.Record.Value = append(it.Record.Value, strings.Repeat(" ", n-len(it.Record.Value))...)
-		}
-	}
-	return items, err
-}
-
 // retry clears the failed mark of id, as Admin.RetryFailed does.
 func (s *memStore) retry(id int) {
 	s.mu.Lock()
@@ -715,30 +713,46 @@ func (s *memStore) isFailed(id int) bool {
 }
 
 // runRefusal produces the store's events through a refusingProducer whose
-// first batch holds them all, and returns when the worker settled.
-func runRefusal(t *testing.T, store *sizedStore, limit int, hold bool) (*refusingProducer, *Worker) {
+// first batch holds the worker's first wave (the first event of each key),
+// and returns when that batch was judged.
+func runRefusal(t *testing.T, store *memStore, limit int, hold bool) (*refusingProducer, *Worker) {
 	t.Helper()
 	return runRefusalWith(t, store, &refusingProducer{limit: limit}, hold)
 }
 
-func runRefusalWith(t *testing.T, store *sizedStore, prod *refusingProducer, hold bool) (*refusingProducer, *Worker) {
+func runRefusalWith(t *testing.T, store *memStore, prod *refusingProducer, hold bool) (*refusingProducer, *Worker) {
 	t.Helper()
 	w, _ := newTestWorker(store, prod, validLease(), 10)
 	w.cfg.Hold = hold
 	w.cfg.HoldRecheck = 5 * time.Millisecond
 	w.Start()
 	t.Cleanup(w.Stop)
-	n := len(store.events)
-	eventually(t, func() bool { return prod.produced() == n }, "the first batch was not produced whole")
+	keys := map[string]bool{}
+	for _, e := range store.events {
+		keys[e.key] = true
+	}
+	eventually(t, func() bool { return prod.produced() == len(keys) }, "the first wave was not produced whole")
 	prod.release()
 	return prod, w
 }
 
+// keyOrder returns, per key, the ids of the first deliveries, in order.
+func keyOrder(store *memStore, delivered []int) map[string][]int {
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	out := map[string][]int{}
+	for _, id := range firstDeliveries(delivered) {
+		k := store.events[id].key
+		out[k] = append(out[k], id)
+	}
+	return out
+}
+
 // Issue 12, item 1, first case: eight events of about 700 bytes under a
-// 1500-byte limit. Each fits alone; the batch of eight does not.
+// 1500-byte limit. Each fits alone; the first wave (three keys) does not.
 func TestWorkerBatchRefusalPublishesInnocentEvents(t *testing.T) {
 	t.Parallel()
-	store := &sizedStore{sizes: map[int]int{}}
+	store := &memStore{sizes: map[int]int{}}
 	store.add(testTP, 8, "a", "b", "c")
 	for i := range 8 {
 		store.sizes[i] = 700
@@ -751,14 +765,14 @@ func TestWorkerBatchRefusalPublishesInnocentEvents(t *testing.T) {
 }
 
 // A refused batch while a later record of the partition is in a request of
-// its own: the later record must not reach Kafka ahead of the refused ones,
-// which the worker sends again. (Seen on kfake under load as "seq 7 out of
-// order" in TestPublisherBatchRefusalPublishesInnocentEvents: kgo split the
-// batch in two requests and wrote the second after the first was refused.)
+// its own (seen on kfake under load: kgo split the batch in two requests
+// and wrote the second after the first was refused): that record is of
+// another key than the refused ones, as every record of a wave is, so
+// whatever the timing, no key's order suffers.
 func TestWorkerBatchRefusalKeepsOrderWhenSplit(t *testing.T) {
 	t.Parallel()
-	store := &sizedStore{sizes: map[int]int{}}
-	store.add(testTP, 8, "a")
+	store := &memStore{sizes: map[int]int{}}
+	store.add(testTP, 8, "a", "b", "c", "d")
 	for i := range 8 {
 		store.sizes[i] = 700
 	}
@@ -766,7 +780,8 @@ func TestWorkerBatchRefusalKeepsOrderWhenSplit(t *testing.T) {
 	eventually(t, func() bool { p, _ := store.counts(); return p == 8 }, "innocent events were not published")
 	_, failed := store.counts()
 	require.Zero(t, failed, "an event was failed because its batch was refused")
-	require.Equal(t, seq(0, 8), prod.delivered(), "published out of order")
+	require.Equal(t, map[string][]int{"a": {0, 4}, "b": {1, 5}, "c": {2, 6}, "d": {3, 7}},
+		keyOrder(store, prod.delivered()), "a key published out of order")
 }
 
 // Issue 12, item 1, second case: one 6 KB event among seven tiny ones under
@@ -774,7 +789,7 @@ func TestWorkerBatchRefusalKeepsOrderWhenSplit(t *testing.T) {
 // order.
 func TestWorkerBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 	t.Parallel()
-	store := &sizedStore{sizes: map[int]int{3: 6000}}
+	store := &memStore{sizes: map[int]int{3: 6000}}
 	store.add(testTP, 8, "a", "b", "c", "d", "e", "f", "g", "h") // distinct keys: nothing held
 	prod, _ := runRefusal(t, store, 4000, true)
 	eventually(t, func() bool { p, f := store.counts(); return p == 7 && f == 1 }, "want 7 published, 1 failed")
@@ -785,9 +800,9 @@ func TestWorkerBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 
 // holdSetup: ten events of keys a and b alternating (a: 0 2 4 6 8, b: 1 3 5
 // 7 9); event 2 (key a) is too large.
-func holdSetup(t *testing.T, hold bool) (*sizedStore, *refusingProducer, *Worker) {
+func holdSetup(t *testing.T, hold bool) (*memStore, *refusingProducer, *Worker) {
 	t.Helper()
-	store := &sizedStore{sizes: map[int]int{2: 6000}}
+	store := &memStore{sizes: map[int]int{2: 6000}}
 	store.add(testTP, 10, "a", "b")
 	prod, w := runRefusal(t, store, 4000, hold)
 	return store, prod, w

@@ -23,6 +23,14 @@ import (
 // inserted before the stream began, and then follow. When it ends they are
 // detached and scan until the next stream covers them, so a lost stream
 // (history lost, invalidation, network errors) never loses events.
+//
+// A stream that fails or closes is reopened after a backoff delay (Backoff,
+// with jitter) that grows with every failure in a row. A failure counts as
+// a first one again only after a stream delivered an event or stayed open
+// HealthyAfter: a stream that opens fine and then fails at once, again and
+// again (getMore failing on a replica set in trouble), is reopened less
+// and less often instead of thousands of times a second, each time with a
+// scan of every owned partition. An ownership change reopens at once.
 type Watcher struct {
 	Coll *mongo.Collection
 	Set  *Set
@@ -42,11 +50,26 @@ type Watcher struct {
 	// many. 0 sends the next getMore at once.
 	Linger  time.Duration
 	Backoff retry.Backoff
-	Logger  *slog.Logger
-	Stats   *Stats
+	// HealthyAfter is how long a stream must stay open, without delivering
+	// anything, for the backoff to start again from its first delay.
+	// Defaults to 10 s.
+	HealthyAfter time.Duration
+	Logger       *slog.Logger
+	Stats        *Stats
 	// Opened, when set, is called after each successful (re)open; for tests.
 	Opened func()
+	// Reopened, when set, is called before each reopen with its reason:
+	// "error" (the stream failed, or could not be opened), "closed" (the
+	// server ended it) or "ownership" (the owned partitions changed).
+	Reopened func(reason string)
 }
+
+// Reasons of a reopen (Watcher.Reopened).
+const (
+	reopenError     = "error"
+	reopenClosed    = "closed"
+	reopenOwnership = "ownership"
+)
 
 // Pipeline returns the change stream pipeline for the owned partitions.
 func (w *Watcher) Pipeline(owned []TopicPartition) bson.A {
@@ -75,7 +98,11 @@ func (w *Watcher) Pipeline(owned []TopicPartition) bson.A {
 
 // Run follows the stream until ctx ends.
 func (w *Watcher) Run(ctx context.Context) {
-	attempt := 0
+	healthy := w.HealthyAfter
+	if healthy <= 0 {
+		healthy = 10 * time.Second
+	}
+	attempt := 0 // failures in a row
 	for ctx.Err() == nil {
 		_, changed := w.Set.Changed()
 		owned := w.Set.Owned()
@@ -94,28 +121,61 @@ func (w *Watcher) Run(ctx context.Context) {
 				return
 			}
 			w.Stats.SetError(err)
-			d := w.Backoff.Delay(attempt)
-			attempt++
-			w.Logger.Warn("outbox publisher: cannot open the outbox change stream; workers rescan", "error", err, "retry_in", d)
 			w.Set.WakeAll() // keep latency bounded while the stream is down
-			if !retry.Sleep(ctx, nil, d) {
+			if !w.backOff(ctx, &attempt, reopenError, "cannot open the outbox change stream; workers rescan", err) {
 				return
 			}
 			continue
 		}
-		attempt = 0
+		opened := time.Now()
 		id := w.Set.Attach(owned)
 		if w.Opened != nil {
 			w.Opened()
 		}
-		w.follow(ctx, cs, id, changed)
+		reason, delivered, err := w.follow(ctx, cs, id, changed)
 		_ = cs.Close(context.WithoutCancel(ctx))
 		w.Set.Detach(id)
+		if ctx.Err() != nil {
+			return
+		}
+		if delivered || time.Since(opened) >= healthy {
+			attempt = 0
+		}
+		if reason == reopenOwnership {
+			w.reopened(reason)
+			continue
+		}
+		msg := "outbox change stream closed by the server; reopening"
+		if err != nil {
+			w.Stats.SetError(err)
+			msg = "outbox change stream failed; reopening"
+		}
+		if !w.backOff(ctx, &attempt, reason, msg, err) {
+			return
+		}
 	}
 }
 
-// follow reads the stream until it fails, closes, or the owned set changes.
-func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64, changed <-chan struct{}) {
+// backOff counts and logs a reopen, then waits the backoff delay of
+// failure number *attempt. It reports false when ctx ended meanwhile.
+func (w *Watcher) backOff(ctx context.Context, attempt *int, reason, msg string, err error) bool {
+	d := w.Backoff.Delay(*attempt)
+	*attempt++
+	w.reopened(reason)
+	w.Logger.Warn("outbox publisher: "+msg, "error", err, "failures_in_a_row", *attempt, "retry_in", d)
+	return retry.Sleep(ctx, nil, d)
+}
+
+func (w *Watcher) reopened(reason string) {
+	if w.Reopened != nil {
+		w.Reopened(reason)
+	}
+}
+
+// follow reads the stream until it fails, closes, or the owned set changes,
+// and returns why it stopped, whether it delivered any event, and the
+// stream's error.
+func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64, changed <-chan struct{}) (reason string, delivered bool, err error) {
 	// When the last getMore that returned events was sent; zero after an
 	// empty one.
 	var lastRead time.Time
@@ -127,14 +187,14 @@ func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64,
 			// Debounce: let a rebalance settle, then reopen for the new
 			// owned set.
 			retry.Sleep(ctx, nil, w.Debounce)
-			return
+			return reopenOwnership, delivered, nil
 		default:
 		}
 		fetches := cs.RemainingBatchLength() == 0 // TryNext sends a getMore
 		if fetches && w.Linger > 0 && !lastRead.IsZero() {
 			// More events are probably on their way: let them gather.
 			if d := w.Linger - time.Since(lastRead); d > 0 && !retry.Sleep(ctx, nil, d) {
-				return
+				return reopenError, delivered, nil
 			}
 		}
 		sent := time.Now()
@@ -142,21 +202,19 @@ func (w *Watcher) follow(ctx context.Context, cs *mongo.ChangeStream, id uint64,
 			if fetches {
 				lastRead = sent
 			}
+			delivered = true
 			w.deliver(id, cs.Current)
 			continue
 		}
 		lastRead = time.Time{}
 		if ctx.Err() != nil {
-			return
+			return reopenError, delivered, nil
 		}
 		if err := cs.Err(); err != nil {
-			w.Stats.SetError(err)
-			w.Logger.Warn("outbox publisher: outbox change stream failed; reopening", "error", err)
-			return
+			return reopenError, delivered, err
 		}
 		if cs.ID() == 0 {
-			w.Logger.Info("outbox publisher: outbox change stream closed by the server; reopening")
-			return
+			return reopenClosed, delivered, nil
 		}
 	}
 }

@@ -17,17 +17,35 @@ import (
 // Item is one event to publish: its store id and its Kafka record (topic,
 // partition, key, value and headers set).
 type Item struct {
-	// ID identifies the event in the store; it must be comparable.
+	// ID identifies the event in the store; it must be comparable unless
+	// Err is set.
 	ID     any
 	Record *kgo.Record
+	// Err, when set, says that the event's document could not be read: the
+	// worker marks it failed with this cause, in its place in the batch,
+	// and holds its partition key (Record.Key, when one could be read) as
+	// for an event Kafka refused. Record then carries no value.
+	Err error
+}
+
+// Limit bounds one read of pending events.
+type Limit struct {
+	// Events caps the events read.
+	Events int
+	// Bytes caps the size of the documents read, past the first one (an
+	// event larger than Bytes is read alone).
+	Bytes int
 }
 
 // Store reads and marks the events of the outbox.
 type Store interface {
-	// Pending returns up to limit events of tp that are neither published
-	// nor failed, in publishing order, leaving out the events whose
-	// partition key is in exclude (the keys held, see Hold).
-	Pending(ctx context.Context, tp TopicPartition, limit int, exclude []string) ([]Item, error)
+	// Pending returns the events of tp that are neither published nor
+	// failed, in publishing order, within limit, leaving out the events
+	// whose partition key is in exclude (the keys held, see Hold). more
+	// reports that the limit cut the read short: more events may be
+	// waiting. A document that cannot be read is returned as an Item with
+	// Err set; it never fails the read.
+	Pending(ctx context.Context, tp TopicPartition, limit Limit, exclude []string) (items []Item, more bool, err error)
 	// MarkPublished marks the events published at the given time.
 	MarkPublished(ctx context.Context, ids []any, at time.Time) error
 	// MarkFailed marks one event as refused for good by Kafka.
@@ -54,6 +72,9 @@ type Hooks struct {
 	// first record was handed to the producer, the time the last promise
 	// resolved, and how many records Kafka acknowledged.
 	Produced func(tp TopicPartition, items []Item, start, end time.Time, acked int)
+	// Failed runs after an event was marked failed: refused for good by
+	// Kafka, or its document could not be read (it.Err set).
+	Failed func(tp TopicPartition, it Item, cause error)
 }
 
 // Stats counts what the workers of one publisher did. Safe for concurrent
@@ -114,8 +135,27 @@ type WorkerConfig struct {
 	Store    Store
 	Producer Producer
 	Lease    *Lease
+	// Solo, when set, sends the records that must be judged on their own:
+	// a record too large for Producer's batches (see MaxBatchBytes) and a
+	// record of a batch Kafka refused. Its own size limit should be what
+	// the broker accepts at most, so that Kafka, not the client, judges
+	// the record. Defaults to Producer.
+	Solo Producer
+	// MaxBatchBytes, when set, returns the largest record batch Producer
+	// builds for a Kafka topic (its ProducerBatchMaxBytes). A record whose
+	// batch alone would be larger (see RecordBatchBytes) is never handed
+	// to Producer, which would refuse it on the client while still sending
+	// the records after it: it goes through Solo.
+	MaxBatchBytes func(topic string) int
+	// SizeRefused, when set, is called when Kafka or the producer refused a
+	// record of topic for its size; it must not block. The publisher reads
+	// the topic's limit again.
+	SizeRefused func(topic string)
 	// BatchSize caps the events read, produced and marked per round.
 	BatchSize int
+	// BatchBytes caps the bytes of the documents a scan reads per round
+	// (past the first event). Defaults to 16 MiB.
+	BatchBytes int
 	// Marker, when set, lets the worker follow the change stream (see
 	// Worker): it marks what the worker produced from the stream. Without
 	// it the worker only scans.
@@ -155,18 +195,26 @@ type WorkerConfig struct {
 }
 
 // Worker publishes the events of one partition, one batch at a time. A
-// batch is produced whole; its acknowledged prefix is marked published; a
-// record that failed transiently and everything after it is produced again
-// in the next round (duplicates are possible, reordering of first
-// deliveries is not: the idempotent producer fails every later record of
-// the partition when one fails).
+// batch is produced in waves (see waves): each wave holds at most one event
+// of a partition key, the key's first event not settled yet, and the next
+// wave starts only when every record of the previous one was acknowledged
+// or refused for good. So no event of a key is ever in flight while an
+// earlier event of its key may still fail, whatever the timing: a record
+// refused (on the client or by Kafka) can never be overtaken by a later
+// record of its key. Events of distinct keys, and keyless events, which
+// promise no order, share a wave, so a batch of distinct keys is produced
+// at once; n events of one key in a batch cost n round trips. Acknowledged
+// records are marked published; after a transient failure no further wave
+// starts, and what was not acknowledged is produced again in the next
+// round (duplicates are possible, reordering of first deliveries is not).
 //
 // Refusals for good (IsPermanent) are judged per record, not per batch:
-// from the first refused record on, the records of the batch are sent again
-// one at a time, in order, and only a record refused on its own is marked
-// failed (see publish). With WorkerConfig.Hold a failed event also holds
-// the later events of its partition key until it is retried or discarded
-// (see holds).
+// a record of a refused wave is sent again on its own, through
+// WorkerConfig.Solo, and only a record refused on its own is marked failed
+// (see publish). A record too large for the producer's batches is always
+// sent on its own (WorkerConfig.MaxBatchBytes). With WorkerConfig.Hold a
+// failed event also holds the later events of its partition key until it
+// is retried or discarded (see holds); a keyless event holds nothing.
 //
 // A worker reads its events in one of two modes:
 //
@@ -376,7 +424,7 @@ loop:
 			}
 		}
 		epoch := w.epochNow()
-		items, err := w.cfg.Store.Pending(w.ctx, w.tp, w.cfg.BatchSize, w.heldKeys())
+		items, more, err := w.cfg.Store.Pending(w.ctx, w.tp, w.scanLimit(), w.heldKeys())
 		if err != nil {
 			if w.stopping() || !w.fail(&attempt, "read pending events of", err) {
 				break loop
@@ -399,8 +447,10 @@ loop:
 				continue
 			case roundDone:
 				attempt = 0
-				if len(items) == w.cfg.BatchSize {
-					continue // more may be waiting
+				if more {
+					// The limit (events or bytes) cut the read: more
+					// wait, read them now rather than at the next rescan.
+					continue
 				}
 			}
 		}
@@ -453,23 +503,24 @@ func (w *Worker) flushMarks() error {
 type round int
 
 const (
-	roundDone    round = iota // every record acknowledged or refused for good
-	roundPartial              // a prefix done, then a transient failure
-	roundNone                 // nothing done: the first record failed transiently
+	roundDone    round = iota // every record acknowledged, refused for good or held
+	roundPartial              // some records settled, others not (a transient failure, or a graceful stop)
+	roundNone                 // nothing settled: transient failures only
 	roundLapsed               // the lease lapsed before the batch started
 	roundExit                 // the worker must exit
 )
 
-// publish produces one batch and marks what Kafka acknowledged (at once,
-// or through the Marker when deferred) and what it refused for good.
+// publish produces one batch, in waves, and marks what Kafka acknowledged
+// (at once, or through the Marker when deferred) and what it refused for
+// good.
 //
 // Kafka refuses whole produce batches (see IsPermanent), and kgo then
 // fails every record of the batch, and the records after it, with that
 // error. So a refusal proves nothing about a record sent together with
-// others: from the first refused record on, every record not acknowledged
-// is sent again on its own, in order, and only a record refused on its own
-// is marked failed. Innocent records are published in their order; the
-// cost, one round trip per record, is paid only after a refusal.
+// others: a record of a refused wave is sent again on its own, and only a
+// record refused on its own is marked failed. Innocent records are
+// published; the cost, one round trip per record, is paid only after a
+// refusal.
 func (w *Worker) publish(items []Item, deferred bool) round {
 	items = w.withoutHeld(items)
 	if len(items) == 0 {
@@ -481,66 +532,26 @@ func (w *Worker) publish(items []Item, deferred bool) round {
 	bctx, cancel := w.cfg.Lease.Bind(w.ctx)
 	defer cancel()
 	start := time.Now()
-	errs, ok := w.produce(bctx, items)
-	if !ok {
-		return roundExit // lost: do not wait, do not mark
-	}
-	// Walk the batch in order: acknowledged records are done; from the
-	// first refusal on, records are sent alone; a transient failure ends
-	// the round (it and everything after it are produced again next round).
-	var acked []any
-	failed, skipped := 0, 0
-	firstErr := -1
-	alone, isolating := len(items) == 1, false
-	for i, it := range items {
-		err := errs[i]
-		key := string(it.Record.Key)
-		if err == nil {
-			if w.isHeld(key) {
-				// Cannot happen with kgo's idempotent producer (a refused
-				// batch fails every later record of the partition); if it
-				// did, the record is in Kafka and must be marked.
-				w.cfg.Logger.Warn("outbox publisher: Kafka acknowledged an event after refusing an earlier event of its key",
-					"partition", w.tp.String(), "id", it.ID)
-			}
-			acked = append(acked, it.ID)
-			continue
-		}
-		if w.isHeld(key) {
-			// An earlier event of this key was refused in this round: this
-			// one waits behind it, unpublished.
-			skipped++
-			continue
-		}
-		if !isolating && !IsPermanent(err) {
-			firstErr = i
+	var res roundResult
+	for i, wave := range waves(items) {
+		if i > 0 && w.stopping() {
+			// A graceful stop finishes the wave in flight only; the rest
+			// stays pending for the next owner.
+			res.unsent = true
 			break
 		}
-		if !alone {
-			isolating = true
-			if err = w.produceOne(bctx, it); errors.Is(err, errKilled) {
-				return roundExit
-			}
-			if err == nil {
-				acked = append(acked, it.ID)
-				continue
-			}
-			if !IsPermanent(err) {
-				errs[i] = err
-				firstErr = i
-				break
-			}
-		}
-		// Refused on its own: failed for good.
-		if !w.markFailed(it, err) {
+		if !w.wave(bctx, wave, &res) {
 			return roundExit
 		}
-		failed++
+		if res.err != nil {
+			break // Kafka is in trouble: the rest waits for the next round
+		}
 	}
 	if h := w.cfg.Hooks.Produced; h != nil {
-		h(w.tp, items, start, time.Now(), len(acked))
+		h(w.tp, items, start, time.Now(), len(res.acked))
 	}
-	if len(acked) > 0 {
+	if len(res.acked) > 0 {
+		acked := res.acked
 		w.recent.add(acked)
 		if h := w.cfg.Hooks.BeforeMark; h != nil && !h(w.tp, acked) {
 			w.kill()
@@ -556,47 +567,184 @@ func (w *Worker) publish(items []Item, deferred bool) round {
 			w.cfg.Stats.published.Add(int64(len(acked)))
 		}
 	}
-	if firstErr >= 0 {
-		err := errs[firstErr]
+	if res.err != nil {
+		err := res.err
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			// Kafka did not acknowledge before the lease-bound deadline; the
 			// producer's last error is lost in the cancellation.
 			err = fmt.Errorf("not acknowledged before the batch deadline (lease expiry or stop): %w", err)
 		}
 		w.cfg.Stats.SetError(fmt.Errorf("produce to %s: %w", w.tp, err))
-		if len(acked) > 0 || failed > 0 || skipped > 0 {
-			return roundPartial
-		}
-		return roundNone
 	}
-	return roundDone
+	if res.err == nil && !res.unsent {
+		return roundDone
+	}
+	if len(res.acked) > 0 || res.failed > 0 || res.skipped > 0 {
+		return roundPartial
+	}
+	return roundNone
 }
 
-// produce hands items to the producer and waits for every promise. It
-// reports false when the worker was killed meanwhile (the promises are
-// then not waited for).
-//
-// The first failed record cancels the context of the whole batch. kgo's
-// idempotent producer may have a later record of the partition in a
-// request of its own, or buffered, when a batch is refused; after the
-// refusal it bumps the producer epoch and would write that record, ahead
-// of the refused ones that publish then sends again: out of order. A batch
-// whose first record's context is done is failed instead, when kgo knows
-// it is not written (before it is sent, or answered with an error), and
-// the worker sends it again in order.
-func (w *Worker) produce(ctx context.Context, items []Item) ([]error, bool) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// roundResult is what the waves of one round did.
+type roundResult struct {
+	acked           []any
+	failed, skipped int
+	err             error // the first transient failure
+	unsent          bool  // waves left unsent (graceful stop)
+}
+
+// waves splits items (in publishing order) into waves: wave n holds the
+// n-th event of each partition key, in publishing order, and every keyless
+// event goes to the first wave (keyless events promise no order).
+func waves(items []Item) [][]Item {
+	if len(items) == 1 {
+		return [][]Item{items}
+	}
+	seen := make(map[string]int, len(items))
+	var out [][]Item
+	for _, it := range items {
+		n := 0
+		if key := string(it.Record.Key); key != "" {
+			n = seen[key]
+			seen[key] = n + 1
+		}
+		if n == len(out) {
+			out = append(out, nil)
+		}
+		out[n] = append(out[n], it)
+	}
+	return out
+}
+
+// wave produces one wave (distinct keys) and settles every record of it:
+// acknowledged, refused for good (marked failed), held (an earlier event
+// of its key failed in this round), or failed transiently (res.err). It
+// reports false when the worker must exit.
+func (w *Worker) wave(ctx context.Context, items []Item, res *roundResult) bool {
+	var batch, alone []Item
+	for _, it := range items {
+		switch {
+		case w.isHeld(string(it.Record.Key)):
+			// An earlier event of this key was refused in this round: this
+			// one waits behind it, unpublished.
+			res.skipped++
+		case it.Err != nil:
+			if !w.markFailed(it, it.Err) {
+				return false
+			}
+			res.failed++
+		case w.tooLargeForBatch(it):
+			alone = append(alone, it)
+		default:
+			batch = append(batch, it)
+		}
+	}
+	errs, ok := w.produce(ctx, w.cfg.Producer, batch)
+	if !ok {
+		return false
+	}
+	for i, it := range batch {
+		err := errs[i]
+		if err != nil && IsPermanent(err) && (len(batch) > 1 || w.cfg.Solo != nil && errors.Is(err, kerr.MessageTooLarge)) {
+			// Refused with others, or maybe by the producer's own size
+			// limit: judge it alone, unless Kafka is in trouble (then it
+			// waits for the next round, as the transient failures do).
+			w.sizeRefused(it, err)
+			if res.err != nil {
+				continue
+			}
+			if err = w.produceOne(ctx, it); errors.Is(err, errKilled) {
+				return false
+			}
+		}
+		if !w.settle(it, err, res) {
+			return false
+		}
+	}
+	for _, it := range alone {
+		if res.err != nil {
+			break // each would wait for the delivery timeout: next round
+		}
+		err := w.produceOne(ctx, it)
+		if errors.Is(err, errKilled) {
+			return false
+		}
+		if !w.settle(it, err, res) {
+			return false
+		}
+	}
+	return true
+}
+
+// settle records the outcome of a record that was judged on its own (or
+// acknowledged): it reports false when the worker must exit.
+func (w *Worker) settle(it Item, err error, res *roundResult) bool {
+	switch {
+	case err == nil:
+		res.acked = append(res.acked, it.ID)
+	case IsPermanent(err):
+		// Refused on its own: failed for good.
+		w.sizeRefused(it, err)
+		if !w.markFailed(it, err) {
+			return false
+		}
+		res.failed++
+	default:
+		if res.err == nil {
+			res.err = err
+		}
+	}
+	return true
+}
+
+// tooLargeForBatch reports whether the producer would refuse it on the
+// client (see WorkerConfig.MaxBatchBytes).
+func (w *Worker) tooLargeForBatch(it Item) bool {
+	if w.cfg.MaxBatchBytes == nil {
+		return false
+	}
+	return RecordBatchBytes(it.Record) > w.cfg.MaxBatchBytes(it.Record.Topic)
+}
+
+// sizeRefused reports a refusal that names the record's size.
+func (w *Worker) sizeRefused(it Item, err error) {
+	if w.cfg.SizeRefused != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
+		w.cfg.SizeRefused(it.Record.Topic)
+	}
+}
+
+// RecordBatchBytes bounds from above the size of a record batch that holds
+// r alone, as kgo counts it against ProducerBatchMaxBytes and as Kafka
+// counts it against a topic's max.message.bytes before compression: the
+// batch header, the record's framing (varints at their widest) and its
+// key, value and headers.
+func RecordBatchBytes(r *kgo.Record) int {
+	const (
+		batchHeader = 65 // kgo's recordBatchOverhead: Kafka's 61 and an array length
+		framing     = 5 + 1 + 10 + 5 + 5 + 5 + 5
+	)
+	n := batchHeader + framing + len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += 10 + len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// produce hands items to p and waits for every promise. It reports false
+// when the worker was killed meanwhile (the promises are then not waited
+// for). The records of a wave have distinct keys, so a failed record does
+// not cancel the others: each is judged on its own outcome.
+func (w *Worker) produce(ctx context.Context, p Producer, items []Item) ([]error, bool) {
+	if len(items) == 0 {
+		return nil, true
+	}
 	errs := make([]error, len(items))
 	var wg sync.WaitGroup
 	wg.Add(len(items))
 	for i, it := range items {
 		it.Record.Context = nil
-		w.cfg.Producer.Produce(ctx, it.Record, func(_ *kgo.Record, err error) {
+		p.Produce(ctx, it.Record, func(_ *kgo.Record, err error) {
 			errs[i] = err
-			if err != nil {
-				cancel()
-			}
 			wg.Done()
 		})
 	}
@@ -610,20 +758,24 @@ func (w *Worker) produce(ctx context.Context, items []Item) ([]error, bool) {
 	}
 }
 
-// produceOne sends a copy of it's record on its own: nothing else of the
-// partition is in flight (the worker waits for every promise of a batch),
-// so Kafka's answer is about this record alone.
+// produceOne sends a copy of it's record on its own, through Solo:
+// nothing else of the partition is in flight (the worker waits for every
+// promise of a wave), so Kafka's answer is about this record alone.
 // It returns errKilled when the worker was killed meanwhile.
 func (w *Worker) produceOne(ctx context.Context, it Item) error {
 	r := it.Record
 	one := Item{ID: it.ID, Record: &kgo.Record{
 		Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers,
 	}}
+	p := w.cfg.Solo
+	if p == nil {
+		p = w.cfg.Producer
+	}
 	// A context of its own marks the record as a produce call of its own
 	// for Producers that batch per call.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs, ok := w.produce(ctx, []Item{one})
+	errs, ok := w.produce(ctx, p, []Item{one})
 	if !ok {
 		return errKilled
 	}
@@ -633,18 +785,25 @@ func (w *Worker) produceOne(ctx context.Context, it Item) error {
 // errKilled reports that the worker was killed while it waited.
 var errKilled = errors.New("outbox publisher: worker killed")
 
-// markFailed marks an event Kafka refused on its own as failed and, under
-// the hold policy, holds its key. It reports false when the worker must
-// exit.
+// markFailed marks an event failed (refused on its own by Kafka, or its
+// document unreadable: it.Err) and, under the hold policy, holds its key.
+// It reports false when the worker must exit.
 func (w *Worker) markFailed(it Item, cause error) bool {
-	w.cfg.Logger.Error("outbox publisher: Kafka refused an event for good; marked failed",
-		"partition", w.tp.String(), "id", it.ID, "error", cause, "holds_key", w.cfg.Hold)
-	w.cfg.Stats.SetError(fmt.Errorf("produce to %s: event %v refused: %w", w.tp, it.ID, cause))
+	what, msg := "refused", "outbox publisher: Kafka refused an event for good; marked failed"
+	if it.Err != nil {
+		what, msg = "unreadable", "outbox publisher: an outbox document cannot be read; marked failed"
+	}
+	key := string(it.Record.Key)
+	w.cfg.Logger.Error(msg, "partition", w.tp.String(), "id", it.ID, "error", cause, "holds_key", w.cfg.Hold && key != "")
+	w.cfg.Stats.SetError(fmt.Errorf("produce to %s: event %v %s: %w", w.tp, it.ID, what, cause))
 	if !w.mark(func(ctx context.Context) error { return w.cfg.Store.MarkFailed(ctx, it.ID, cause, time.Now()) }) {
 		return false
 	}
 	w.cfg.Stats.failed.Add(1)
-	w.hold(string(it.Record.Key))
+	if h := w.cfg.Hooks.Failed; h != nil {
+		h(w.tp, it, cause)
+	}
+	w.hold(key)
 	return true
 }
 

@@ -16,12 +16,12 @@ import (
 // answers a single-node replica set owes to requests it cannot honour
 // (writes in a snapshot session, a write concern it cannot satisfy).
 func snapshotCases(t *testing.T, env EnvFunc) {
-	runCases(t, env, []tcase{
+	runCases(t, env, append([]tcase{
 		{"SnapshotSessionReadsItsSnapshot", testSnapshotSession},
 		{"AtClusterTimeFromAnotherSession", testAtClusterTime},
 		{"WritesInSnapshotSessionRefused", testSnapshotWritesRefused},
 		{"UnsatisfiableWriteConcern", testUnsatisfiableWriteConcern},
-	})
+	}, snapshotHistoryCases...))
 }
 
 func snapshotSession(t *testing.T, e interface {

@@ -15,8 +15,10 @@ import (
 type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 
 // Run runs every conformance case as a subtest of t, grouped by area
-// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, Indexes, Transactions, SnapshotReads, ChangeStreams, ChangeStreamImages,
-// ClusterTime, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
+// (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, AggregateStages,
+// Indexes, IndexRules, Transactions, TransactionRules, CatalogRaces,
+// Sessions, SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
+// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -30,11 +32,16 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Aggregate", aggregateCases},
 		{"AggregateStages", aggregateStageCases},
 		{"Indexes", indexCases},
+		{"IndexRules", indexRuleCases},
 		{"Transactions", txnCases},
+		{"TransactionRules", txnRuleCases},
+		{"CatalogRaces", catalogRaceCases},
+		{"Sessions", sessionCases},
 		{"SnapshotReads", snapshotCases},
 		{"ChangeStreams", changeStreamCases},
 		{"ChangeStreamImages", changeStreamImageCases},
 		{"ClusterTime", clusterTimeCases},
+		{"Parameters", parameterCases},
 		{"Catalog", catalogCases},
 		{"FailPoints", failPointCases},
 		{"Unsupported", unsupportedCases},

@@ -1,6 +1,8 @@
 package mongofake
 
 import (
+	"fmt"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -20,6 +22,7 @@ func init() {
 		commandSpec{names: []string{"buildInfo", "buildinfo"}, handler: buildInfo, noSession: true},
 		commandSpec{names: []string{"ping"}, handler: ping, noSession: true},
 		commandSpec{names: []string{"getParameter"}, handler: getParameter, adminOnly: true, noSession: true},
+		commandSpec{names: []string{"setParameter"}, handler: setParameter, adminOnly: true, noSession: true},
 		commandSpec{names: []string{"getCmdLineOpts"}, handler: getCmdLineOpts, adminOnly: true, noSession: true},
 		commandSpec{names: []string{"hostInfo"}, handler: hostInfo, noSession: true},
 		commandSpec{names: []string{"serverStatus"}, handler: serverStatus, noSession: true},
@@ -60,21 +63,76 @@ func buildInfo(*request) (bson.D, error) {
 	}, nil
 }
 
+// wholeSeconds renders a duration as a parameter in seconds (at least 1
+// when positive, as a sub-second test setting cannot be shown otherwise).
+func wholeSeconds(d time.Duration) int32 {
+	if d <= 0 {
+		return 0
+	}
+	return int32(max(1, (d+time.Second-1)/time.Second))
+}
+
 // parameters returns the server parameters getParameter knows.
 func (s *Server) parameters() bson.D {
-	lifetime := int32(60)
-	if s.cfg.transactionLifetime > 0 {
-		lifetime = int32(max(1, s.cfg.transactionLifetime/time.Second))
-	}
 	return bson.D{
 		{Key: "authenticationMechanisms", Value: bson.A{}},
 		{Key: "enableTestCommands", Value: s.cfg.testCommands},
 		{Key: "featureCompatibilityVersion", Value: bson.D{{Key: "version", Value: "7.0"}}},
 		{Key: "logLevel", Value: int32(0)},
 		{Key: "maxTransactionLockRequestTimeoutMillis", Value: int32(5)},
+		{Key: "minSnapshotHistoryWindowInSeconds", Value: max(0, wholeSeconds(s.engine.HistoryWindow()))},
 		{Key: "requireApiVersion", Value: false},
-		{Key: "transactionLifetimeLimitSeconds", Value: lifetime},
+		{Key: "transactionLifetimeLimitSeconds", Value: wholeSeconds(s.engine.TransactionLifetime())},
+		{Key: "ttlMonitorSleepSecs", Value: wholeSeconds(s.engine.TTLInterval())},
 	}
+}
+
+// settableParameters are the parameters setParameter changes at run time,
+// as mongod does: each takes a whole number of seconds with its minimum.
+var settableParameters = map[string]struct {
+	min int64
+	set func(*Server, time.Duration)
+}{
+	"transactionLifetimeLimitSeconds":   {1, func(s *Server, d time.Duration) { s.engine.SetTransactionLifetime(d) }},
+	"ttlMonitorSleepSecs":               {1, func(s *Server, d time.Duration) { s.engine.SetTTLInterval(d) }},
+	"minSnapshotHistoryWindowInSeconds": {0, func(s *Server, d time.Duration) { s.engine.SetHistoryWindow(d) }},
+}
+
+// setParameter implements {setParameter: 1, <name>: <value>} for the
+// parameters of settableParameters and replies {was: <previous value>}
+// (https://www.mongodb.com/docs/v7.0/reference/command/setParameter/).
+// transactionLifetimeLimitSeconds applies to the transactions started
+// afterwards, ttlMonitorSleepSecs re-arms the TTL monitor at once. Other
+// parameters are refused with NotImplemented naming them.
+func setParameter(r *request) (bson.D, error) {
+	var out bson.D
+	found := false
+	for _, e := range r.cmd[1:] {
+		if genericFields[e.Key] {
+			continue
+		}
+		found = true
+		p, ok := settableParameters[e.Key]
+		if !ok {
+			return nil, errorf(238, "NotImplemented", "mongofake: setParameter "+e.Key+" is not supported; the embedded server sets "+
+				"transactionLifetimeLimitSeconds, ttlMonitorSleepSecs and minSnapshotHistoryWindowInSeconds")
+		}
+		n, ok := wholeNumber(e.Value)
+		if !ok {
+			return nil, wrongType("setParameter."+e.Key, e.Value, "int")
+		}
+		if n < p.min || n > math.MaxInt32 {
+			return nil, errorf(2, "BadValue", fmt.Sprintf("Invalid value for parameter %s: %d is not greater than or equal to %d", e.Key, n, p.min))
+		}
+		if out == nil {
+			out = bson.D{{Key: "was", Value: lookupD(r.srv.parameters(), e.Key)}}
+		}
+		p.set(r.srv, time.Duration(n)*time.Second)
+	}
+	if !found {
+		return nil, errorf(72, "InvalidOptions", "no option found to set, use help:true to see options ")
+	}
+	return out, nil
 }
 
 // getParameter implements {getParameter: 1, <name>: 1, ...} and

@@ -94,6 +94,9 @@ func dbLevelSource(r *request, first any) ([]bson.D, error) {
 		}
 		return docs, nil
 	case "$listLocalSessions":
+		if r.autocommit != nil {
+			return nil, errorf(263, "OperationNotSupportedInTransaction", "Operation not permitted in transaction: $listLocalSessions")
+		}
 		spec, ok := arg.(bson.D)
 		if !ok {
 			return nil, wrongType("$listLocalSessions", arg, "object")

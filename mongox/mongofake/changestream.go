@@ -198,9 +198,7 @@ func openChangeStream(r *request, tc *txnCtx, coll string, spec any, rest bson.A
 	var id int64
 	if !cs.closed {
 		c := &cursor{ns: nsName, stream: cs}
-		if tc.sess != nil {
-			c.session = tc.sess.key
-		}
+		c.setOwner(r, tc)
 		id = r.srv.data.addCursor(c)
 	}
 	return bson.D{{Key: "cursor", Value: bson.D{

@@ -34,11 +34,16 @@ type cursor struct {
 	ns      string // "db.coll" as replies show it
 	docs    []bson.D
 	proj    func(bson.D) bson.D
-	limit   int // documents still allowed (0: no limit)
-	session string
-	lastUse time.Time
-	stream  *changeStream
-	busy    bool
+	limit   int    // documents still allowed (0: no limit)
+	session string // key of the owning session ("" for none)
+	// sessionName is the owning session's id as error messages show it.
+	sessionName string
+	// txnNumber is the transaction the cursor was opened in, nil outside
+	// one: getMore must come from the same transaction.
+	txnNumber *int64
+	lastUse   time.Time
+	stream    *changeStream
+	busy      bool
 }
 
 // addCursor registers a cursor and returns its id.
@@ -138,9 +143,7 @@ func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson
 	}
 	var id int64
 	if len(c.docs) > 0 && !single {
-		if tc.sess != nil {
-			c.session = tc.sess.key
-		}
+		c.setOwner(r, tc)
 		id = d.addCursor(c)
 	}
 	return cursorReply(id, ns.String(), "firstBatch", batch)
@@ -295,6 +298,10 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 	if c.ns != r.db+"."+coll {
 		d.mu.Unlock()
 		return nil, errorf(13, "Unauthorized", fmt.Sprintf("Requested getMore on namespace '%s.%s', but cursor belongs to a different namespace %s", r.db, coll, c.ns))
+	}
+	if err := c.checkOwner(r); err != nil {
+		d.mu.Unlock()
+		return nil, err
 	}
 	if c.busy {
 		d.mu.Unlock()
@@ -474,4 +481,56 @@ func positionalProjection(spec bson.D, at int, prefix string, filter bson.D) (fu
 		}
 		return out
 	}, nil
+}
+
+// setOwner records the session and transaction that open the cursor.
+func (c *cursor) setOwner(r *request, tc *txnCtx) {
+	if tc.sess == nil {
+		return
+	}
+	c.session, c.sessionName = tc.sess.key, lsidName(r.lsid)
+	if tc.txn != nil {
+		n := *r.txnNumber
+		c.txnNumber = &n
+	}
+}
+
+// lsidName renders a session id as mongod's messages do (its UUID).
+func lsidName(lsid bson.D) string {
+	if id, ok := bsonkit.Get(lsid, "id"); ok {
+		if b, isBin := id.(bson.Binary); isBin && len(b.Data) == 16 {
+			d := b.Data
+			return fmt.Sprintf("%x-%x-%x-%x-%x", d[0:4], d[4:6], d[6:8], d[8:10], d[10:16])
+		}
+		return fmt.Sprint(id)
+	}
+	return fmt.Sprint(lsid)
+}
+
+// checkOwner applies mongod's getMore rules: a cursor continues in the
+// session and the transaction that opened it (and outside any transaction
+// when it was opened outside one).
+func (c *cursor) checkOwner(r *request) error {
+	var sess, name string
+	if r.lsid != nil {
+		sess, name = sessionKey(r.lsid), lsidName(r.lsid)
+	}
+	switch {
+	case sess != "" && c.session == "":
+		return errorf(50736, "Location50736", fmt.Sprintf("Cannot run getMore on cursor %d, which was not created in a session, in session %s", c.id, name))
+	case sess == "" && c.session != "":
+		return errorf(50737, "Location50737", fmt.Sprintf("Cannot run getMore on cursor %d, which was created in session %s, without an lsid", c.id, c.sessionName))
+	case sess != c.session:
+		return errorf(50738, "Location50738", fmt.Sprintf("Cannot run getMore on cursor %d, which was created in session %s, in session %s", c.id, c.sessionName, name))
+	}
+	inTxn := r.autocommit != nil && r.txnNumber != nil
+	switch {
+	case inTxn && c.txnNumber == nil:
+		return errorf(50739, "Location50739", fmt.Sprintf("Cannot run getMore on cursor %d, which was not created in a transaction, in transaction %d", c.id, *r.txnNumber))
+	case !inTxn && c.txnNumber != nil:
+		return errorf(50740, "Location50740", fmt.Sprintf("Cannot run getMore on cursor %d, which was created in transaction %d, without a txnNumber", c.id, *c.txnNumber))
+	case inTxn && *r.txnNumber != *c.txnNumber:
+		return errorf(50741, "Location50741", fmt.Sprintf("Cannot run getMore on cursor %d, which was created in transaction %d, in transaction %d", c.id, *c.txnNumber, *r.txnNumber))
+	}
+	return nil
 }

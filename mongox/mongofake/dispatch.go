@@ -45,6 +45,11 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	if spec.adminOnly && r.db != "admin" {
 		return s.errorReply(r, errorf(13, "Unauthorized", r.name+" may only be run against the admin database."), nil), false
 	}
+	if r.autocommit != nil {
+		if err := checkTxnStatement(r); err != nil {
+			return s.errorReply(r, err, nil), false
+		}
+	}
 
 	fp := s.fp.match(r.name, c.appName)
 	if fp != nil {

@@ -2,11 +2,14 @@ package mongofake
 
 import (
 	"fmt"
+	"math"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/engine"
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
 func init() {
@@ -18,69 +21,75 @@ func init() {
 	)
 }
 
-// parseIndexSpec reads one createIndexes index document.
+// idIndexFields are the fields an _id index specification may have.
+var idIndexFields = map[string]bool{"key": true, "name": true, "v": true, "collation": true, "ns": true, "_id": true}
+
+// parseIndexSpec reads one createIndexes index document and applies
+// mongod's validation of it (see indexspec.go).
 func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 	var s engine.IndexSpec
 	d, ok := raw.(bson.D)
 	if !ok {
 		return s, errorf(14, "TypeMismatch", "createIndexes.indexes entries must be objects")
 	}
+	hasName := false
 	for _, e := range d {
 		switch e.Key {
 		case "key":
 			k, ok := e.Value.(bson.D)
-			if !ok || len(k) == 0 {
-				return s, errorf(67, "CannotCreateIndex", "Index keys cannot be an empty field")
+			if !ok {
+				return s, wrongTypeField("key", e.Value, "an object")
+			}
+			if err := checkIndexKey(k); err != nil {
+				return s, err
 			}
 			for _, f := range k {
-				if f.Key == "" {
-					return s, errorf(67, "CannotCreateIndex", "Index keys cannot be an empty field")
-				}
 				if str, isStr := f.Value.(string); isStr {
 					return s, errorf(238, "NotImplemented", fmt.Sprintf("mongofake: index type '%s' is not supported", str))
-				}
-				n, isNum := bsonkit.ToFloat64(f.Value)
-				if !isNum || n == 0 {
-					return s, errorf(67, "CannotCreateIndex", fmt.Sprintf("Values in the index key pattern can't be 0 or non-numeric: %s", engine.FormatValue(k)))
 				}
 			}
 			s.Key = k
 		case "name":
 			n, ok := e.Value.(string)
-			if !ok || n == "" {
-				return s, errorf(67, "CannotCreateIndex", "index name must be a non-empty string")
+			if !ok {
+				return s, wrongTypeField("name", e.Value, "a string")
 			}
-			s.Name = n
-		case "unique":
-			b, err := truthy(e.Value, "unique")
+			s.Name, hasName = n, true
+		case "v":
+			n, isNum := bsonkit.ToFloat64(e.Value)
+			if !isNum {
+				return s, wrongTypeField("v", e.Value, "a number")
+			}
+			if n != 1 && n != 2 {
+				return s, errorf(67, "CannotCreateIndex", fmt.Sprintf("Invalid index specification %s; cannot create an index with v=%v", engine.FormatValue(d), n))
+			}
+		case "unique", "sparse", "background":
+			b, err := truthy(e.Value, e.Key)
 			if err != nil {
-				return s, err
+				return s, errorf(14, "TypeMismatch", fmt.Sprintf("The field '%s has value %v, which is not convertible to bool", e.Key, engine.FormatValue(e.Value)))
 			}
-			s.Unique = b
-		case "sparse":
-			b, err := truthy(e.Value, "sparse")
-			if err != nil {
-				return s, err
+			switch e.Key {
+			case "unique":
+				s.Unique = b
+			case "sparse":
+				s.Sparse = b
 			}
-			s.Sparse = b
 		case "partialFilterExpression":
 			p, ok := e.Value.(bson.D)
 			if !ok {
-				return s, wrongType("partialFilterExpression", e.Value, "object")
+				return s, wrongTypeField("partialFilterExpression", e.Value, "an object")
+			}
+			if err := checkPartialFilter(p); err != nil {
+				return s, err
 			}
 			s.PartialFilter = p
 		case "expireAfterSeconds":
-			n, ok := bsonkit.ToInt64(e.Value)
-			if !ok {
-				if f, isF := e.Value.(float64); isF {
-					n, ok = int64(f), true
-				}
-			}
-			if !ok || n < 0 {
-				return s, errorf(2, "BadValue", fmt.Sprintf("TTL index 'expireAfterSeconds' option must be a non-negative number: %v", e.Value))
+			n, err := checkTTLOption(e.Value)
+			if err != nil {
+				return s, err
 			}
 			s.ExpireAfterSeconds = &n
-		case "v", "background", "ns":
+		case "ns":
 		case "collation":
 			if err := checkCollation(e.Value, "an index"); err != nil {
 				return s, err
@@ -89,19 +98,51 @@ func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 			"2dsphereIndexVersion", "bits", "min", "max", "bucketSize", "wildcardProjection", "storageEngine", "prepareUnique":
 			return s, errorf(238, "NotImplemented", "mongofake: index option '"+e.Key+"' is not supported")
 		default:
-			return s, errorf(197, "InvalidIndexSpecificationOption", fmt.Sprintf("The field '%s' is not valid for an index specification.", e.Key))
+			return s, errorf(197, "InvalidIndexSpecificationOption", fmt.Sprintf("The field '%s' is not valid for an index specification. Specification: %s", e.Key, engine.FormatValue(d)))
 		}
 	}
 	if s.Key == nil {
 		return s, errorf(9, "FailedToParse", "The 'key' field is a required property of an index specification")
 	}
-	if s.Name == "" {
+	if !hasName {
 		return s, errorf(9, "FailedToParse", "The 'name' field is a required property of an index specification")
 	}
-	if s.ExpireAfterSeconds != nil && len(s.Key) != 1 {
-		s.ExpireAfterSeconds = nil // mongod ignores TTL on compound indexes
+	if isIDKey(s.Key) {
+		for _, e := range d {
+			if !idIndexFields[e.Key] {
+				return s, errorf(197, "InvalidIndexSpecificationOption", fmt.Sprintf("The field '%s' is not valid for an _id index specification. Specification: %s", e.Key, engine.FormatValue(d)))
+			}
+		}
+	} else if s.Name == "_id_" {
+		return s, errorf(2, "BadValue", "The index name '_id_' is reserved for the _id index, which must have key pattern {_id: 1}, found "+engine.FormatValue(s.Key))
+	}
+	switch {
+	case s.Name == "*":
+		return s, errorf(2, "BadValue", "The index name '*' is not valid.")
+	case s.Name == "":
+		return s, errorf(67, "CannotCreateIndex", "index name cannot be empty")
+	case strings.ContainsRune(s.Name, 0):
+		return s, errorf(67, "CannotCreateIndex", "index name cannot contain NUL bytes")
+	case s.PartialFilter != nil && s.Sparse:
+		return s, errorf(67, "CannotCreateIndex", `cannot mix "partialFilterExpression" and "sparse" options`)
+	case s.ExpireAfterSeconds != nil && len(s.Key) != 1:
+		return s, errorf(67, "CannotCreateIndex", "TTL indexes are single-field indexes, compound indexes do not support TTL. Index spec: "+engine.FormatValue(d))
 	}
 	return s, nil
+}
+
+// isIDKey reports the _id index's key pattern, {_id: 1}.
+func isIDKey(k bson.D) bool {
+	if len(k) != 1 || k[0].Key != "_id" {
+		return false
+	}
+	n, ok := bsonkit.ToFloat64(k[0].Value)
+	return ok && n == 1
+}
+
+// wrongTypeField is mongod's TypeMismatch for an index specification field.
+func wrongTypeField(field string, v any, want string) *cmdError {
+	return errorf(14, "TypeMismatch", fmt.Sprintf("The field '%s' must be %s, but got %s", field, want, mongoerr.TypeName(v)))
 }
 
 func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
@@ -133,6 +174,9 @@ func cmdCreateIndexes(r *request, tc *txnCtx) (bson.D, error) {
 	var created bool
 	var before, after int
 	if tc.txn != nil {
+		if err := explicitCreateInTxn(r, tc); err != nil {
+			return nil, err
+		}
 		// Allowed on a collection the transaction creates (MongoDB 4.4+).
 		err = r.srv.engine.Write(ctx, tc.txn, func(v *engine.View) error {
 			var err error
@@ -190,9 +234,6 @@ func cmdListIndexes(r *request, tc *txnCtx) (bson.D, error) {
 }
 
 func cmdDropIndexes(r *request, tc *txnCtx) (bson.D, error) {
-	if err := noDDLInTxn(r, tc); err != nil {
-		return nil, err
-	}
 	if err := checkFields(r, "index"); err != nil {
 		return nil, err
 	}
@@ -239,9 +280,6 @@ func cmdDropIndexes(r *request, tc *txnCtx) (bson.D, error) {
 }
 
 func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
-	if err := noDDLInTxn(r, tc); err != nil {
-		return nil, err
-	}
 	ns, err := r.ns()
 	if err != nil {
 		return nil, err
@@ -257,43 +295,23 @@ func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
 			if !ok {
 				return nil, wrongType("collMod.index", e.Value, "object")
 			}
-			var name string
-			var key bson.D
-			var ttl *int64
-			for _, f := range spec {
-				switch f.Key {
-				case "name":
-					name, _ = f.Value.(string)
-				case "keyPattern":
-					key, _ = f.Value.(bson.D)
-				case "expireAfterSeconds":
-					n, ok := bsonkit.ToInt64(f.Value)
-					if !ok || n < 0 {
-						return nil, errorf(2, "BadValue", "expireAfterSeconds must be a non-negative number")
-					}
-					ttl = &n
-				case "hidden", "prepareUnique", "unique", "forceNonUnique":
-					return nil, errorf(238, "NotImplemented", "mongofake: collMod index option '"+f.Key+"' is not supported")
-				default:
-					return nil, errorf(40415, "Location40415", "BSON field 'collMod.index."+f.Key+"' is an unknown field.")
-				}
-			}
-			if name == "" && key == nil {
-				return nil, errorf(2, "BadValue", "collMod index requires either 'name' or 'keyPattern'")
-			}
-			if ttl == nil {
-				continue
+			mod, err := parseCollModIndex(spec)
+			if err != nil {
+				return nil, err
 			}
 			ctx, cancel, err := r.opCtx()
 			if err != nil {
 				return nil, err
 			}
-			old, err := r.srv.engine.SetIndexTTL(ctx, ns, name, key, *ttl)
+			old, err := r.srv.engine.SetIndexTTL(ctx, ns, mod.name, mod.key, mod.ttl)
 			cancel()
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, bson.E{Key: "expireAfterSeconds_old", Value: old}, bson.E{Key: "expireAfterSeconds_new", Value: *ttl})
+			if old != nil {
+				out = append(out, bson.E{Key: "expireAfterSeconds_old", Value: *old})
+			}
+			out = append(out, bson.E{Key: "expireAfterSeconds_new", Value: mod.ttl})
 		case "validator":
 			if d, ok := e.Value.(bson.D); !ok || len(d) > 0 {
 				return nil, errorf(238, "NotImplemented", "mongofake: document validation (collMod validator) is not supported")
@@ -333,4 +351,62 @@ func cmdCollMod(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// collModIndex is a collMod index modification: the index, by name or key
+// pattern, and its new expireAfterSeconds.
+type collModIndex struct {
+	name string
+	key  bson.D
+	ttl  int64
+}
+
+// parseCollModIndex reads collMod's index document as mongod does
+// (https://www.mongodb.com/docs/v7.0/reference/command/collMod/): exactly
+// one of name and keyPattern (72 InvalidOptions otherwise), and a
+// modification, of which this server supports expireAfterSeconds.
+func parseCollModIndex(spec bson.D) (collModIndex, error) {
+	var m collModIndex
+	var hasName, hasKey, hasTTL bool
+	for _, f := range spec {
+		switch f.Key {
+		case "name":
+			s, ok := f.Value.(string)
+			if !ok {
+				return m, wrongType("collMod.index.name", f.Value, "string")
+			}
+			m.name, hasName = s, true
+		case "keyPattern":
+			k, ok := f.Value.(bson.D)
+			if !ok {
+				return m, wrongType("collMod.index.keyPattern", f.Value, "object")
+			}
+			m.key, hasKey = k, true
+		case "expireAfterSeconds":
+			n, ok := wholeNumber(f.Value)
+			if !ok {
+				return m, wrongType("collMod.index.expireAfterSeconds", f.Value, "long")
+			}
+			switch {
+			case n < 0:
+				return m, errorf(72, "InvalidOptions", "TTL index 'expireAfterSeconds' option cannot be less than 0")
+			case n > math.MaxInt32:
+				return m, errorf(72, "InvalidOptions", "TTL index 'expireAfterSeconds' option must be within an acceptable range, try a lower number")
+			}
+			m.ttl, hasTTL = n, true
+		case "hidden", "prepareUnique", "unique", "forceNonUnique", "disallowNewDuplicateKeys":
+			return m, errorf(238, "NotImplemented", "mongofake: collMod index option '"+f.Key+"' is not supported")
+		default:
+			return m, errorf(40415, "Location40415", "BSON field 'collMod.index."+f.Key+"' is an unknown field.")
+		}
+	}
+	switch {
+	case hasName && hasKey:
+		return m, errorf(72, "InvalidOptions", "Cannot specify both key pattern and name.")
+	case !hasName && !hasKey:
+		return m, errorf(72, "InvalidOptions", "Must specify either index name or key pattern.")
+	case !hasTTL:
+		return m, errorf(72, "InvalidOptions", "no expireAfterSeconds, hidden, unique, or disallowNewDuplicateKeys field")
+	}
+	return m, nil
 }

@@ -57,6 +57,7 @@ type config struct {
 	oplogSize           int
 	ttlInterval         time.Duration
 	transactionLifetime time.Duration
+	historyWindow       time.Duration
 	logger              *slog.Logger
 	testCommands        bool
 	maxMessageSize      int
@@ -78,15 +79,26 @@ func ReplicaSetName(name string) Option { return func(c *config) { c.replSet = n
 func OplogSize(n int) Option { return func(c *config) { c.oplogSize = n } }
 
 // TTLInterval sets how often the TTL monitor deletes expired documents.
-// Defaults to 60 seconds, as in mongod.
+// Clients can change it with setParameter ttlMonitorSleepSecs. Defaults to
+// 60 seconds, as in mongod.
 func TTLInterval(d time.Duration) Option { return func(c *config) { c.ttlInterval = d } }
 
 // TransactionLifetime sets how long a transaction may stay open before the
-// server aborts it. Defaults to 60 seconds, as mongod's
-// transactionLifetimeLimitSeconds.
+// server aborts it. Clients can change it for the transactions they start
+// afterwards with setParameter transactionLifetimeLimitSeconds. Defaults to
+// 60 seconds, as mongod's transactionLifetimeLimitSeconds.
 func TransactionLifetime(d time.Duration) Option {
 	return func(c *config) { c.transactionLifetime = d }
 }
+
+// SnapshotHistoryWindow sets how long committed document versions stay
+// readable by a snapshot read at a past time (readConcern atClusterTime),
+// as mongod's minSnapshotHistoryWindowInSeconds does; older reads fail with
+// 239 SnapshotTooOld. A negative value keeps only what open snapshots need.
+// Clients can change it with setParameter minSnapshotHistoryWindowInSeconds.
+// Defaults to 10 seconds (mongod keeps 300, which would hold minutes of
+// versions in the memory of write-heavy tests).
+func SnapshotHistoryWindow(d time.Duration) Option { return func(c *config) { c.historyWindow = d } }
 
 // Logger sets the logger for connection and server events. Defaults to a
 // logger that discards everything.
@@ -143,6 +155,7 @@ func NewServer(opts ...Option) (*Server, error) {
 		OplogSize:           cfg.oplogSize,
 		TTLInterval:         cfg.ttlInterval,
 		TransactionLifetime: cfg.transactionLifetime,
+		HistoryWindow:       cfg.historyWindow,
 		Logger:              cfg.logger,
 	})
 	s.data = newDataState(s)

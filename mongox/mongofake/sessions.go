@@ -9,7 +9,7 @@ import (
 func init() {
 	register(
 		commandSpec{names: []string{"endSessions"}, handler: cmdEndSessions, noSession: true},
-		commandSpec{names: []string{"killSessions"}, handler: cmdEndSessions, noSession: true},
+		commandSpec{names: []string{"killSessions"}, handler: cmdKillSessions, noSession: true},
 		commandSpec{names: []string{"refreshSessions"}, handler: cmdRefreshSessions, noSession: true},
 		commandSpec{names: []string{"killAllSessions"}, handler: cmdKillAllSessions, noSession: true},
 		commandSpec{names: []string{"killAllSessionsByPattern"}, handler: cmdKillAllSessions, noSession: true},
@@ -55,6 +55,25 @@ func cmdRefreshSessions(r *request) (bson.D, error) {
 	return bson.D{}, nil
 }
 
+// cmdKillSessions kills sessions as mongod does
+// (https://www.mongodb.com/docs/v7.0/reference/command/killSessions/): the
+// commands they run are interrupted, their transactions aborted, their
+// cursors closed. An empty list kills every session. It does not wait for
+// the interrupted commands, which fail with 11601 Interrupted.
+func cmdKillSessions(r *request) (bson.D, error) {
+	ids, err := sessionList(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return cmdKillAllSessions(r)
+	}
+	for _, id := range ids {
+		r.srv.data.killSession(id)
+	}
+	return bson.D{}, nil
+}
+
 // cmdKillAllSessions kills every session (the patterns of
 // killAllSessionsByPattern are users this server does not have).
 func cmdKillAllSessions(r *request) (bson.D, error) {
@@ -66,7 +85,7 @@ func cmdKillAllSessions(r *request) (bson.D, error) {
 	}
 	d.mu.Unlock()
 	for _, l := range all {
-		d.endSession(l)
+		d.killSession(l)
 	}
 	return bson.D{}, nil
 }

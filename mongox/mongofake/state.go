@@ -117,11 +117,46 @@ type session struct {
 	txnNumber int64
 	hasNumber bool
 	txn       *engine.Txn // transaction of txnNumber, nil for a retryable write
-	retry     *retryRecord
-	lastUse   time.Time
+	// txnLevel is the read concern level the transaction started with
+	// ("" for the default).
+	txnLevel string
+	retry    *retryRecord
+	lastUse  time.Time
 	// snaps are the read snapshots of the session's snapshot reads
 	// (readConcern snapshot outside a transaction), by timestamp.
 	snaps map[bson.Timestamp]*engine.Snapshot
+
+	// killMu guards what killSessions reaches without waiting for the
+	// session's running command (which holds mu): that command's cancel
+	// function and the session's transaction.
+	killMu  sync.Mutex
+	cancel  context.CancelFunc // of the running command, nil when idle
+	liveTxn *engine.Txn        // s.txn, for kill
+}
+
+// setTxn sets the session's transaction. Caller holds s.mu.
+func (s *session) setTxn(t *engine.Txn) {
+	s.txn = t
+	s.killMu.Lock()
+	s.liveTxn = t
+	s.killMu.Unlock()
+}
+
+// kill interrupts the session's running command (it fails with 11601
+// Interrupted) and aborts its transaction, without waiting for the command.
+// The session itself stays: its later commands see the transaction aborted
+// (251 NoSuchTransaction) and its retryable writes stay recorded, as after
+// mongod's killSessions.
+func (s *session) kill() {
+	s.killMu.Lock()
+	cancel, t := s.cancel, s.liveTxn
+	s.killMu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if t != nil {
+		t.AbortWithReason("session killed")
+	}
 }
 
 // retryRecord is the result of the retryable write with a txnNumber.
@@ -186,6 +221,23 @@ func (d *dataState) endSession(lsid bson.D) {
 	}
 }
 
+// killSession kills a session (killSessions): its cursors close, its running
+// command is interrupted and its transaction aborted; see session.kill.
+func (d *dataState) killSession(lsid bson.D) {
+	k := sessionKey(lsid)
+	d.mu.Lock()
+	s := d.sessions[k]
+	for id, c := range d.cursors {
+		if c.session == k {
+			delete(d.cursors, id)
+		}
+	}
+	d.mu.Unlock()
+	if s != nil {
+		s.kill()
+	}
+}
+
 // txnCtx is what a data command learns about its session and transaction.
 type txnCtx struct {
 	sess *session
@@ -217,6 +269,9 @@ var snapshotReadCommands = map[string]bool{"find": true, "aggregate": true, "dis
 // session for the duration of the command: call the returned release.
 func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	tc := &txnCtx{}
+	if err := checkAfterClusterTime(r.readConcern, d.srv.engine.ClusterTime()); err != nil {
+		return nil, nil, err
+	}
 	level, _ := bsonkit.Get(r.readConcern, "level")
 	atV, hasAt := bsonkit.Get(r.readConcern, "atClusterTime")
 	var at bson.Timestamp
@@ -262,7 +317,17 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	s.busy = true
 	s.lastUse = time.Now()
 	tc.sess = s
+	// The command runs under a context killSessions can cancel.
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.ctx = ctx
+	s.killMu.Lock()
+	s.cancel = cancel
+	s.killMu.Unlock()
 	release := func() {
+		s.killMu.Lock()
+		s.cancel = nil
+		s.killMu.Unlock()
+		cancel()
 		s.busy = false
 		s.lastUse = time.Now()
 		s.mu.Unlock()
@@ -304,7 +369,8 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		}
 		if !s.hasNumber || n > s.txnNumber {
 			s.abortTxn("a newer transaction number was used")
-			s.txnNumber, s.hasNumber, s.txn, s.retry = n, true, nil, nil
+			s.txnNumber, s.hasNumber, s.retry = n, true, nil
+			s.setTxn(nil)
 		} else if s.txn != nil {
 			release()
 			return nil, nil, errorf(50768, "IncompleteTransactionHistory",
@@ -329,7 +395,8 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 		}
 		s.abortTxn("a newer transaction was started")
 		s.txnNumber, s.hasNumber, s.retry = n, true, nil
-		s.txn = d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n})
+		s.txnLevel, _ = level.(string)
+		s.setTxn(d.srv.engine.Begin(engine.TxnMeta{LSID: r.lsid, TxnNumber: n}))
 		tc.txn = s.txn
 		return tc, release, nil
 	}
@@ -340,6 +407,25 @@ func (d *dataState) begin(r *request) (*txnCtx, func(), error) {
 	}
 	tc.txn = s.txn
 	return tc, release, nil
+}
+
+// checkAfterClusterTime refuses a readConcern afterClusterTime later than
+// the server's cluster time with 72 InvalidOptions, as mongod does: a
+// client can only have seen times the server issued.
+func checkAfterClusterTime(rc bson.D, now bson.Timestamp) error {
+	v, ok := bsonkit.Get(rc, "afterClusterTime")
+	if !ok {
+		return nil
+	}
+	ts, isTS := v.(bson.Timestamp)
+	if !isTS {
+		return wrongType("readConcern.afterClusterTime", v, "timestamp")
+	}
+	if bsonkit.CompareTimestamps(ts, now) > 0 {
+		return errorf(72, "InvalidOptions", fmt.Sprintf("readConcern afterClusterTime value must not be greater than the current clusterTime. "+
+			"Requested clusterTime: %s; current clusterTime: %s", engine.FormatValue(ts), engine.FormatValue(now)))
+	}
+	return nil
 }
 
 func checkTxnReadConcern(rc bson.D) error {
@@ -362,7 +448,7 @@ func dataCommand(h func(r *request, tc *txnCtx) (bson.D, error)) handlerFunc {
 	return func(r *request) (bson.D, error) {
 		tc, release, err := r.srv.data.begin(r)
 		if err != nil {
-			return nil, err
+			return nil, convertErr(err)
 		}
 		defer release()
 		if tc.retryable && tc.sess.retry != nil && tc.sess.retry.txnNumber == *r.txnNumber {
@@ -428,7 +514,8 @@ func writeError(index int, err error) bson.D {
 func isCommandLevel(err error) bool {
 	if ee, ok := engine.AsError(err); ok {
 		switch ee.Code {
-		case engine.CodeMaxTimeMSExpired, 11601, engine.CodeNoSuchTransaction, engine.CodeTransactionCommitted, engine.CodeWriteConflict:
+		case engine.CodeMaxTimeMSExpired, 11601, engine.CodeNoSuchTransaction, engine.CodeTransactionCommitted, engine.CodeWriteConflict,
+			engine.CodeSnapshotUnavailable, engine.CodeLockTimeout:
 			return true
 		}
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -27,7 +28,14 @@ type collection struct {
 	order   []orderEntry
 	stale   int
 	indexes []*index // indexes[0] is _id_
-	created bson.Timestamp
+	// createdTS is when the collection appeared under its namespace
+	// (created, renamed to it, or committed by the transaction that
+	// created it): a transaction whose snapshot is older does not see it.
+	createdTS bson.Timestamp
+	// catalogTS is the last catalog change that writes depend on (creation,
+	// an index built or dropped, a rename): a transaction whose snapshot is
+	// older cannot write the collection (246 SnapshotUnavailable).
+	catalogTS bson.Timestamp
 	// prePostImages is the changeStreamPreAndPostImages option: change
 	// events of updates, replaces and deletes carry the document's images.
 	prePostImages bool
@@ -35,9 +43,15 @@ type collection struct {
 	// name, v}) of a clustered collection, nil otherwise. Documents are
 	// always kept by _id here, so it only changes what the catalog reports.
 	clustered bson.D
-	// pending is the open transaction that created the collection
-	// implicitly: the catalog hides it from others until something commits
-	// into it.
+	// ddlWaiting counts the catalog operations waiting for the
+	// transactions that use the collection; while one waits, no other
+	// transaction may start using it.
+	ddlWaiting int
+	// pending is the open transaction that created the collection: it is
+	// not in the catalog but private to that transaction until it commits,
+	// as MongoDB keeps an uncommitted collection in the creating
+	// transaction's snapshot. When two transactions create the same
+	// namespace, the second to commit gets a WriteConflict.
 	pending *Txn
 }
 
@@ -153,28 +167,61 @@ func (e *Engine) collLocked(ns NS) *collection {
 	return db.colls[ns.Coll]
 }
 
-// createLocked creates a collection (with its _id_ index). Caller holds e.mu.
+// createLocked creates a collection (with its _id_ index) in the catalog.
+// Caller holds e.mu.
 func (e *Engine) createLocked(ns NS) (*collection, error) {
-	if err := validNS(ns); err != nil {
+	c, err := newCollection(ns)
+	if err != nil {
 		return nil, err
 	}
-	db := e.dbs[ns.DB]
-	if db == nil {
-		db = &database{name: ns.DB, colls: map[string]*collection{}}
-		e.dbs[ns.DB] = db
+	e.attachLocked(c, e.tick())
+	return c, nil
+}
+
+// newCollection returns a collection with its _id_ index, not yet in the
+// catalog.
+func newCollection(ns NS) (*collection, error) {
+	if err := validNS(ns); err != nil {
+		return nil, err
 	}
 	idIdx, _ := newIndex(IndexSpec{Name: "_id_", Key: bson.D{{Key: "_id", Value: int32(1)}}, Unique: true})
 	idIdx.entries = nil // the chains map is the _id index
 	u := bson.NewObjectID()
-	c := &collection{
+	return &collection{
 		ns:      ns,
 		uuid:    bson.Binary{Subtype: 4, Data: append(u[:], 0, 0, 0, 0)},
 		chains:  map[string]*chain{},
 		indexes: []*index{idIdx},
-		created: e.last,
+	}, nil
+}
+
+// attachLocked puts a collection into the catalog under its namespace, as
+// of ts. Caller holds e.mu.
+func (e *Engine) attachLocked(c *collection, ts bson.Timestamp) {
+	db := e.dbs[c.ns.DB]
+	if db == nil {
+		db = &database{name: c.ns.DB, colls: map[string]*collection{}}
+		e.dbs[c.ns.DB] = db
 	}
-	db.colls[ns.Coll] = c
-	return c, nil
+	c.pending = nil
+	c.createdTS, c.catalogTS = ts, ts
+	db.colls[c.ns.Coll] = c
+}
+
+// goneLocked records that namespace ns lost its collection at ts (a drop
+// or a rename away): a transaction whose snapshot is older cannot write it.
+// Records no open transaction can be older than are forgotten.
+func (e *Engine) goneLocked(ns NS, ts bson.Timestamp) {
+	if e.gone == nil {
+		e.gone = map[NS]bson.Timestamp{}
+	}
+	oldest, open := e.minSnapshotLocked()
+	for k, at := range e.gone {
+		if !open || bsonkit.CompareTimestamps(at, oldest) <= 0 {
+			delete(e.gone, k)
+		}
+	}
+	e.gone[ns] = ts
 }
 
 // ensureLocked returns the collection, creating it when missing.
@@ -186,50 +233,74 @@ func (e *Engine) ensureLocked(ns NS) (*collection, bool, error) {
 	return c, err == nil, err
 }
 
-// busyLocked returns an open transaction holding pending writes in the
-// collection (other than except), or nil.
+// busyLocked returns an open transaction that uses the collection (read or
+// written in it), other than except, or nil.
 func (e *Engine) busyLocked(c *collection, except *Txn) *Txn {
 	for t := range e.txns {
 		if t == except {
 			continue
 		}
-		if _, ok := t.colls[c]; ok {
+		_, wrote := t.colls[c]
+		_, used := t.touched[c]
+		if wrote || used {
 			return t
 		}
 	}
 	return nil
 }
 
-// ddl runs fn under the lock once no other open transaction holds pending
-// writes in the collections it names (it waits for them, bounded by ctx).
+// ddl runs fn under the lock once no open transaction uses the collections
+// it names (a collection name "" stands for the whole database): it waits
+// for them, bounded by ctx, as a catalog operation waits for the
+// transactions holding locks on its collections. While it waits, the
+// collections refuse transactions that have not used them yet (see
+// View.coll).
 func (e *Engine) ddl(ctx context.Context, nss []NS, fn func() error) error {
+	var marked []*collection
+	unmark := func() {
+		for _, c := range marked {
+			c.ddlWaiting--
+		}
+		marked = nil
+	}
 	for {
 		e.mu.Lock()
 		var wait *Txn
+		var blocked []*collection
 		for _, ns := range nss {
 			if ns.Coll == "" { // whole database
 				if db := e.dbs[ns.DB]; db != nil {
 					for _, c := range db.colls {
-						if wait = e.busyLocked(c, nil); wait != nil {
-							break
+						if t := e.busyLocked(c, nil); t != nil {
+							wait = t
+							blocked = append(blocked, c)
 						}
 					}
 				}
 			} else if c := e.collLocked(ns); c != nil {
-				wait = e.busyLocked(c, nil)
-			}
-			if wait != nil {
-				break
+				if t := e.busyLocked(c, nil); t != nil {
+					wait = t
+					blocked = append(blocked, c)
+				}
 			}
 		}
 		if wait == nil {
+			unmark()
 			err := fn()
 			e.mu.Unlock()
 			return err
 		}
+		unmark()
+		for _, c := range blocked {
+			c.ddlWaiting++
+		}
+		marked = blocked
 		ch := wait.done
 		e.mu.Unlock()
 		if err := waitCtx(ctx, ch); err != nil {
+			e.mu.Lock()
+			unmark()
+			e.mu.Unlock()
 			return err
 		}
 	}
@@ -245,7 +316,7 @@ func (e *Engine) CreateCollection(ctx context.Context, ns NS) error {
 		if err != nil {
 			return err
 		}
-		e.appendOplog([]Entry{c.createEntry(e.tick())})
+		e.appendOplog([]Entry{c.createEntry(c.createdTS)})
 		return nil
 	})
 }
@@ -268,6 +339,7 @@ func (e *Engine) DropCollection(ctx context.Context, ns NS) (bool, error) {
 		existed = true
 		e.dropLocked(c)
 		ts := e.tick()
+		e.goneLocked(ns, ts)
 		e.appendOplog([]Entry{{TS: ts, Op: OpDrop, NS: ns, UUID: c.uuid}})
 		return nil
 	})
@@ -305,7 +377,9 @@ func (e *Engine) DropDatabase(ctx context.Context, name string) (bool, error) {
 		for _, n := range names {
 			c := db.colls[n]
 			e.dropLocked(c)
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: NS{DB: name, Coll: n}, UUID: c.uuid})
+			ts := e.tick()
+			e.goneLocked(c.ns, ts)
+			entries = append(entries, Entry{TS: ts, Op: OpDrop, NS: NS{DB: name, Coll: n}, UUID: c.uuid})
 		}
 		delete(e.dbs, name)
 		entries = append(entries, Entry{TS: e.tick(), Op: OpDropDatabase, NS: NS{DB: name}})
@@ -336,7 +410,9 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 				return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "target namespace exists"}
 			}
 			e.dropLocked(t)
-			entries = append(entries, Entry{TS: e.tick(), Op: OpDrop, NS: to, UUID: t.uuid})
+			ts := e.tick()
+			e.goneLocked(to, ts)
+			entries = append(entries, Entry{TS: ts, Op: OpDrop, NS: to, UUID: t.uuid})
 			desc = append(desc, bson.E{Key: "dropTarget", Value: t.uuid})
 		}
 		db := e.dbs[from.DB]
@@ -351,7 +427,10 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 		}
 		c.ns = to
 		tdb.colls[to.Coll] = c
-		entries = append(entries, Entry{TS: e.tick(), Op: OpRename, NS: from, To: to, UUID: c.uuid, Desc: desc})
+		ts := e.tick()
+		c.createdTS, c.catalogTS = ts, ts
+		e.goneLocked(from, ts)
+		entries = append(entries, Entry{TS: ts, Op: OpRename, NS: from, To: to, UUID: c.uuid, Desc: desc})
 		e.appendOplog(entries)
 		return nil
 	})
@@ -367,9 +446,6 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 	}
 	out := make([]CollectionInfo, 0, len(d.colls))
 	for n, c := range d.colls {
-		if c.pending != nil {
-			continue
-		}
 		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered})
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
@@ -383,12 +459,7 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 	out := make([]DatabaseInfo, 0, len(e.dbs))
 	for n, d := range e.dbs {
 		info := DatabaseInfo{Name: n, Empty: true}
-		visible := false
 		for _, c := range d.colls {
-			if c.pending != nil {
-				continue
-			}
-			visible = true
 			for _, ch := range c.chains {
 				if v := ch.latest(); v != nil && v.doc != nil {
 					info.Empty = false
@@ -396,9 +467,7 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 				}
 			}
 		}
-		if visible {
-			out = append(out, info)
-		}
+		out = append(out, info)
 	}
 	slices.SortFunc(out, func(a, b DatabaseInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -435,6 +504,19 @@ func (e *Engine) CollectionStats(ns NS) (count int64, size int64, nindexes int, 
 // returns whether the collection was created and the index counts before
 // and after. Identical existing indexes are no-ops.
 func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (created bool, before, after int, err error) {
+	// Indexes that all exist already (or a conflicting spec) are answered at
+	// once: as in mongod, only a build waits for the transactions using the
+	// collection.
+	e.mu.Lock()
+	if c := e.collLocked(ns); c != nil {
+		todo, err := newIndexSpecs(c, specs)
+		if err != nil || len(todo) == 0 {
+			n := len(c.indexes)
+			e.mu.Unlock()
+			return false, n, n, err
+		}
+	}
+	e.mu.Unlock()
 	err = e.ddl(ctx, []NS{ns}, func() error {
 		c, made, err := e.ensureLocked(ns)
 		if err != nil {
@@ -450,10 +532,12 @@ func (e *Engine) CreateIndexes(ctx context.Context, ns NS, specs []IndexSpec) (c
 		after = len(c.indexes)
 		var entries []Entry
 		if made {
-			entries = append(entries, c.createEntry(e.tick()))
+			entries = append(entries, c.createEntry(c.createdTS))
 		}
 		for _, ix := range add {
-			entries = append(entries, createIndexEntry(c, ix, e.tick()))
+			ts := e.tick()
+			c.catalogTS = ts
+			entries = append(entries, createIndexEntry(c, ix, ts))
 		}
 		if len(entries) > 0 {
 			e.appendOplog(entries)
@@ -468,43 +552,22 @@ func createIndexEntry(c *collection, ix *index, ts bson.Timestamp) Entry {
 		Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}}
 }
 
+// maxIndexes is the most indexes a collection may have, _id_ included.
+const maxIndexes = 64
+
 // buildIndexesLocked validates and builds the indexes of specs that c does
 // not have yet and returns them (not yet attached). Caller holds e.mu.
 func (e *Engine) buildIndexesLocked(c *collection, specs []IndexSpec) ([]*index, error) {
-	var add []*index
-specLoop:
-	for _, s := range specs {
-		if s.Name == "" {
-			s.Name = DefaultIndexName(s.Key)
-		}
-		for _, ix := range append(slices.Clone(c.indexes), add...) {
-			sameKey := bsonkit.Equal(ix.keys, s.Key) && keyTypesEqual(ix.keys, s.Key)
-			if ix.name == s.Name {
-				if sameKey && sameOptions(ix.spec(), s) {
-					continue specLoop
-				}
-				if ix.name == "_id_" && sameKey {
-					continue specLoop
-				}
-				if sameKey {
-					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-				}
-				return nil, &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
-					Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
-						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-			}
-			if sameKey && bsonkit.Equal(ix.partial, s.PartialFilter) {
-				if sameOptions(ix.spec(), s) {
-					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-						Msg: "Index already exists with a different name: " + ix.name}
-				}
-				return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
-					Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
-						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(ix.spec()))}
-			}
-		}
+	todo, err := newIndexSpecs(c, specs)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(c.indexes) + len(todo); n > maxIndexes {
+		return nil, &Error{Code: CodeCannotCreateIndex, Name: "CannotCreateIndex",
+			Msg: fmt.Sprintf("add index fails, too many indexes for %s key:%s", c.ns, FormatValue(todo[len(todo)-1].Key))}
+	}
+	add := make([]*index, 0, len(todo))
+	for _, s := range todo {
 		ix, err := newIndex(s)
 		if err != nil {
 			return nil, err
@@ -517,27 +580,83 @@ specLoop:
 	return add, nil
 }
 
-// CreateIndexes creates indexes inside a transaction, on a collection the
-// transaction created (they become visible with it at commit); on any
-// other collection it fails with 263 OperationNotSupportedInTransaction, as
-// mongod does. It reports whether it created the collection and the index
-// counts before and after.
+// newIndexSpecs returns the specs that c does not have yet, in order, with
+// their default names: an identical existing index is skipped, a conflicting
+// one (same name or same key and filter with other options) fails with 85
+// IndexOptionsConflict or 86 IndexKeySpecsConflict.
+func newIndexSpecs(c *collection, specs []IndexSpec) ([]IndexSpec, error) {
+	var todo []IndexSpec
+	existing := make([]IndexSpec, 0, len(c.indexes)+len(specs))
+	for _, ix := range c.indexes {
+		existing = append(existing, ix.spec())
+	}
+specLoop:
+	for _, s := range specs {
+		if s.Name == "" {
+			s.Name = DefaultIndexName(s.Key)
+		}
+		for _, x := range existing {
+			sameKey := bsonkit.Equal(x.Key, s.Key) && keyTypesEqual(x.Key, s.Key)
+			if x.Name == s.Name {
+				if sameKey && sameOptions(x, s) {
+					continue specLoop
+				}
+				if x.Name == "_id_" && sameKey {
+					continue specLoop
+				}
+				if sameKey {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
+				}
+				return nil, &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
+					Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
+			}
+			if sameKey && bsonkit.Equal(x.PartialFilter, s.PartialFilter) {
+				if sameOptions(x, s) {
+					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+						Msg: "Index already exists with a different name: " + x.Name}
+				}
+				return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+					Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
+						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
+			}
+		}
+		todo = append(todo, s)
+		existing = append(existing, s)
+	}
+	return todo, nil
+}
+
+// CreateIndexes creates indexes inside a transaction. On a collection the
+// transaction creates they become visible with it at commit; on any other
+// collection an index that already exists is a no-op and a new one fails
+// with 263 OperationNotSupportedInTransaction, as mongod does. It reports
+// whether it created the collection and the index counts before and after.
 func (v *View) CreateIndexes(ns NS, specs []IndexSpec) (created bool, before, after int, err error) {
 	if v.readOnly || v.t == nil || v.t.auto {
 		return false, 0, 0, errors.New("engine: View.CreateIndexes needs a transaction")
 	}
-	c := v.e.collLocked(ns)
+	c := v.coll(ns)
 	if c == nil {
 		if c, err = v.writable(ns); err != nil {
 			return false, 0, 0, err
 		}
 		created = true
 	}
-	if c.pending != v.t {
-		return false, 0, 0, &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
-			Msg: "Cannot create new indexes on existing collection " + ns.String() + " in a multi-document transaction."}
-	}
 	before = len(c.indexes)
+	if c.pending != v.t {
+		todo, err := newIndexSpecs(c, specs)
+		if err != nil {
+			return false, before, before, err
+		}
+		if len(todo) > 0 {
+			return false, before, before, &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
+				Msg: "Cannot create new indexes on existing collection " + ns.String() + " in a multi-document transaction."}
+		}
+		return false, before, before, nil
+	}
 	add, err := v.e.buildIndexesLocked(c, specs)
 	if err != nil {
 		return created, before, before, err
@@ -646,8 +765,7 @@ func (e *Engine) ListIndexes(ns NS) ([]IndexSpec, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	c := e.collLocked(ns)
-	if c == nil || c.pending != nil {
-		// A collection an open transaction created does not exist yet.
+	if c == nil {
 		return nil, false
 	}
 	out := make([]IndexSpec, len(c.indexes))
@@ -667,15 +785,11 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 		}
 		before = len(c.indexes)
 		if key != nil {
-			for _, ix := range c.indexes {
-				if bsonkit.Equal(ix.keys, key) {
-					names = []string{ix.name}
-					break
-				}
+			ix, err := indexByKey(c, key)
+			if err != nil {
+				return err
 			}
-			if names == nil {
-				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "can't find index with key: " + FormatValue(key)}
-			}
+			names = []string{ix.name}
 		}
 		if len(names) == 1 && names[0] == "*" {
 			e.appendOplog(dropIndexEntries(e, c, c.indexes[1:]))
@@ -702,26 +816,44 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 	return before, err
 }
 
-// SetIndexTTL changes the expireAfterSeconds of an index found by name or
-// key pattern (collMod). It returns the previous value.
-func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D, seconds int64) (old int64, err error) {
+// SetIndexTTL sets the expireAfterSeconds of an index found by name or by
+// key pattern (collMod), making a single-field index a TTL index (MongoDB
+// 5.1+). It returns the previous value, nil when the index had none. A key
+// pattern several indexes share fails with 181 AmbiguousIndexKeyPattern;
+// the _id index and compound indexes cannot become TTL indexes (72).
+func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D, seconds int64) (old *int64, err error) {
 	err = e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
 			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
-		for _, ix := range c.indexes {
-			if (name != "" && ix.name == name) || (key != nil && bsonkit.Equal(ix.keys, key)) {
-				if ix.ttl == nil {
-					return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "no expireAfterSeconds field to update"}
-				}
-				old = *ix.ttl
-				v := seconds
-				ix.ttl = &v
-				return nil
+		var ix *index
+		if name != "" {
+			i := slices.IndexFunc(c.indexes, func(x *index) bool { return x.name == name })
+			if i < 0 {
+				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + " for ns " + ns.String()}
+			}
+			ix = c.indexes[i]
+		} else {
+			var err error
+			if ix, err = indexByKey(c, key); err != nil {
+				return err
 			}
 		}
-		return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + FormatValue(key) + " for ns " + ns.String()}
+		if ix.ttl == nil {
+			switch {
+			case ix.name == "_id_":
+				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "the _id field does not support TTL indexes"}
+			case len(ix.fields) != 1:
+				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "TTL indexes are single-field indexes, compound indexes do not support TTL"}
+			}
+		} else {
+			v := *ix.ttl
+			old = &v
+		}
+		v := seconds
+		ix.ttl = &v
+		return nil
 	})
 	return old, err
 }
@@ -744,7 +876,8 @@ func (e *Engine) SetPrePostImages(ctx context.Context, ns NS, enabled bool) erro
 func dropIndexEntries(e *Engine, c *collection, dropped []*index) []Entry {
 	out := make([]Entry, 0, len(dropped))
 	for _, ix := range dropped {
-		out = append(out, Entry{TS: e.tick(), Op: OpDropIndexes, NS: c.ns, UUID: c.uuid,
+		c.catalogTS = e.tick()
+		out = append(out, Entry{TS: c.catalogTS, Op: OpDropIndexes, NS: c.ns, UUID: c.uuid,
 			Desc: bson.D{{Key: "indexes", Value: bson.A{specDoc(ix.spec())}}}})
 	}
 	return out
@@ -786,4 +919,25 @@ func (e *Engine) ClusteredIndex(ns NS) bson.D {
 		return c.clustered
 	}
 	return nil
+}
+
+// indexByKey returns the one index of c whose key pattern is key: 27
+// IndexNotFound when none has it, 181 AmbiguousIndexKeyPattern when several
+// do (partial indexes may share a key pattern); the index must then be named.
+func indexByKey(c *collection, key bson.D) (*index, error) {
+	var found []*index
+	for _, ix := range c.indexes {
+		if bsonkit.Equal(ix.keys, key) && keyTypesEqual(ix.keys, key) {
+			found = append(found, ix)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return nil, &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "can't find index with key: " + FormatValue(key)}
+	case 1:
+		return found[0], nil
+	}
+	return nil, &Error{Code: CodeAmbiguousIndexKeyPattern, Name: "AmbiguousIndexKeyPattern",
+		Msg: fmt.Sprintf("index keyPattern %s matches %d indexes, must use index name. Conflicting indexes: %s, %s",
+			FormatValue(key), len(found), FormatValue(specDoc(found[0].spec())), FormatValue(specDoc(found[1].spec())))}
 }

@@ -56,6 +56,12 @@ type Options struct {
 	// TransactionLifetime is how long a transaction may stay open before it
 	// is aborted. Defaults to 60 s, as mongod's transactionLifetimeLimitSeconds.
 	TransactionLifetime time.Duration
+	// HistoryWindow is how long committed versions stay readable by a
+	// snapshot read at a past timestamp (readConcern atClusterTime), as
+	// mongod's minSnapshotHistoryWindowInSeconds: reads older than the
+	// retained history fail with 239 SnapshotTooOld. Zero or negative keeps
+	// only what open snapshots need. Defaults to DefaultHistoryWindow.
+	HistoryWindow time.Duration
 	// Now returns the wall clock. Defaults to time.Now.
 	Now func() time.Time
 	// Logger receives background events (TTL passes, expired transactions).
@@ -90,9 +96,64 @@ type Engine struct {
 	historyFloor bson.Timestamp
 	pruneBounded bool
 	oplog        oplog
+	// gone records when namespaces lost their collection (drop, rename
+	// away), for the transactions whose snapshot is older; see goneLocked.
+	gone map[NS]bson.Timestamp
 
+	// wake tells the monitor that its intervals changed.
+	wake chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
+}
+
+// DefaultHistoryWindow is the default Options.HistoryWindow. mongod keeps
+// 300 s; the embedded server keeps less so that write-heavy tests do not
+// hold minutes of document versions in memory, and refuses older reads
+// with SnapshotTooOld as mongod does beyond its window.
+const DefaultHistoryWindow = 10 * time.Second
+
+// TTLInterval returns how often the TTL monitor runs.
+func (e *Engine) TTLInterval() time.Duration { return e.setting(&e.opts.TTLInterval) }
+
+// SetTTLInterval changes how often the TTL monitor runs (mongod's
+// ttlMonitorSleepSecs); the next pass is due one new interval from now.
+// d must be positive.
+func (e *Engine) SetTTLInterval(d time.Duration) { e.set(&e.opts.TTLInterval, d) }
+
+// TransactionLifetime returns the lifetime of new transactions.
+func (e *Engine) TransactionLifetime() time.Duration { return e.setting(&e.opts.TransactionLifetime) }
+
+// SetTransactionLifetime changes the lifetime of the transactions started
+// from now on (mongod's transactionLifetimeLimitSeconds: a transaction's
+// expiry is fixed when it starts). d must be positive.
+func (e *Engine) SetTransactionLifetime(d time.Duration) { e.set(&e.opts.TransactionLifetime, d) }
+
+// HistoryWindow returns how long committed versions stay readable.
+func (e *Engine) HistoryWindow() time.Duration { return e.setting(&e.opts.HistoryWindow) }
+
+// SetHistoryWindow changes how long committed versions stay readable by
+// snapshot reads at a past timestamp (mongod's
+// minSnapshotHistoryWindowInSeconds). Lengthening it cannot bring back
+// versions already pruned.
+func (e *Engine) SetHistoryWindow(d time.Duration) { e.set(&e.opts.HistoryWindow, d) }
+
+// setting reads one of e.opts' run-time settings.
+func (e *Engine) setting(p *time.Duration) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return *p
+}
+
+// set changes one of e.opts' run-time settings and wakes the monitor to
+// re-arm its timers.
+func (e *Engine) set(p *time.Duration, d time.Duration) {
+	e.mu.Lock()
+	*p = d
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
 }
 
 // New starts an engine (and its TTL monitor). Close stops it.
@@ -106,6 +167,9 @@ func New(opts Options) *Engine {
 	if opts.TransactionLifetime <= 0 {
 		opts.TransactionLifetime = 60 * time.Second
 	}
+	if opts.HistoryWindow == 0 {
+		opts.HistoryWindow = DefaultHistoryWindow
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -114,6 +178,7 @@ func New(opts Options) *Engine {
 	}
 	e := &Engine{
 		opts:  opts,
+		wake:  make(chan struct{}, 1),
 		dbs:   map[string]*database{},
 		txns:  map[*Txn]struct{}{},
 		dirty: map[*chain]struct{}{},
@@ -169,28 +234,47 @@ func (e *Engine) tick() bson.Timestamp {
 	return e.last
 }
 
-// monitor runs the TTL passes and aborts expired transactions.
+// monitor runs the TTL passes and aborts expired transactions. It is
+// started by New and stops when Close closes e.stop; a change of interval
+// (poke) re-arms its timers at once.
 func (e *Engine) monitor() {
 	defer e.wg.Done()
-	ttl := time.NewTicker(e.opts.TTLInterval)
+	ttl := time.NewTimer(e.TTLInterval())
 	defer ttl.Stop()
-	reapEvery := min(e.opts.TransactionLifetime/4, time.Second)
-	reapEvery = max(reapEvery, 10*time.Millisecond)
-	reap := time.NewTicker(reapEvery)
+	reap := time.NewTimer(e.reapEvery())
 	defer reap.Stop()
 	for {
 		select {
 		case <-e.stop:
 			return
+		case <-e.wake:
+			ttl.Reset(e.TTLInterval())
+			reap.Reset(e.reapEvery())
 		case <-ttl.C:
 			n := e.RunTTL()
 			if n > 0 {
 				e.opts.Logger.Debug("ttl pass", "deleted", n)
 			}
+			ttl.Reset(e.TTLInterval())
 		case <-reap.C:
 			e.reapExpired()
+			reap.Reset(e.reapEvery())
 		}
 	}
+}
+
+// reapEvery is how often expired transactions are looked for: a quarter of
+// the shortest lifetime, within [10 ms, 1 s].
+func (e *Engine) reapEvery() time.Duration {
+	e.mu.Lock()
+	shortest := e.opts.TransactionLifetime
+	for t := range e.txns {
+		if !t.auto && !t.pin && t.lifetime < shortest {
+			shortest = t.lifetime
+		}
+	}
+	e.mu.Unlock()
+	return max(min(shortest/4, time.Second), 10*time.Millisecond)
 }
 
 // reapExpired aborts transactions older than the transaction lifetime.

@@ -42,6 +42,14 @@ const (
 	CodeInvalidNamespace      = 73
 	CodeCannotCreateIndex     = 67
 	CodeTransactionCommitted  = 256
+	// CodeAmbiguousIndexKeyPattern: a key pattern names several indexes.
+	CodeAmbiguousIndexKeyPattern = 181
+	// CodeLockTimeout: a transaction could not take a collection a catalog
+	// operation waits for.
+	CodeLockTimeout = 24
+	// CodeSnapshotUnavailable: a transaction's snapshot predates a catalog
+	// change of the collection it writes.
+	CodeSnapshotUnavailable = 246
 )
 
 // LabelTransient is the TransientTransactionError label.
@@ -63,6 +71,14 @@ func errWriteConflict() *Error {
 	return &Error{Code: CodeWriteConflict, Name: "WriteConflict",
 		Msg:    "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
 		Labels: []string{LabelTransient}}
+}
+
+// errLockTimeout is what a transaction gets when it cannot take a
+// collection a catalog operation is waiting for.
+func errLockTimeout(ns NS) *Error {
+	return &Error{Code: CodeLockTimeout, Name: "LockTimeout",
+		Msg: "Unable to acquire IX lock on '" + ns.String() + "' within 5ms: a catalog operation is waiting for the transactions " +
+			"that use the collection (maxTransactionLockRequestTimeoutMillis)"}
 }
 
 func errMaxTime() *Error {

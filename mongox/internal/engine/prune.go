@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"sort"
+
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -18,6 +20,22 @@ func (e *Engine) minSnapshotLocked() (bson.Timestamp, bool) {
 	return m, found
 }
 
+// pruneBoundLocked returns the timestamp below which versions may go: the
+// oldest open snapshot, or the start of the history window when that is
+// older; bounded is false when neither exists (only the latest versions
+// stay).
+func (e *Engine) pruneBoundLocked() (bson.Timestamp, bool) {
+	minTS, bounded := e.minSnapshotLocked()
+	if w := e.opts.HistoryWindow; w > 0 {
+		secs := e.opts.Now().Add(-w).Unix()
+		floor := bson.Timestamp{T: uint32(max(secs, 0))}
+		if !bounded || bsonkit.CompareTimestamps(floor, minTS) < 0 {
+			minTS, bounded = floor, true
+		}
+	}
+	return minTS, bounded
+}
+
 // pruneDirtyLocked drops versions no open snapshot can see: of the chains
 // the ending transaction t touched, and of every dirty chain when the
 // oldest open snapshot has moved since the last full sweep.
@@ -25,7 +43,7 @@ func (e *Engine) pruneDirtyLocked(t *Txn) {
 	if len(e.dirty) == 0 {
 		return
 	}
-	minTS, bounded := e.minSnapshotLocked()
+	minTS, bounded := e.pruneBoundLocked()
 	e.advanceFloorLocked(minTS, bounded)
 	if bounded == e.pruneBounded && minTS == e.pruneMin {
 		for _, c := range t.order {
@@ -50,9 +68,12 @@ func (e *Engine) pruneLocked(c *chain, minTS bson.Timestamp, bounded bool) bool 
 	}
 	keep := len(c.versions) - 1
 	if bounded {
-		for keep > 0 && bsonkit.CompareTimestamps(c.versions[keep].ts, minTS) > 0 {
-			keep--
-		}
+		// The newest version at or before minTS stays (versions ascend by
+		// timestamp; a history window can leave many on a hot document, so
+		// search rather than scan).
+		keep = max(sort.Search(len(c.versions), func(i int) bool {
+			return bsonkit.CompareTimestamps(c.versions[i].ts, minTS) > 0
+		})-1, 0)
 	}
 	var dropped []bson.D
 	removedRec := false

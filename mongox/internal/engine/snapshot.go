@@ -75,7 +75,7 @@ func (e *Engine) lifetime(t *Txn) time.Duration {
 	if t.pin {
 		return SnapshotWindow
 	}
-	return e.opts.TransactionLifetime
+	return t.lifetime
 }
 
 // advanceFloorLocked records that versions older than a prune's bound are

@@ -3,6 +3,8 @@ package engine
 import (
 	"time"
 
+	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
@@ -33,6 +35,7 @@ type Txn struct {
 	auto     bool // one auto-committed statement
 	pin      bool // a read-only Snapshot holding history
 	started  time.Time
+	lifetime time.Duration // transactionLifetimeLimitSeconds when it started
 	snapshot bson.Timestamp
 	hasSnap  bool
 	state    TxnState
@@ -40,11 +43,12 @@ type Txn struct {
 
 	abortReason string
 	writes      map[*chain]*pending
-	order       []*chain // chains in first-write order
-	inserted    []*chain // chains holding new records, in insertion order
-	colls       map[*collection]struct{}
-	created     []*collection // collections this transaction created implicitly
-	ops         []Entry       // oplog entries, stamped at commit
+	order       []*chain                 // chains in first-write order
+	inserted    []*chain                 // chains holding new records, in insertion order
+	colls       map[*collection]struct{} // collections written
+	touched     map[*collection]struct{} // catalog collections used (read or written)
+	created     []*collection            // collections this transaction created implicitly
+	ops         []Entry                  // oplog entries, stamped at commit
 	done        chan struct{}
 }
 
@@ -70,7 +74,8 @@ func (e *Engine) newTxnLocked(auto bool) *Txn {
 	// never needs them.
 	t := &Txn{
 		e: e, id: e.nextTxn, auto: auto, started: e.opts.Now(),
-		done: make(chan struct{}),
+		lifetime: e.opts.TransactionLifetime,
+		done:     make(chan struct{}),
 	}
 	e.txns[t] = struct{}{}
 	return t
@@ -107,7 +112,27 @@ func (t *Txn) Commit() error {
 	if e.expiredLocked(t) {
 		return errNoSuchTxn(t)
 	}
+	if err := e.createConflictLocked(t); err != nil {
+		e.abortLocked(t, err.Error())
+		return err
+	}
 	e.commitLocked(t)
+	return nil
+}
+
+// createConflictLocked returns a WriteConflict when a collection t created
+// can no longer join the catalog: another transaction or statement created
+// the namespace (first committer wins, as in MongoDB), or dropped or renamed
+// one there, after t's snapshot.
+func (e *Engine) createConflictLocked(t *Txn) error {
+	for _, c := range t.created {
+		if e.collLocked(c.ns) != nil {
+			return errWriteConflict()
+		}
+		if at, ok := e.gone[c.ns]; ok && bsonkit.CompareTimestamps(at, t.snapshot) > 0 {
+			return errWriteConflict()
+		}
+	}
 	return nil
 }
 
@@ -163,14 +188,12 @@ func (e *Engine) abortLocked(t *Txn, reason string) {
 			c.dead = true
 		}
 	}
-	// Collections the transaction created implicitly go away with it when
-	// nothing else has used them.
+	// The collections the transaction created were its own: they go away
+	// with it.
 	for _, c := range t.created {
-		if c.pending == t {
-			c.pending = nil
-		}
-		if e.collLocked(c.ns) == c && len(c.chains) == 0 && len(c.order) == 0 && len(c.indexes) == 1 && e.busyLocked(c, t) == nil {
-			e.dropLocked(c)
+		for _, ch := range c.chains {
+			ch.dead = true
+			delete(e.dirty, ch)
 		}
 	}
 	e.endLocked(t)
@@ -178,15 +201,12 @@ func (e *Engine) abortLocked(t *Txn, reason string) {
 
 func (e *Engine) commitLocked(t *Txn) {
 	t.state = TxnCommitted
-	for c := range t.colls {
-		c.pending = nil
-	}
-	for _, c := range t.created {
-		c.pending = nil
-	}
-	if len(t.order) > 0 {
+	if len(t.order) > 0 || len(t.created) > 0 {
 		ts := e.tick()
 		t.commitTS = ts
+		for _, c := range t.created {
+			e.attachLocked(c, ts)
+		}
 		for _, c := range t.order {
 			p := t.writes[c]
 			c.owner = nil

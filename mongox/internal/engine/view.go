@@ -38,7 +38,16 @@ func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error
 			return err
 		}
 	}
-	return fn(v)
+	err := fn(v)
+	if v.failed != nil {
+		// A statement that could not take its collection aborts the
+		// transaction, as any failed statement does.
+		err = v.failed
+		if t.state == TxnActive {
+			e.abortLocked(t, err.Error())
+		}
+	}
+	return err
 }
 
 func (e *Engine) useTxnLocked(t *Txn) error {
@@ -131,8 +140,48 @@ func (v *View) ClusterTime() bson.Timestamp { return v.e.last }
 // InTxn reports whether the view belongs to a multi-statement transaction.
 func (v *View) InTxn() bool { return v.t != nil && !v.t.auto }
 
-// Exists reports whether the collection exists.
-func (v *View) Exists(ns NS) bool { return v.e.collLocked(ns) != nil }
+// Exists reports whether the view sees the collection.
+func (v *View) Exists(ns NS) bool { return v.coll(ns) != nil }
+
+// coll returns the collection of ns as the view sees it: for a transaction,
+// the one it created itself, or the catalog's when it existed at the
+// transaction's snapshot; otherwise the catalog's. nil when none.
+//
+// A transaction holds the collections it uses until it ends, as mongod's
+// transactions hold their collection locks: catalog operations on them wait
+// (see Engine.ddl), and while one waits, a transaction that has not used
+// the collection yet cannot start using it: the view fails with 24
+// LockTimeout (v.failed), as a transaction does after
+// maxTransactionLockRequestTimeoutMillis.
+func (v *View) coll(ns NS) *collection {
+	t := v.t
+	if t == nil || t.auto {
+		return v.e.collLocked(ns)
+	}
+	for _, c := range t.created {
+		if c.ns == ns {
+			return c
+		}
+	}
+	c := v.e.collLocked(ns)
+	if c == nil || t.hasSnap && bsonkit.CompareTimestamps(c.createdTS, t.snapshot) > 0 {
+		return nil
+	}
+	if t.pin {
+		return c // snapshot reads take no locks
+	}
+	if _, ok := t.touched[c]; !ok {
+		if c.ddlWaiting > 0 {
+			v.failed = errLockTimeout(ns)
+			return nil
+		}
+		if t.touched == nil {
+			t.touched = map[*collection]struct{}{}
+		}
+		t.touched[c] = struct{}{}
+	}
+	return c
+}
 
 // docOf returns the document of chain c as this view sees it.
 func (v *View) docOf(c *chain) bson.D {
@@ -156,7 +205,7 @@ func (v *View) docOf(c *chain) bson.D {
 // Find returns the matching documents of a collection in natural order
 // (nothing when the collection does not exist).
 func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
-	c := v.e.collLocked(ns)
+	c := v.coll(ns)
 	if c == nil {
 		return nil, nil
 	}
@@ -325,7 +374,7 @@ func (v *View) sortNatural(cs []*chain) []*chain {
 
 // FindID returns the document with the given _id, or nil.
 func (v *View) FindID(ns NS, id any) bson.D {
-	c := v.e.collLocked(ns)
+	c := v.coll(ns)
 	if c == nil {
 		return nil
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -33,23 +34,58 @@ func (v *View) conflict(owner *Txn) error {
 	return err
 }
 
+// writable returns the collection a write goes to, creating it when
+// missing: in the catalog for an auto-committed statement, privately for a
+// transaction (it joins the catalog at commit). A transaction whose
+// snapshot predates a catalog change of the namespace (an index built or
+// dropped, a drop or rename) cannot write it: 246 SnapshotUnavailable, as
+// mongod answers; a collection another transaction or statement created
+// after its snapshot is invisible to it, and creating its own fails at
+// commit with a WriteConflict.
 func (v *View) writable(ns NS) (*collection, error) {
 	if v.readOnly {
 		return nil, errors.New("engine: write in a read-only view")
 	}
-	c, created, err := v.e.ensureLocked(ns)
+	if v.t.auto {
+		c, created, err := v.e.ensureLocked(ns)
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			// Stamped with the statement's writes at commit.
+			v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
+		}
+		return c, nil
+	}
+	if c := v.coll(ns); c != nil {
+		if c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
+			return nil, v.snapshotUnavailable(ns)
+		}
+		return c, nil
+	}
+	if v.failed != nil {
+		return nil, v.failed
+	}
+	if at, ok := v.e.gone[ns]; ok && bsonkit.CompareTimestamps(at, v.t.snapshot) > 0 {
+		return nil, v.snapshotUnavailable(ns)
+	}
+	c, err := newCollection(ns)
 	if err != nil {
 		return nil, err
 	}
-	if created {
-		// Stamped with the transaction's writes at commit.
-		v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
-		if !v.t.auto {
-			v.t.created = append(v.t.created, c)
-			c.pending = v.t
-		}
-	}
+	c.pending = v.t
+	v.t.created = append(v.t.created, c)
+	// Stamped with the transaction's writes at commit.
+	v.t.ops = append(v.t.ops, c.createEntry(bson.Timestamp{}))
 	return c, nil
+}
+
+func (v *View) snapshotUnavailable(ns NS) error {
+	err := &Error{Code: CodeSnapshotUnavailable, Name: "SnapshotUnavailable",
+		Msg: fmt.Sprintf("Unable to write to collection '%s' due to catalog changes; please retry the operation. Snapshot timestamp is %s.",
+			ns, FormatValue(v.t.snapshot))}
+	v.failed = err
+	return err
 }
 
 // record buffers a write of chain c in the view's transaction.
@@ -197,14 +233,7 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		ch = &chain{coll: c, key: key}
 		c.chains[key] = ch
 	}
-	for i := range doc {
-		if doc[i].Key == "_id" {
-			continue
-		}
-		if ts, ok := doc[i].Value.(bson.Timestamp); ok && ts.T == 0 && ts.I == 0 {
-			doc[i].Value = v.e.tick()
-		}
-	}
+	v.fillEmptyTimestamps(doc)
 	if err := v.checkUnique(c, ch, doc); err != nil {
 		if len(ch.versions) == 0 && ch.owner == nil {
 			delete(c.chains, key)
@@ -215,6 +244,21 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 	v.record(ch, doc, true)
 	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
 	return nil
+}
+
+// fillEmptyTimestamps gives the top-level fields of doc (other than _id)
+// that hold Timestamp(0, 0) a fresh clock tick, as mongod does for inserted
+// documents and replacements
+// (https://www.mongodb.com/docs/v7.0/reference/bson-types/#timestamps).
+func (v *View) fillEmptyTimestamps(doc bson.D) {
+	for i := range doc {
+		if doc[i].Key == "_id" {
+			continue
+		}
+		if ts, ok := doc[i].Value.(bson.Timestamp); ok && ts.T == 0 && ts.I == 0 {
+			doc[i].Value = v.e.tick()
+		}
+	}
 }
 
 // UpdateDescription describes an update for the oplog and change streams.
@@ -229,15 +273,18 @@ type UpdateDescription struct {
 }
 
 // Update replaces the document with newDoc's _id by newDoc (its _id stored
-// first). desc nil
-// records a replace, else an update with that description. The document
-// must exist in the view.
+// first). desc nil records a replace (whose top-level Timestamp(0, 0) fields
+// are filled as Insert fills them), else an update with that description.
+// The document must exist in the view.
 func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	c, err := v.writable(ns)
 	if err != nil {
 		return err
 	}
 	newDoc = idFirst(newDoc)
+	if desc == nil {
+		v.fillEmptyTimestamps(newDoc)
+	}
 	id, _ := bsonkit.Get(newDoc, "_id")
 	ch := c.chains[bsonkit.Key(id)]
 	if ch == nil || v.docOf(ch) == nil {
@@ -269,13 +316,16 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	if v.readOnly {
 		return false, errors.New("engine: write in a read-only view")
 	}
-	c := v.e.collLocked(ns)
+	c := v.coll(ns)
 	if c == nil {
 		return false, nil
 	}
 	ch := c.chains[bsonkit.Key(id)]
 	if ch == nil || v.docOf(ch) == nil {
 		return false, nil
+	}
+	if !v.t.auto && c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
+		return false, v.snapshotUnavailable(ns)
 	}
 	if err := v.claim(ch); err != nil {
 		return false, err
@@ -290,13 +340,12 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	return true, nil
 }
 
-// EnsureCollection creates the collection when missing (implicit creation)
-// and reports whether it did.
+// EnsureCollection creates the collection when the view does not see it
+// (see writable) and reports whether it did.
 func (v *View) EnsureCollection(ns NS) (bool, error) {
-	c, created, err := v.e.ensureLocked(ns)
-	if created && v.t != nil && !v.t.auto {
-		v.t.created = append(v.t.created, c)
-		c.pending = v.t
+	if v.coll(ns) != nil {
+		return false, nil
 	}
-	return created, err
+	_, err := v.writable(ns)
+	return err == nil, err
 }

@@ -1,0 +1,219 @@
+package outbox
+
+// The publisher's Kafka producers and the size limits they follow.
+//
+// Kafka takes a record batch up to the topic's max.message.bytes (the
+// broker's message.max.bytes unless the topic sets its own), counted after
+// compression. kgo refuses on the client a record whose batch would exceed
+// its ProducerBatchMaxBytes (1,000,012 bytes unless set), counted before
+// compression, reads that limit once per partition and never again, and
+// still sends the records after the one it refused. So the publisher has
+// two producers:
+//
+//   - The main producer batches. Its limit per topic is the topic's
+//     max.message.bytes as read from Kafka (partitionCounts.readLimits; the
+//     client's default while unknown), so its batches are never too large
+//     for Kafka, compressed or not. The limits are read when the publisher
+//     starts, every limitRefreshInterval, whenever a record is refused for
+//     its size (at most every limitRereadDelay) and with the partition
+//     counts by Run's refresh. When a
+//     limit changes the main producer is replaced by one built with the new
+//     limits (kgo would keep the old one); the old one finishes the records
+//     it holds and is closed.
+//   - The solo producer sends one record at a time, the records the worker
+//     judges on their own: a record whose batch alone would exceed the main
+//     producer's limit (publish.WorkerConfig.MaxBatchBytes), and each record
+//     of a batch Kafka refused. Its limit is the largest request the client
+//     may write, so that Kafka, not the client, judges the record: a
+//     compressible event above the limit is published when its compressed
+//     batch fits, an event that does not fit even compressed is refused by
+//     Kafka and marked failed, and an event that failed before the topic's
+//     limit was raised is published when retried.
+//
+// Both producers share the publisher's producer options; their goroutines
+// are kgo's, ended by close (which runs when the publisher returns, after
+// every worker stopped).
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/event-outbox/outbox/internal/publish"
+)
+
+// defaultBatchMaxBytes is kgo's ProducerBatchMaxBytes default, used for a
+// topic whose max.message.bytes is unknown.
+const defaultBatchMaxBytes = 1000012
+
+// limitRereadDelay is the least time between a read of the topics' limits
+// and the next one caused by a size refusal; limitRefreshInterval is the
+// period of the publisher's own reads.
+const (
+	limitRereadDelay     = 5 * time.Second
+	limitRefreshInterval = 15 * time.Second
+)
+
+// producers is the publisher's main and solo producers (see the file
+// comment). Safe for concurrent use.
+type producers struct {
+	opts  []kgo.Opt // the producers' options, without the batch limit
+	kafka func(topic string) string
+	log   *slog.Logger
+
+	solo *kgo.Client
+
+	mu      sync.RWMutex
+	main    *kgo.Client
+	limits  map[string]int   // by bare topic: what main was built with
+	byKafka map[string]int32 // the same by Kafka topic, clamped as kgo takes it
+
+	old     sync.WaitGroup // replaced main producers finishing their records
+	closing context.Context
+	closed  context.CancelFunc
+}
+
+// newProducers creates the producers with opts; limits are the topics'
+// max.message.bytes known so far (bare topics), kafka maps a bare topic
+// to its Kafka topic.
+func newProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) string, log *slog.Logger) (*producers, error) {
+	p := &producers{opts: opts, kafka: kafka, log: log}
+	p.closing, p.closed = context.WithCancel(context.Background())
+	main, byKafka, err := p.newMain(limits)
+	if err != nil {
+		return nil, err
+	}
+	// The largest request kgo may write (BrokerMaxWriteBytes, 100 MiB by
+	// default) bounds the solo producer's batch.
+	soloMax, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	if soloMax <= 0 {
+		soloMax = defaultBatchMaxBytes
+	}
+	solo, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...), kgo.ProducerBatchMaxBytes(min(soloMax, 1<<30)))...)
+	if err != nil {
+		main.Close()
+		return nil, err
+	}
+	p.main, p.limits, p.byKafka, p.solo = main, maps.Clone(limits), byKafka, solo
+	return p, nil
+}
+
+// newMain returns a main producer whose batch limit per topic is limits
+// (bare topics), the client's default for the others, and its limits by
+// Kafka topic.
+func (p *producers) newMain(limits map[string]int) (*kgo.Client, map[string]int32, error) {
+	byKafka := make(map[string]int32, len(limits))
+	for t, n := range limits {
+		byKafka[p.kafka(t)] = int32(min(max(n, 1024), 1<<30)) // kgo's bounds
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, p.opts...), kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+		if n, ok := byKafka[topic]; ok {
+			return n
+		}
+		return defaultBatchMaxBytes
+	}))...)
+	return cl, byKafka, err
+}
+
+// Produce hands r to the main producer.
+func (p *producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	p.main.Produce(ctx, r, promise)
+}
+
+// soloProducer sends through the solo producer (publish.WorkerConfig.Solo).
+type soloProducer struct{ p *producers }
+
+func (s soloProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	s.p.solo.Produce(ctx, r, promise)
+}
+
+// maxBatchBytes returns the main producer's batch limit for a Kafka topic
+// (publish.WorkerConfig.MaxBatchBytes).
+func (p *producers) maxBatchBytes(kafkaTopic string) int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if n, ok := p.byKafka[kafkaTopic]; ok {
+		return int(n)
+	}
+	return defaultBatchMaxBytes
+}
+
+// update replaces the main producer when limits differ from those it was
+// built with. The old one finishes the records it holds (bounded by the
+// delivery timeout) in a goroutine that close waits for.
+func (p *producers) update(limits map[string]int) {
+	p.mu.RLock()
+	same := maps.Equal(p.limits, limits)
+	p.mu.RUnlock()
+	if same {
+		return
+	}
+	main, byKafka, err := p.newMain(limits)
+	if err != nil { // the options were accepted before: not expected
+		p.log.Warn("outbox publisher: cannot rebuild the producer for new topic limits; keeping the old limits", "error", err)
+		return
+	}
+	p.mu.Lock()
+	old, was := p.main, p.limits
+	p.main, p.limits, p.byKafka = main, maps.Clone(limits), byKafka
+	p.mu.Unlock()
+	p.log.Info("outbox publisher: topic size limits changed; producer rebuilt", "max_message_bytes", limits, "before", was)
+	p.old.Go(func() {
+		// Nothing is produced on old any more (Produce holds the read
+		// lock): flushing ends once its records are acknowledged or failed
+		// (the delivery timeout bounds it), or when the publisher stops.
+		_ = old.Flush(p.closing)
+		old.Close()
+	})
+}
+
+// forceMetadataRefresh makes both producers read the topics' metadata now
+// (new partitions).
+func (p *producers) forceMetadataRefresh() {
+	p.mu.RLock()
+	p.main.ForceMetadataRefresh()
+	p.mu.RUnlock()
+	p.solo.ForceMetadataRefresh()
+}
+
+// close closes the producers; the workers have stopped.
+func (p *producers) close() {
+	p.closed()
+	p.old.Wait()
+	p.mu.Lock()
+	p.main.Close()
+	p.mu.Unlock()
+	p.solo.Close()
+}
+
+// workerHooks wires the producers into a worker configuration.
+func (p *producers) workerHooks(w *publish.WorkerConfig, sizeRefused func(topic string)) {
+	w.Producer = p
+	w.Solo = soloProducer{p}
+	w.MaxBatchBytes = p.maxBatchBytes
+	w.SizeRefused = sizeRefused
+}
+
+// producerCompressor returns the compressor of a producer built with opts
+// (Config.KafkaOptions), nil for none. It builds a client to read it, which
+// does no I/O, and closes it.
+func producerCompressor(opts []kgo.Opt) kgo.Compressor {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		comp, _ := kgo.DefaultCompressor(kgo.SnappyCompression()) // kgo's default
+		return comp
+	}
+	defer cl.Close()
+	if comp, ok := cl.OptValue(kgo.WithCompressor).(kgo.Compressor); ok && comp != nil {
+		return comp
+	}
+	codecs, _ := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec)
+	comp, _ := kgo.DefaultCompressor(codecs...)
+	return comp
+}
