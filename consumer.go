@@ -92,18 +92,18 @@ type consumer struct {
 }
 
 // kafkaPauser pauses and resumes fetching with the Kafka topic of a bare
-// topic (Config.TopicPrefix).
+// topic (Config.TopicPrefix), through the consumer's client (set before any
+// partition is assigned, so before any worker pauses).
 type kafkaPauser struct {
-	cl  *kgo.Client
-	cfg *Config
+	cons *consumer
 }
 
 func (p kafkaPauser) Pause(tp consume.TopicPartition) {
-	p.cl.PauseFetchPartitions(map[string][]int32{p.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
+	p.cons.cl.PauseFetchPartitions(map[string][]int32{p.cons.c.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
 }
 
 func (p kafkaPauser) Resume(tp consume.TopicPartition) {
-	p.cl.ResumeFetchPartitions(map[string][]int32{p.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
+	p.cons.cl.ResumeFetchPartitions(map[string][]int32{p.cons.c.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
 }
 
 // consumeConfig is the configuration of the partition workers.
@@ -147,6 +147,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	defer cancelWork()
 	cons := &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}
 	host := &consumeHost{c: c, cons: cons}
+	// The set exists before the client: kgo may call the rebalance
+	// callbacks as soon as the client is created.
+	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cons}), work)
 	opts := append([]kgo.Opt{}, c.cfg.KafkaOptions...)
 	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.Brokers...),
@@ -168,7 +171,6 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
-	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cl, &c.cfg}), work)
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming,
