@@ -301,7 +301,7 @@ func (w *Worker) park(ctx context.Context, e *Event, out *Outcome, r *unitResult
 	}
 	e.Attempts = max(e.Attempts+inc, n)
 	if w.cfg.Hold && e.Key != "" {
-		w.setHeld(e.Key, true)
+		w.setHeld(e.Key)
 	}
 	w.settled(e, out, SettledParked, reason)
 }
@@ -324,7 +324,7 @@ func (w *Worker) learnHold(ctx context.Context, e *Event, r *unitResult) {
 		return
 	}
 	if ok {
-		w.setHeld(e.Key, h.Releasable)
+		w.setHeld(e.Key)
 		if h.Releasable {
 			r.releases = append(r.releases, e.Key)
 		}
