@@ -62,3 +62,71 @@ func TestWorkerStaleHeldKeysReadKeepsALaterHold(t *testing.T) {
 	require.Equal(t, parked, d.heldBy)
 	require.Equal(t, 2, h.w.Stats().HeldKeys)
 }
+
+// The first units after an assignment run one event each and count its
+// attempt before it runs (Lookup with count): the partition's earlier owner
+// may have died while running it. An event whose stored attempts are used
+// up is parked without running; the others run with their attempt number
+// counted; later units batch and count nothing.
+func TestWorkerSuspectUnitsCountAttempts(t *testing.T) {
+	h := newHarness(t, 2, nil)
+	ids := []string{h.id(0), h.id(1)}
+	h.f.seedAttempts(h.tp, ids[0], "a", 0, 1)                      // one attempt by the earlier owner
+	h.f.seedAttempts(h.tp, ids[1], "b", 1, testPolicy.MaxAttempts) // all of them
+	all := h.enqueue(ev{"a", "ok"}, ev{"b", "ok"}, ev{"c", "ok"}, ev{"d", "ok"}, ev{"e", "ok"}, ev{"f", "ok"})
+	h.waitQuiet()
+
+	var counted []string
+	for _, c := range h.f.lookupCalls() {
+		if c.Count {
+			require.Len(t, c.IDs, 1, "a suspect unit runs one event")
+			counted = append(counted, c.IDs[0])
+		}
+	}
+	require.ElementsMatch(t, ids, counted, "the first two units (KeyConcurrency 2) count, the later ones do not")
+	require.Equal(t, []int{2}, h.f.attemptsSeen(ids[0]), "run as attempt 2")
+	require.Empty(t, h.f.attemptsSeen(ids[1]), "attempts used up: not run")
+	d := h.f.get(ids[1])
+	require.True(t, d.parked)
+	require.Equal(t, "attempts_exhausted", d.reason)
+	require.Equal(t, testPolicy.MaxAttempts+1, d.attempts)
+	for _, id := range all[2:] {
+		require.Equal(t, []int{1}, h.f.attemptsSeen(id), id)
+	}
+	require.Equal(t, append([]string{ids[0]}, all[2:]...), h.f.handledIDs())
+}
+
+// When the count of a suspect unit fails, the event still has its attempt
+// counted before it runs: the count fails with a lock exactly when the
+// earlier owner died in the middle of the event's transaction (its open
+// transaction holds the event's inbox entry), which is the case the count
+// is for. Uncounted, an event that kills the process would run for ever,
+// one owner after another.
+func TestWorkerSuspectCountRetriedAfterFailure(t *testing.T) {
+	for _, op := range []string{"lookup_locked", "lookup"} {
+		t.Run(op, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			id := h.id(0)
+			h.f.seedAttempts(h.tp, id, "a", 0, testPolicy.MaxAttempts) // the earlier owners died running it
+			h.f.mu.Lock()
+			h.f.failOps[op] = 2
+			h.f.mu.Unlock()
+			h.enqueue(ev{"a", "ok"}, ev{"b", "ok"})
+			h.waitQuiet()
+			require.Empty(t, h.f.attemptsSeen(id), "run without its attempt counted")
+			d := h.f.get(id)
+			require.True(t, d.parked)
+			require.Equal(t, "attempts_exhausted", d.reason)
+			calls := h.f.lookupCalls()
+			require.GreaterOrEqual(t, len(calls), 3)
+			for _, c := range calls[:3] {
+				require.Equal(t, lookupCall{IDs: []string{id}, Count: true}, c, "retried alone, counting")
+			}
+			if op == "lookup_locked" {
+				require.Equal(t, 2, h.f.reapCalls())
+				require.Equal(t, []string{"locked", "locked"}, h.obs.retryReasons(id))
+			}
+			require.True(t, h.handled(h.id(1)))
+		})
+	}
+}
