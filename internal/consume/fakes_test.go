@@ -19,7 +19,8 @@ import (
 // contract (consume.go) and the root package's keyseq.go describe them, a
 // Pauser that keeps pauses as kgo does, and an Observer that records.
 //
-// A record's Key is its partition key; its Value is "id|script": the
+// A record's Key is its partition key; its Value is "id|script" (then
+// maybe "|" and padding, for its size): the
 // event's identity in the inbox (its idempotency key) and what its handler
 // does (see fakeScript). The fake checks the consumer's promises as it
 // goes and records each breach in violations: per-key order (an event is
@@ -121,7 +122,12 @@ type fakeHost struct {
 	docs         map[string]*fakeDoc
 	scripts      map[string]*fakeScript
 	seen         map[TopicPartition]map[int64]seenRec // decoded records
-	busy         map[string]int                       // running units by tp/key
+	// keyOffs is the offsets of each tp/key decoded, sorted; keyDone counts
+	// those of its first ones known handled or skipped (both for good).
+	keyOffs      map[string][]int64
+	keyDone      map[string]int
+	checkedTo    map[TopicPartition]int64 // commits checked below this offset
+	busy         map[string]int           // running units by tp/key
 	order        []handledRec
 	handles      map[string]int   // handler commits by event
 	attempts     map[string][]int // attempt numbers the handler saw, by event
@@ -142,12 +148,15 @@ type fakeHost struct {
 	seqGate  chan struct{}
 	seqRead  chan struct{}
 	seqCalls int
-	canceled []string // events whose handler saw its context end
+	// commitGate, when set, makes commits wait for it (a slow broker).
+	commitGate chan struct{}
+	canceled   []string // events whose handler saw its context end
 }
 
 func newFakeHost(obs *recObserver, policy Policy) *fakeHost {
 	return &fakeHost{obs: obs, policy: policy, checkCommits: true,
 		docs: map[string]*fakeDoc{}, scripts: map[string]*fakeScript{}, seen: map[TopicPartition]map[int64]seenRec{},
+		keyOffs: map[string][]int64{}, keyDone: map[string]int{}, checkedTo: map[TopicPartition]int64{},
 		busy: map[string]int{}, handles: map[string]int{}, attempts: map[string][]int{},
 		commits: map[TopicPartition][]int64{}, failOps: map[string]int{}, blocked: make(chan string, 64)}
 }
@@ -204,12 +213,20 @@ func (f *fakeHost) failOp(op string) bool {
 
 func (f *fakeHost) Decode(rec *kgo.Record) *Event {
 	id, sc, _ := strings.Cut(string(rec.Value), "|")
+	sc, _, _ = strings.Cut(sc, "|") // padding may follow
 	tp := TopicPartition{rec.Topic, rec.Partition}
 	key := string(rec.Key)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.seen[tp] == nil {
 		f.seen[tp] = map[int64]seenRec{}
+	}
+	if _, ok := f.seen[tp][rec.Offset]; !ok && key != "" {
+		bk := tp.String() + "/" + key
+		offs := f.keyOffs[bk]
+		i, _ := slices.BinarySearch(offs, rec.Offset)
+		f.keyOffs[bk] = slices.Insert(offs, i, rec.Offset)
+		f.keyDone[bk] = min(f.keyDone[bk], i)
 	}
 	f.seen[tp][rec.Offset] = seenRec{id, key}
 	f.note("decode %s [%s] %s", id, key, sc)
@@ -556,12 +573,21 @@ func (f *fakeHost) Handle(ctx context.Context, tp TopicPartition, evs []*Event) 
 // commitHandled marks d handled, checking per-key order. Under f.mu.
 func (f *fakeHost) commitHandled(tp TopicPartition, d *fakeDoc, released bool) {
 	if d.key != "" {
-		for off, r := range f.seen[tp] {
-			if off >= d.offset || r.key != d.key {
-				continue
-			}
-			if p := f.docs[r.id]; (p == nil || !p.handled) && !f.obs.wasSkipped(r.id) {
-				f.violate("%s (offset %d) of key %q handled before %s (offset %d)", d.id, d.offset, d.key, r.id, off)
+		bk := tp.String() + "/" + d.key
+		offs := f.keyOffs[bk]
+		done := func(off int64) bool {
+			r := f.seen[tp][off]
+			p := f.docs[r.id]
+			return (p != nil && p.handled) || f.obs.wasSkipped(r.id)
+		}
+		i := f.keyDone[bk]
+		for i < len(offs) && done(offs[i]) {
+			i++
+		}
+		f.keyDone[bk] = i
+		for ; i < len(offs) && offs[i] < d.offset; i++ {
+			if !done(offs[i]) {
+				f.violate("%s (offset %d) of key %q handled before %s (offset %d)", d.id, d.offset, d.key, f.seen[tp][offs[i]].id, offs[i])
 			}
 		}
 	}
@@ -643,20 +669,32 @@ func (f *fakeHost) NoteReleaseFailure(ctx context.Context, tp TopicPartition, e 
 
 func (f *fakeHost) Commit(ctx context.Context, tp TopicPartition, offset int64, epoch int32) error {
 	f.mu.Lock()
+	gate := f.commitGate
+	f.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
 	cs := f.commits[tp]
-	if len(cs) > 0 && offset <= cs[len(cs)-1] {
+	// A worker commits only forwards; the next owner of the partition may
+	// commit the same offset again.
+	if len(cs) > 0 && offset < cs[len(cs)-1] {
 		f.violate("%s: commit of %d after %d", tp, offset, cs[len(cs)-1])
 	}
 	if f.checkCommits {
-		for off, r := range f.seen[tp] {
-			if off >= offset {
+		// Settled is for good: each offset is checked by the first commit
+		// that passes it.
+		for off := f.checkedTo[tp]; off < offset; off++ {
+			r, ok := f.seen[tp][off]
+			if !ok {
 				continue
 			}
 			if d := f.docs[r.id]; (d == nil || !(d.handled || d.parked)) && !f.obs.wasSkipped(r.id) {
 				f.violate("%s: commit of %d passes unsettled %s (offset %d)", tp, offset, r.id, off)
 			}
 		}
+		f.checkedTo[tp] = max(f.checkedTo[tp], offset)
 	}
 	if f.failCommits > 0 {
 		f.failCommits--

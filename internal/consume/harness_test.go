@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -107,7 +108,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func waitExplained(t *testing.T, what string, cond func() bool, explain func() string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
+	for i := 0; !cond(); i++ {
+		if i < 100 {
+			runtime.Gosched() // most waits are short: a few turns of other goroutines
+			continue
+		}
 		if time.Now().After(deadline) {
 			msg := ""
 			if explain != nil {
