@@ -249,6 +249,9 @@ func (f *fakeHost) Decode(rec *kgo.Record) *Event {
 // f.mu.
 func (f *fakeHost) doc(tp TopicPartition, e *Event) *fakeDoc {
 	id := idOf(e)
+	if id == "" {
+		f.violate("a settled event (offset %d) handed to the host again", e.Offset)
+	}
 	d := f.docs[id]
 	if d == nil {
 		d = &fakeDoc{id: id, tp: tp, key: e.Key, offset: e.Offset}
@@ -618,6 +621,11 @@ func (f *fakeHost) Release(ctx context.Context, tp TopicPartition, key string) (
 	}
 	f.note("release [%s]: head %s", key, d.id)
 	s := f.scripts[d.id]
+	if s == nil {
+		f.violate("release of %q, an event never decoded", d.id)
+		f.mu.Unlock()
+		return nil, Result{Kind: HeadParked}
+	}
 	if s.kind == "malformed" || (s.kind == "nohandler" && !f.deployed) {
 		// It can never run here: parked for good, saying why.
 		d.heldBy, d.reason = "", "no_handler"

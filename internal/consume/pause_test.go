@@ -235,3 +235,63 @@ func TestSetRevokeEnqueueHammer(t *testing.T) {
 		offset++
 	}
 }
+
+// Backpressure: a worker that holds its bound (records taken and not
+// passed by the committable offset, or the bytes of its unsettled
+// records) keeps its partition paused until it is back under half of it,
+// and resumes then.
+func TestWorkerPausesOverItsBound(t *testing.T) {
+	for _, bound := range []string{"records", "bytes"} {
+		t.Run(bound, func(t *testing.T) {
+			h := newHarness(t, 4, func(c *Config) {
+				c.Hold = false
+				if bound == "records" {
+					c.QueueRecords = 4
+				} else {
+					c.QueueBytes = 4 * 64
+				}
+			})
+			// Records: a blocked event, then five of another key, handled
+			// but not passed by the committable offset. Bytes: six events
+			// of one key, all unsettled behind the blocked one.
+			others := map[string]string{"records": "b", "bytes": "a"}[bound]
+			evs := []ev{{"a", "block"}}
+			for range 5 {
+				evs = append(evs, ev{others, "ok"})
+			}
+			recs, ids := h.records(evs...)
+			for _, r := range recs {
+				r.Value = append(append(r.Value, '|'), make([]byte, 64)...)
+			}
+			h.w.Enqueue(recs)
+			require.Equal(t, ids[0], <-h.f.blocked)
+			waitFor(t, "every record taken", func() bool {
+				st := h.w.Stats()
+				if bound == "records" {
+					return st.LowestUnsettled == 0 && st.Unsettled == 1 && h.handled(ids[5])
+				}
+				return st.LowestUnsettled == 0 && st.Unsettled == 6
+			})
+			require.True(t, pausedNow(t, h.w, h.p), "over its bound")
+			h.f.unblock(ids[0])
+			require.False(t, drained(t, h.w, h.p, h.next))
+			pauses, resumes := h.p.calls()
+			require.Equal(t, 1, pauses)
+			require.Equal(t, 1, resumes)
+		})
+	}
+}
+
+// Records handed to a stopped worker (the poll loop may hold it from before
+// the revoke) are dropped: they pause nothing.
+func TestWorkerEnqueueAfterStopIsDropped(t *testing.T) {
+	h := newHarness(t, 1, pauseConfig)
+	h.w.Stop()
+	h.w.Enqueue([]*kgo.Record{bigRecord(h.tp, 0)})
+	require.False(t, pausedNow(t, h.w, h.p))
+	pauses, _ := h.p.calls()
+	require.Zero(t, pauses)
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	require.Empty(t, h.w.inbound)
+}
