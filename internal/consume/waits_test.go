@@ -73,3 +73,21 @@ func TestWorkerWaitsWhileReleasing(t *testing.T) {
 	defer h.obs.mu.Unlock()
 	require.Len(t, h.obs.released, len(ids)-1)
 }
+
+// Waits (and the loop's log of waits every second) may be read while units
+// run and fail: a running unit's wait must not read its event, which the
+// unit writes (go test -race checks it).
+func TestWorkerWaitsWhileUnitsFail(t *testing.T) {
+	h := newHarness(t, 4, func(c *Config) { c.WaitVisible = time.Nanosecond })
+	h.setPolicy(Policy{MaxAttempts: 1 << 30, Backoff: retry.Backoff{Min: time.Microsecond, Max: time.Microsecond}})
+	id := h.enqueue(ev{"a", "fail:-1"})[0]
+	running := 0
+	for running < 200 {
+		for _, w := range h.w.Waits() {
+			if w.What == "running" {
+				running++
+			}
+		}
+	}
+	require.Positive(t, h.f.get(id).attempts)
+}

@@ -382,6 +382,9 @@ func (w *Worker) loop() {
 
 	startUnit := func(u *Unit) {
 		running[u] = time.Now()
+		if len(u.Events) > 0 {
+			u.attempts = u.Events[0].Attempts
+		}
 		go func() {
 			var r unitResult
 			if u.IsRelease {
