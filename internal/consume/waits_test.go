@@ -82,12 +82,12 @@ func TestWorkerWaitsWhileUnitsFail(t *testing.T) {
 	h.setPolicy(Policy{MaxAttempts: 1 << 30, Backoff: retry.Backoff{Min: time.Microsecond, Max: time.Microsecond}})
 	id := h.enqueue(ev{"a", "fail:-1"})[0]
 	running := 0
-	for running < 200 {
+	waitFor(t, "failures seen running", func() bool {
 		for _, w := range h.w.Waits() {
 			if w.What == "running" {
 				running++
 			}
 		}
-	}
-	require.Positive(t, h.f.get(id).attempts)
+		return running >= 20 && h.f.get(id).attempts >= 50
+	})
 }
