@@ -50,6 +50,13 @@ type ev struct{ key, script string }
 // the test fails if the fake met a violation.
 func newHarness(t *testing.T, slots int, mod func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWith(t, slots, mod, nil)
+}
+
+// newHarnessWith is newHarness; before, when set, runs before the worker
+// starts (to seed the inbox as an earlier owner left it).
+func newHarnessWith(t *testing.T, slots int, mod func(*Config), before func(*harness)) *harness {
+	t.Helper()
 	obs := newRecObserver()
 	f := newFakeHost(obs, testPolicy)
 	p := newFakePauser()
@@ -58,6 +65,9 @@ func newHarness(t *testing.T, slots int, mod func(*Config)) *harness {
 		mod(cfg)
 	}
 	h := &harness{t: t, f: f, obs: obs, p: p, cfg: cfg, tp: TopicPartition{"orders", 0}}
+	if before != nil {
+		before(h)
+	}
 	work, cancel := context.WithCancel(context.Background())
 	h.w = NewWorker(h.tp, cfg, work)
 	h.w.Start()
