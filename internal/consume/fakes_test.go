@@ -122,6 +122,7 @@ type fakeHost struct {
 	// Off for tests that feed records from wherever they are.
 	stream  bool
 	docs    map[string]*fakeDoc
+	keyDocs map[string][]*fakeDoc // docs by tp/key, for first (see put)
 	scripts map[string]*fakeScript
 	seen    map[TopicPartition]map[int64]seenRec // decoded records
 	// keyOffs is the offsets of each tp/key decoded, sorted; keyDone counts
@@ -157,7 +158,7 @@ type fakeHost struct {
 
 func newFakeHost(obs *recObserver, policy Policy) *fakeHost {
 	return &fakeHost{obs: obs, policy: policy, stream: true,
-		docs: map[string]*fakeDoc{}, scripts: map[string]*fakeScript{}, seen: map[TopicPartition]map[int64]seenRec{},
+		docs: map[string]*fakeDoc{}, keyDocs: map[string][]*fakeDoc{}, scripts: map[string]*fakeScript{}, seen: map[TopicPartition]map[int64]seenRec{},
 		keyOffs: map[string][]int64{}, keyDone: map[string]int{}, checkedTo: map[TopicPartition]int64{},
 		busy: map[string]int{}, handles: map[string]int{}, attempts: map[string][]int{},
 		commits: map[TopicPartition][]int64{}, failOps: map[string]int{}, blocked: make(chan string, 64)}
@@ -262,15 +263,22 @@ func (f *fakeHost) doc(tp TopicPartition, e *Event) *fakeDoc {
 	d := f.docs[id]
 	if d == nil {
 		d = &fakeDoc{id: id, tp: tp, key: e.Key, offset: e.Offset}
-		f.docs[id] = d
+		f.put(d)
 	}
 	return d
 }
 
 // first returns the head of key's sequence in tp. Under f.mu.
+// put stores a new document. Under f.mu.
+func (f *fakeHost) put(d *fakeDoc) {
+	f.docs[d.id] = d
+	bk := d.tp.String() + "/" + d.key
+	f.keyDocs[bk] = append(f.keyDocs[bk], d)
+}
+
 func (f *fakeHost) first(tp TopicPartition, key string) *fakeDoc {
 	var h *fakeDoc
-	for _, d := range f.docs {
+	for _, d := range f.keyDocs[tp.String()+"/"+key] {
 		if d.parked && d.tp == tp && d.key == key && (h == nil || d.offset < h.offset) {
 			h = d
 		}
@@ -731,14 +739,14 @@ func (f *fakeHost) Reap() {
 func (f *fakeHost) seedHandled(tp TopicPartition, id, key string, offset int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.docs[id] = &fakeDoc{id: id, tp: tp, key: key, offset: offset, handled: true}
+	f.put(&fakeDoc{id: id, tp: tp, key: key, offset: offset, handled: true})
 }
 
 // seedAttempts stores attempts of an event by an earlier owner.
 func (f *fakeHost) seedAttempts(tp TopicPartition, id, key string, offset int64, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.docs[id] = &fakeDoc{id: id, tp: tp, key: key, offset: offset, attempts: n}
+	f.put(&fakeDoc{id: id, tp: tp, key: key, offset: offset, attempts: n})
 }
 
 // setScript replaces the script of an event.

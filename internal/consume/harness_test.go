@@ -130,7 +130,7 @@ func waitExplained(t *testing.T, what string, cond func() bool, explain func() s
 			}
 			t.Fatalf("timed out waiting for %s%s", what, msg)
 		}
-		time.Sleep(200 * time.Microsecond)
+		time.Sleep(500 * time.Microsecond)
 	}
 }
 

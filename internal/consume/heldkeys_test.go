@@ -14,11 +14,12 @@ import (
 func (f *fakeHost) seedParked(tp TopicPartition, id, key string, offset int64, script, heldBy string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.docs[id] = &fakeDoc{id: id, tp: tp, key: key, offset: offset, parked: true, heldBy: heldBy, reason: "handler_error"}
-	f.scripts[id] = parseScript(script)
+	d := &fakeDoc{id: id, tp: tp, key: key, offset: offset, parked: true, heldBy: heldBy, reason: "handler_error"}
 	if heldBy != "" {
-		f.docs[id].reason = ""
+		d.reason = ""
 	}
+	f.put(d)
+	f.scripts[id] = parseScript(script)
 }
 
 // A worker reads its partition's held keys before its first unit: the

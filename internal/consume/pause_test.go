@@ -204,7 +204,7 @@ func TestSetRevokeEnqueueHammer(t *testing.T) {
 	h.p.beforePause = runtime.Gosched // widens any gap between the decision to pause and the pause
 	h.s.Assign(tps)
 
-	const cycles = 500
+	const cycles = 300
 	violations := 0
 	// enqueued counts the enqueues; assignedAt is its value at the last
 	// assignment. The enqueues keep to a few per assignment: the test

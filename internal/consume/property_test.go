@@ -112,10 +112,14 @@ func runRandomPartition(t *testing.T, slots int, seed uint64) {
 		i += m
 	}
 
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = h.id(int64(i))
+	}
 	mismatch := func() []string {
 		var out []string
 		for i, w := range want {
-			id := h.id(int64(i))
+			id := ids[i]
 			d := h.f.get(id)
 			var ok bool
 			switch w {
@@ -132,7 +136,7 @@ func runRandomPartition(t *testing.T, slots int, seed uint64) {
 		}
 		return out
 	}
-	waitExplained(t, "the expected end state", func() bool { return len(mismatch()) == 0 && h.quiet() }, func() string {
+	waitExplained(t, "the expected end state", func() bool { return h.quiet() && len(mismatch()) == 0 }, func() string {
 		return fmt.Sprintf("stats %+v, commits %v, violations %v\n%s", h.w.Stats(), h.f.committed(h.tp), h.f.Violations(), strings.Join(mismatch(), "\n"))
 	})
 	require.Empty(t, h.f.Violations())
