@@ -177,22 +177,26 @@ func TestWorkerReleasedEventFailsThenHeadsItsKey(t *testing.T) {
 // An event without a handler is parked for no_handler, holding its key;
 // once the handler is deployed the worker releases the key: the event
 // and the ones held behind it are handled in order. With SkipUnknown it
-// is skipped instead, and holds nothing.
+// is skipped instead, and holds nothing. A malformed record is parked,
+// holding its key.
 func TestWorkerNoHandler(t *testing.T) {
-	t.Run("parked then released on deploy", func(t *testing.T) {
-		h := newHarness(t, 4, nil)
-		ids := h.enqueue(ev{"a", "nohandler"}, ev{"a", "ok"}, ev{"b", "ok"})
-		h.waitQuiet()
-		d := h.f.get(ids[0])
-		require.True(t, d.parked)
-		require.Equal(t, "no_handler", d.reason)
-		require.Equal(t, ids[0], h.f.get(ids[1]).heldBy)
-		require.Equal(t, []string{ids[2]}, h.f.handledIDs())
-
-		h.f.deploy()
-		waitFor(t, "the key released", func() bool { return h.handled(ids[1]) })
-		require.Equal(t, []string{ids[2], ids[0], ids[1]}, h.f.handledIDs())
-	})
+	for _, script := range []string{"nohandler", "malformed"} {
+		t.Run(script, func(t *testing.T) {
+			h := newHarness(t, 4, nil)
+			ids := h.enqueue(ev{"a", script}, ev{"a", "ok"}, ev{"b", "ok"})
+			h.waitQuiet()
+			d := h.f.get(ids[0])
+			require.True(t, d.parked)
+			require.Equal(t, map[string]string{"nohandler": "no_handler", "malformed": "malformed"}[script], d.reason)
+			require.Equal(t, ids[0], h.f.get(ids[1]).heldBy)
+			require.Equal(t, []string{ids[2]}, h.f.handledIDs())
+			if script == "nohandler" {
+				h.f.deploy()
+				waitFor(t, "the key released", func() bool { return h.handled(ids[1]) })
+				require.Equal(t, []string{ids[2], ids[0], ids[1]}, h.f.handledIDs())
+			}
+		})
+	}
 	t.Run("skipped", func(t *testing.T) {
 		h := newHarness(t, 4, func(c *Config) { c.SkipUnknown = true })
 		ids := h.enqueue(ev{"a", "nohandler"}, ev{"a", "ok"})
@@ -202,16 +206,6 @@ func TestWorkerNoHandler(t *testing.T) {
 		require.Equal(t, SettledSkipped, how)
 		require.Equal(t, "no_handler", reason)
 		require.False(t, h.f.get(ids[0]).parked)
-	})
-	t.Run("malformed", func(t *testing.T) {
-		h := newHarness(t, 4, nil)
-		ids := h.enqueue(ev{"a", "malformed"}, ev{"a", "ok"}, ev{"b", "ok"})
-		h.waitQuiet()
-		d := h.f.get(ids[0])
-		require.True(t, d.parked)
-		require.Equal(t, "malformed", d.reason)
-		require.Equal(t, ids[0], h.f.get(ids[1]).heldBy)
-		require.Equal(t, []string{ids[2]}, h.f.handledIDs())
 	})
 }
 

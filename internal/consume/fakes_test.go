@@ -370,35 +370,34 @@ func (f *fakeHost) Hold(ctx context.Context, tp TopicPartition, e *Event) error 
 }
 
 func (f *fakeHost) Park(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, reason string) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.failOp("park") {
-		return 0, errFakeInfra
-	}
-	d := f.doc(tp, e)
-	if d.handled || d.parked {
-		return 0, ErrDone
-	}
-	d.parked, d.reason, d.lastErr = true, reason, cause.Error()
-	d.attempts += inc
-	f.note("park %s [%s] %s attempts %d", d.id, d.key, reason, d.attempts)
-	return d.attempts, nil
+	return f.noteDelivery("park", tp, e, cause, inc, reason)
 }
 
 func (f *fakeHost) NoteFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int) (int, error) {
+	return f.noteDelivery("note", tp, e, cause, inc, "")
+}
+
+// noteDelivery stores a delivered event's failure, as the root package's
+// noteDelivery does: inc more attempts and the cause, parked for reason
+// when one is given; ErrDone when the event is handled or parked.
+func (f *fakeHost) noteDelivery(op string, tp TopicPartition, e *Event, cause error, inc int, reason string) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.failOp("note") {
+	if f.failOp(op) {
 		return 0, errFakeInfra
 	}
 	d := f.doc(tp, e)
 	if d.handled || d.parked {
 		return 0, ErrDone
 	}
-	f.noteFailures++
+	if reason != "" {
+		d.parked, d.reason = true, reason
+	} else {
+		f.noteFailures++
+	}
 	d.attempts += inc
-	f.note("note failure %s [%s] +%d = %d", d.id, d.key, inc, d.attempts)
 	d.lastErr = cause.Error()
+	f.note("%s %s [%s] %s +%d = %d", op, d.id, d.key, reason, inc, d.attempts)
 	return d.attempts, nil
 }
 
