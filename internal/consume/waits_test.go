@@ -51,7 +51,7 @@ func TestWorkerWaitsShowRetryingKeys(t *testing.T) {
 		require.Equal(t, "b", b.Key)
 		require.Equal(t, "locked", b.What)
 		require.Contains(t, b.Detail, ErrLocked.Error())
-		require.True(t, h.handled(ids[2]))
+		waitFor(t, "c handled meanwhile", func() bool { return h.handled(ids[2]) })
 	})
 }
 
