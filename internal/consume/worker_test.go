@@ -93,7 +93,7 @@ func TestWorkerSuspectUnitsCountAttempts(t *testing.T) {
 	for _, id := range all[2:] {
 		require.Equal(t, []int{1}, h.f.attemptsSeen(id), id)
 	}
-	require.Equal(t, append([]string{ids[0]}, all[2:]...), h.f.handledIDs())
+	require.ElementsMatch(t, append([]string{ids[0]}, all[2:]...), h.f.handledIDs(), "keys of their own: any order")
 }
 
 // When the count of a suspect unit fails, the event still has its attempt
