@@ -44,7 +44,7 @@ func TestWorkerRetryHoldsOnlyItsKey(t *testing.T) {
 			others := slices.Delete(slices.Clone(ids), 2, 3)
 			others = slices.DeleteFunc(others, func(id string) bool { return id == behind })
 			waitFor(t, "the other keys handled and the offset committed up to the failing event", func() bool {
-				return len(h.f.handledIDs()) == len(others) && h.f.lastCommit(h.tp) == 2
+				return len(h.f.handledIDs()) == len(others) && h.f.lastCommit(h.tp) == 2 && h.w.Stats().Committed == 2
 			})
 			waitFor(t, "more failures", func() bool { return h.f.get(failing).attempts >= 3 })
 			require.ElementsMatch(t, others, h.f.handledIDs())
@@ -149,7 +149,11 @@ func TestWorkerReleasedEventFailsThenHeadsItsKey(t *testing.T) {
 	ids := h.enqueue(ev{"a", "park"}, ev{"a", "fail:-1"}, ev{"a", "ok"}, ev{"b", "ok"})
 	h.waitQuiet()
 	h.f.redrive(ids[0])
-	waitFor(t, "the released event parked for good", func() bool { d := h.f.get(ids[1]); return d.parked && d.heldBy == "" })
+	waitFor(t, "the released event parked for good", func() bool {
+		d := h.f.get(ids[1])
+		how, _ := h.obs.settledOf(ids[1]) // reported after the host stored it
+		return d.parked && d.heldBy == "" && how == SettledParked
+	})
 	d := h.f.get(ids[1])
 	require.Equal(t, testPolicy.MaxAttempts, d.attempts)
 	require.Equal(t, "handler_error", d.reason)

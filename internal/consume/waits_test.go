@@ -66,12 +66,12 @@ func TestWorkerWaitsWhileReleasing(t *testing.T) {
 	ids := h.enqueue(evs...)
 	h.waitQuiet()
 	h.f.redrive(ids[0])
-	for !h.handled(ids[len(ids)-1]) {
+	waitFor(t, "every held event released", func() bool {
 		h.w.Waits()
-	}
-	h.obs.mu.Lock()
-	defer h.obs.mu.Unlock()
-	require.Len(t, h.obs.released, len(ids)-1)
+		h.obs.mu.Lock()
+		defer h.obs.mu.Unlock()
+		return len(h.obs.released) == len(ids)-1
+	})
 }
 
 // Waits (and the loop's log of waits every second) may be read while units
