@@ -117,7 +117,9 @@ type Stats struct {
 	Unsettled int
 	// LowestUnsettled is the committable offset (-1 before any record).
 	LowestUnsettled int64
-	// Committed is the last committed offset (-1 before the first).
+	// Committed is the last committed offset; before the first commit,
+	// the offset the partition's fetching started from (-1 before any
+	// record).
 	Committed int64
 	// HeldKeys counts the keys this worker knows are held.
 	HeldKeys int
