@@ -121,6 +121,13 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		if err != nil {
 			return st, fmt.Errorf("outbox: count re-drive requests: %w", err)
 		}
+		st.ParkedNoHandler, err = a.inbox.CountDocuments(ctx, bson.D{
+			{Key: "parked", Value: true},
+			{Key: "park_reason", Value: reasonNoHandler},
+		})
+		if err != nil {
+			return st, fmt.Errorf("outbox: count events parked without a handler: %w", err)
+		}
 	}
 	return st, nil
 }

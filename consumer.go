@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
 
@@ -83,21 +86,24 @@ type consumer struct {
 	set *consume.Set
 	// errLog rate-limits the poll loop's repeated errors.
 	errLog *rateLog
+	// unknownSince is when each topic first answered UNKNOWN_TOPIC_ID in
+	// a row (see resubscribeRecreated). Owned by the poll loop.
+	unknownSince map[string]time.Time
 }
 
 // kafkaPauser pauses and resumes fetching with the Kafka topic of a bare
-// topic (Config.TopicPrefix).
+// topic (Config.TopicPrefix), through the consumer's client (set before any
+// partition is assigned, so before any worker pauses).
 type kafkaPauser struct {
-	cl  *kgo.Client
-	cfg *Config
+	cons *consumer
 }
 
 func (p kafkaPauser) Pause(tp consume.TopicPartition) {
-	p.cl.PauseFetchPartitions(map[string][]int32{p.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
+	p.cons.cl.PauseFetchPartitions(map[string][]int32{p.cons.c.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
 }
 
 func (p kafkaPauser) Resume(tp consume.TopicPartition) {
-	p.cl.ResumeFetchPartitions(map[string][]int32{p.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
+	p.cons.cl.ResumeFetchPartitions(map[string][]int32{p.cons.c.cfg.kafkaTopic(tp.Topic): {tp.Partition}})
 }
 
 // consumeConfig is the configuration of the partition workers.
@@ -141,6 +147,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	defer cancelWork()
 	cons := &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}
 	host := &consumeHost{c: c, cons: cons}
+	// The set exists before the client: kgo may call the rebalance
+	// callbacks as soon as the client is created.
+	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cons}), work)
 	opts := append([]kgo.Opt{}, c.cfg.KafkaOptions...)
 	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.Brokers...),
@@ -162,7 +171,6 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
-	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cl, &c.cfg}), work)
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming,
@@ -195,6 +203,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(cons.fetchError)
+		cons.resubscribeRecreated(fetches)
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			// Past this point topics are bare (Config.TopicPrefix): the
 			// records' too, before anything reads them.
@@ -207,6 +216,115 @@ func (c *Client) runConsumer(ctx context.Context) error {
 				cons.set.Enqueue(consume.TopicPartition{Topic: topic, Partition: p.Partition}, p.Records)
 			}
 		})
+	}
+}
+
+// recreatedAfter is how long a subscribed topic answers UNKNOWN_TOPIC_ID
+// before the consumer takes it for deleted and created again.
+const recreatedAfter = 3 * time.Second
+
+// resubscribeRecreated re-subscribes the topics that were deleted and
+// created again. kgo keeps the topic id it first learnt and never adopts a
+// new one (a recreated topic answers UNKNOWN_TOPIC_ID for ever, by design:
+// franz-go issue 908); the way out is to purge the topic from the client
+// and add it again, which the consumer does once the error has lasted
+// recreatedAfter (Kafka answers it for a moment after a first creation
+// too). The partitions are revoked and assigned again; the new topic is
+// read from its start when its committed offsets are out of its range.
+func (cons *consumer) resubscribeRecreated(fetches kgo.Fetches) {
+	now := time.Now()
+	seen := map[string]bool{}
+	fetches.EachError(func(t string, _ int32, err error) {
+		if errors.Is(err, kerr.UnknownTopicID) {
+			seen[t] = true
+		}
+	})
+	if cons.unknownSince == nil {
+		cons.unknownSince = map[string]time.Time{}
+	}
+	for t, since := range cons.unknownSince {
+		if !seen[t] && now.Sub(since) > 2*recreatedAfter {
+			delete(cons.unknownSince, t) // recovered on its own
+		}
+	}
+	for t := range seen {
+		since, ok := cons.unknownSince[t]
+		if !ok {
+			cons.unknownSince[t] = now
+			continue
+		}
+		if now.Sub(since) < recreatedAfter {
+			continue
+		}
+		delete(cons.unknownSince, t)
+		cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", cons.c.cfg.bareTopic(t))
+		cons.resubscribe(t)
+	}
+}
+
+// resubscribe subscribes to a topic that was deleted and created again, from
+// the start of the new topic: the offsets the group committed belong to the
+// old one, and one inside the new topic's range would skip its first
+// records. The topic's workers stop without committing (their offsets are
+// the old topic's), the topic leaves the client, the group's offsets of the
+// topic are set to the new topic's start (Kafka does not check that a
+// committing member owns a partition), and the topic is added again. A
+// redelivery this causes is skipped by the inbox.
+func (cons *consumer) resubscribe(t string) {
+	bare := cons.c.cfg.bareTopic(t)
+	var owned []consume.TopicPartition
+	for _, tp := range cons.set.Owned() {
+		if tp.Topic == bare {
+			owned = append(owned, tp)
+		}
+	}
+	cons.set.Lose(owned)
+	cons.cl.PurgeTopicsFromClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cons.commitTopicStart(ctx, t); err != nil {
+		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
+			"topic", bare, "err", err)
+		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
+	}
+	cons.cl.AddConsumeTopics(t)
+}
+
+// commitTopicStart commits the log start offsets of every partition of t
+// for the consumer's group, trying a few times (a rebalance may be under
+// way).
+func (cons *consumer) commitTopicStart(ctx context.Context, t string) error {
+	starts, err := kadm.NewClient(cons.cl).ListStartOffsets(ctx, t)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("list start offsets: %w", err)
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{t: {}}
+	starts.Each(func(o kadm.ListedOffset) {
+		offsets[t][o.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o.Offset}
+	})
+	for attempt := 0; ; attempt++ {
+		var failed error
+		cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			if err == nil {
+				for _, rt := range resp.Topics {
+					for _, p := range rt.Partitions {
+						if p.ErrorCode != 0 {
+							err = kerrFor(p.ErrorCode)
+						}
+					}
+				}
+			}
+			failed = err
+		})
+		if failed == nil || attempt == 4 || ctx.Err() != nil {
+			return failed
+		}
+		if !retry.Sleep(ctx, nil, cons.c.cfg.backoff().Delay(attempt)) {
+			return ctx.Err()
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -109,7 +110,13 @@ func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) 
 			return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
 		}
 		if d.PartitionKey == "" {
-			continue // events without a key hold nothing
+			// An event without a key holds nothing; parked for want of a
+			// handler that this process has, it is released on its own,
+			// under a sequence key of its own (keylessSeq).
+			if h := c.head(&d); h.Releasable {
+				heads[keylessSeq(d.ID)] = h
+			}
+			continue
 		}
 		if _, ok := heads[d.PartitionKey]; !ok {
 			heads[d.PartitionKey] = c.head(&d)
@@ -329,9 +336,32 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 // Release handles the head of key's sequence when it is releasable, in one
 // transaction that also takes it off the sequence. A head that can never
 // be handled here (unreadable, its payload refused, no handler) is parked
-// for good instead, in the same transaction: HeadParked.
+// for good instead, in the same transaction: HeadParked. A key made by
+// keylessSeq releases that event without a key.
 func (h *consumeHost) Release(ctx context.Context, tp consume.TopicPartition, key string) (*consume.Event, consume.Result) {
+	if id, ok := keylessID(key); ok {
+		return h.c.releaseHead(ctx, tp, "", &id)
+	}
 	return h.c.releaseHead(ctx, tp, key, nil)
+}
+
+// keylessSeqPrefix starts the sequence key of an event without a partition
+// key (no partition key starts with a NUL byte: the wire formats carry
+// text keys).
+const keylessSeqPrefix = "\x00id:"
+
+// keylessSeq is the sequence key of a parked event without a partition
+// key: a sequence of its own.
+func keylessSeq(id InboxID) string { return keylessSeqPrefix + id.String() }
+
+// keylessID reads the id of keylessSeq's key.
+func keylessID(key string) (InboxID, bool) {
+	s, ok := strings.CutPrefix(key, keylessSeqPrefix)
+	if !ok {
+		return InboxID{}, false
+	}
+	id, err := ParseInboxID(s)
+	return id, err == nil
 }
 
 // releaseHead is Release. With want (an operator's re-drive of a parked

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // Parked events management.
@@ -203,7 +204,15 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	if c.handlerFor(id.Topic, id.ContentSchema) == nil {
 		return fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
 	}
+	// The partition's consumer may be adding events behind the head
+	// meanwhile (a write conflict on the head): try again a few times.
 	e, res := c.releaseHead(ctx, tp, key, &id)
+	for tries := 1; res.Kind == consume.Locked && tries <= redriveLockedTries; tries++ {
+		if !retry.Sleep(ctx, nil, c.cfg.backoff().Delay(tries-1)) {
+			break
+		}
+		e, res = c.releaseHead(ctx, tp, key, &id)
+	}
 	switch res.Kind {
 	case consume.Handled:
 		c.tel.handled.Add(ctx, 1, eventAttrs(&deliveryOf(e).env))
@@ -230,6 +239,10 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	}
 	return res.Err
 }
+
+// redriveLockedTries is how many times Redrive tries again a head whose
+// inbox entry another transaction is writing.
+const redriveLockedTries = 5
 
 // releaseKey releases the held events of key inline (Redrive), until one
 // fails for good, MongoDB fails or ctx ends: the partition's consumer goes

@@ -43,7 +43,10 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 		}
 		r = rs[0]
 		cons, pub := members()
-		return cons != "" && pub != "" && r.ConsumerMemberID == cons && r.PublisherMemberID == pub
+		// A refresh made during a rebalance holds generation -1: wait for
+		// one made while both groups are stable.
+		return cons != "" && pub != "" && r.ConsumerMemberID == cons && r.PublisherMemberID == pub &&
+			r.ConsumerGeneration > 0 && r.PublisherGeneration > 0
 	})
 	require.Equal(t, c.cfg.Service, r.Service)
 	require.Equal(t, c.cfg.ConsumerGroup, r.ConsumerGroup)

@@ -29,7 +29,7 @@ import (
 // that breaks a guarantee is logged as a warning with its fix, and the
 // report shows in Status.Doctor and the metric outbox.doctor.findings; it
 // never stops Run. When ctx ends, the
-// consumer finishes the events in hand (at most 30 s), commits their
+// consumer finishes the events in hand (at most Config.DrainTimeout), commits their
 // offsets and leaves its group; the publisher finishes its batches in
 // flight and leaves its group. A fatal error (for example a Kafka client
 // that cannot be created from the configuration) stops both and is

@@ -174,6 +174,11 @@ type StoreStatus struct {
 	// RedriveRequested counts parked events waiting for a running consumer
 	// to re-drive them (see RequestRedrive).
 	RedriveRequested int64
+	// ParkedNoHandler counts the parked events no handler of the service
+	// accepted (included in Parked): a new event type or version a
+	// producer deployed before this service's handler. The first replica
+	// that has the handler releases them.
+	ParkedNoHandler int64
 	// Unroutable counts pending events stored for a partition their topic
 	// does not have (see TopicBacklog.Unroutable); they are in Pending
 	// too, and are never published while it is so.
@@ -246,6 +251,7 @@ type storeStatusJSON struct {
 	Parked           int64          `json:"parked"`
 	Held             int64          `json:"held"`
 	RedriveRequested int64          `json:"redrive_requested"`
+	ParkedNoHandler  int64          `json:"parked_no_handler"`
 	Unroutable       int64          `json:"unroutable,omitempty"`
 	Topics           []TopicBacklog `json:"topics"`
 	CheckedAt        time.Time      `json:"checked_at"`
@@ -258,7 +264,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	}
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
 		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
-		RedriveRequested: s.RedriveRequested, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
+		RedriveRequested: s.RedriveRequested, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.

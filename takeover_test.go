@@ -212,3 +212,70 @@ func TestWaitsShowInStatusAndLog(t *testing.T) {
 	require.NoError(t, sess.AbortTransaction(context.Background()))
 	eventually(t, "the locked event handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "locked-1"}}) == 1 })
 }
+
+// orderPlacedV2 is the next version of orderPlaced, as a producer deploys
+// it before its consumers.
+type orderPlacedV2 struct {
+	orderPlaced
+}
+
+func (orderPlacedV2) ContentSchema() string { return "OrderPlaced.v2" }
+
+// Issue 31 item 4: a rolling deploy where the producer ships a new event
+// version before the consumers. A replica without its handler parks the
+// new events (reason no_handler), holding their keys: the key's later
+// events wait behind them, in order. Once a replica with the handler owns
+// the partition, it releases them on its own, with what waited behind.
+func TestRollingDeployKeepsEventsWithoutAHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "deploy")
+	effects := b.db.Collection("effects")
+	handle := func(ctx context.Context, id string, m Metadata) error {
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "pk", Value: m.PartitionKey}, {Key: "schema", Value: m.ContentSchema}})
+		return err
+	}
+	old := b.client(t, cfg)
+	MustHandle(old, func(ctx context.Context, e orderPlaced, m Metadata) error { return handle(ctx, e.OrderID, m) })
+	stopOld := start(t, old)
+
+	v2 := func(id, key string) Envelope {
+		env := b.keyed(id, key)
+		env.ContentSchema = "OrderPlaced.v2"
+		return env
+	}
+	b.produce(t, v2("k-v2", "K"), b.payload(t, "k", 1))
+	b.produce(t, b.keyed("k-v1-after", "K"), b.payload(t, "k", 2))
+	b.produce(t, v2("free-v2", ""), b.payload(t, "free", 3))
+	b.produce(t, b.keyed("other", "O"), b.payload(t, "o", 4))
+	eventually(t, "the other key handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "other"}}) == 1 })
+	eventually(t, "both v2 events parked, the v1 after one held", func() bool {
+		return count(t, old.inbox, bson.D{{Key: "parked", Value: true}, {Key: "park_reason", Value: "no_handler"}}) == 2 &&
+			count(t, old.inbox, bson.D{{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}}}) == 1
+	})
+	st, err := old.Admin().StoreStatus(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, st.ParkedNoHandler)
+	stopOld()
+
+	// The new version of the service, with both handlers.
+	cfg.Service = old.cfg.Service
+	upgraded := b.client(t, cfg)
+	upgraded.redriveEvery = 50 * time.Millisecond
+	MustHandle(upgraded, func(ctx context.Context, e orderPlaced, m Metadata) error { return handle(ctx, e.OrderID, m) })
+	MustHandle(upgraded, func(ctx context.Context, e orderPlacedV2, m Metadata) error { return handle(ctx, e.OrderID, m) })
+	start(t, upgraded)
+	eventually(t, "the parked events and the one held behind released", func() bool {
+		return count(t, effects, bson.D{}) == 4
+	})
+	cur, err := effects.Find(context.Background(), bson.D{{Key: "pk", Value: "K"}}, options.Find().SetSort(bson.D{{Key: "_id", Value: 1}}))
+	require.NoError(t, err)
+	var keyK []struct {
+		Key string `bson:"key"`
+	}
+	require.NoError(t, cur.All(context.Background(), &keyK))
+	require.Len(t, keyK, 2)
+	require.Equal(t, "k-v2", keyK[0].Key, "in key order")
+	require.Equal(t, "k-v1-after", keyK[1].Key)
+	require.Zero(t, count(t, upgraded.inbox, bson.D{{Key: "parked", Value: true}}))
+}

@@ -54,6 +54,9 @@ type Event struct {
 
 	// looked is set once the event's inbox state was read before a run.
 	looked bool
+	// mustCount: its attempt is to be counted before its next run (it was
+	// in one of the first units after the assignment, whose count failed).
+	mustCount bool
 	// Scheduling state, owned by the worker goroutine.
 	state   eventState
 	readyAt time.Time

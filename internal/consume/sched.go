@@ -70,7 +70,10 @@ type Unit struct {
 	// suspect: one of the first units after the assignment (see
 	// Worker.lookup).
 	suspect bool
-	lanes   []*lane
+	// attempts is the first event's stored attempts when the unit started,
+	// for Waits (the unit's goroutine owns its events while it runs).
+	attempts int
+	lanes    []*lane
 }
 
 // sched is the scheduling state of one partition.

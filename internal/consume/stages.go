@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/event-outbox/outbox/internal/retry"
@@ -177,13 +178,14 @@ const lookupCredits = 8
 
 // lookup reads the inbox state of evs before their transaction, when
 // redeliveries are likely: in the first units after an assignment (then it
-// also counts an attempt of each, see Event.Counted), and for a few units
-// after a duplicate was met. Events found done are skipped;
+// also counts an attempt of each, see Event.Counted; an event whose count
+// failed is counted before its next run, alone), and for a few units after
+// a duplicate was met. Events found done are skipped;
 // events whose attempts ran out are parked. It reports whether the unit
 // goes on to its transaction: when anything was settled, the rest waits
 // for a new unit, formed knowing what was learnt.
 func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
-	count := r.suspect
+	count := r.suspect || slices.ContainsFunc(evs, func(e *Event) bool { return e.mustCount })
 	if !count {
 		if w.lookups.Load() <= 0 {
 			return true
@@ -210,18 +212,25 @@ func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
 		}
 		for i, e := range evs {
 			w.infraRetry(ctx, e, &r.outs[i], err)
+			if count && !e.looked {
+				// Its count is still owed: a lock here is what the
+				// earlier owner's transaction leaves when it died running
+				// the event, the very case the count is for.
+				e.mustCount, r.outs[i].Alone = true, true
+			}
 		}
 		return false
 	}
 	settledAny := false
 	for i, e := range todo {
-		e.looked = true
+		e.looked, e.mustCount = true, false
 		s := stored[i]
 		out := &r.outs[indexOf(evs, e)]
 		switch {
 		case s.Done:
 			w.settled(e, out, SettledSkipped, "duplicate")
 			w.learnHold(ctx, e, r)
+			w.lookups.Store(lookupCredits) // more redeliveries are likely
 			settledAny = true
 		case count:
 			e.Attempts, e.Counted = s.Attempts, true
@@ -301,7 +310,7 @@ func (w *Worker) park(ctx context.Context, e *Event, out *Outcome, r *unitResult
 	}
 	e.Attempts = max(e.Attempts+inc, n)
 	if w.cfg.Hold && e.Key != "" {
-		w.setHeld(e.Key, true)
+		w.setHeld(e.Key)
 	}
 	w.settled(e, out, SettledParked, reason)
 }
@@ -324,7 +333,7 @@ func (w *Worker) learnHold(ctx context.Context, e *Event, r *unitResult) {
 		return
 	}
 	if ok {
-		w.setHeld(e.Key, h.Releasable)
+		w.setHeld(e.Key)
 		if h.Releasable {
 			r.releases = append(r.releases, e.Key)
 		}

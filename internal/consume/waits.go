@@ -73,8 +73,8 @@ func (w *Worker) waits(s *sched, running map[*Unit]time.Time, now time.Time) []W
 			out = append(out, Wait{Partition: w.tp, Key: u.Release, Offset: -1, What: "running", Since: since})
 			continue
 		}
-		e := u.Events[0]
-		out = append(out, Wait{Partition: w.tp, Key: e.Key, Offset: e.Offset, What: "running", Since: since, Attempts: e.Attempts})
+		e := u.Events[0] // its key and offset: fixed once decoded
+		out = append(out, Wait{Partition: w.tp, Key: e.Key, Offset: e.Offset, What: "running", Since: since, Attempts: u.attempts})
 	}
 	w.relMu.Lock()
 	for key, st := range w.relWait {

@@ -91,8 +91,11 @@ type Worker struct {
 	// deploy) is not paid for with a rolled-back batch per event.
 	batchCap atomic.Int32
 
-	heldMu  sync.Mutex
-	held    map[string]bool // held keys; true when a release was asked
+	heldMu sync.Mutex
+	// held is the held keys, each with the count of marks when it was
+	// last marked held (see applyLoad).
+	held    map[string]uint64
+	marks   uint64 // counts setHeld calls
 	relMu   sync.Mutex
 	relWait map[string]*relState
 
@@ -114,7 +117,9 @@ type Stats struct {
 	Unsettled int
 	// LowestUnsettled is the committable offset (-1 before any record).
 	LowestUnsettled int64
-	// Committed is the last committed offset (-1 before the first).
+	// Committed is the last committed offset; before the first commit,
+	// the offset the partition's fetching started from (-1 before any
+	// record).
 	Committed int64
 	// HeldKeys counts the keys this worker knows are held.
 	HeldKeys int
@@ -124,7 +129,7 @@ type Stats struct {
 func NewWorker(tp TopicPartition, cfg *Config, work context.Context) *Worker {
 	w := &Worker{tp: tp, cfg: cfg, work: work,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), kill: make(chan struct{}), done: make(chan struct{}),
-		reqs: make(chan chan []Wait), held: map[string]bool{}, relWait: map[string]*relState{}}
+		reqs: make(chan chan []Wait), held: map[string]uint64{}, relWait: map[string]*relState{}}
 	w.stats.Store(&Stats{LowestUnsettled: -1, Committed: -1})
 	w.batchCap.Store(int32(max(cfg.BatchSize, 1)))
 	return w
@@ -240,10 +245,13 @@ func (w *Worker) holding(key string) bool {
 	return ok
 }
 
-func (w *Worker) setHeld(key string, releaseAsked bool) {
+// setHeld marks key held: a unit parked an event of it, or found its
+// sequence.
+func (w *Worker) setHeld(key string) {
 	w.heldMu.Lock()
 	defer w.heldMu.Unlock()
-	w.held[key] = w.held[key] || releaseAsked
+	w.marks++
+	w.held[key] = w.marks
 }
 
 func (w *Worker) unhold(key string) {
@@ -376,6 +384,9 @@ func (w *Worker) loop() {
 
 	startUnit := func(u *Unit) {
 		running[u] = time.Now()
+		if len(u.Events) > 0 {
+			u.attempts = u.Events[0].Attempts
+		}
 		go func() {
 			var r unitResult
 			if u.IsRelease {
@@ -398,9 +409,12 @@ func (w *Worker) loop() {
 	// unit, then every Recheck while some are held.
 	startLoad := func() {
 		loading = true
+		w.heldMu.Lock()
+		marks := w.marks
+		w.heldMu.Unlock()
 		go func() {
 			heads, err := w.cfg.Host.Sequences(unitCtx, w.tp)
-			loads <- loadResult{heads, err}
+			loads <- loadResult{heads, err, marks}
 		}()
 	}
 	// applyLoad asks for the release of the keys whose head may go.
@@ -421,13 +435,19 @@ func (w *Worker) loop() {
 		loadFailures, loaded = 0, true
 		recheckAt = now.Add(w.cfg.Recheck)
 		w.heldMu.Lock()
-		for k := range w.held {
-			if _, ok := l.heads[k]; !ok {
+		for k, at := range w.held {
+			// A key marked held after the read began (a unit parked an
+			// event of it meanwhile) stays held: the read may predate the
+			// park, and forgetting the key would let its next event
+			// overtake the parked one.
+			if _, ok := l.heads[k]; !ok && at <= l.marks {
 				delete(w.held, k)
 			}
 		}
-		for k, h := range l.heads {
-			w.held[k] = w.held[k] || h.Releasable
+		for k := range l.heads {
+			if _, ok := w.held[k]; !ok {
+				w.held[k] = l.marks
+			}
 		}
 		w.heldMu.Unlock()
 		for k, h := range l.heads {
@@ -578,6 +598,7 @@ func (w *Worker) take() []*Event {
 type loadResult struct {
 	heads map[string]Head
 	err   error
+	marks uint64 // Worker.marks when the read began
 }
 
 // armTimer sets the loop's timer to the earliest of the given times (zero

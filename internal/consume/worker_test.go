@@ -1,0 +1,132 @@
+package consume
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// slowSequences makes the reads of the held keys wait after their read
+// (a MongoDB slow to answer) until the test lets them go: pass lets the
+// waiting read go (the later ones wait in turn). read is told of each
+// read as it is made. All go at the end of the test.
+func slowSequences(t *testing.T, h *harness) (read <-chan struct{}, pass func()) {
+	ch := make(chan struct{}, 1)
+	h.f.mu.Lock()
+	h.f.seqGate, h.f.seqRead = make(chan struct{}), ch
+	h.f.mu.Unlock()
+	pass = func() {
+		h.f.mu.Lock()
+		defer h.f.mu.Unlock()
+		close(h.f.seqGate)
+		h.f.seqGate = make(chan struct{})
+	}
+	t.Cleanup(func() {
+		h.f.mu.Lock()
+		defer h.f.mu.Unlock()
+		close(h.f.seqGate)
+		h.f.seqGate = nil
+	})
+	return ch, pass
+}
+
+// A read of the held keys that began before a unit parked an event must
+// not make the worker forget that the event's key is held: the key's next
+// event would be handled before the parked one, breaking the key's order.
+// (The worker re-reads its held keys every Recheck while it has some, so
+// a park racing with a read happens in any busy partition.)
+func TestWorkerStaleHeldKeysReadKeepsALaterHold(t *testing.T) {
+	h := newHarness(t, 4, func(c *Config) { c.Recheck = time.Millisecond })
+	// x parks: the worker now re-reads its held keys every Recheck.
+	h.enqueue(ev{"x", "park"})
+	h.waitQuiet()
+
+	read, pass := slowSequences(t, h)
+	<-read // a read has seen the sequences: x only
+	parked := h.enqueue(ev{"a", "park"})[0]
+	waitFor(t, "key a held", func() bool { return h.f.get(parked).parked && h.w.Stats().HeldKeys == 2 })
+	pass()
+	<-read // the next read (which waits): the slow one was applied before it began
+
+	later := h.enqueue(ev{"a", "ok"})[0]
+	waitFor(t, "a's second event settled", func() bool {
+		st := h.w.Stats()
+		return st.Unsettled == 0 && st.InFlight == 0 && st.LowestUnsettled == h.next
+	})
+	pass()
+	h.waitQuiet()
+	require.False(t, h.handled(later), "the event behind a parked one of its key was handled")
+	d := h.f.get(later)
+	require.True(t, d.parked, "held")
+	require.Equal(t, parked, d.heldBy)
+	require.Equal(t, 2, h.w.Stats().HeldKeys)
+}
+
+// The first units after an assignment run one event each and count its
+// attempt before it runs (Lookup with count): the partition's earlier owner
+// may have died while running it. An event whose stored attempts are used
+// up is parked without running; the others run with their attempt number
+// counted; later units batch and count nothing.
+func TestWorkerSuspectUnitsCountAttempts(t *testing.T) {
+	h := newHarness(t, 2, nil)
+	ids := []string{h.id(0), h.id(1)}
+	h.f.seedAttempts(h.tp, ids[0], "a", 0, 1)                      // one attempt by the earlier owner
+	h.f.seedAttempts(h.tp, ids[1], "b", 1, testPolicy.MaxAttempts) // all of them
+	all := h.enqueue(ev{"a", "ok"}, ev{"b", "ok"}, ev{"c", "ok"}, ev{"d", "ok"}, ev{"e", "ok"}, ev{"f", "ok"})
+	h.waitQuiet()
+
+	var counted []string
+	for _, c := range h.f.lookupCalls() {
+		if c.Count {
+			require.Len(t, c.IDs, 1, "a suspect unit runs one event")
+			counted = append(counted, c.IDs[0])
+		}
+	}
+	require.ElementsMatch(t, ids, counted, "the first two units (KeyConcurrency 2) count, the later ones do not")
+	require.Equal(t, []int{2}, h.f.attemptsSeen(ids[0]), "run as attempt 2")
+	require.Empty(t, h.f.attemptsSeen(ids[1]), "attempts used up: not run")
+	d := h.f.get(ids[1])
+	require.True(t, d.parked)
+	require.Equal(t, "attempts_exhausted", d.reason)
+	require.Equal(t, testPolicy.MaxAttempts+1, d.attempts)
+	for _, id := range all[2:] {
+		require.Equal(t, []int{1}, h.f.attemptsSeen(id), id)
+	}
+	require.ElementsMatch(t, append([]string{ids[0]}, all[2:]...), h.f.handledIDs(), "keys of their own: any order")
+}
+
+// When the count of a suspect unit fails, the event still has its attempt
+// counted before it runs: the count fails with a lock exactly when the
+// earlier owner died in the middle of the event's transaction (its open
+// transaction holds the event's inbox entry), which is the case the count
+// is for. Uncounted, an event that kills the process would run for ever,
+// one owner after another.
+func TestWorkerSuspectCountRetriedAfterFailure(t *testing.T) {
+	for _, op := range []string{"lookup_locked", "lookup"} {
+		t.Run(op, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			id := h.id(0)
+			h.f.seedAttempts(h.tp, id, "a", 0, testPolicy.MaxAttempts) // the earlier owners died running it
+			h.f.mu.Lock()
+			h.f.failOps[op] = 2
+			h.f.mu.Unlock()
+			h.enqueue(ev{"a", "ok"}, ev{"b", "ok"})
+			h.waitQuiet()
+			require.Empty(t, h.f.attemptsSeen(id), "run without its attempt counted")
+			d := h.f.get(id)
+			require.True(t, d.parked)
+			require.Equal(t, "attempts_exhausted", d.reason)
+			calls := h.f.lookupCalls()
+			require.GreaterOrEqual(t, len(calls), 3)
+			for _, c := range calls[:3] {
+				require.Equal(t, lookupCall{IDs: []string{id}, Count: true}, c, "retried alone, counting")
+			}
+			if op == "lookup_locked" {
+				require.Equal(t, 2, h.f.reapCalls())
+				require.Equal(t, []string{"locked", "locked"}, h.obs.retryReasons(id))
+			}
+			require.True(t, h.handled(h.id(1)))
+		})
+	}
+}

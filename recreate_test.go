@@ -1,0 +1,49 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Issue 31 item 3: a topic deleted and created again under a running
+// consumer (a dev stack restarted, an operator's mistake) used to answer
+// UNKNOWN_TOPIC_ID to every fetch for good, logged thousands of times a
+// second. The consumer subscribes to the new topic on its own, and the
+// repeated error is logged a few times, not per fetch.
+func TestConsumerFollowsARecreatedTopic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cluster(t) // deletes and creates topics on the embedded cluster
+	cfg := consumerConfig(b, "recreate")
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	start(t, c)
+	b.produce(t, b.envelope("before"), b.payload(t, "o-1", 0))
+	eventually(t, "handled", func() bool { return calls.Load() == 1 })
+
+	adm := b.kafka.Admin()
+	ctx := context.Background()
+	_, err := adm.DeleteTopics(ctx, b.kafkaTopic(ordersTopic))
+	require.NoError(t, err)
+	_, err = adm.CreateTopics(ctx, 3, 1, nil, b.kafkaTopic(ordersTopic))
+	require.NoError(t, err)
+	b.produce(t, b.envelope("after"), b.payload(t, "o-2", 1))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	eventually(t, "the event of the new topic handled", func() bool { return calls.Load() == 2 })
+	require.EqualValues(t, 2, count(t, c.inbox, bson.D{{Key: "handled", Value: true}}))
+	require.Contains(t, logs.String(), "topic deleted and created again")
+	require.LessOrEqual(t, strings.Count(logs.String(), "fetch error"), 3*2, "one line per partition and kind, then one per period")
+}
