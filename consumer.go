@@ -349,30 +349,26 @@ func (cons *consumer) tps(m map[string][]int32) []consume.TopicPartition {
 }
 
 func (cons *consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
-	cons.c.tel.rebalance("consumer", "assigned", assigned)
-	tps := cons.tps(assigned)
-	if len(tps) > 0 {
-		cons.log.Info("partitions assigned", "partitions", tpsString(tps))
-	}
-	cons.set.Assign(tps)
+	cons.rebalanced("assigned", assigned, slog.LevelInfo, cons.set.Assign)
 }
 
 func (cons *consumer) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	cons.c.tel.rebalance("consumer", "revoked", revoked)
-	tps := cons.tps(revoked)
-	if len(tps) > 0 {
-		cons.log.Info("partitions revoked", "partitions", tpsString(tps))
-	}
-	cons.set.Revoke(tps)
+	cons.rebalanced("revoked", revoked, slog.LevelInfo, cons.set.Revoke)
 }
 
 func (cons *consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	cons.c.tel.rebalance("consumer", "lost", lost)
-	tps := cons.tps(lost)
+	cons.rebalanced("lost", lost, slog.LevelWarn, cons.set.Lose)
+}
+
+// rebalanced counts and logs an assignment change and applies it to the
+// workers.
+func (cons *consumer) rebalanced(change string, m map[string][]int32, level slog.Level, apply func([]consume.TopicPartition)) {
+	cons.c.tel.rebalance("consumer", change, m)
+	tps := cons.tps(m)
 	if len(tps) > 0 {
-		cons.log.Warn("partitions lost", "partitions", tpsString(tps))
+		cons.log.Log(context.Background(), level, "partitions "+change, "partitions", tpsString(tps))
 	}
-	cons.set.Lose(tps)
+	apply(tps)
 }
 
 func tpsString(tps []consume.TopicPartition) string {

@@ -319,3 +319,49 @@ func TestShutdownDoesNotWaitForAWholeRelease(t *testing.T) {
 	}
 	require.Equal(t, want, h.effectKeys(t, "A"))
 }
+
+// Issue 20 item 2: the held events of the earlier storage (chains of
+// held_by pointers to an anchor, the anchor closed with released_at once
+// its chain moved) are read as key sequences without any conversion: a
+// chain whose anchor was handled before its release finished (the orphan
+// the old sweep looked for) is released, in order, by the partition's
+// consumer; a chain whose anchor is still parked stays held behind it.
+func TestEarlierHeldChainsAreReleasedInOrder(t *testing.T) {
+	t.Parallel()
+	h := holdSetup(t, nil)
+	b, c := h.b, h.c
+	ctx := context.Background()
+	require.NoError(t, c.EnsureIndexes(ctx))
+	now := time.Now().UTC()
+	id := func(k string) InboxID {
+		return InboxID{Topic: ordersTopic, ContentSchema: "OrderPlaced.v1", IdempotencyKey: k}
+	}
+	doc := func(k, key string, offset int64, extra ...bson.E) bson.D {
+		d := bson.D{{Key: "_id", Value: id(k)}, {Key: "handled", Value: false}, {Key: "parked", Value: true},
+			{Key: "parked_at", Value: now}, {Key: "partition", Value: int32(0)}, {Key: "offset", Value: offset},
+			{Key: "partition_key", Value: key}, {Key: "received_at", Value: now}, {Key: "attempts", Value: int32(0)},
+			{Key: "payload", Value: string(b.payload(t, k, int(offset)))}}
+		return append(d, extra...)
+	}
+	anchorA, anchorB := id("a1"), id("b1")
+	_, err := c.inbox.InsertMany(ctx, []any{
+		// Key A: the anchor was handled and closed; two events still held
+		// behind it (a release cut short).
+		bson.D{{Key: "_id", Value: anchorA}, {Key: "handled", Value: true}, {Key: "handled_at", Value: now}, {Key: "parked", Value: false},
+			{Key: "partition", Value: int32(0)}, {Key: "offset", Value: int64(1)}, {Key: "partition_key", Value: "A"},
+			{Key: "received_at", Value: now}, {Key: "released_at", Value: now}, {Key: "held_tail", Value: int64(3)}},
+		doc("a2", "A", 2, bson.E{Key: "held_by", Value: anchorA}, bson.E{Key: "last_error", Value: "held behind " + anchorA.String()}),
+		doc("a3", "A", 3, bson.E{Key: "held_by", Value: anchorA}, bson.E{Key: "last_error", Value: "held behind " + anchorA.String()}),
+		// Key B: the anchor is still parked, one event held behind it.
+		doc("b1", "B", 4, bson.E{Key: "last_error", Value: "down"}, bson.E{Key: "attempts", Value: int32(2)}),
+		doc("b2", "B", 5, bson.E{Key: "held_by", Value: anchorB}, bson.E{Key: "last_error", Value: "held behind " + anchorB.String()}),
+	})
+	require.NoError(t, err)
+	start(t, c)
+	eventually(t, "key A's held events released", func() bool { return len(h.effectKeys(t, "A")) == 2 })
+	require.Equal(t, []string{"a2", "a3"}, h.effectKeys(t, "A"))
+	require.Empty(t, h.effectKeys(t, "B"), "B still waits behind its parked anchor")
+	require.EqualValues(t, 1, h.held(t))
+	require.NoError(t, c.Redrive(ctx, anchorB))
+	require.Equal(t, []string{"b1", "b2"}, h.effectKeys(t, "B"))
+}

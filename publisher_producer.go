@@ -36,11 +36,13 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"maps"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox/internal/publish"
@@ -75,6 +77,9 @@ type producers struct {
 	old     sync.WaitGroup // replaced main producers finishing their records
 	closing context.Context
 	closed  context.CancelFunc
+
+	purgeMu sync.Mutex
+	purged  map[string]time.Time // Kafka topics forgotten (watch), and when
 }
 
 // newProducers creates the producers with opts; limits are the topics'
@@ -123,14 +128,53 @@ func (p *producers) newMain(limits map[string]int) (*kgo.Client, map[string]int3
 func (p *producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	p.main.Produce(ctx, r, promise)
+	p.main.Produce(ctx, r, p.watch(promise))
+}
+
+// watch wraps a promise to notice a topic deleted and created again: kgo
+// keeps the topic id it first learnt and fails every record of the topic
+// with UNKNOWN_TOPIC_ID for good (by design, franz-go issue 908) until the
+// topic is purged from the client. The worker retries the records; the
+// producers forget the topic (at most once per recreatedAfter), so that
+// the retries learn the new topic.
+func (p *producers) watch(promise func(*kgo.Record, error)) func(*kgo.Record, error) {
+	return func(r *kgo.Record, err error) {
+		if errors.Is(err, kerr.UnknownTopicID) {
+			p.forget(r.Topic)
+		}
+		promise(r, err)
+	}
+}
+
+// forget purges a Kafka topic from both producers, at most once per
+// recreatedAfter per topic.
+func (p *producers) forget(kafkaTopic string) {
+	p.purgeMu.Lock()
+	if time.Since(p.purged[kafkaTopic]) < recreatedAfter {
+		p.purgeMu.Unlock()
+		return
+	}
+	if p.purged == nil {
+		p.purged = map[string]time.Time{}
+	}
+	p.purged[kafkaTopic] = time.Now()
+	p.purgeMu.Unlock()
+	p.log.Warn("outbox publisher: topic deleted and created again (UNKNOWN_TOPIC_ID); producing to the new topic", "kafka_topic", kafkaTopic)
+	// From another goroutine (a promise runs in the client's own), which
+	// close waits for.
+	p.old.Go(func() {
+		p.mu.RLock()
+		p.main.PurgeTopicsFromClient(kafkaTopic)
+		p.mu.RUnlock()
+		p.solo.PurgeTopicsFromClient(kafkaTopic)
+	})
 }
 
 // soloProducer sends through the solo producer (publish.WorkerConfig.Solo).
 type soloProducer struct{ p *producers }
 
 func (s soloProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
-	s.p.solo.Produce(ctx, r, promise)
+	s.p.solo.Produce(ctx, r, s.p.watch(promise))
 }
 
 // maxBatchBytes returns the main producer's batch limit for a Kafka topic

@@ -47,3 +47,34 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	require.Contains(t, logs.String(), "topic deleted and created again")
 	require.LessOrEqual(t, strings.Count(logs.String(), "fetch error"), 3*2, "one line per partition and kind, then one per period")
 }
+
+// Issue 31 item 3, the publisher's side: events recorded after their
+// topic was deleted and created again are published to the new topic.
+func TestPublisherFollowsARecreatedTopic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cluster(t)
+	cfg := b.config("recreate-pub")
+	cfg.PublishTopics = []string{ordersTopic}
+	c := b.client(t, cfg)
+	start(t, c)
+	ctx := context.Background()
+	record := func(id string) {
+		require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+			return Record(ctx, orderPlaced{Run: b.run, OrderID: id, Amount: 1})
+		}))
+	}
+	record("before")
+	eventually(t, "published", func() bool { return count(t, c.outbox, bson.D{{Key: "published", Value: true}}) == 1 })
+	adm := b.kafka.Admin()
+	_, err := adm.DeleteTopics(ctx, b.kafkaTopic(ordersTopic))
+	require.NoError(t, err)
+	_, err = adm.CreateTopics(ctx, 3, 1, nil, b.kafkaTopic(ordersTopic))
+	require.NoError(t, err)
+	record("after")
+	eventually(t, "the event recorded after the recreation published", func() bool {
+		return count(t, c.outbox, bson.D{{Key: "published", Value: true}}) == 2
+	})
+	recs := b.kafkaEvents(t, ordersTopic, 1)
+	require.Len(t, recs, 1, "the new topic holds the new event")
+}
