@@ -18,8 +18,9 @@ import (
 // and acts as the runbook says.
 //
 //   - A parked poison event (its handler always fails), and a parked
-//     malformed record that carries a workload key, are purged: under
-//     HoldKey that releases their key's held events, in order.
+//     malformed record that carries a workload key, are purged once parked
+//     for purgeAfter: under HoldKey that releases their key's held events,
+//     in order.
 //   - A parked step event is re-driven once its key's outage is over, by
 //     turns with Admin.RequestRedrive (a replica serves the request) and
 //     with Client.Redrive on a live replica; under HoldKey re-driving the
@@ -49,6 +50,10 @@ type operator struct {
 }
 
 const operatorEvery = 500 * time.Millisecond
+
+// purgeAfter is how long the operator leaves a poison event (or a keyed
+// malformed record) parked before purging it.
+const purgeAfter = 2 * time.Second
 
 func newOperator(h *harness) *operator {
 	return &operator{h: h, admin: outbox.NewAdmin(h.db, "outbox", "inbox"), rng: rand.New(rand.NewPCG(h.cfg.seed, 0x0e7)),
@@ -97,7 +102,12 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		}
 		switch {
 		case p.ID.ContentSchema == schemaPoison || malformedKeyed(p):
-			purge = append(purge, p.ID)
+			// Not at once: the key's later events arriving meanwhile must
+			// be held behind it (a purge within milliseconds would leave
+			// no time to see a hold missing).
+			if time.Since(p.ParkedAt) >= purgeAfter {
+				purge = append(purge, p.ID)
+			}
 		case isMalformedID(p.ID) || isMalformedKey(p.PartitionKey):
 		default:
 			o.h.work.sawParked(p.PartitionKey)

@@ -195,7 +195,12 @@ type plan struct {
 	keys   []string
 	pads   []int // padding per event
 	poison bool
-	abort  bool
+	// poisonAt places the poison event after the poisonAt-th step event
+	// (1..len(keys)), on that event's key: in a transaction of one key the
+	// steps after it follow it in the key's sequence, and must be held
+	// behind it once it is parked.
+	poisonAt int
+	abort    bool
 }
 
 // newPlan draws a transaction: 1-3 step events, with probability sameKey
@@ -222,6 +227,7 @@ func (w *workload) newPlan(rng *rand.Rand) plan {
 		}
 	}
 	p.poison = rng.Float64() < w.poisonRatio
+	p.poisonAt = 1 + rng.IntN(n)
 	p.abort = rng.Float64() < w.abortRatio
 	return p
 }
@@ -261,9 +267,10 @@ func (w *workload) prepare(ctx context.Context) error {
 }
 
 // transact runs one business transaction on client: the step events of
-// p in order (each taking the next seq of its key), maybe a poison event,
-// maybe an abort on purpose. db is the replica's database handle:
-// operations in a transaction must use the MongoDB client that started it.
+// p in order (each taking the next seq of its key), maybe a poison event
+// (after the poisonAt-th step, on its key), maybe an abort on purpose. db
+// is the replica's database handle: operations in a transaction must use
+// the MongoDB client that started it.
 func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mongo.Database, rng *rand.Rand, p plan) error {
 	counters := db.Collection(collCounters)
 	ledger := db.Collection(collLedger)
@@ -272,6 +279,26 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 		if n > 0 {
 			pads[i] = padding(rng, n)
 		}
+	}
+	// recordPoison records a poison event of key k, which takes its place in
+	// the key's sequence: the key's later events must wait for it to be
+	// settled.
+	recordPoison := func(ctx context.Context, k string) error {
+		var c struct {
+			Place int64 `bson:"place"`
+		}
+		err := counters.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: k}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "place", Value: int64(1)}}}},
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&c)
+		if err != nil {
+			return err
+		}
+		id := w.newID()
+		if err := outbox.Record(ctx, poisonEvent{Key: k, ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
+			return err
+		}
+		_, err = ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Place: c.Place, Kind: kindPoison})
+		return err
 	}
 	err := client.Transact(ctx, func(ctx context.Context) error {
 		for i, k := range p.keys {
@@ -298,25 +325,10 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Seq: c.Seq, Place: c.Place, Kind: kindStep}); err != nil {
 				return err
 			}
-		}
-		if p.poison {
-			// The poison event takes its place in the key's sequence:
-			// the key's later events must wait for it to be settled.
-			var c struct {
-				Place int64 `bson:"place"`
-			}
-			err := counters.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.keys[0]}},
-				bson.D{{Key: "$inc", Value: bson.D{{Key: "place", Value: int64(1)}}}},
-				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&c)
-			if err != nil {
-				return err
-			}
-			id := w.newID()
-			if err := outbox.Record(ctx, poisonEvent{Key: p.keys[0], ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
-				return err
-			}
-			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: p.keys[0], Place: c.Place, Kind: kindPoison}); err != nil {
-				return err
+			if p.poison && i+1 == p.poisonAt {
+				if err := recordPoison(ctx, k); err != nil {
+					return err
+				}
 			}
 		}
 		if p.abort {
