@@ -162,14 +162,17 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 
 	// Effects.
 	var effects []struct {
-		Event string `bson:"event"`
+		Event   string `bson:"event"`
+		Chained bool   `bson:"chained"`
 	}
-	if err := h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}}, &effects); err != nil {
+	if err := h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}, {Key: "chained", Value: 1}}, &effects); err != nil {
 		return nil, err
 	}
 	effectCount := make(map[string]int, len(effects))
+	chained := map[string]bool{} // the step events whose handling recorded a follow-up
 	for _, e := range effects {
 		effectCount[e.Event]++
+		chained[e.Event] = chained[e.Event] || e.Chained
 	}
 	res.DoubleEffects = judgeEffects(effectCount, byID, aborted, leaked, v)
 	for id, n := range effectCount {
@@ -306,7 +309,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	res.DuplicatePublications = judgeFencing(ff, v)
 
 	// Chained events.
-	res.Chained = judgeChains(&chainFacts{ChainTopic: chainTopic(), Ledger: ledger, Chains: h.work.chains, Effects: effectCount,
+	res.Chained = judgeChains(&chainFacts{ChainTopic: chainTopic(), Ledger: ledger, Chains: func(id string) bool { return chained[id] }, Effects: effectCount,
 		Outbox: chainOutbox, Published: tr.published}, v)
 
 	// Recording with Kafka down, and the run's other violations.

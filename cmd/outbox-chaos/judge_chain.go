@@ -14,7 +14,8 @@ type outboxFact struct {
 type chainFacts struct {
 	ChainTopic string
 	Ledger     []ledgerEntry
-	// Chains tells the step events whose handler records a follow-up.
+	// Chains tells the step events whose handling recorded a follow-up
+	// (its effect says so).
 	Chains func(id string) bool
 	// Effects counts the effects of each event id.
 	Effects map[string]int
@@ -63,13 +64,13 @@ func judgeChains(f *chainFacts, v *verdict) (chained int) {
 		lf, ob := follows[e.ID], f.Outbox[fid]
 		handled := f.Effects[e.ID] > 0
 		switch {
-		case !f.Chains(e.ID):
-			if len(lf) > 0 || len(ob) > 0 {
-				v.fail("chain-unexpected", "step event %s does not chain, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, len(lf), len(ob))
-			}
 		case !handled:
 			if len(lf) > 0 || len(ob) > 0 {
 				v.fail("chain-unexpected", "step event %s was not handled, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, len(lf), len(ob))
+			}
+		case !f.Chains(e.ID):
+			if len(lf) > 0 || len(ob) > 0 {
+				v.fail("chain-unexpected", "step event %s did not chain, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, len(lf), len(ob))
 			}
 		default:
 			expected[fid] = true

@@ -352,10 +352,12 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 // The step handler, in the handling transaction: checks the key's "last
 // handled seq" (an out-of-order handling is recorded as a violation),
 // advances it, counts the handling (pos: the key's handlings in commit
-// order), inserts an effect, and for the step events that chain records a
-// follow-up on the second topic with its ledger entry. A step event whose
-// first attempt is to fail (failsOnce) fails after all of that, so the
-// transaction must take the follow-up with it. The follow-up handler checks
+// order), inserts an effect (saying whether it chained), and for the step
+// events that chain (chains, and every slow one) records a follow-up on the
+// second topic with its ledger entry. A slow attempt then outlives the
+// transaction, and a step event whose first attempt is to fail (failsOnce)
+// fails, after all of that: the transaction must take the follow-up with
+// it. The follow-up handler checks
 // and advances the key's follow-up seq the same way and inserts an effect.
 func (w *workload) register(client *outbox.Client, db *mongo.Database, replica string) error {
 	applied := db.Collection(collApplied)
@@ -382,23 +384,16 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 		if w.isDown(e.Key) {
 			return errDownstream
 		}
-		if meta.Attempt == 1 && w.isSlow(e.ID) {
-			// Slower than the transaction lifetime: the transaction is
-			// gone by the time the handler returns, so this attempt must
-			// fail (and count as one), the next one is fast. The handler
-			// honours its context, as handlers should.
-			w.slowRuns.Add(1)
-			if err := sleepCtx(ctx, w.slowFor); err != nil {
-				return err
-			}
-		}
+		// A slow attempt records a follow-up, then outlives the transaction
+		// (below): the transaction must take the follow-up with it.
+		slow := meta.Attempt == 1 && w.isSlow(e.ID)
 		if len(e.Pad) >= stormPad {
 			// Pause storms: a slow worker lets the queue fill.
 			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 				return err
 			}
 		}
-		chain := w.chains(e.ID)
+		chain := slow || w.chains(e.ID)
 		inc := bson.D{{Key: "pos", Value: int64(1)}}
 		if chain {
 			inc = append(inc, bson.E{Key: "fseq", Value: int64(1)})
@@ -408,7 +403,8 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			return err
 		}
 		if _, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindStep}, {Key: "key", Value: e.Key},
-			{Key: "seq", Value: e.Seq}, {Key: "pos", Value: before.Pos + 1}, {Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}}); err != nil {
+			{Key: "seq", Value: e.Seq}, {Key: "pos", Value: before.Pos + 1}, {Key: "chained", Value: chain}, {Key: "replica", Value: replica},
+			{Key: "at", Value: time.Now()}}); err != nil {
 			return err
 		}
 		if chain {
@@ -418,6 +414,16 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			}
 			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: f.ID, Topic: chainTopic(), Key: f.Key, Seq: f.Seq, Place: f.Seq,
 				Kind: kindFollow, Source: e.ID}); err != nil {
+				return err
+			}
+		}
+		if slow {
+			// Slower than the transaction lifetime: the transaction is
+			// gone by the time the handler returns, so this attempt must
+			// fail (and count as one), the next one is fast. The handler
+			// honours its context, as handlers should.
+			w.slowRuns.Add(1)
+			if err := sleepCtx(ctx, w.slowFor); err != nil {
 				return err
 			}
 		}
