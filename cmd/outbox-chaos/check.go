@@ -115,19 +115,24 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 
 	// Outbox.
 	var outboxDocs []struct {
-		Key       string `bson:"idempotency_key"`
-		Topic     string `bson:"topic"`
-		Published bool   `bson:"published"`
-		Failed    bool   `bson:"failed"`
+		Key         string     `bson:"idempotency_key"`
+		Topic       string     `bson:"topic"`
+		Published   bool       `bson:"published"`
+		PublishedAt *time.Time `bson:"published_at"`
+		Failed      bool       `bson:"failed"`
 	}
 	if err := h.findAll(ctx, "outbox", bson.D{}, bson.D{{Key: "idempotency_key", Value: 1}, {Key: "topic", Value: 1},
-		{Key: "published", Value: 1}, {Key: "failed", Value: 1}}, &outboxDocs); err != nil {
+		{Key: "published", Value: 1}, {Key: "published_at", Value: 1}, {Key: "failed", Value: 1}}, &outboxDocs); err != nil {
 		return nil, err
 	}
 	inOutbox := make(map[string]bool, len(outboxDocs))
 	chainOutbox := map[string][]outboxFact{}
+	markedAt := map[string]time.Time{}
 	for _, d := range outboxDocs {
 		inOutbox[d.Key] = true
+		if d.PublishedAt != nil {
+			markedAt[eventRef(d.Topic, d.Key)] = *d.PublishedAt
+		}
 		if d.Topic == chainTopic() {
 			chainOutbox[d.Key] = append(chainOutbox[d.Key], outboxFact{Published: d.Published, Failed: d.Failed})
 		}
@@ -302,7 +307,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	l.mu.Lock()
 	res.Redelivered = countRedelivered(l.polls, settledAt)
 	ff := &fencingFacts{Records: tr.records, Produced: l.produced, Owned: l.owned, Interruptions: l.interruptions,
-		Gone: maps.Clone(l.gone), Rogue: maps.Clone(l.rogue), RogueDoubt: maps.Clone(l.rogueDoubt)}
+		Gone: maps.Clone(l.gone), Rogue: maps.Clone(l.rogue), RogueDoubt: maps.Clone(l.rogueDoubt), MarkedAt: markedAt}
 	l.mu.Unlock()
 
 	// Fencing and duplicate publications.

@@ -14,8 +14,14 @@ import (
 // kill or a revoke of its producer must come to explain a duplicate: an
 // acknowledged record is marked published within the publisher's mark
 // delay (100 ms) plus a MongoDB write, so a replica that dies or loses the
-// partition in that window leaves it to be published again.
+// partition in that window leaves it to be published again. On a loaded
+// machine marking takes longer: the window is then the time that
+// publisher took to mark its other publications at that time (markLag).
 const dupWindow = time.Second
+
+// markLagSpan is how close in time the publications are whose marking
+// measures a publisher's mark lag.
+const markLagSpan = 5 * time.Second
 
 // topicRecord is one record read from the topics.
 type topicRecord struct {
@@ -35,6 +41,10 @@ type fencingFacts struct {
 	Gone       map[string]time.Time
 	Rogue      map[recordPos]bool
 	RogueDoubt map[doubtKey]int
+	// MarkedAt is when each event was marked published (the outbox's
+	// published_at, by eventRef): for an event published once, how long
+	// its publisher took to mark it.
+	MarkedAt map[string]time.Time
 }
 
 // publication is a record of the topics and the produce that wrote it.
@@ -56,7 +66,8 @@ type publication struct {
 //     they are gone);
 //   - duplicate-unexplained: a publication of an event published before,
 //     when the producer of no earlier publication was killed, stopped, or
-//     lost or gave up the partition within dupWindow of it.
+//     lost or gave up the partition within dupWindow of it (or within the
+//     time that producer then took to mark its publications, when longer).
 //
 // It returns the number of duplicate publications (every publication of an
 // event after its first).
@@ -142,6 +153,29 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 	for _, in := range f.Interruptions {
 		ends[in.Replica] = append(ends[in.Replica], in.At)
 	}
+	// Each publisher's mark lags: acknowledgement to mark, of the events it
+	// alone published.
+	type lag struct {
+		done time.Time
+		d    time.Duration
+	}
+	lags := map[string][]lag{}
+	for _, ref := range order {
+		if ps := pubs[ref]; len(ps) == 1 && !ps[0].by.Err {
+			if m, ok := f.MarkedAt[ref]; ok {
+				lags[ps[0].by.Replica] = append(lags[ps[0].by.Replica], lag{ps[0].by.Done, m.Sub(ps[0].by.Done)})
+			}
+		}
+	}
+	window := func(p *pubRecord) time.Duration {
+		w := dupWindow
+		for _, l := range lags[p.Replica] {
+			if l.done.Sub(p.Done).Abs() <= markLagSpan {
+				w = max(w, l.d)
+			}
+		}
+		return w
+	}
 	for _, ref := range order {
 		ps := pubs[ref]
 		for k := 1; k < len(ps); k++ {
@@ -149,7 +183,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			explained := false
 			for j := 0; j < k && !explained; j++ {
 				e := ps[j].by
-				lo, hi := e.Buffered, e.Done.Add(dupWindow)
+				lo, hi := e.Buffered, e.Done.Add(window(e))
 				within := func(t time.Time) bool { return !t.Before(lo) && !t.After(hi) }
 				for _, t := range ends[e.Replica] {
 					explained = explained || within(t)
@@ -161,7 +195,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			if !explained {
 				p, e := ps[k], ps[k-1].by
 				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop or revoke of an earlier publisher within %s of its publication %s (%s: interrupted at [%s], %s)",
-					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), dupWindow, describePubs(ps[:k]),
+					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), window(e).Round(time.Millisecond), describePubs(ps[:k]),
 					e.Replica, formatTimes(ends[e.Replica]), intervalsOf(owners[ownKey{e.Topic, e.Partition}], e.Replica))
 			}
 		}
