@@ -19,15 +19,14 @@ import (
 // the switch) and outbox.Client, all sharing the service name with the
 // other replicas.
 type replica struct {
-	name    string
-	sw      *netSwitch
-	mongo   *mongo.Client
-	client  *outbox.Client
-	cancel  context.CancelFunc // cancels Run and the replica's load
-	ctx     context.Context    // the replica's life: load generators use it
-	done    chan struct{}      // closed when Run has returned and the clients are closed
-	started time.Time
-	err     error // Run's result, set before done closes
+	name   string
+	sw     *netSwitch
+	mongo  *mongo.Client
+	client *outbox.Client
+	cancel context.CancelFunc // cancels Run and the replica's load
+	ctx    context.Context    // the replica's life: load generators use it
+	done   chan struct{}      // closed when Run has returned and the clients are closed
+	err    error              // Run's result, set before done closes
 
 	mu      sync.Mutex
 	stopped bool

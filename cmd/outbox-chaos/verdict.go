@@ -27,9 +27,6 @@ func (v *verdict) fail(kind, format string, args ...any) {
 // count is how many violations of a kind were recorded.
 func (v *verdict) count(kind string) int { return v.lines[kind] }
 
-// failed reports whether any violation was recorded.
-func (v *verdict) failed() bool { return len(v.failures) > 0 }
-
 // all returns the FAIL lines, with a line per kind whose lines were cut.
 func (v *verdict) all() []string {
 	out := append([]string(nil), v.failures...)

@@ -14,8 +14,8 @@ import "sync/atomic"
 // enqueue, so set them before Run.
 var ConsumerQueueRecords, ConsumerQueueBytes atomic.Int64
 
-// PublisherOwnership, when set, is called by every publisher of the
-// process when its group assigns it partitions (before their workers
+// PublisherOwnership is a callback that, when set, every publisher of the
+// process calls when its group assigns it partitions (before their workers
 // start) and after it revoked or lost them (after their workers stopped:
 // nothing is produced for them afterwards), with the *outbox.Client that
 // runs it, the change ("assigned", "revoked", "lost") and the partitions
