@@ -527,40 +527,34 @@ func (h *harness) execute(ctx context.Context, a action) {
 		// In the background: a replay waits for Kafka, the schedule must not.
 		h.bg.Go(func() {
 			ok, err := h.replay(ctx, a)
-			if err != nil {
-				h.logf("%s: %v", a, err)
-			}
-			if ok {
-				h.mu.Lock()
-				h.faults++
-				h.scenarios[a.kind]++
-				h.mu.Unlock()
-			}
+			h.account(a, ok, err, true)
 		})
 	case fSlowHandler, fOutage, fSmallMaxBytes, fKafkaDownStart, fPauseStorm:
 		h.logf("%s", a)
 		ok, err := h.scenario(ctx, a)
-		if err != nil {
-			h.logf("%s: %v", a, err)
-		}
-		if ok {
-			h.mu.Lock()
-			h.faults++
-			h.scenarios[a.kind]++
-			h.mu.Unlock()
-		}
+		h.account(a, ok, err, true)
 	default:
 		h.logf("%s", a)
 		ok, err := h.inj.apply(ctx, a)
-		if err != nil {
-			h.logf("%s: %v", a, err)
-		}
-		if ok {
-			h.mu.Lock()
-			h.faults++
-			h.mu.Unlock()
-		}
+		h.account(a, ok, err, false)
 	}
+}
+
+// account logs an action's error and counts it when it took place (as a
+// scenario or replay of its kind too when counted).
+func (h *harness) account(a action, ok bool, err error, counted bool) {
+	if err != nil {
+		h.logf("%s: %v", a, err)
+	}
+	if !ok {
+		return
+	}
+	h.mu.Lock()
+	h.faults++
+	if counted {
+		h.scenarios[a.kind]++
+	}
+	h.mu.Unlock()
 }
 
 // runLoad starts the load generators: transactions spread over the live
