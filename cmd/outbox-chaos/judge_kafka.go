@@ -66,19 +66,29 @@ type publication struct {
 //     they are gone);
 //   - duplicate-unexplained: a publication of an event published before,
 //     when the producer of no earlier publication was killed, stopped, or
-//     lost or gave up the partition within dupWindow of it (or within the
-//     time that producer then took to mark its publications, when longer).
+//     lost or gave up the partition, or had a produce fail on that
+//     partition (the publisher then produces the failed record and every
+//     record after it again, some of which may have landed), within
+//     dupWindow of it (or within the time that producer then took to mark
+//     its publications, when longer).
 //
 // It returns the number of duplicate publications (every publication of an
 // event after its first).
 func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 	acked := map[recordPos]*pubRecord{}
 	failed := map[doubtKey][]*pubRecord{}
+	type failKey struct {
+		replica, topic string
+		partition      int32
+	}
+	failures := map[failKey][]time.Time{} // when a replica's produce failed on a partition
 	for i := range f.Produced {
 		p := &f.Produced[i]
 		if p.Err {
 			k := doubtKey{p.Topic, p.Partition, p.ID}
 			failed[k] = append(failed[k], p)
+			fk := failKey{p.Replica, p.Topic, p.Partition}
+			failures[fk] = append(failures[fk], p.Done)
 		} else {
 			acked[recordPos{p.Topic, p.Partition, p.Offset}] = p
 		}
@@ -188,13 +198,17 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 				for _, t := range ends[e.Replica] {
 					explained = explained || within(t)
 				}
+				for _, t := range failures[failKey{e.Replica, e.Topic, e.Partition}] {
+					// The failed record may come before e in its batch.
+					explained = explained || within(t) || !t.Before(lo.Add(-dupWindow)) && !t.After(lo)
+				}
 				for _, o := range owners[ownKey{e.Topic, e.Partition}] {
 					explained = explained || o.Replica == e.Replica && o.Ended != "" && within(o.To)
 				}
 			}
 			if !explained {
 				p, e := ps[k], ps[k-1].by
-				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop or revoke of an earlier publisher within %s of its publication %s (%s: interrupted at [%s], %s)",
+				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication %s (%s: interrupted at [%s], %s)",
 					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), window(e).Round(time.Millisecond), describePubs(ps[:k]),
 					e.Replica, formatTimes(ends[e.Replica]), intervalsOf(owners[ownKey{e.Topic, e.Partition}], e.Replica))
 			}

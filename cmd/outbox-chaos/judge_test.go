@@ -319,6 +319,18 @@ func TestJudgeFencingExplainsDuplicates(t *testing.T) {
 	_, v = f.judge()
 	requireFails(t, v, "duplicate-unexplained")
 
+	// A produce that failed on the same partition around the publication:
+	// the publisher produces the failed record and those after it again.
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 4)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "x", Buffered: f.at(2.9), Done: f.at(3.05), Err: true})
+	dups, v = f.judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 4)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 1, ID: "x", Buffered: f.at(2.9), Done: f.at(3.05), Err: true})
+	_, v = f.judge()
+	requireFails(t, v, "duplicate-unexplained") // on another partition: no excuse
+
 	// On a loaded machine the publisher took 3 s to mark what it
 	// published then: a kill 2 s after the publication explains the
 	// duplicate; with marks taking 0.3 s it does not.
