@@ -14,13 +14,15 @@ import (
 // kill or a revoke of its producer must come to explain a duplicate: an
 // acknowledged record is marked published within the publisher's mark
 // delay (100 ms) plus a MongoDB write, so a replica that dies or loses the
-// partition in that window leaves it to be published again. On a loaded
-// machine marking takes longer: the window is then the time that
-// publisher took to mark its other publications at that time (markLag).
+// partition in that window leaves it to be published again. The window
+// counts from the end of the publication's round (a batch is marked once
+// all of it is acknowledged), and on a loaded machine, where marking takes
+// longer, it is the time marking then took (published_at minus
+// acknowledgement of the events published once), when longer.
 const dupWindow = time.Second
 
 // markLagSpan is how close in time the publications are whose marking
-// measures a publisher's mark lag.
+// measures the mark lag.
 const markLagSpan = 5 * time.Second
 
 // topicRecord is one record read from the topics.
@@ -43,7 +45,7 @@ type fencingFacts struct {
 	RogueDoubt map[doubtKey]int
 	// MarkedAt is when each event was marked published (the outbox's
 	// published_at, by eventRef): for an event published once, how long
-	// its publisher took to mark it.
+	// marking took.
 	MarkedAt map[string]time.Time
 }
 
@@ -68,9 +70,9 @@ type publication struct {
 //     when the producer of no earlier publication was killed, stopped, or
 //     lost or gave up the partition, or had a produce fail on that
 //     partition (the publisher then produces the failed record and every
-//     record after it again, some of which may have landed), within
-//     dupWindow of it (or within the time that producer then took to mark
-//     its publications, when longer).
+//     record after it again, some of which may have landed), between it
+//     and dupWindow after the end of its round (or the time marking then
+//     took, when longer).
 //
 // It returns the number of duplicate publications (every publication of an
 // event after its first).
@@ -163,23 +165,46 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 	for _, in := range f.Interruptions {
 		ends[in.Replica] = append(ends[in.Replica], in.At)
 	}
-	// Each publisher's mark lags: acknowledgement to mark, of the events it
-	// alone published.
+	// A publisher marks a batch once every record of it is acknowledged:
+	// the end of the round of a publication is the last acknowledgement
+	// of the records its publisher had handed to its producer for that
+	// partition by then (rounds of a partition follow one another).
+	type roundKey struct {
+		replica, topic string
+		partition      int32
+	}
+	byRound := map[roundKey][]*pubRecord{}
+	for i := range f.Produced {
+		p := &f.Produced[i]
+		k := roundKey{p.Replica, p.Topic, p.Partition}
+		byRound[k] = append(byRound[k], p)
+	}
+	roundEnd := func(p *pubRecord) time.Time {
+		end := p.Done
+		for _, q := range byRound[roundKey{p.Replica, p.Topic, p.Partition}] {
+			if !q.Buffered.After(p.Done) && q.Done.After(end) {
+				end = q.Done
+			}
+		}
+		return end
+	}
+	// How long marking took then: acknowledgement to mark of the events
+	// published once, by any publisher (they share one MongoDB).
 	type lag struct {
 		done time.Time
 		d    time.Duration
 	}
-	lags := map[string][]lag{}
+	var lags []lag
 	for _, ref := range order {
 		if ps := pubs[ref]; len(ps) == 1 && !ps[0].by.Err {
 			if m, ok := f.MarkedAt[ref]; ok {
-				lags[ps[0].by.Replica] = append(lags[ps[0].by.Replica], lag{ps[0].by.Done, m.Sub(ps[0].by.Done)})
+				lags = append(lags, lag{ps[0].by.Done, m.Sub(ps[0].by.Done)})
 			}
 		}
 	}
 	window := func(p *pubRecord) time.Duration {
 		w := dupWindow
-		for _, l := range lags[p.Replica] {
+		for _, l := range lags {
 			if l.done.Sub(p.Done).Abs() <= markLagSpan {
 				w = max(w, l.d)
 			}
@@ -193,7 +218,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			explained := false
 			for j := 0; j < k && !explained; j++ {
 				e := ps[j].by
-				lo, hi := e.Buffered, e.Done.Add(window(e))
+				lo, hi := e.Buffered, roundEnd(e).Add(window(e))
 				within := func(t time.Time) bool { return !t.Before(lo) && !t.After(hi) }
 				for _, t := range ends[e.Replica] {
 					explained = explained || within(t)
