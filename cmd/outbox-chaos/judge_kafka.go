@@ -72,7 +72,9 @@ type publication struct {
 //     partition (the publisher then produces the failed record and every
 //     record after it again, some of which may have landed), between it
 //     and dupWindow after the end of its round (or the time marking then
-//     took, when longer).
+//     took, when longer), or later but before the publication again while
+//     nothing of its round had been marked yet (the publisher was cut
+//     before it could mark the round).
 //
 // It returns the number of duplicate publications (every publication of an
 // event after its first).
@@ -188,6 +190,20 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 		}
 		return end
 	}
+	// roundMarkedBefore reports whether p's publisher marked, between p's
+	// publication and t, any event of p's round or a later one on the
+	// partition (it marks rounds in order: p's would have been marked).
+	roundMarkedBefore := func(p *pubRecord, t time.Time) bool {
+		for _, q := range byRound[roundKey{p.Replica, p.Topic, p.Partition}] {
+			if q.Err || q.Done.Before(p.Buffered) {
+				continue
+			}
+			if m, ok := f.MarkedAt[eventRef(q.Topic, q.ID)]; ok && !m.Before(p.Buffered) && m.Before(t) {
+				return true
+			}
+		}
+		return false
+	}
 	// How long marking took then: acknowledgement to mark of the events
 	// published once, by any publisher (they share one MongoDB).
 	type lag struct {
@@ -219,21 +235,35 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			for j := 0; j < k && !explained; j++ {
 				e := ps[j].by
 				lo, hi := e.Buffered, roundEnd(e).Add(window(e))
-				within := func(t time.Time) bool { return !t.Before(lo) && !t.After(hi) }
+				// cut reports whether t, a kill, stop, revoke or loss of
+				// e's publisher or a failed produce of it on the
+				// partition, explains the duplicate: within the window;
+				// or later, before the publication again, while the
+				// publisher had marked nothing of e's round or after it
+				// (it was still on that round when it was cut).
+				cut := func(t time.Time) bool {
+					switch {
+					case t.Before(lo):
+						return false
+					case !t.After(hi):
+						return true
+					}
+					return !t.After(ps[k].by.Buffered) && !roundMarkedBefore(e, t)
+				}
 				for _, t := range ends[e.Replica] {
-					explained = explained || within(t)
+					explained = explained || cut(t)
 				}
 				for _, t := range failures[failKey{e.Replica, e.Topic, e.Partition}] {
 					// The failed record may come before e in its batch.
-					explained = explained || within(t) || !t.Before(lo.Add(-dupWindow)) && !t.After(lo)
+					explained = explained || cut(t) || !t.Before(lo.Add(-dupWindow)) && !t.After(lo)
 				}
 				for _, o := range owners[ownKey{e.Topic, e.Partition}] {
-					explained = explained || o.Replica == e.Replica && o.Ended != "" && within(o.To)
+					explained = explained || o.Replica == e.Replica && o.Ended != "" && cut(o.To)
 				}
 			}
 			if !explained {
 				p, e := ps[k], ps[k-1].by
-				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication %s (%s: interrupted at [%s], %s)",
+				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication, nor before it marked that publication's round: %s (%s: interrupted at [%s], %s)",
 					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), window(e).Round(time.Millisecond), describePubs(ps[:k]),
 					e.Replica, formatTimes(ends[e.Replica]), intervalsOf(owners[ownKey{e.Topic, e.Partition}], e.Replica))
 			}

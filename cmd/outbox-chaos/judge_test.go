@@ -313,11 +313,17 @@ func TestJudgeFencingExplainsDuplicates(t *testing.T) {
 	requireFails(t, v, "duplicate-unexplained")
 	require.Equal(t, 1, dups)
 
-	// A kill long after the first publication explains nothing.
-	f = newFencing().publish("r1", 0, "a", 3).publish("r2", 1, "a", 12)
+	// A kill long after the first publication explains nothing once the
+	// publisher had marked the rest of that round; it does while nothing
+	// of the round was marked (the publisher was cut before it could).
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "b", 3).publish("r2", 2, "a", 12)
 	f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(8), Kind: "kill"})
+	f.f.MarkedAt = map[string]time.Time{"t/b": f.at(3.1)}
 	_, v = f.judge()
 	requireFails(t, v, "duplicate-unexplained")
+	f.f.MarkedAt = map[string]time.Time{"t/b": f.at(8.5)}
+	_, v = f.judge()
+	require.Empty(t, v.all())
 
 	// A produce that failed on the same partition around the publication:
 	// the publisher produces the failed record and those after it again.
