@@ -50,6 +50,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/kafkax"
 )
 
@@ -272,6 +273,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.WithHooks(hook),
 		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			tuning.NotePublisherOwnership(c, "assigned", m) // harness hook: before the workers start
 			c.tel.rebalance("publisher", "assigned", m)
 			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
@@ -288,6 +290,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 				log.Info("publisher partitions revoked", "partitions", m)
 				p.set.Revoke(tps)
 			}
+			tuning.NotePublisherOwnership(c, "revoked", m) // harness hook: the workers have stopped
 		}),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.lease.Revoke()
@@ -296,6 +299,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 				log.Warn("publisher partitions lost", "partitions", m)
 				p.set.Lose(tps)
 			}
+			tuning.NotePublisherOwnership(c, "lost", m) // harness hook: the workers have stopped
 		}),
 	)
 	gopts = append(gopts, o.groupOpts...)

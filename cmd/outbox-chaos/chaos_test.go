@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,9 @@ func TestChaosShort(t *testing.T) {
 		queueRecords:  16,
 		queueBytes:    256 << 10,
 		sameKey:       0.5,
-		quiesce:       2 * time.Minute,
+		stall:         time.Minute,
+		replayEvery:   2 * time.Second,
+		chainPct:      25,
 		transient:     5,
 		poison:        0.02,
 		abort:         0.05,
@@ -64,6 +67,7 @@ func TestChaosShort(t *testing.T) {
 	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
 		cfg.progress = os.Stderr
 	}
+	cfg.stacks = os.Getenv("OUTBOX_CHAOS_STACKS") // goroutine stacks once nothing progressed for 10 s
 	if path := os.Getenv("OUTBOX_CHAOS_LOG"); path != "" {
 		// The replicas' framework logs, at Info, for a failure to explain.
 		f, err := os.Create(path)
@@ -83,6 +87,12 @@ func TestChaosShort(t *testing.T) {
 		require.Positive(t, res.Scenarios[k], "scenario %s never ran", k)
 	}
 	require.Positive(t, res.Redriven, "the downstream outage parked nothing to re-drive")
+	require.Positive(t, res.Redelivered, "no event was delivered again after it was handled")
+	require.Positive(t, res.Chained, "no follow-up was handled")
+	// A replay may find nothing to do on a machine so loaded that the
+	// group commits nothing in 15 s (TestCommitAsMember covers the
+	// rewind's commit on its own); one of them must run.
+	require.Positive(t, res.Scenarios[fOffsetRewind]+res.Scenarios[fRogueProducer], "no replay ran")
 }
 
 // countPoison is the number of committed poison events: every parked event
@@ -92,9 +102,9 @@ func countPoison(r *result) int { return r.Poisons }
 // TestScheduleIsReproducible: the same seed gives the same schedule.
 func TestScheduleIsReproducible(t *testing.T) {
 	t.Parallel()
-	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
-	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
-	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, true, true)
+	a := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, 4*time.Second, true, true)
+	b := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, 4*time.Second, true, true)
+	c := schedule(43, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, 4*time.Second, true, true)
 	require.Equal(t, a, b)
 	require.NotEqual(t, a, c)
 	kills := 0
@@ -108,10 +118,10 @@ func TestScheduleIsReproducible(t *testing.T) {
 	for _, x := range a {
 		seen[x.kind] = true
 	}
-	for _, k := range scenarios {
+	for _, k := range append(slices.Clone(scenarios), replays...) {
 		require.True(t, seen[k], "scenario %s not scheduled", k)
 	}
-	without := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, false, true)
+	without := schedule(42, time.Minute, 3, 3*time.Second, 500*time.Millisecond, 5*time.Second, 4*time.Second, false, true)
 	for _, x := range without {
 		require.NotEqual(t, fSlowHandler, x.kind, "slow handlers need the embedded MongoDB")
 	}
@@ -122,10 +132,10 @@ func TestScheduleIsReproducible(t *testing.T) {
 func TestShortRunSchedulesEveryScenario(t *testing.T) {
 	t.Parallel()
 	seen := map[actionKind]int{}
-	for _, x := range schedule(7, 15*time.Second, 3, 2*time.Second, 300*time.Millisecond, 2*time.Second, true, true) {
+	for _, x := range schedule(7, 15*time.Second, 3, 2*time.Second, 300*time.Millisecond, 2*time.Second, 2*time.Second, true, true) {
 		seen[x.kind]++
 	}
-	for _, k := range scenarios {
+	for _, k := range append(slices.Clone(scenarios), replays...) {
 		require.Positive(t, seen[k], "scenario %s not scheduled", k)
 	}
 }

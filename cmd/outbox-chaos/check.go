@@ -1,12 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -18,54 +18,44 @@ import (
 	"github.com/event-outbox/outbox"
 )
 
-type ledgerEntry struct {
-	ID     string `bson:"_id"`
-	Key    string `bson:"key"`
-	Seq    int64  `bson:"seq"`
-	Poison bool   `bson:"poison"`
-}
-
-// check verifies the invariants against MongoDB and the Kafka topic:
+// check verifies the invariants against MongoDB, the Kafka topics, the
+// inbox history and what the replicas' clients logged. Each promise and
+// the check that proves it:
 //
-//   - the ledger (written in each recording transaction) is consistent: each
-//     key's seqs are 1..n with n its counter;
-//   - every committed event is in the outbox, marked published, and in the
-//     topic; no event of an aborted transaction is anywhere (leaked);
-//   - per key, the first publication of each seq comes in seq order;
-//   - every committed step event has exactly one effect, nothing else has
-//     one; no handling saw a key's seqs out of order, parked and re-driven
-//     keys included (their handler checks the same "last applied seq");
-//   - every poison event ended parked or purged, every malformed record
-//     parked; no step event stays parked or held; a step event parked on a
-//     key that never had a downstream outage is a violation;
-//   - no outbox event that fits the topic's limit alone was marked failed;
-//   - recording never failed or hung because Kafka was unreachable;
-//   - every partition's consumer caught up (stalled_partitions).
+//   - ledger: the ledger (written in each recording transaction) is
+//     consistent: each key's step seqs and places are 1..n with n its
+//     counters, its follow-ups' seqs 1..n with n its applied count;
+//   - lost, leaked: every committed event is in the outbox, marked
+//     published, in its topic, and handled, or (poison) parked or purged;
+//     no event of an aborted transaction is anywhere;
+//   - publish-order: per key, the first publication of each event comes in
+//     the key's order, over every kind;
+//   - double effects: every handled event (steps, follow-ups) has exactly
+//     one effect, under mass redelivery (offset rewinds, a rogue
+//     producer); redelivered counts the deliveries of settled events;
+//   - key-order, held-missing, held-unexpected, parked-unexplained,
+//     redrive (judgeOrder, judgeRedrives): no event of a key handled while
+//     an earlier one was unsettled; the events held are exactly those that
+//     arrived while an earlier event of their key waited; every parked
+//     event explained by its scenario; every re-drive ends handled;
+//   - handle-order: the handlers saw each key's step seqs and follow-up
+//     seqs in order;
+//   - fencing (judgeFencing): no replica produced a record for a partition
+//     outside its ownership of it, or while another replica owned it; each
+//     duplicate publication explained by a kill or revoke;
+//   - chains (judgeChains): every handled step event that chains has
+//     exactly one follow-up, published and handled once; no other has one;
+//   - malformed records parked or purged, no event left parked or held,
+//     no outbox event that fits the topic's limit alone marked failed,
+//     recording never needed Kafka, every partition's consumer caught up.
 //
-// Each kind of per-event FAIL line is capped at maxFailLines; the counts
-// are in the summary.
+// Each kind of FAIL line is capped at maxFailLines; the counts are in the
+// summary.
 func (h *harness) check(ctx context.Context) (*result, error) {
 	res := &result{}
-	fail := func(format string, args ...any) { res.Failures = append(res.Failures, fmt.Sprintf(format, args...)) }
-	lines := map[string]int{}
-	var kinds []string
-	failN := func(kind, format string, args ...any) {
-		if lines[kind] == 0 {
-			kinds = append(kinds, kind)
-		}
-		lines[kind]++
-		if lines[kind] <= maxFailLines {
-			fail(format, args...)
-		}
-	}
-	defer func() {
-		for _, k := range kinds {
-			if n := lines[k]; n > maxFailLines {
-				fail("... %d more %s lines not shown (%d in all)", n-maxFailLines, k, n)
-			}
-		}
-	}()
+	v := &verdict{}
 	leaked := map[string]bool{}
+	topics := []string{h.topic, chainTopic()}
 
 	// Ledger.
 	var ledger []ledgerEntry
@@ -73,35 +63,45 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	byID := make(map[string]*ledgerEntry, len(ledger))
-	seqs := map[string][]int64{}
+	seqs, places, fseqs := map[string][]int64{}, map[string][]int64{}, map[string][]int64{}
 	for i := range ledger {
 		e := &ledger[i]
 		byID[e.ID] = e
-		if e.Poison {
+		switch e.Kind {
+		case kindPoison:
 			res.Poisons++
-		} else {
+			places[e.Key] = append(places[e.Key], e.Place)
+		case kindStep:
 			seqs[e.Key] = append(seqs[e.Key], e.Seq)
+			places[e.Key] = append(places[e.Key], e.Place)
+		case kindFollow:
+			fseqs[e.Key] = append(fseqs[e.Key], e.Seq)
 		}
 	}
-	var counters []struct {
-		Key string `bson:"_id"`
-		Seq int64  `bson:"seq"`
+	res.Events = len(ledger) - countKind(ledger, kindFollow)
+	var counters, applied []struct {
+		Key   string `bson:"_id"`
+		Seq   int64  `bson:"seq"`
+		Place int64  `bson:"place"`
+		FSeq  int64  `bson:"fseq"`
 	}
 	if err := h.findAll(ctx, collCounters, bson.D{}, nil, &counters); err != nil {
 		return nil, err
 	}
+	if err := h.findAll(ctx, collApplied, bson.D{}, nil, &applied); err != nil {
+		return nil, err
+	}
 	for _, c := range counters {
-		s := seqs[c.Key]
-		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-		ok := int64(len(s)) == c.Seq
-		for i, v := range s {
-			ok = ok && v == int64(i+1)
-		}
-		if !ok {
-			failN("ledger", "ledger of key %s: counter %d, %d events, seqs not 1..n", c.Key, c.Seq, len(s))
+		if !oneToN(seqs[c.Key], c.Seq) || !oneToN(places[c.Key], c.Place) {
+			v.fail("ledger", "ledger of key %s: counters seq %d place %d, %d step events and %d places, not 1..n",
+				c.Key, c.Seq, c.Place, len(seqs[c.Key]), len(places[c.Key]))
 		}
 	}
-	res.Events = len(ledger)
+	for _, a := range applied {
+		if !oneToN(fseqs[a.Key], a.FSeq) {
+			v.fail("ledger", "follow-ups of key %s: %d recorded, %d in the ledger, seqs not 1..n", a.Key, a.FSeq, len(fseqs[a.Key]))
+		}
+	}
 
 	// Aborted attempts: every id generated by an attempt that did not commit
 	// must appear nowhere.
@@ -115,75 +115,79 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 
 	// Outbox.
 	var outboxDocs []struct {
-		Key       string `bson:"idempotency_key"`
-		Published bool   `bson:"published"`
-		Failed    bool   `bson:"failed"`
+		Key         string     `bson:"idempotency_key"`
+		Topic       string     `bson:"topic"`
+		Published   bool       `bson:"published"`
+		PublishedAt *time.Time `bson:"published_at"`
+		Failed      bool       `bson:"failed"`
 	}
-	if err := h.findAll(ctx, "outbox", bson.D{}, bson.D{{Key: "idempotency_key", Value: 1}, {Key: "published", Value: 1}, {Key: "failed", Value: 1}}, &outboxDocs); err != nil {
+	if err := h.findAll(ctx, "outbox", bson.D{}, bson.D{{Key: "idempotency_key", Value: 1}, {Key: "topic", Value: 1},
+		{Key: "published", Value: 1}, {Key: "published_at", Value: 1}, {Key: "failed", Value: 1}}, &outboxDocs); err != nil {
 		return nil, err
 	}
 	inOutbox := make(map[string]bool, len(outboxDocs))
+	chainOutbox := map[string][]outboxFact{}
+	markedAt := map[string]time.Time{}
 	for _, d := range outboxDocs {
 		inOutbox[d.Key] = true
+		if d.PublishedAt != nil {
+			markedAt[eventRef(d.Topic, d.Key)] = *d.PublishedAt
+		}
+		if d.Topic == chainTopic() {
+			chainOutbox[d.Key] = append(chainOutbox[d.Key], outboxFact{Published: d.Published, Failed: d.Failed})
+		}
 		switch {
 		case aborted[d.Key]:
 			leaked[d.Key] = true
-			failN("leaked", "leaked: event %s of an aborted transaction is in the outbox", d.Key)
-		case byID[d.Key] == nil:
-			failN("outbox-unknown", "outbox event %s is not in the ledger", d.Key)
+			v.fail("leaked", "leaked: event %s of an aborted transaction is in the outbox", d.Key)
+		case byID[d.Key] == nil && d.Topic != chainTopic(): // the chain check judges those
+			v.fail("outbox-unknown", "outbox event %s is not in the ledger", d.Key)
 		case d.Failed:
-			failN("outbox-failed", "outbox event %s marked failed at the end", d.Key)
+			v.fail("outbox-failed", "outbox event %s marked failed at the end", d.Key)
 		case !d.Published:
-			failN("outbox-unpublished", "outbox event %s not published", d.Key)
+			v.fail("outbox-unpublished", "outbox event %s not published", d.Key)
 		}
 	}
 	h.op.mu.Lock()
 	innocent := slices.Sorted(maps.Keys(h.op.innocent))
-	unexpected := slices.Sorted(maps.Keys(h.op.unexpected))
-	parkedSeen := maps.Clone(h.op.parked)
-	heldSeen := maps.Clone(h.op.held)
-	res.Redriven = h.op.redrives
+	redrives := slices.Clone(h.op.redrives)
 	h.op.mu.Unlock()
+	res.Redriven = len(redrives)
 	res.FailedInnocent = len(innocent)
 	for _, id := range innocent {
-		failN("failed-innocent", "outbox event %s marked failed although it fits the topic's max.message.bytes alone", id)
+		v.fail("failed-innocent", "outbox event %s marked failed although it fits the topic's max.message.bytes alone", id)
 	}
 
 	// Kafka.
-	published, orderViolations, err := h.readTopic(ctx, byID, aborted, leaked, failN)
+	tr, err := h.readTopics(ctx, topics, byID, aborted, leaked, v)
 	if err != nil {
 		return nil, err
 	}
-	res.OrderViolations += orderViolations
+	res.OrderViolations += tr.publishViolations
 
 	// Effects.
 	var effects []struct {
-		Event string `bson:"event"`
+		Event   string `bson:"event"`
+		Chained bool   `bson:"chained"`
 	}
-	if err := h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}}, &effects); err != nil {
+	if err := h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}, {Key: "chained", Value: 1}}, &effects); err != nil {
 		return nil, err
 	}
 	effectCount := make(map[string]int, len(effects))
+	chained := map[string]bool{} // the step events whose handling recorded a follow-up
 	for _, e := range effects {
 		effectCount[e.Event]++
+		chained[e.Event] = chained[e.Event] || e.Chained
 	}
+	res.DoubleEffects = judgeEffects(effectCount, byID, aborted, leaked, v)
 	for id, n := range effectCount {
-		if e := byID[id]; e == nil || e.Poison {
-			if aborted[id] {
-				leaked[id] = true
-				failN("leaked", "leaked: effect of %s, an event of an aborted transaction", id)
-			} else {
-				failN("effect-unknown", "effect of %s, which is not a committed step event", id)
-			}
-			continue
-		}
-		res.Handled++
-		if n > 1 {
-			res.DoubleEffects += n - 1
+		if e := byID[id]; e != nil && e.Kind == kindStep && n > 0 {
+			res.Handled++
 		}
 	}
 	var handledOutOfOrder []struct {
 		Event   string `bson:"event"`
+		Kind    string `bson:"kind"`
 		Key     string `bson:"key"`
 		Seq     int64  `bson:"seq"`
 		Last    int64  `bson:"last"`
@@ -193,126 +197,231 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	violations := len(handledOutOfOrder)
-	for _, v := range handledOutOfOrder {
-		failN("handle-order", "key %s: seq %d (%s) handled on %s after seq %d", v.Key, v.Seq, v.Event, v.Replica, v.Last)
+	for _, o := range handledOutOfOrder {
+		v.fail("handle-order", "key %s: %s seq %d (%s) handled on %s after seq %d", o.Key, cmp.Or(o.Kind, kindStep), o.Seq, o.Event, o.Replica, o.Last)
 	}
 	res.OrderViolations += violations
-	res.Leaked = len(leaked)
 
-	// Parked, held and purged.
-	var inbox []struct {
-		ID          outbox.InboxID `bson:"_id"`
-		Key         string         `bson:"partition_key"`
-		Parked      bool           `bson:"parked"`
-		HeldBy      bson.RawValue  `bson:"held_by"`
-		DiscardedAt *time.Time     `bson:"discarded_at"`
-	}
-	if err := h.findAll(ctx, "inbox", bson.D{{Key: "$or", Value: bson.A{
-		bson.D{{Key: "parked", Value: true}},
-		bson.D{{Key: "discarded_at", Value: bson.D{{Key: "$exists", Value: true}}}},
-	}}}, bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "parked", Value: 1},
-		{Key: "held_by", Value: 1}, {Key: "discarded_at", Value: 1}}, &inbox); err != nil {
+	// The inbox at the end.
+	inbox, err := h.readInbox(ctx)
+	if err != nil {
 		return nil, err
 	}
-	poisonDone := map[string]bool{}
-	parkedMalformed := 0
-	for _, p := range inbox {
-		e := byID[p.ID.IdempotencyKey]
-		held := p.HeldBy.Type != 0 && p.HeldBy.Type != bson.TypeNull
-		if p.Parked {
-			if held {
-				heldSeen[p.ID.String()] = true
-			} else {
-				parkedSeen[p.ID.String()] = true
-			}
-		}
+	final := map[string]inboxState{}
+	byPos := map[recordPos]*inboxFields{}
+	for id, f := range inbox {
+		byPos[recordPos{id.Topic, f.Partition, f.Offset}] = f
+		e := byID[id.IdempotencyKey]
 		switch {
-		case e != nil && e.Poison:
-			poisonDone[e.ID] = p.Parked || p.DiscardedAt != nil
-		case e != nil && p.DiscardedAt != nil:
-			failN("step-discarded", "step event %s (key %s seq %d) discarded", e.ID, e.Key, e.Seq)
-		case e != nil && held:
-			failN("held", "step event %s (key %s seq %d) still held at the end, behind %s", e.ID, e.Key, e.Seq, h.anchorState(ctx, p.HeldBy))
-		case e != nil:
-			failN("parked", "step event %s (key %s seq %d) still parked at the end", e.ID, e.Key, e.Seq)
-		case p.Parked && (strings.HasPrefix(p.ID.IdempotencyKey, "malformed") || strings.HasPrefix(p.Key, "malformed") || p.ID.ContentSchema == "unknown"):
-			parkedMalformed++
-		case aborted[p.ID.IdempotencyKey]:
-			leaked[p.ID.IdempotencyKey] = true
-			failN("leaked", "leaked: inbox entry %+v of an aborted transaction", p.ID)
-		default:
-			failN("parked-unknown", "parked event %+v is not a committed event", p.ID)
+		case e != nil && e.Topic == id.Topic:
+			final[eventRef(e.Topic, e.ID)] = f.state()
+		case aborted[id.IdempotencyKey]:
+			leaked[id.IdempotencyKey] = true
+			v.fail("leaked", "leaked: inbox entry %s of an aborted transaction", id)
+		}
+	}
+	for i := range ledger {
+		e := &ledger[i]
+		st := final[eventRef(e.Topic, e.ID)]
+		switch {
+		case e.Poison():
+		case st == inboxDiscarded:
+			v.fail("step-discarded", "%s event %s (key %s place %d) purged", e.Kind, e.ID, e.Key, e.Place)
+		case st == inboxHeld || st == inboxParked:
+			f := inbox[outbox.InboxID{Topic: e.Topic, ContentSchema: schemaOf(e.Kind), IdempotencyKey: e.ID}]
+			v.fail(st.String(), "%s event %s (key %s place %d) still %s at the end; %s", e.Kind, e.ID, e.Key, e.Place, st,
+				h.describeKey(ctx, e.Topic, f.Partition, e.Key))
+		}
+	}
+	malformedSeen := 0
+	for _, r := range tr.records {
+		if !r.Malformed {
+			continue
+		}
+		malformedSeen++
+		f := byPos[r.recordPos]
+		switch {
+		case f == nil:
+			v.fail("malformed", "malformed record %s was never parked", malformedRef(r.recordPos))
+		case f.state() != inboxParked && f.state() != inboxDiscarded:
+			v.fail("malformed", "malformed record %s ended %s", malformedRef(r.recordPos), f.state())
+		}
+	}
+	for id, f := range inbox {
+		if byID[id.IdempotencyKey] == nil && !aborted[id.IdempotencyKey] && !tr.malformed[recordPos{id.Topic, f.Partition, f.Offset}] {
+			v.fail("inbox-unknown", "inbox entry %s (%s) is no event of the run", id, f.state())
 		}
 	}
 	res.Leaked = len(leaked)
-	res.Parked, res.Held = len(parkedSeen), len(heldSeen)
-	for _, id := range unexpected {
-		failN("parked-unexpected", "step event %s parked although its key had no outage and no poison event (%s)", id, h.op.unexpected[id])
-	}
 	h.inj.mu.Lock()
 	malformed, uncertain := h.inj.malformed, h.inj.uncertain
 	h.inj.mu.Unlock()
-	if parkedMalformed < malformed || parkedMalformed > malformed+uncertain {
-		fail("%d malformed records parked, %d written (%d more uncertain)", parkedMalformed, malformed, uncertain)
+	if malformedSeen < malformed || malformedSeen > malformed+uncertain {
+		v.fail("malformed", "%d malformed records in the topic, %d written (%d more uncertain)", malformedSeen, malformed, uncertain)
 	}
 
 	// Lost: committed, and not (in the outbox, published to Kafka, and
 	// handled, or parked or purged, as its kind requires).
 	for _, e := range ledger {
-		done := e.Poison && poisonDone[e.ID] || !e.Poison && effectCount[e.ID] > 0
-		if !inOutbox[e.ID] || !published[e.ID] || !done {
+		ref := eventRef(e.Topic, e.ID)
+		st := final[ref]
+		done := e.Poison() && (st == inboxParked || st == inboxDiscarded) || e.handledKind() && effectCount[e.ID] > 0
+		if !inOutbox[e.ID] || !tr.published[ref] || !done {
 			res.Lost++
-			failN("lost", "lost: %s (key %s seq %d poison %v): outbox %v, published %v, handled/parked %v",
-				e.ID, e.Key, e.Seq, e.Poison, inOutbox[e.ID], published[e.ID], done)
+			v.fail("lost", "lost: %s %s (key %s place %d): outbox %v, published %v, handled/parked %v (inbox %s)",
+				e.Kind, e.ID, e.Key, e.Place, inOutbox[e.ID], tr.published[ref], done, st)
 		}
 	}
+
+	// The inbox history: per-key order over every kind, holds, parks,
+	// re-drives, and when each event was settled (redeliveries).
+	if err := h.rec.catchUp(ctx); err != nil {
+		return nil, err
+	}
+	changes, lost := h.rec.snapshot()
+	if lost != nil {
+		v.fail("history", "the inbox history is incomplete (the change stream could not resume: %v): the order and hold checks cannot be trusted", lost)
+	}
+	of := &orderFacts{Seqs: tr.sequences(byID), Changes: changes, Outage: h.work.outageKeys(),
+		Ref: func(c *inboxChange) string {
+			if e := byID[c.ID.IdempotencyKey]; e != nil && e.Topic == c.ID.Topic {
+				return eventRef(e.Topic, e.ID)
+			}
+			if p := (recordPos{c.ID.Topic, c.Partition, c.Offset}); tr.malformed[p] {
+				return malformedRef(p)
+			}
+			return ""
+		}}
+	or := judgeOrder(of, v)
+	res.Held, res.Parked = or.Held, or.Parked
+	res.OrderViolations += or.Violations
+	judgeRedrives(redrives, final, v)
+	settledAt := map[string]time.Time{}
+	for _, c := range changes {
+		ref := eventRef(c.ID.Topic, c.ID.IdempotencyKey)
+		if _, ok := settledAt[ref]; !ok && c.To.settled() {
+			settledAt[ref] = c.At
+		}
+	}
+	l := h.klog
+	l.mu.Lock()
+	res.Redelivered = countRedelivered(l.polls, settledAt)
+	ff := &fencingFacts{Records: tr.records, Produced: l.produced, Owned: l.owned, Interruptions: l.interruptions,
+		Gone: maps.Clone(l.gone), Rogue: maps.Clone(l.rogue), RogueDoubt: maps.Clone(l.rogueDoubt), MarkedAt: markedAt}
+	l.mu.Unlock()
+
+	// Fencing and duplicate publications.
+	res.DuplicatePublications = judgeFencing(ff, v)
+
+	// Chained events.
+	res.Chained = judgeChains(&chainFacts{ChainTopic: chainTopic(), Ledger: ledger, Chains: func(id string) bool { return chained[id] }, Effects: effectCount,
+		Outbox: chainOutbox, Published: tr.published}, v)
 
 	// Recording with Kafka down, and the run's other violations.
 	h.mu.Lock()
 	res.KafkaRecordFailures = h.kafkaRecordFailures
 	h.logf("slowest completed transaction: %s on replicas with Kafka down, %s with Kafka up",
 		h.slowestKafkaDown.Round(time.Millisecond), h.slowestKafkaUp.Round(time.Millisecond))
-	res.Failures = append(res.Failures, h.failures...)
+	runFailures := slices.Clone(h.failures)
 	h.mu.Unlock()
 
 	// Stalled partitions.
 	lags, err := h.lag(ctx)
 	if err != nil {
-		fail("consumer lag unknown: %v", err)
+		v.fail("stalled", "consumer lag unknown: %v", err)
 	}
-	for _, p := range slices.Sorted(maps.Keys(lags)) {
-		if lags[p] > 0 {
+	for _, tp := range slices.SortedFunc(maps.Keys(lags), compareTP) {
+		if lags[tp] > 0 {
 			res.StalledPartitions++
-			failN("stalled", "partition %d stalled: the consumer group is %d records behind the end", p, lags[p])
+			v.fail("stalled", "partition %s/%d stalled: the consumer group is %d records behind the end", tp.Topic, tp.Partition, lags[tp])
 		}
 	}
 	if res.StalledPartitions > 0 {
-		fail("consumer group when stalled: %s", h.describeGroup(ctx))
+		v.fail("stalled-group", "consumer group when stalled: %s", h.describeGroup(ctx))
 	}
 
 	if res.Lost > 0 {
-		fail("%d committed events lost", res.Lost)
+		v.fail("total", "%d committed events lost", res.Lost)
 	}
 	if res.DoubleEffects > 0 {
-		fail("%d double effects", res.DoubleEffects)
+		v.fail("total", "%d double effects", res.DoubleEffects)
 	}
 	if res.OrderViolations > 0 {
-		fail("%d order violations (%d in handling, the rest in publishing)", res.OrderViolations, violations)
+		v.fail("total", "%d order violations (%d in handlers, %d in the inbox history, the rest in publishing)", res.OrderViolations, violations, or.Violations)
 	}
 	if res.Leaked > 0 {
-		fail("%d events of aborted transactions leaked", res.Leaked)
+		v.fail("total", "%d events of aborted transactions leaked", res.Leaked)
 	}
 	if res.KafkaRecordFailures > 0 {
-		fail("%d transactions failed or hung because Kafka was unreachable", res.KafkaRecordFailures)
+		v.fail("total", "%d transactions failed or hung because Kafka was unreachable", res.KafkaRecordFailures)
 	}
+	res.Failures = append(v.all(), runFailures...)
 	return res, nil
 }
 
-// lag returns, per partition of the topic, how far the consumer group's
+// countKind counts the ledger entries of a kind.
+func countKind(ledger []ledgerEntry, kind string) int {
+	n := 0
+	for i := range ledger {
+		if ledger[i].Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// oneToN reports whether vs, sorted, are 1, 2, ..., n.
+func oneToN(vs []int64, n int64) bool {
+	slices.Sort(vs)
+	if int64(len(vs)) != n {
+		return false
+	}
+	for i, x := range vs {
+		if x != int64(i+1) {
+			return false
+		}
+	}
+	return true
+}
+
+// judgeEffects fails on an effect of anything but a committed event whose
+// handler succeeds (effect-unknown, or leaked for an aborted one) and
+// returns the double effects: the effects beyond the first of each event.
+func judgeEffects(effectCount map[string]int, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, v *verdict) int {
+	double := 0
+	for id, n := range effectCount {
+		e := byID[id]
+		switch {
+		case e != nil && e.handledKind():
+			if n > 1 {
+				double += n - 1
+				v.fail("double-effect", "%s event %s (key %s place %d) has %d effects", e.Kind, id, e.Key, e.Place, n)
+			}
+		case aborted[id]:
+			leaked[id] = true
+			v.fail("leaked", "leaked: effect of %s, an event of an aborted transaction", id)
+		default:
+			v.fail("effect-unknown", "effect of %s, which is not a committed step event or follow-up", id)
+		}
+	}
+	return double
+}
+
+// topicPartition names a partition.
+type topicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+func compareTP(a, b topicPartition) int {
+	return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+}
+
+// lag returns, per partition of the topics, how far the consumer group's
 // committed offset is behind the partition's end.
-func (h *harness) lag(ctx context.Context) (map[int32]int64, error) {
+func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
 	adm := kadm.NewClient(h.inj.raw)
-	ends, err := adm.ListEndOffsets(ctx, h.topic)
+	ends, err := adm.ListEndOffsets(ctx, h.topic, chainTopic())
 	if err != nil {
 		return nil, fmt.Errorf("end offsets: %w", err)
 	}
@@ -320,7 +429,7 @@ func (h *harness) lag(ctx context.Context) (map[int32]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("group offsets: %w", err)
 	}
-	lags := map[int32]int64{}
+	lags := map[topicPartition]int64{}
 	var ferr error
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err != nil {
@@ -328,10 +437,10 @@ func (h *harness) lag(ctx context.Context) (map[int32]int64, error) {
 			return
 		}
 		var at int64
-		if c, ok := offs.Lookup(h.topic, o.Partition); ok && c.Err == nil && c.At > 0 {
+		if c, ok := offs.Lookup(o.Topic, o.Partition); ok && c.Err == nil && c.At > 0 {
 			at = c.At
 		}
-		lags[o.Partition] = max(0, o.Offset-at)
+		lags[topicPartition{o.Topic, o.Partition}] = max(0, o.Offset-at)
 	})
 	return lags, ferr
 }
@@ -358,7 +467,7 @@ func (h *harness) describeGroup(ctx context.Context) string {
 		fmt.Fprintf(&b, " %s (client %s host %s", m.MemberID, m.ClientID, m.ClientHost)
 		if a, ok := m.Assigned.AsConsumer(); ok {
 			for _, t := range a.Topics {
-				fmt.Fprintf(&b, " %v", t.Partitions)
+				fmt.Fprintf(&b, " %s%v", t.Topic, t.Partitions)
 			}
 		}
 		b.WriteString(")")
@@ -381,97 +490,147 @@ func (h *harness) findAll(ctx context.Context, coll string, filter, projection b
 	return nil
 }
 
-// readTopic reads the whole topic. It returns the ids published and the
-// number of per-key order violations among first publications: the first
-// record of each seq of a key must come right after the first record of
-// the previous seq.
-func (h *harness) readTopic(ctx context.Context, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, failN func(kind, format string, args ...any)) (map[string]bool, int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(h.env.brokers...), kgo.ConsumeTopics(h.topic),
+// topicsRead is what readTopics found.
+type topicsRead struct {
+	records   []topicRecord
+	published map[string]bool      // eventRefs found
+	first     map[string]int64     // eventRef -> first offset
+	malformed map[recordPos]bool   // the malformed records
+	keyOf     map[recordPos]string // the malformed records' keys
+	// publishViolations counts the events of a key first published out of
+	// the key's order.
+	publishViolations int
+}
+
+// readTopics reads the topics whole. Per key, the first record of each
+// event must come right after the first record of the event before it in
+// the key's order (places over every kind): publish-order.
+func (h *harness) readTopics(ctx context.Context, topics []string, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, v *verdict) (*topicsRead, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(h.env.brokers...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, h.topic)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return nil, 0, fmt.Errorf("end offsets: %w", err)
+		return nil, fmt.Errorf("end offsets: %w", err)
 	}
-	remaining := map[int32]int64{}
+	remaining := map[topicPartition]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
+			remaining[topicPartition{o.Topic, o.Partition}] = o.Offset
 		}
 	})
-	published := map[string]bool{}
-	firstSeq := map[string]int64{} // key -> last seq seen for the first time
-	violations := 0
+	tr := &topicsRead{published: map[string]bool{}, first: map[string]int64{}, malformed: map[recordPos]bool{}, keyOf: map[recordPos]string{}}
+	lastPlace := map[seqKey]int64{} // the last place seen first published
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for len(remaining) > 0 {
 		fs := cl.PollFetches(rctx)
 		if rctx.Err() != nil {
-			return nil, 0, fmt.Errorf("reading the topic: %w (%d partitions not read to the end)", rctx.Err(), len(remaining))
+			return nil, fmt.Errorf("reading the topics: %w (%d partitions not read to the end)", rctx.Err(), len(remaining))
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
-				delete(remaining, r.Partition)
+			tp := topicPartition{r.Topic, r.Partition}
+			if end, ok := remaining[tp]; ok && r.Offset+1 >= end {
+				delete(remaining, tp)
 			}
-			var id, schema string
-			for _, hd := range r.Headers {
-				switch hd.Key {
-				case outbox.HeaderIdempotencyKey:
-					id = string(hd.Value)
-				case outbox.HeaderContentSchema:
-					schema = string(hd.Value)
-				}
-			}
-			if strings.HasPrefix(string(r.Key), "malformed") {
+			pos := recordPos{r.Topic, r.Partition, r.Offset}
+			id, schema := idOf(r), headerValue(r, outbox.HeaderContentSchema)
+			rec := topicRecord{recordPos: pos, ID: id, Key: string(r.Key)}
+			if isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
+				rec.Malformed = true
+				tr.malformed[pos] = true
+				tr.keyOf[pos] = rec.Key
+				tr.records = append(tr.records, rec)
 				return
 			}
+			tr.records = append(tr.records, rec)
 			e := byID[id]
 			switch {
 			case e == nil && aborted[id]:
 				leaked[id] = true
-				failN("leaked", "leaked: record %s/%d@%d (id %q) of an aborted transaction", r.Topic, r.Partition, r.Offset, id)
+				v.fail("leaked", "leaked: record %s (id %q) of an aborted transaction", malformedRef(pos), id)
 				return
 			case e == nil:
-				failN("record-unknown", "record %s/%d@%d (id %q) is not a committed event", r.Topic, r.Partition, r.Offset, id)
+				v.fail("record-unknown", "record %s (id %q) is not a committed event", malformedRef(pos), id)
+				return
+			case e.Topic != r.Topic:
+				v.fail("record-mismatch", "record %s of event %s is on the wrong topic", malformedRef(pos), id)
 				return
 			}
-			published[id] = true
-			if schema != schemaStep {
+			ref := eventRef(e.Topic, e.ID)
+			if !tr.published[ref] {
+				tr.published[ref] = true
+				tr.first[ref] = r.Offset
+			}
+			if !recordMatches(schema, r.Value, e) {
+				v.fail("record-mismatch", "record %s does not match its ledger entry %+v", malformedRef(pos), *e)
 				return
 			}
-			var ev stepEvent
-			if err := json.Unmarshal(r.Value, &ev); err != nil || ev.ID != id || ev.Seq != e.Seq || ev.Key != e.Key {
-				failN("record-mismatch", "record %s/%d@%d does not match its ledger entry", r.Topic, r.Partition, r.Offset)
-				return
-			}
-			last := firstSeq[e.Key]
+			k := seqKey{e.Topic, e.Key}
+			last := lastPlace[k]
 			switch {
-			case e.Seq <= last:
-				// A duplicate publication: allowed.
-			case e.Seq == last+1:
-				firstSeq[e.Key] = e.Seq
+			case e.Place <= last:
+				// A duplicate publication: judged by judgeFencing.
+			case e.Place == last+1:
+				lastPlace[k] = e.Place
 			default:
-				violations++
-				failN("publish-order", "key %s: seq %d first published after seq %d", e.Key, e.Seq, last)
-				firstSeq[e.Key] = e.Seq
+				tr.publishViolations++
+				v.fail("publish-order", "key %s on %s: %s %s (place %d) first published after place %d", e.Key, e.Topic, e.Kind, e.ID, e.Place, last)
+				lastPlace[k] = e.Place
 			}
 		})
 	}
-	return published, violations, nil
+	return tr, nil
 }
 
-// anchorState describes the inbox document a held event waits for, for the
-// FAIL line: whether it is still parked, handled or purged, and whether its
-// chain was closed.
-func (h *harness) anchorState(ctx context.Context, anchor bson.RawValue) string {
-	var d bson.M
-	err := h.db.Collection("inbox").FindOne(ctx, bson.D{{Key: "_id", Value: anchor}},
-		options.FindOne().SetProjection(bson.D{{Key: "payload", Value: 0}})).Decode(&d)
-	if err != nil {
-		return fmt.Sprintf("%s (unreadable: %v)", anchor, err)
+// recordMatches reports whether a record's content schema and payload are
+// those of its ledger entry.
+func recordMatches(schema string, value []byte, e *ledgerEntry) bool {
+	if schema != schemaOf(e.Kind) {
+		return false
 	}
-	return fmt.Sprintf("%v", d)
+	switch e.Kind {
+	case kindStep:
+		var ev stepEvent
+		return json.Unmarshal(value, &ev) == nil && ev.ID == e.ID && ev.Seq == e.Seq && ev.Key == e.Key
+	case kindFollow:
+		var ev followEvent
+		return json.Unmarshal(value, &ev) == nil && ev.ID == e.ID && ev.Seq == e.Seq && ev.Key == e.Key && ev.Source == e.Source
+	}
+	return true
+}
+
+// sequences are the keys' sequences: per topic and key, the committed
+// events and the malformed records, in the order of their first offset
+// (the order the consumer must keep).
+func (tr *topicsRead) sequences(byID map[string]*ledgerEntry) map[seqKey][]seqEvent {
+	out := map[seqKey][]seqEvent{}
+	for _, r := range tr.records {
+		var k seqKey
+		var ev seqEvent
+		switch {
+		case r.Malformed:
+			k = seqKey{r.Topic, r.Key}
+			ev = seqEvent{Ref: malformedRef(r.recordPos), Kind: kindMalformed, Offset: r.Offset}
+		default:
+			e := byID[r.ID]
+			ref := ""
+			if e != nil {
+				ref = eventRef(e.Topic, e.ID)
+			}
+			if e == nil || tr.first[ref] != r.Offset {
+				continue // not an event of the run, or a duplicate
+			}
+			k = seqKey{e.Topic, e.Key}
+			ev = seqEvent{Ref: ref, Kind: e.Kind, Place: e.Place, Offset: r.Offset}
+		}
+		out[k] = append(out[k], ev)
+	}
+	for _, seq := range out {
+		slices.SortFunc(seq, func(a, b seqEvent) int { return cmp.Compare(a.Offset, b.Offset) })
+	}
+	return out
 }

@@ -71,6 +71,18 @@ const (
 	// partition, handled slowly, so its consumer queue fills and its
 	// fetching pauses and resumes again and again.
 	fPauseStorm actionKind = "pause-storm"
+
+	// Replays: deliveries of events already handled, by the thousand, on
+	// their own cadence, the kinds in turn (replay.go).
+	//
+	// kafka-offset-rewind: a replica is killed and the consumer group's
+	// committed offsets of the partitions it consumed are moved back by up
+	// to n records, so their next owners deliver them all again.
+	fOffsetRewind actionKind = "kafka-offset-rewind"
+	// rogue-producer: n records the publishers produced lately are
+	// produced again, as a misbehaving producer (or a replicated cluster
+	// failing over) would.
+	fRogueProducer actionKind = "rogue-producer"
 )
 
 // smallMaxMessageBytes is the topic's max.message.bytes during a
@@ -86,6 +98,7 @@ var (
 	kafkaFaults = []actionKind{fKafkaProduceError, fKafkaProduceStall, fKafkaFetchError, fKafkaFetchStall,
 		fKafkaCommitError, fKafkaHeartbeat}
 	scenarios = []actionKind{fOutage, fSlowHandler, fSmallMaxBytes, fKafkaDownStart, fPauseStorm}
+	replays   = []actionKind{fOffsetRewind, fRogueProducer}
 )
 
 // action is one entry of the fault schedule.
@@ -108,12 +121,14 @@ func (a action) String() string {
 // Scenarios come every scenarioEvery on average (0: none), round-robin
 // over the scenario kinds from a seed-drawn start, so a run with at least
 // len(scenarios) of them has every kind.
-func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool) []action {
-	return scheduleStorms(seed, duration, replicas, killEvery, faultEvery, scenarioEvery, mongoOK, kafkaOK, 10)
+//
+// Replays come every replayEvery on average (0: none), the kinds in turn.
+func schedule(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery, replayEvery time.Duration, mongoOK, kafkaOK bool) []action {
+	return scheduleStorms(seed, duration, replicas, killEvery, faultEvery, scenarioEvery, replayEvery, mongoOK, kafkaOK, 10)
 }
 
 // scheduleStorms is schedule with pause storms of stormMiB MiB.
-func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery time.Duration, mongoOK, kafkaOK bool, stormMiB int) []action {
+func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery, faultEvery, scenarioEvery, replayEvery time.Duration, mongoOK, kafkaOK bool, stormMiB int) []action {
 	rng := rand.New(rand.NewPCG(seed, 0x0c4a05))
 	var acts []action
 	exp := func(mean time.Duration) time.Duration {
@@ -186,20 +201,43 @@ func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery
 			acts = append(acts, a)
 		}
 	}
+	if replayEvery > 0 {
+		// A stream of its own, so that the rest of a seed's schedule stays.
+		rrng := rand.New(rand.NewPCG(seed, 0x4e91a7))
+		next := rrng.IntN(len(replays))
+		for t := replayEvery / 2; t < duration*9/10; t += replayEvery/3 + time.Duration(rrng.ExpFloat64()*float64(replayEvery*2/3)) {
+			a := action{at: t, kind: replays[next%len(replays)], pick: rrng.Uint64(), slot: rrng.IntN(replicas)}
+			next++
+			switch a.kind {
+			case fOffsetRewind:
+				a.n = 100 + rrng.IntN(300) // records back per partition
+				// The killed replica's slot starts again after d, as after a kill.
+				a.d = 200*time.Millisecond + time.Duration(rrng.Int64N(int64(1800*time.Millisecond)))
+			case fRogueProducer:
+				a.n = 100 + rrng.IntN(200) // records produced again
+			}
+			acts = append(acts, a)
+		}
+	}
 	slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
 	return acts
 }
 
 // injector applies faults to the embedded servers.
 type injector struct {
-	mongo   *mongofake.Server // nil against a real MongoDB
-	kafka   *kfake.Cluster    // nil against real brokers
-	groups  []string
-	topic   string
-	raw     *kgo.Client // writes malformed records
-	parts   int32
-	mu      sync.Mutex
-	handles []*kfake.FaultHandle
+	mongo  *mongofake.Server // nil against a real MongoDB
+	kafka  *kfake.Cluster    // nil against real brokers
+	groups []string
+	topic  string
+	raw    *kgo.Client // writes malformed records
+	parts  int32
+	// keys are the workload's partition keys and partitionOf their
+	// partition: half the malformed records carry one of them, so they take
+	// a place in that key's sequence.
+	keys        []string
+	partitionOf func(key string) int32
+	mu          sync.Mutex
+	handles     []*kfake.FaultHandle
 	// malformed counts the malformed records written (each must end
 	// parked); uncertain counts those whose write failed (they may or may
 	// not be in the topic).
@@ -301,11 +339,23 @@ func (in *injector) clear() {
 // writeMalformed writes one bad record straight to the topic; the
 // consumer must park it at once. The variants: invalid JSON, a payload that
 // fails validation, a missing idempotency key, an unknown wire version.
+//
+// Half the records of the variants that keep an idempotency key carry a
+// workload key instead of a unique one, on that key's partition: they take
+// their place in the key's sequence, whose later events must be held
+// behind them until the operator purges them. (A keyed record without an
+// idempotency key is left out: the framework handles it under an invented
+// key once released, issue 20's first defect.)
 func (in *injector) writeMalformed(ctx context.Context, a action) error {
 	in.mu.Lock()
 	n := in.malformed + in.uncertain + 1
 	in.mu.Unlock()
 	key := fmt.Sprintf("malformed-%d", n)
+	recKey, partition := key, int32((a.pick>>8)%uint64(in.parts))
+	if a.pick%4 != 2 && (a.pick>>4)&1 == 1 && len(in.keys) > 0 {
+		recKey = in.keys[(a.pick>>12)%uint64(len(in.keys))]
+		partition = in.partitionOf(recKey)
+	}
 	headers := []kgo.RecordHeader{
 		{Key: outbox.HeaderVersion, Value: []byte(outbox.WireVersion)},
 		{Key: outbox.HeaderContentSchema, Value: []byte(schemaStep)},
@@ -325,7 +375,7 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 		headers[0].Value = []byte("99")
 		value = []byte(`{}`)
 	}
-	rec := &kgo.Record{Topic: in.topic, Partition: int32((a.pick >> 8) % uint64(in.parts)), Key: []byte(key), Value: value, Headers: headers}
+	rec := &kgo.Record{Topic: in.topic, Partition: partition, Key: []byte(recKey), Value: value, Headers: headers}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := in.raw.ProduceSync(pctx, rec).FirstErr()

@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -37,7 +36,9 @@ type config struct {
 	partitions int                 // Kafka partitions of the topic
 	killEvery  time.Duration       // mean time between kills; 0 disables kills
 	faultEvery time.Duration       // mean time between faults; 0 disables them
-	quiesce    time.Duration       // how long to wait for quiescence after the load
+	stall      time.Duration       // after the load, fail when nothing progressed for this long
+	stacks     string              // when set, the goroutine stacks are written there once nothing progressed for 10 s
+	chainPct   int                 // percent of step events whose handler records a follow-up
 	transient  int                 // percent of step events whose first attempt fails
 	poison     float64             // probability a transaction records a poison event
 	abort      float64             // probability a transaction aborts on purpose
@@ -50,9 +51,12 @@ type config struct {
 	// downstream outages, small max.message.bytes windows, Kafka down at
 	// start, pause storms); 0 disables them.
 	scenarioEvery time.Duration
-	txnLifetime   time.Duration // the embedded MongoDB's transaction lifetime
-	sameKey       float64       // probability that a multi-event transaction uses one key
-	stormMiB      int           // MiB of events per pause storm; 0: 10
+	// replayEvery is the mean time between replays (offset rewinds, rogue
+	// producer); 0 disables them.
+	replayEvery time.Duration
+	txnLifetime time.Duration // the embedded MongoDB's transaction lifetime
+	sameKey     float64       // probability that a multi-event transaction uses one key
+	stormMiB    int           // MiB of events per pause storm; 0: 10
 	// queueRecords and queueBytes shrink the consumer's per-partition queue
 	// bound (internal/tuning) so fetches pause and resume partitions all
 	// the time; 0 keeps the framework's bound.
@@ -62,9 +66,22 @@ type config struct {
 // result is the outcome of a run.
 type result struct {
 	Events, Handled, Lost, DoubleEffects, OrderViolations, Parked int
-	// Held counts the events seen held behind a parked event of their key;
-	// Redriven the re-drives the operator made (requests and calls).
+	// Held counts the distinct events held behind an earlier event of
+	// their key at some point (from the inbox history), Parked those parked
+	// on their own; Redriven the re-drives the operator made (requests and
+	// calls).
 	Held, Redriven int
+	// Redelivered counts the deliveries of events to a consumer after they
+	// were settled (handled or purged).
+	Redelivered int
+	// Chained counts the follow-ups handled exactly once.
+	Chained int
+	// DuplicatePublications counts the publications of events published
+	// before (each explained by a kill or revoke, or a failure).
+	DuplicatePublications int
+	// Rewound and RogueRecords count the records the replays delivered
+	// again: consumer offsets moved back, records produced again.
+	Rewound, RogueRecords int
 	// StalledPartitions counts the partitions whose consumer group offset
 	// had not reached the end of the partition when the quiesce ended.
 	StalledPartitions int
@@ -88,18 +105,23 @@ type result struct {
 // summary is the one line the command prints.
 func (r *result) summary() string {
 	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d held=%d redriven=%d "+
+		"redelivered=%d chained=%d duplicate_publications=%d "+
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
+		r.Redelivered, r.Chained, r.DuplicatePublications,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
 func (r *result) scenarioLine() string {
-	parts := make([]string, 0, len(scenarios))
+	parts := make([]string, 0, len(scenarios)+len(replays))
 	for _, k := range scenarios {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Scenarios[k]))
 	}
-	return strings.Join(parts, " ")
+	for _, k := range replays {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Scenarios[k]))
+	}
+	return strings.Join(parts, " ") + fmt.Sprintf(" (records rewound=%d produced again=%d)", r.Rewound, r.RogueRecords)
 }
 
 // harness is one run.
@@ -113,6 +135,7 @@ type harness struct {
 	cluster *kfake.Cluster
 	topic   string
 
+	startMu  sync.Mutex // serializes startIfDown
 	mu       sync.Mutex
 	slots    map[int]*replica // live replicas by slot
 	zombies  []*replica       // killed or stopped replicas still winding down
@@ -123,10 +146,16 @@ type harness struct {
 	gens     map[string]bool // group/generation pairs seen (rebalances)
 	txErrors atomic.Int64
 	logMu    sync.Mutex
-	expireWg sync.WaitGroup
-	bg       sync.WaitGroup // scenario goroutines (windows, storms)
-	began    time.Time
-	op       *operator
+	expireWg sync.WaitGroup // expireMembers goroutines, stopped by cancelling expireCtx
+	// expireCtx ends after the final check.
+	expireCtx context.Context
+	bg        sync.WaitGroup // scenario goroutines (windows, storms)
+	began     time.Time
+	op        *operator
+	klog      *kafkaLog      // the replicas' Kafka facts
+	rec       *inboxRecorder // the inbox history
+
+	rewound, rogueRecords int // records replayed; guarded by mu
 
 	kafkaRecordFailures int // guarded by mu
 	// slowestKafkaDown and slowestKafkaUp are the slowest completed
@@ -171,11 +200,18 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		tuning.ConsumerQueueRecords.Store(0)
 		tuning.ConsumerQueueBytes.Store(0)
 	}()
+	if cfg.stall <= 0 {
+		cfg.stall = 60 * time.Second
+	}
 	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
 	topic := "chaos-" + runID
 	topicName.Store(&topic)
 	h := &harness{began: time.Now(), cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{},
-		scenarios: map[actionKind]int{}}
+		scenarios: map[actionKind]int{}, klog: newKafkaLog()}
+	// The publishers' ownership callback is process-wide: set for this
+	// run, removed when it ends.
+	h.klog.install()
+	defer h.klog.uninstall()
 
 	// Servers.
 	mongoURI, brokers := cfg.mongoURI, splitList(cfg.brokers)
@@ -232,8 +268,10 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 	defer raw.Close()
-	if _, err := kadm.NewClient(raw).CreateTopic(ctx, int32(cfg.partitions), -1, nil, topic); err != nil {
-		return nil, fmt.Errorf("create topic %s: %w", topic, err)
+	for _, t := range []string{topic, chainTopic()} {
+		if _, err := kadm.NewClient(raw).CreateTopic(ctx, int32(cfg.partitions), -1, nil, t); err != nil {
+			return nil, fmt.Errorf("create topic %s: %w", t, err)
+		}
 	}
 
 	keys := make([]string, cfg.keys)
@@ -241,16 +279,34 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		keys[i] = fmt.Sprintf("k%05d", i)
 	}
 	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort,
-		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second}
+		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second, chainPct: cfg.chainPct}
 	if err := h.work.prepare(ctx); err != nil {
 		return nil, err
 	}
 	service := "chaos-" + runID
 	h.env = &replicaEnv{mongoURI: mongoURI, brokers: brokers, database: h.db.Name(), service: service,
-		logger: cfg.logger, work: h.work, appName: "chaos-replica"}
+		logger: cfg.logger, work: h.work, appName: "chaos-replica", klog: h.klog}
 	h.env.sessionTimeout, h.env.rebalanceTimeout = sessionTimeout, rebalanceTimeout
+	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
 	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
-		groups: []string{service, service + ".outbox-publisher"}}
+		groups: []string{service, service + ".outbox-publisher"}, keys: keys,
+		partitionOf: func(k string) int32 {
+			return int32(part.Partition(&kgo.Record{Key: []byte(k)}, cfg.partitions))
+		}}
+
+	// The inbox history starts before the first replica: it must see every
+	// change. Its goroutine ends after the final check.
+	h.rec = newInboxRecorder(h.db, h.logf)
+	if err := h.rec.start(ctx); err != nil {
+		return nil, err
+	}
+	recCtx, stopRec := context.WithCancel(ctx)
+	var recWg sync.WaitGroup
+	recWg.Go(func() { h.rec.run(recCtx) })
+	defer func() {
+		stopRec()
+		recWg.Wait()
+	}()
 
 	for slot := range cfg.replicas {
 		if err := h.start(slot); err != nil {
@@ -268,20 +324,26 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		opWg.Wait()
 	}()
 
-	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery,
+	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, cfg.replayEvery,
 		srv != nil, h.cluster != nil, cmp.Or(cfg.stormMiB, 10))
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
-	h.logf("run %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
-		runID, cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)
+	h.logf("run %s started %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
+		runID, h.began.Format(tsFormat), cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)
 
-	// Load and faults.
+	// Load and faults. Killed replicas' group members are expired on
+	// their behalf (expireMembers) until the final check, load or not.
+	expireCtx, stopExpire := context.WithCancel(ctx)
+	h.expireCtx = expireCtx
+	defer func() {
+		stopExpire()
+		h.expireWg.Wait()
+	}()
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
 	defer stopLoad()
 	var wg sync.WaitGroup
 	wg.Go(func() { h.runSchedule(loadCtx, acts) })
 	h.runLoad(loadCtx, &wg)
 	wg.Wait()
-	h.expireWg.Wait()
 	h.bg.Wait()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -293,18 +355,27 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.work.endOutages()
 	h.closeSmallLimit()
 	for slot := range cfg.replicas {
-		h.mu.Lock()
-		live := h.slots[slot] != nil
-		h.mu.Unlock()
-		if !live {
-			if err := h.start(slot); err != nil {
-				return nil, err
-			}
+		if _, err := h.startIfDown(slot); err != nil {
+			return nil, err
 		}
 	}
 	h.logf("load done: %d transactions committed, %d aborted on purpose, %d failed; waiting for quiescence",
 		h.work.recorded.Load(), h.work.aborted.Load(), h.work.failedTx.Load())
-	quiet := h.waitQuiescence(ctx)
+	dumped := false
+	quiet, last := waitSettled(ctx, realClock{}, 250*time.Millisecond, cfg.stall, h.lookSettled, h.logf, func(idle time.Duration) {
+		if cfg.stacks != "" && !dumped && idle >= 10*time.Second {
+			dumped = true
+			if err := dumpStacks(cfg.stacks); err != nil {
+				h.logf("stacks: %v", err)
+			} else {
+				h.logf("nothing progressed for %s: goroutine stacks written to %s", idle.Round(time.Second), cfg.stacks)
+			}
+		}
+	})
+	var stalled string
+	if !quiet {
+		stalled = fmt.Sprintf("no progress for %s before everything settled: %s; %s", cfg.stall, last.summary, h.unsettled(ctx))
+	}
 	stopOp()
 	opWg.Wait()
 
@@ -314,11 +385,12 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}
 	h.logf("checked")
 	if !quiet {
-		res.Failures = append(res.Failures, fmt.Sprintf("no quiescence within %s", cfg.quiesce))
+		res.Failures = append(res.Failures, stalled)
 	}
 	h.mu.Lock()
 	res.Kills, res.Faults = h.kills, h.faults
 	res.Scenarios = maps.Clone(h.scenarios)
+	res.Rewound, res.RogueRecords = h.rewound, h.rogueRecords
 	h.mu.Unlock()
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
@@ -341,6 +413,20 @@ func splitList(s string) []string {
 
 // start starts a new incarnation of a slot.
 func (h *harness) start(slot int) error { return h.startWith(slot, 0, false) }
+
+// startIfDown starts a new incarnation of a slot unless one is live. It
+// reports whether it started one.
+func (h *harness) startIfDown(slot int) (bool, error) {
+	h.startMu.Lock()
+	defer h.startMu.Unlock()
+	h.mu.Lock()
+	live := h.slots[slot] != nil
+	h.mu.Unlock()
+	if live {
+		return false, nil
+	}
+	return true, h.start(slot)
+}
 
 // startWith starts a new incarnation of a slot whose Kafka is unreachable
 // for kafkaDown (refused, or black-holed).
@@ -380,70 +466,95 @@ func (h *harness) runSchedule(ctx context.Context, acts []action) {
 	}
 }
 
+// killSlot kills the replica of a slot, if it is live, and returns it.
+func (h *harness) killSlot(slot int) *replica {
+	h.mu.Lock()
+	r := h.slots[slot]
+	if r != nil {
+		delete(h.slots, slot)
+		h.zombies = append(h.zombies, r)
+		h.kills++
+	}
+	h.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	h.klog.interrupted(r.name, "kill")
+	r.kill()
+	h.logf("kill %s", r.name)
+	if h.cluster != nil {
+		h.expireWg.Go(func() { h.expireMembers(h.expireCtx, r.name) })
+	}
+	return r
+}
+
+// stopSlot stops the replica of a slot gracefully, if it is live, and
+// returns it.
+func (h *harness) stopSlot(slot int) *replica {
+	h.mu.Lock()
+	r := h.slots[slot]
+	if r != nil {
+		delete(h.slots, slot)
+		h.zombies = append(h.zombies, r)
+	}
+	h.mu.Unlock()
+	if r != nil {
+		h.klog.interrupted(r.name, "stop")
+		h.logf("stop %s", r.name)
+		r.stop()
+	}
+	return r
+}
+
 func (h *harness) execute(ctx context.Context, a action) {
 	switch a.kind {
 	case actKill:
-		h.mu.Lock()
-		r := h.slots[a.slot]
-		if r != nil {
-			delete(h.slots, a.slot)
-			h.zombies = append(h.zombies, r)
-			h.kills++
-		}
-		h.mu.Unlock()
-		if r != nil {
-			r.kill()
-			h.logf("%s kill %s", a, r.name)
-			if h.cluster != nil {
-				h.expireWg.Go(func() { h.expireMembers(ctx, r.name) })
-			}
-		}
+		h.logf("%s", a)
+		h.killSlot(a.slot)
 	case actRestart, actJoin:
-		h.mu.Lock()
-		live := h.slots[a.slot] != nil
-		h.mu.Unlock()
-		if !live {
+		started, err := h.startIfDown(a.slot)
+		if started || err != nil {
 			h.logf("%s", a)
-			if err := h.start(a.slot); err != nil {
-				h.logf("%s: start failed: %v", a, err)
-			}
+		}
+		if err != nil {
+			h.logf("%s: start failed: %v", a, err)
 		}
 	case actLeave:
-		h.mu.Lock()
-		r := h.slots[a.slot]
-		if r != nil {
-			delete(h.slots, a.slot)
-			h.zombies = append(h.zombies, r)
-		}
-		h.mu.Unlock()
-		if r != nil {
-			h.logf("%s stop %s", a, r.name)
-			r.stop()
-		}
+		h.logf("%s", a)
+		h.stopSlot(a.slot)
+	case fOffsetRewind, fRogueProducer:
+		h.logf("%s", a)
+		// In the background: a replay waits for Kafka, the schedule must not.
+		h.bg.Go(func() {
+			ok, err := h.replay(ctx, a)
+			h.account(a, ok, err, true)
+		})
 	case fSlowHandler, fOutage, fSmallMaxBytes, fKafkaDownStart, fPauseStorm:
 		h.logf("%s", a)
 		ok, err := h.scenario(ctx, a)
-		if err != nil {
-			h.logf("%s: %v", a, err)
-		}
-		if ok {
-			h.mu.Lock()
-			h.faults++
-			h.scenarios[a.kind]++
-			h.mu.Unlock()
-		}
+		h.account(a, ok, err, true)
 	default:
 		h.logf("%s", a)
 		ok, err := h.inj.apply(ctx, a)
-		if err != nil {
-			h.logf("%s: %v", a, err)
-		}
-		if ok {
-			h.mu.Lock()
-			h.faults++
-			h.mu.Unlock()
-		}
+		h.account(a, ok, err, false)
 	}
+}
+
+// account logs an action's error and counts it when it took place (as a
+// scenario or replay of its kind too when counted).
+func (h *harness) account(a action, ok bool, err error, counted bool) {
+	if err != nil {
+		h.logf("%s: %v", a, err)
+	}
+	if !ok {
+		return
+	}
+	h.mu.Lock()
+	h.faults++
+	if counted {
+		h.scenarios[a.kind]++
+	}
+	h.mu.Unlock()
 }
 
 // runLoad starts the load generators: transactions spread over the live
@@ -506,113 +617,6 @@ func (h *harness) pick(rng *rand.Rand) *replica {
 	return live[rng.IntN(len(live))]
 }
 
-// waitQuiescence polls until every committed step event has an effect,
-// every committed event is published, every poison event is parked or
-// purged, every malformed record parked, no event is held or failed, and
-// the consumer group has caught up on every partition; or until
-// cfg.quiesce passes. The operator keeps re-driving, purging and retrying
-// meanwhile.
-func (h *harness) waitQuiescence(ctx context.Context) bool {
-	deadline := time.Now().Add(h.cfg.quiesce)
-	last := time.Time{}
-	for {
-		st, err := h.progressCounts(ctx)
-		if err == nil {
-			done := st.done(h.inj) && h.distinctEffects(ctx) >= st.steps
-			if done {
-				lags, err := h.lag(ctx)
-				st.behind = -1
-				if err == nil {
-					st.behind = 0
-					for _, l := range lags {
-						if l > 0 {
-							st.behind++
-						}
-					}
-				}
-				done = st.behind == 0
-			}
-			if time.Since(last) > 5*time.Second {
-				h.logf("quiescence: %s", st)
-				last = time.Now()
-			}
-			if done {
-				h.logf("quiet: %s", st)
-				return true
-			}
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-type counts struct {
-	steps, poisons, unpublished, effects, poisonsDone, parkedOther, held, failed int64
-	behind                                                                       int // partitions behind (-1: unknown)
-}
-
-func (c counts) String() string {
-	return fmt.Sprintf("committed steps=%d poisons=%d unpublished=%d failed=%d effects=%d poisons parked/purged=%d other parked=%d held=%d partitions behind=%d",
-		c.steps, c.poisons, c.unpublished, c.failed, c.effects, c.poisonsDone, c.parkedOther, c.held, c.behind)
-}
-
-func (c counts) done(in *injector) bool {
-	in.mu.Lock()
-	malformed := int64(in.malformed)
-	in.mu.Unlock()
-	return c.unpublished == 0 && c.effects >= c.steps && c.poisonsDone >= c.poisons && c.parkedOther >= malformed && c.held == 0
-}
-
-func (h *harness) progressCounts(ctx context.Context) (counts, error) {
-	var c counts
-	var err error
-	n := func(coll string, filter bson.D) int64 {
-		if err != nil {
-			return 0
-		}
-		var v int64
-		v, err = h.db.Collection(coll).CountDocuments(ctx, filter)
-		return v
-	}
-	held := bson.D{{Key: "$ne", Value: nil}} // held_by set (missing or null: not held)
-	c.steps = n(collLedger, bson.D{{Key: "poison", Value: false}})
-	c.poisons = n(collLedger, bson.D{{Key: "poison", Value: true}})
-	c.unpublished = n("outbox", bson.D{{Key: "published", Value: false}})
-	c.failed = n("outbox", bson.D{{Key: "failed", Value: true}})
-	c.effects = n(collEffects, bson.D{})
-	c.poisonsDone = n("inbox", bson.D{{Key: "_id.content_schema", Value: schemaPoison}, {Key: "$or", Value: bson.A{
-		bson.D{{Key: "parked", Value: true}},
-		bson.D{{Key: "discarded_at", Value: bson.D{{Key: "$exists", Value: true}}}},
-	}}})
-	c.parkedOther = n("inbox", bson.D{{Key: "parked", Value: true}, {Key: "_id.content_schema", Value: bson.D{{Key: "$ne", Value: schemaPoison}}},
-		{Key: "held_by", Value: nil}})
-	c.held = n("inbox", bson.D{{Key: "parked", Value: true}, {Key: "held_by", Value: held}})
-	return c, err
-}
-
-// distinctEffects counts the step events with at least one effect.
-func (h *harness) distinctEffects(ctx context.Context) int64 {
-	cur, err := h.db.Collection(collEffects).Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$event"}}}},
-		{{Key: "$count", Value: "n"}},
-	})
-	if err != nil {
-		return -1
-	}
-	var out []struct {
-		N int64 `bson:"n"`
-	}
-	if err := cur.All(ctx, &out); err != nil {
-		return -1
-	}
-	if len(out) == 0 {
-		return 0
-	}
-	return out[0].N
-}
-
 // expireMembers works around a kfake gap: when a member's JoinGroup or
 // SyncGroup reply cannot be delivered (its connection died: a kill), kfake
 // never starts the member's session timer, so the dead member stays in the
@@ -621,15 +625,28 @@ func (h *harness) distinctEffects(ctx context.Context) int64 {
 // such a member after the session timeout. After the session timeout plus a
 // margin, the harness does what Kafka would have done: it removes the
 // killed replica's members (found by client id) with a LeaveGroup on their
-// behalf. Members kfake already expired are gone and unaffected.
+// behalf. Members kfake already expired are gone and unaffected. A member
+// whose join was still parked then (killed while joining) may show up in
+// the group later, when the round completes: the harness looks again every
+// few seconds, for a few rounds.
 func (h *harness) expireMembers(ctx context.Context, name string) {
-	t := time.NewTimer(h.env.sessionTimeout + time.Second)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		return
+	wait := h.env.sessionTimeout + time.Second
+	for range 5 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		wait = 5 * time.Second
+		h.leaveFor(ctx, name)
 	}
+}
+
+// leaveFor sends a LeaveGroup for every member of a killed replica still in
+// the service's groups.
+func (h *harness) leaveFor(ctx context.Context, name string) {
 	adm := kadm.NewClient(h.inj.raw)
 	described, err := adm.DescribeGroups(ctx, h.inj.groups...)
 	if err != nil {

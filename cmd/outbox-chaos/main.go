@@ -1,28 +1,37 @@
 // Command outbox-chaos is a fault-injection run of the outbox framework: it
 // drives a workload through several replicas of one service, kills and
 // restarts replicas, makes replicas join and leave, injects MongoDB and Kafka
-// faults, and at the end checks against the database and the Kafka topic
-// that no committed event was lost, none was handled twice, every key's
-// events were handled in commit order, and poison events were parked.
+// faults, replays thousands of handled events, and at the end checks every
+// promise the framework makes (check.go lists them): no committed event
+// lost, none handled twice, every key's events handled in order over every
+// kind, held exactly when they must be, parked only for a reason, no record
+// published outside its publisher's ownership, follow-ups recorded by
+// handlers published and handled exactly once.
 //
 // Usage:
 //
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
-//	    [-scenario-every 5s] [-txn-lifetime 3s] [-same-key 0.5] [-skip kind,...]
+//	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
+//	    [-txn-lifetime 3s] [-same-key 0.5] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
 // It prints one summary line on stdout,
 //
 //	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
+//	    redelivered=N chained=N duplicate_publications=N
 //	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
 //
-// (parked and held count the distinct events seen parked or held during the
-// run; leaked the events of aborted transactions found in the outbox, the
-// topic, the inbox or the effects; stalled_partitions the partitions whose
-// consumer group offset had not reached the partition's end when the quiesce
-// ended), each broken invariant on stderr (at most ten lines per kind) with
-// the number of scenarios run of each kind, and exits 1 when any invariant
+// (parked and held count the distinct events parked on their own, and held
+// behind an earlier event of their key, at some point, from the inbox's
+// history; redelivered the deliveries of events to a consumer after they
+// were handled or purged; chained the follow-ups handled once;
+// duplicate_publications the publications of events published before;
+// leaked the events of aborted transactions found in the outbox, the topics,
+// the inbox or the effects; stalled_partitions the partitions whose consumer
+// group offset had not reached the partition's end when the run ended), each
+// broken invariant on stderr (at most ten lines per kind) with the number of
+// scenarios and replays run of each kind, and exits 1 when any invariant
 // fails (2 on a setup error).
 //
 // # The workload
@@ -37,12 +46,15 @@
 // incremented in the same transaction (so per key the commit order is
 // 1, 2, 3...), and writes each event to a ledger collection, also in the
 // transaction: the ledger is the ground truth of what committed. Some
-// transactions also record a poison event (its handler always fails), some
-// abort on purpose after recording. The step handler checks the key's "last
-// handled seq" document, records an order violation when the event is not
-// the next one, advances it and inserts an effect document, all in the
-// handling transaction. A deterministic share of step events fails its first
-// attempt.
+// transactions also record a poison event (its handler always fails), which
+// takes its place in its key's sequence like the step events; some abort on
+// purpose after recording. The step handler checks the key's "last handled
+// seq" document, records an order violation when the event is not the next
+// one, advances it and inserts an effect document, all in the handling
+// transaction; for a quarter of the step events (-chain) it also records a
+// follow-up event on a second topic, with its ledger entry, which a second
+// handler handles the same way. A deterministic share of step events fails
+// its first attempt, after all its writes.
 //
 // # Faults
 //
@@ -55,8 +67,19 @@
 // embedded server's fault API; Kafka produce and fetch errors and stalls,
 // offset-commit errors and heartbeat errors that force a rebalance through
 // kfake's fault hooks; malformed records written straight to the topic.
-// Against real servers (-mongo-uri, -kafka-brokers) the server faults are
-// skipped; kills, rebalances, poison and malformed records remain.
+// Half the malformed records carry a workload key: they take their place
+// in that key's sequence and hold its later events until purged. Against
+// real servers (-mongo-uri, -kafka-brokers) the server faults are skipped;
+// kills, rebalances, poison and malformed records, and replays remain.
+//
+// # Replays
+//
+// Every -replay-every on average comes a replay, the kinds in turn
+// (replay.go): kafka-offset-rewind (a replica is killed and the consumer
+// group's committed offsets of its partitions are moved back by hundreds of
+// records, so their next owners deliver them again) and rogue-producer
+// (hundreds of records the publishers produced lately are produced again).
+// Every one of those deliveries must be skipped: 0 double effects.
 //
 // # Scenarios
 //
@@ -74,14 +97,30 @@
 // again and again).
 //
 // An operator goroutine acts on the outcome as an on-call engineer would
-// (operator.go): it purges parked poison events, re-drives parked step
-// events once their key's outage is over (Admin.RequestRedrive or
-// Client.Redrive, in turns), leaves held events (parked with held_by) to
+// (operator.go): it purges parked poison events and keyed malformed
+// records, re-drives parked step events once their key's outage is over
+// (Admin.RequestRedrive or Client.Redrive, in turns), leaves held events to
 // the framework, and retries failed outbox events once the small-limit
-// window has closed. Violations it sees: a step event parked on a key that
-// never had an outage, an outbox event marked failed although it fits the
-// limit alone. Transactions that start on a replica whose Kafka is down
-// must neither fail because of Kafka nor hang until their 20 s deadline.
+// window has closed. Violation it sees: an outbox event marked failed
+// although it fits the limit alone. Transactions that start on a replica
+// whose Kafka is down must neither fail because of Kafka nor hang until
+// their 20 s deadline.
+//
+// # What is judged, and from what
+//
+// The checks judge recorded facts: the ledger; the topics, read whole; the
+// inbox's history, a change stream on the run's database opened before the
+// first replica (history.go; every read of the inbox's parked and held
+// state goes through inboxview.go); what each replica's Kafka clients did,
+// through hooks passed in Config.KafkaOptions (kafkalog.go: every record
+// its producer finished, every record its consumer polled) and the
+// publisher's partition assignments (internal/tuning.PublisherOwnership).
+// The judges are pure functions of those facts (judge_*.go), each proven by
+// a unit test on a hand-made history it must fail (judge_test.go).
+//
+// After the load the run waits until everything is settled, for as long as
+// work progresses; it fails when nothing progressed for -stall, printing
+// what is unsettled (-stacks also writes the goroutine stacks).
 //
 // A kill is abrupt: every connection of the replica (MongoDB and Kafka, all
 // dialled through a per-replica switch) is closed at once and new dials are
@@ -126,7 +165,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.partitions, "partitions", 12, "partitions of the topic")
 	fs.DurationVar(&cfg.killEvery, "kill-every", 3*time.Second, "mean time between replica kills (0: none)")
 	fs.DurationVar(&cfg.faultEvery, "fault-every", 500*time.Millisecond, "mean time between injected faults (0: none)")
-	fs.DurationVar(&cfg.quiesce, "quiesce", 3*time.Minute, "how long to wait for every event to be handled after the load")
+	fs.DurationVar(&cfg.stall, "stall", 60*time.Second, "after the load, fail when nothing progressed for this long before everything settled")
+	fs.StringVar(&cfg.stacks, "stacks", "", "write every goroutine's stack to this file once nothing progressed for 10s after the load (to explain a stall)")
+	fs.DurationVar(&cfg.replayEvery, "replay-every", 4*time.Second, "mean time between replays: consumer offsets rewound, records produced again by a rogue producer (0: none)")
+	fs.IntVar(&cfg.chainPct, "chain", 25, "percent of step events whose handler records a follow-up event on the second topic")
 	fs.IntVar(&cfg.transient, "transient", 5, "percent of step events whose first handling attempt fails")
 	fs.Float64Var(&cfg.poison, "poison", 0.01, "probability that a transaction also records a poison event")
 	fs.Float64Var(&cfg.abort, "abort", 0.05, "probability that a transaction aborts on purpose")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,48 +14,49 @@ import (
 )
 
 // operator plays the on-call engineer: every operatorEvery it looks at
-// the parked and the failed events and acts as the runbook says.
+// the parked and the failed events (Admin.ParkedEvents, Admin.FailedEvents)
+// and acts as the runbook says.
 //
-//   - A parked poison event (its handler always fails) is purged: under
-//     HoldKey that releases its key's held events, in order.
-//   - A parked step event is expected only on a key whose downstream had
-//     an outage; once the outage is over it is re-driven, by turns with
-//     Admin.RequestRedrive (a replica serves the request) and with
-//     Client.Redrive on a live replica. Under HoldKey re-driving the head
-//     releases the key's held events in order. A step event parked on a
-//     key that never had an outage is a violation (it is re-driven all the
-//     same, so that the run converges).
-//   - A held event (parked, with held_by naming the head it waits for) is
-//     left alone: the framework releases it. It is counted.
+//   - A parked poison event (its handler always fails), and a parked
+//     malformed record that carries a workload key, are purged once parked
+//     for purgeAfter: under HoldKey that releases their key's held events,
+//     in order.
+//   - A parked step event is re-driven once its key's outage is over, by
+//     turns with Admin.RequestRedrive (a replica serves the request) and
+//     with Client.Redrive on a live replica; under HoldKey re-driving the
+//     head releases the key's held events in order. Whether it should have
+//     been parked at all is judged from the inbox history (judgeOrder).
+//   - A held event is left alone: the framework releases it.
 //   - An outbox event marked failed is expected only when it is too large
 //     alone for the topic's limit (oversize); an innocent one (it fits
 //     alone) is a violation. Once the small-limit window is closed, every
 //     failed event is retried (Admin.RetryFailed).
 //
-// Malformed records stay parked: their keys are unique, they hold nothing.
-// The operator's goroutine is owned by runHarness, which stops it (ctx)
-// before the final check.
+// Malformed records with a unique key stay parked: they hold nothing.
+// Every re-drive is recorded (redriveFact) and judged at the end. The
+// operator's goroutine is owned by runHarness, which stops it (ctx) before
+// the final check.
 type operator struct {
 	h     *harness
 	admin *outbox.Admin
 	rng   *rand.Rand
 
-	mu         sync.Mutex
-	parked     map[string]bool   // heads seen parked
-	held       map[string]bool   // events seen held
-	unexpected map[string]string // step events parked on keys without an outage or poison event: why they were parked
-	innocent   map[string]bool   // innocent events seen failed in the outbox
-	oversize   map[string]bool   // oversize events seen failed
-	redrives   int               // re-drive requests and calls made
-	purges     int               // poison events purged
-	retries    int64             // failed events retried
+	mu       sync.Mutex
+	innocent map[string]bool // innocent events seen failed in the outbox
+	oversize map[string]bool // oversize events seen failed
+	redrives []redriveFact   // re-drive requests and calls made
+	purges   int             // poison events and malformed records purged
+	retries  int64           // failed events retried
 }
 
 const operatorEvery = 500 * time.Millisecond
 
+// purgeAfter is how long the operator leaves a poison event (or a keyed
+// malformed record) parked before purging it.
+const purgeAfter = 2 * time.Second
+
 func newOperator(h *harness) *operator {
 	return &operator{h: h, admin: outbox.NewAdmin(h.db, "outbox", "inbox"), rng: rand.New(rand.NewPCG(h.cfg.seed, 0x0e7)),
-		parked: map[string]bool{}, held: map[string]bool{}, unexpected: map[string]string{},
 		innocent: map[string]bool{}, oversize: map[string]bool{}}
 }
 
@@ -76,20 +76,6 @@ func (o *operator) run(ctx context.Context) {
 	}
 }
 
-// parkedView is an inbox document as the operator reads it.
-type parkedView struct {
-	ID                 outbox.InboxID `bson:"_id"`
-	Key                string         `bson:"partition_key"`
-	HeldBy             bson.RawValue  `bson:"held_by"`
-	RedriveRequestedAt *time.Time     `bson:"redrive_requested_at"`
-	Attempts           int32          `bson:"attempts"`
-	LastError          string         `bson:"last_error"`
-}
-
-func (v *parkedView) isHeld() bool {
-	return v.HeldBy.Type != 0 && v.HeldBy.Type != bson.TypeNull
-}
-
 func (o *operator) tick(ctx context.Context) error {
 	if err := o.parkedEvents(ctx); err != nil {
 		return err
@@ -97,47 +83,45 @@ func (o *operator) tick(ctx context.Context) error {
 	return o.failedEvents(ctx)
 }
 
+// malformedKeyed reports whether a parked event is a malformed record that
+// carries a workload key (see injector.writeMalformed).
+func malformedKeyed(p *outbox.ParkedEvent) bool {
+	return isMalformedID(p.ID) && !isMalformedKey(p.PartitionKey)
+}
+
 func (o *operator) parkedEvents(ctx context.Context) error {
-	var docs []parkedView
-	err := o.h.findAll(ctx, "inbox", bson.D{{Key: "parked", Value: true}},
-		bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "held_by", Value: 1}, {Key: "redrive_requested_at", Value: 1},
-			{Key: "attempts", Value: 1}, {Key: "last_error", Value: 1}}, &docs)
+	parked, err := o.h.parkedNow(ctx, o.admin)
 	if err != nil {
 		return err
 	}
 	var purge, request, call []outbox.InboxID
-	o.mu.Lock()
-	for i := range docs {
-		d := &docs[i]
-		id := d.ID.String()
-		if d.isHeld() {
-			o.held[id] = true
+	for i := range parked {
+		p := &parked[i]
+		if parkedIsHeld(p) {
 			continue
 		}
-		o.parked[id] = true
-		switch d.ID.ContentSchema {
-		case schemaPoison:
-			purge = append(purge, d.ID)
-		case schemaStep:
-			if strings.HasPrefix(d.ID.IdempotencyKey, "malformed") || strings.HasPrefix(d.Key, "malformed") {
-				continue
+		switch {
+		case p.ID.ContentSchema == schemaPoison || malformedKeyed(p):
+			// Not at once: the key's later events arriving meanwhile must
+			// be held behind it (a purge within milliseconds would leave
+			// no time to see a hold missing).
+			if time.Since(p.ParkedAt) >= purgeAfter {
+				purge = append(purge, p.ID)
 			}
-			if !o.h.work.mayPark(d.Key) {
-				o.unexpected[id] = fmt.Sprintf("attempts %d, last error %q", d.Attempts, d.LastError)
-			}
-			o.h.work.sawParked(d.Key)
-			if o.h.work.isDown(d.Key) {
+		case isMalformedID(p.ID) || isMalformedKey(p.PartitionKey):
+		default:
+			o.h.work.sawParked(p.PartitionKey)
+			if o.h.work.isDown(p.PartitionKey) {
 				continue
 			}
 			switch {
 			case o.rng.IntN(2) == 0:
-				call = append(call, d.ID)
-			case d.RedriveRequestedAt == nil || time.Since(*d.RedriveRequestedAt) > 20*time.Second:
-				request = append(request, d.ID)
+				call = append(call, p.ID)
+			case p.RedriveRequestedAt.IsZero() || time.Since(p.RedriveRequestedAt) > 20*time.Second:
+				request = append(request, p.ID)
 			}
 		}
 	}
-	o.mu.Unlock()
 	if len(purge) > 0 {
 		n, err := o.admin.PurgeParked(ctx, outbox.ParkedFilter{IDs: purge}, false)
 		if err != nil && !errors.Is(err, outbox.ErrNotParked) {
@@ -148,13 +132,17 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		o.mu.Unlock()
 	}
 	if len(request) > 0 {
-		n, err := o.admin.RequestRedrive(ctx, outbox.ParkedFilter{IDs: request}, false)
+		_, err := o.admin.RequestRedrive(ctx, outbox.ParkedFilter{IDs: request}, false)
 		if err != nil && !errors.Is(err, outbox.ErrNotParked) {
 			return fmt.Errorf("request re-drive: %w", err)
 		}
-		o.mu.Lock()
-		o.redrives += int(n)
-		o.mu.Unlock()
+		if err == nil {
+			o.mu.Lock()
+			for _, id := range request {
+				o.redrives = append(o.redrives, redriveFact{Ref: eventRef(id.Topic, id.IdempotencyKey), How: "request"})
+			}
+			o.mu.Unlock()
+		}
 	}
 	for _, id := range call {
 		r := o.h.pick(o.rng)
@@ -166,8 +154,12 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil:
+			after, serr := o.h.inboxStateOf(ctx, id)
+			if serr != nil {
+				return fmt.Errorf("read %s after its re-drive: %w", id, serr)
+			}
 			o.mu.Lock()
-			o.redrives++
+			o.redrives = append(o.redrives, redriveFact{Ref: eventRef(id.Topic, id.IdempotencyKey), How: "call", After: after})
 			o.mu.Unlock()
 		case errors.Is(err, outbox.ErrNotParked), r.ctx.Err() != nil:
 		default:

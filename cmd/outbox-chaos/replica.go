@@ -45,6 +45,8 @@ type replicaEnv struct {
 	sessionTimeout time.Duration
 	// rebalanceTimeout, when set, is the replicas' kgo.RebalanceTimeout.
 	rebalanceTimeout time.Duration
+	// klog receives what each replica's Kafka clients do.
+	klog *kafkaLog
 }
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
@@ -63,7 +65,8 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 	if err != nil {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
 	}
-	kafkaOpts := []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)})}
+	kafkaOpts := []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)}),
+		env.klog.hooks(name)}
 	if env.rebalanceTimeout > 0 {
 		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
 	}
@@ -73,7 +76,7 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		Brokers:           env.brokers,
 		KafkaOptions:      kafkaOpts,
 		Service:           env.service,
-		PublishTopics:     []string{chaosTopic()},
+		PublishTopics:     []string{chaosTopic(), chainTopic()},
 		MaxAttempts:       6,
 		RetryMinBackoff:   10 * time.Millisecond,
 		RetryMaxBackoff:   250 * time.Millisecond,
@@ -91,11 +94,13 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		_ = mc.Disconnect(context.Background())
 		return nil, err
 	}
+	env.klog.register(client, name)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &replica{name: name, sw: sw, mongo: mc, client: client, cancel: cancel, ctx: ctx, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		r.err = client.Run(ctx)
+		env.klog.ended(name)
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = mc.Disconnect(dctx)
 		dcancel()

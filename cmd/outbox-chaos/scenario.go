@@ -47,16 +47,7 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 			h.closeSmallLimit()
 		})
 	case fKafkaDownStart:
-		h.mu.Lock()
-		old := h.slots[a.slot]
-		delete(h.slots, a.slot)
-		if old != nil {
-			h.zombies = append(h.zombies, old)
-		}
-		h.mu.Unlock()
-		if old != nil {
-			old.stop() // a deploy: the old version leaves gracefully
-		}
+		h.stopSlot(a.slot) // a deploy: the old version leaves gracefully
 		// Black hole and refuse in turns, black hole first (a hang inside
 		// an open transaction is the worse outcome).
 		h.mu.Lock()

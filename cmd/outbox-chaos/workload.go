@@ -21,6 +21,7 @@ import (
 const (
 	schemaStep   = "ChaosStep.v1"
 	schemaPoison = "ChaosPoison.v1"
+	schemaFollow = "ChaosFollow.v1"
 )
 
 // topicName is set once per run (the topic is unique per run so that runs
@@ -28,6 +29,10 @@ const (
 var topicName atomic.Pointer[string]
 
 func chaosTopic() string { return *topicName.Load() }
+
+// chainTopic is the second topic: the follow-up events that step handlers
+// record in their own transaction go there.
+func chainTopic() string { return chaosTopic() + "-chain" }
 
 // stepEvent is the workload's ordinary event: the Seq-th event of Key, Seq
 // assigned in the recording transaction from the key's counter document, so
@@ -57,14 +62,66 @@ func (poisonEvent) Topic() string          { return chaosTopic() }
 func (poisonEvent) ContentSchema() string  { return schemaPoison }
 func (e poisonEvent) PartitionKey() string { return e.Key }
 
+// followEvent is the follow-up a step handler records, in its own
+// transaction, for the step events that chain (chains): the Seq-th
+// follow-up of Key, Seq taken from the key's applied document in the same
+// transaction, so per key the follow-ups' commit order is 1, 2, 3...
+// Source is the step event it follows; its id is followID(Source).
+type followEvent struct {
+	Key    string `json:"key" validate:"required"`
+	Seq    int64  `json:"seq" validate:"gte=1"`
+	ID     string `json:"id" validate:"required"`
+	Source string `json:"source" validate:"required"`
+}
+
+func (followEvent) Topic() string          { return chainTopic() }
+func (followEvent) ContentSchema() string  { return schemaFollow }
+func (e followEvent) PartitionKey() string { return e.Key }
+
+// followID is the id (and idempotency key) of the follow-up of step event
+// source: one per source, whichever attempt records it.
+func followID(source string) string { return source + "-f" }
+
+// Kinds of ledger entries.
+const (
+	kindStep   = "step"   // a step event, recorded by the load
+	kindPoison = "poison" // a poison event, recorded by the load
+	kindFollow = "follow" // a follow-up, recorded by a step handler
+)
+
+// ledgerEntry is one committed event, written in the transaction that
+// recorded it. Place is the event's place in its key's sequence on its
+// topic, over every kind (1, 2, 3...): the order in which the key's events
+// must be handled. Seq numbers the step events of a key alone (0 for a
+// poison event), the order the step handler checks; a follow-up's Seq and
+// Place are its place among its key's follow-ups.
+type ledgerEntry struct {
+	ID     string `bson:"_id"`
+	Topic  string `bson:"topic"`
+	Key    string `bson:"key"`
+	Seq    int64  `bson:"seq"`
+	Place  int64  `bson:"place"`
+	Kind   string `bson:"kind"`
+	Source string `bson:"source,omitempty"` // follow-ups: the step event handled
+}
+
+// Poison reports whether the entry is a poison event.
+func (e *ledgerEntry) Poison() bool { return e.Kind == kindPoison }
+
+// handledKind reports whether the entry's handler succeeds (step events
+// and follow-ups): it must end with exactly one effect.
+func (e *ledgerEntry) handledKind() bool { return e.Kind == kindStep || e.Kind == kindFollow }
+
 // Collections of the workload (in the run's database, next to the
 // framework's outbox and inbox).
 const (
-	collCounters   = "chaos_counters"   // {_id: key, seq}: last committed seq per key
-	collLedger     = "chaos_ledger"     // {_id: event id, key, seq, poison}: every committed event
-	collApplied    = "chaos_applied"    // {_id: key, seq}: last handled seq per key
-	collEffects    = "chaos_effects"    // {event, key, seq, replica}: one per committed handling
-	collViolations = "chaos_violations" // {event, key, seq, last}: out-of-order handlings
+	collCounters     = "chaos_counters"      // {_id: key, seq, place}: last committed step seq and place per key
+	collLedger       = "chaos_ledger"        // ledgerEntry: every committed event
+	collApplied      = "chaos_applied"       // {_id: key, seq, pos, fseq}: last handled step seq, handlings, follow-ups per key
+	collChainApplied = "chaos_chain_applied" // {_id: key, seq}: last handled follow-up seq per key
+	collEffects      = "chaos_effects"       // {event, kind, key, seq, pos, replica}: one per committed handling
+	collViolations   = "chaos_violations"    // {event, kind, key, seq, last}: out-of-order handlings
+	collSentinel     = "chaos_sentinel"      // written once at the end: the inbox history has caught up when it sees it
 )
 
 // workload records events and handles them.
@@ -72,6 +129,7 @@ type workload struct {
 	db          *mongo.Database
 	keys        []string
 	transient   int     // percent of step events whose first handling attempt fails
+	chainPct    int     // percent of step events whose handler records a follow-up
 	poisonRatio float64 // probability that a transaction also records a poison event
 	abortRatio  float64 // probability that a transaction is aborted on purpose
 	sameKey     float64 // probability that a multi-event transaction records consecutive events of one key
@@ -105,11 +163,6 @@ type workload struct {
 	// its events exhaust MaxAttempts and are parked.
 	outMu   sync.Mutex
 	outages map[string]*outage // by key: the current (last) outage
-	// poisoned holds the keys a poison event was recorded for (maybe in a
-	// transaction that then aborted): under HoldKey their later step
-	// events are held behind it, and released (parked, then re-driven) when
-	// the operator purges it.
-	poisoned map[string]bool
 }
 
 // outage is one key's downstream outage. It lasts until `until` and, when
@@ -142,7 +195,12 @@ type plan struct {
 	keys   []string
 	pads   []int // padding per event
 	poison bool
-	abort  bool
+	// poisonAt places the poison event after the poisonAt-th step event
+	// (1..len(keys)), on that event's key: in a transaction of one key the
+	// steps after it follow it in the key's sequence, and must be held
+	// behind it once it is parked.
+	poisonAt int
+	abort    bool
 }
 
 // newPlan draws a transaction: 1-3 step events, with probability sameKey
@@ -169,6 +227,7 @@ func (w *workload) newPlan(rng *rand.Rand) plan {
 		}
 	}
 	p.poison = rng.Float64() < w.poisonRatio
+	p.poisonAt = 1 + rng.IntN(n)
 	p.abort = rng.Float64() < w.abortRatio
 	return p
 }
@@ -195,9 +254,10 @@ func (w *workload) newID() string {
 func (w *workload) prepare(ctx context.Context) error {
 	docs := make([]any, len(w.keys))
 	for i, k := range w.keys {
-		docs[i] = bson.D{{Key: "_id", Value: k}, {Key: "seq", Value: int64(0)}}
+		docs[i] = bson.D{{Key: "_id", Value: k}, {Key: "seq", Value: int64(0)}, {Key: "place", Value: int64(0)},
+			{Key: "pos", Value: int64(0)}, {Key: "fseq", Value: int64(0)}}
 	}
-	for _, c := range []string{collCounters, collApplied} {
+	for _, c := range []string{collCounters, collApplied, collChainApplied} {
 		if _, err := w.db.Collection(c).InsertMany(ctx, docs); err != nil {
 			return fmt.Errorf("prepare %s: %w", c, err)
 		}
@@ -207,9 +267,10 @@ func (w *workload) prepare(ctx context.Context) error {
 }
 
 // transact runs one business transaction on client: the step events of
-// p in order (each taking the next seq of its key), maybe a poison event,
-// maybe an abort on purpose. db is the replica's database handle:
-// operations in a transaction must use the MongoDB client that started it.
+// p in order (each taking the next seq of its key), maybe a poison event
+// (after the poisonAt-th step, on its key), maybe an abort on purpose. db
+// is the replica's database handle: operations in a transaction must use
+// the MongoDB client that started it.
 func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mongo.Database, rng *rand.Rand, p plan) error {
 	counters := db.Collection(collCounters)
 	ledger := db.Collection(collLedger)
@@ -219,13 +280,34 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 			pads[i] = padding(rng, n)
 		}
 	}
+	// recordPoison records a poison event of key k, which takes its place in
+	// the key's sequence: the key's later events must wait for it to be
+	// settled.
+	recordPoison := func(ctx context.Context, k string) error {
+		var c struct {
+			Place int64 `bson:"place"`
+		}
+		err := counters.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: k}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "place", Value: int64(1)}}}},
+			options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&c)
+		if err != nil {
+			return err
+		}
+		id := w.newID()
+		if err := outbox.Record(ctx, poisonEvent{Key: k, ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
+			return err
+		}
+		_, err = ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Place: c.Place, Kind: kindPoison})
+		return err
+	}
 	err := client.Transact(ctx, func(ctx context.Context) error {
 		for i, k := range p.keys {
 			var c struct {
-				Seq int64 `bson:"seq"`
+				Seq   int64 `bson:"seq"`
+				Place int64 `bson:"place"`
 			}
 			err := counters.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: k}},
-				bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}}}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: "seq", Value: int64(1)}, {Key: "place", Value: int64(1)}}}},
 				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&c)
 			if err != nil {
 				return err
@@ -240,23 +322,13 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 			if err := outbox.Record(ctx, stepEvent{Key: k, Seq: c.Seq, ID: id, Pad: pads[i]}, outbox.WithIdempotencyKey(id)); err != nil {
 				return err
 			}
-			if _, err := ledger.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "key", Value: k}, {Key: "seq", Value: c.Seq}, {Key: "poison", Value: false}}); err != nil {
+			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Seq: c.Seq, Place: c.Place, Kind: kindStep}); err != nil {
 				return err
 			}
-		}
-		if p.poison {
-			w.outMu.Lock()
-			if w.poisoned == nil {
-				w.poisoned = map[string]bool{}
-			}
-			w.poisoned[p.keys[0]] = true
-			w.outMu.Unlock()
-			id := w.newID()
-			if err := outbox.Record(ctx, poisonEvent{Key: p.keys[0], ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
-				return err
-			}
-			if _, err := ledger.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "key", Value: p.keys[0]}, {Key: "seq", Value: int64(0)}, {Key: "poison", Value: true}}); err != nil {
-				return err
+			if p.poison && i+1 == p.poisonAt {
+				if err := recordPoison(ctx, k); err != nil {
+					return err
+				}
 			}
 		}
 		if p.abort {
@@ -276,15 +348,76 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 }
 
 // register adds the workload's handlers to a replica's client.
+//
+// The step handler, in the handling transaction: checks the key's "last
+// handled seq" (an out-of-order handling is recorded as a violation),
+// advances it, counts the handling (pos: the key's handlings in commit
+// order), inserts an effect (saying whether it chained), and for the step
+// events that chain (chains, and every slow one) records a follow-up on the
+// second topic with its ledger entry. A slow attempt then outlives the
+// transaction, and a step event whose first attempt is to fail (failsOnce)
+// fails, after all of that: the transaction must take the follow-up with
+// it. The follow-up handler checks
+// and advances the key's follow-up seq the same way and inserts an effect.
 func (w *workload) register(client *outbox.Client, db *mongo.Database, replica string) error {
 	applied := db.Collection(collApplied)
+	chainApplied := db.Collection(collChainApplied)
 	effects := db.Collection(collEffects)
 	violations := db.Collection(collViolations)
+	ledger := db.Collection(collLedger)
+	// advance moves a key's applied document past seq, counting the
+	// handling, and records a violation when seq is not the next one.
+	advance := func(ctx context.Context, coll *mongo.Collection, kind, id, key string, seq int64, inc bson.D) (before appliedDoc, err error) {
+		err = coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: key}},
+			bson.D{{Key: "$max", Value: bson.D{{Key: "seq", Value: seq}}}, {Key: "$inc", Value: inc}},
+			options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&before)
+		if err != nil {
+			return before, err
+		}
+		if seq != before.Seq+1 {
+			_, err = violations.InsertOne(ctx, bson.D{{Key: "event", Value: id}, {Key: "kind", Value: kind}, {Key: "key", Value: key},
+				{Key: "seq", Value: seq}, {Key: "last", Value: before.Seq}, {Key: "replica", Value: replica}})
+		}
+		return before, err
+	}
 	err := outbox.Handle(client, func(ctx context.Context, e stepEvent, meta outbox.Metadata) error {
 		if w.isDown(e.Key) {
 			return errDownstream
 		}
-		if meta.Attempt == 1 && w.isSlow(e.ID) {
+		// A slow attempt records a follow-up, then outlives the transaction
+		// (below): the transaction must take the follow-up with it.
+		slow := meta.Attempt == 1 && w.isSlow(e.ID)
+		if len(e.Pad) >= stormPad {
+			// Pause storms: a slow worker lets the queue fill.
+			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		chain := slow || w.chains(e.ID)
+		inc := bson.D{{Key: "pos", Value: int64(1)}}
+		if chain {
+			inc = append(inc, bson.E{Key: "fseq", Value: int64(1)})
+		}
+		before, err := advance(ctx, applied, kindStep, e.ID, e.Key, e.Seq, inc)
+		if err != nil {
+			return err
+		}
+		if _, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindStep}, {Key: "key", Value: e.Key},
+			{Key: "seq", Value: e.Seq}, {Key: "pos", Value: before.Pos + 1}, {Key: "chained", Value: chain}, {Key: "replica", Value: replica},
+			{Key: "at", Value: time.Now()}}); err != nil {
+			return err
+		}
+		if chain {
+			f := followEvent{Key: e.Key, Seq: before.FSeq + 1, ID: followID(e.ID), Source: e.ID}
+			if err := outbox.Record(ctx, f, outbox.WithIdempotencyKey(f.ID)); err != nil {
+				return err
+			}
+			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: f.ID, Topic: chainTopic(), Key: f.Key, Seq: f.Seq, Place: f.Seq,
+				Kind: kindFollow, Source: e.ID}); err != nil {
+				return err
+			}
+		}
+		if slow {
 			// Slower than the transaction lifetime: the transaction is
 			// gone by the time the handler returns, so this attempt must
 			// fail (and count as one), the next one is fast. The handler
@@ -295,35 +428,25 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			}
 		}
 		if meta.Attempt == 1 && w.failsOnce(e.ID) {
-			return errTransient
-		}
-		if len(e.Pad) >= stormPad {
-			// Pause storms: a slow worker lets the queue fill.
-			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-				return err
-			}
-		}
-		var st struct {
-			Seq int64 `bson:"seq"`
-		}
-		if err := applied.FindOne(ctx, bson.D{{Key: "_id", Value: e.Key}}).Decode(&st); err != nil {
-			return err
-		}
-		if e.Seq != st.Seq+1 {
-			if _, err := violations.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "key", Value: e.Key},
-				{Key: "seq", Value: e.Seq}, {Key: "last", Value: st.Seq}, {Key: "replica", Value: replica}}); err != nil {
-				return err
-			}
-		}
-		if _, err := applied.UpdateOne(ctx, bson.D{{Key: "_id", Value: e.Key}},
-			bson.D{{Key: "$max", Value: bson.D{{Key: "seq", Value: e.Seq}}}}); err != nil {
-			return err
-		}
-		if _, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "key", Value: e.Key},
-			{Key: "seq", Value: e.Seq}, {Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}}); err != nil {
-			return err
+			return errTransient // after the writes: the transaction must undo them all
 		}
 		w.handledRuns.Add(1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = outbox.Handle(client, func(ctx context.Context, e followEvent, meta outbox.Metadata) error {
+		if _, err := advance(ctx, chainApplied, kindFollow, e.ID, e.Key, e.Seq, bson.D{}); err != nil {
+			return err
+		}
+		if _, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindFollow}, {Key: "key", Value: e.Key},
+			{Key: "seq", Value: e.Seq}, {Key: "source", Value: e.Source}, {Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}}); err != nil {
+			return err
+		}
+		if meta.Attempt == 1 && w.failsOnce(e.ID) {
+			return errTransient
+		}
 		return nil
 	})
 	if err != nil {
@@ -332,6 +455,21 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 	return outbox.Handle(client, func(context.Context, poisonEvent, outbox.Metadata) error {
 		return errPoison
 	})
+}
+
+// appliedDoc is a key's applied document (collApplied, collChainApplied).
+type appliedDoc struct {
+	Seq  int64 `bson:"seq"`
+	Pos  int64 `bson:"pos"`
+	FSeq int64 `bson:"fseq"`
+}
+
+// chains decides, from the event id alone, whether a step event's handler
+// records a follow-up.
+func (w *workload) chains(id string) bool {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte("chain:" + id))
+	return int(h.Sum32()%100) < w.chainPct
 }
 
 // failsOnce decides, from the event id alone, whether the first handling
@@ -395,14 +533,15 @@ func (w *workload) sawParked(key string) {
 	}
 }
 
-// mayPark reports whether key's step events may be parked: its downstream
-// was down once, or a poison event of the key held them (a released held
-// event is parked until its re-drive, and a re-drive that meets a
-// transient failure leaves it parked).
-func (w *workload) mayPark(key string) bool {
+// outageKeys returns the keys whose downstream had an outage.
+func (w *workload) outageKeys() map[string]bool {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
-	return w.outages[key] != nil || w.poisoned[key]
+	out := make(map[string]bool, len(w.outages))
+	for k := range w.outages {
+		out[k] = true
+	}
+	return out
 }
 
 // endOutages ends every outage (quiescence).

@@ -13,3 +13,20 @@ import "sync/atomic"
 // harness uses to exercise the pause/resume handshake. Read at each
 // enqueue, so set them before Run.
 var ConsumerQueueRecords, ConsumerQueueBytes atomic.Int64
+
+// PublisherOwnership is a callback that, when set, every publisher of the
+// process calls when its group assigns it partitions (before their workers
+// start) and after it revoked or lost them (after their workers stopped:
+// nothing is produced for them afterwards), with the *outbox.Client that
+// runs it, the change ("assigned", "revoked", "lost") and the partitions
+// by Kafka topic. The chaos harness checks with it that no replica
+// produced a record for a partition it did not own. Called on the group
+// client's goroutine: it must return quickly.
+var PublisherOwnership atomic.Pointer[func(owner any, change string, partitions map[string][]int32)]
+
+// NotePublisherOwnership calls PublisherOwnership when it is set.
+func NotePublisherOwnership(owner any, change string, partitions map[string][]int32) {
+	if f := PublisherOwnership.Load(); f != nil {
+		(*f)(owner, change, partitions)
+	}
+}

@@ -1,0 +1,474 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/event-outbox/outbox"
+)
+
+// Each check of the checker is proven here on a hand-made ledger and
+// history that it must fail (and, for contrast, on one it must pass).
+
+// history builds hand-made inbox histories for judgeOrder: one key "k" on
+// topic "t", whose events are named by their refs in the key's order.
+type history struct {
+	facts  orderFacts
+	states map[string]inboxState
+}
+
+func newHistory(kinds ...string) *history {
+	h := &history{states: map[string]inboxState{}}
+	var seq []seqEvent
+	for i, k := range kinds {
+		seq = append(seq, seqEvent{Ref: fmt.Sprintf("e%d", i+1), Kind: k, Place: int64(i + 1), Offset: int64(10 + i)})
+	}
+	h.facts = orderFacts{Seqs: map[seqKey][]seqEvent{{Topic: "t", Key: "k"}: seq},
+		Ref:    func(c *inboxChange) string { return c.ID.IdempotencyKey },
+		Outage: map[string]bool{}}
+	return h
+}
+
+// to records a change of event ref to state, with a last error.
+func (h *history) to(ref string, s inboxState, lastError ...string) *history {
+	c := inboxChange{ID: outbox.InboxID{Topic: "t", IdempotencyKey: ref}, From: h.states[ref], To: s, Key: "k"}
+	if len(lastError) > 0 {
+		c.LastError = lastError[0]
+	}
+	h.states[ref] = s
+	h.facts.Changes = append(h.facts.Changes, c)
+	return h
+}
+
+func (h *history) judge() (orderResult, *verdict) {
+	v := &verdict{}
+	return judgeOrder(&h.facts, v), v
+}
+
+// requireFails asserts that the verdict holds a line of the kind, and
+// shows the lines.
+func requireFails(t *testing.T, v *verdict, kind string) {
+	t.Helper()
+	require.Positive(t, v.count(kind), "no %s failure; lines: %q", kind, v.all())
+}
+
+const outageErr = "chaos: downstream outage"
+
+// TestJudgeOrderPassesAPurgedPoisonAndItsRelease: a poison event parked,
+// the key's later events held, the poison purged, the first held event
+// promoted and re-driven, the next released: the checker's expected
+// history, with nothing to report.
+func TestJudgeOrderPassesAPurgedPoisonAndItsRelease(t *testing.T) {
+	t.Parallel()
+	h := newHistory(kindPoison, kindStep, kindStep).
+		to("e1", inboxFailing).to("e1", inboxParked, "chaos: poison event").
+		to("e2", inboxHeld).to("e3", inboxHeld).
+		to("e1", inboxDiscarded).
+		to("e2", inboxParked, "purged; re-drive requested").to("e2", inboxHandled).
+		to("e3", inboxHandled)
+	res, v := h.judge()
+	require.Empty(t, v.all())
+	require.Equal(t, orderResult{Held: 2, Parked: 2}, res)
+}
+
+// TestJudgeOrderFailsAStepHandledBehindAParkedPoison: the bug the issue
+// names first: a key's later event handled while its poison event is
+// parked.
+func TestJudgeOrderFailsAStepHandledBehindAParkedPoison(t *testing.T) {
+	t.Parallel()
+	res, v := newHistory(kindPoison, kindStep).
+		to("e1", inboxFailing).to("e1", inboxParked).
+		to("e2", inboxHandled).judge()
+	requireFails(t, v, "key-order")
+	require.Equal(t, 1, res.Violations)
+}
+
+// TestJudgeOrderFailsAHandlingOverAnEventNotYetDelivered: a gap: the
+// second event handled before the first arrived.
+func TestJudgeOrderFailsAHandlingOverAnEventNotYetDelivered(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindStep, kindStep).to("e2", inboxHandled).to("e1", inboxHandled).judge()
+	requireFails(t, v, "key-order")
+}
+
+// TestJudgeOrderFailsAPoisonRunBehindAParkedStep: an event attempted
+// while an earlier event of its key was parked should have been held.
+func TestJudgeOrderFailsAPoisonRunBehindAParkedStep(t *testing.T) {
+	t.Parallel()
+	h := newHistory(kindStep, kindPoison)
+	h.facts.Outage["k"] = true
+	_, v := h.to("e1", inboxFailing).to("e1", inboxParked, outageErr).
+		to("e2", inboxFailing).judge()
+	requireFails(t, v, "held-missing")
+}
+
+// TestJudgeOrderFailsAnEventParkedOnItsOwnBehindAParkedOne: parked as a
+// head of its own while an earlier event of its key was parked.
+func TestJudgeOrderFailsAnEventParkedOnItsOwnBehindAParkedOne(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindMalformed, kindPoison).
+		to("e1", inboxParked).to("e2", inboxParked).judge()
+	requireFails(t, v, "held-missing")
+}
+
+// TestJudgeOrderFailsAHoldWithNothingToWaitFor: an event held although
+// nothing earlier of its key was parked or held.
+func TestJudgeOrderFailsAHoldWithNothingToWaitFor(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindStep, kindStep).
+		to("e1", inboxHandled).to("e2", inboxHeld).judge()
+	requireFails(t, v, "held-unexpected")
+}
+
+// TestJudgeOrderAllowsJoiningARelease: an event held just after the last
+// waiting event of its key was released (the release closes its chain):
+// allowed, it is released in turn.
+func TestJudgeOrderAllowsJoiningARelease(t *testing.T) {
+	t.Parallel()
+	h := newHistory(kindStep, kindStep, kindStep)
+	h.facts.Outage["k"] = true
+	_, v := h.to("e1", inboxParked, outageErr).to("e2", inboxHeld).
+		to("e1", inboxHandled).to("e2", inboxHandled).
+		to("e3", inboxHeld).to("e3", inboxHandled).judge()
+	require.Empty(t, v.all())
+}
+
+// TestJudgeOrderFailsAnUnexplainedPark: a step event parked on a key that
+// had no outage, or with another error.
+func TestJudgeOrderFailsAnUnexplainedPark(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindStep).to("e1", inboxFailing).to("e1", inboxParked, outageErr).judge()
+	requireFails(t, v, "parked-unexplained")
+
+	h := newHistory(kindStep)
+	h.facts.Outage["k"] = true
+	_, v = h.to("e1", inboxParked, "context canceled").judge()
+	requireFails(t, v, "parked-unexplained")
+
+	h = newHistory(kindStep)
+	h.facts.Outage["k"] = true
+	_, v = h.to("e1", inboxParked, outageErr).judge()
+	require.Empty(t, v.all(), "an outage explains it")
+}
+
+// TestJudgeOrderFailsAPromotionAheadOfAWaitingEvent: a held event made
+// the head of its key while an earlier event still waited.
+func TestJudgeOrderFailsAPromotionAheadOfAWaitingEvent(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindPoison, kindStep, kindStep).
+		to("e1", inboxParked).to("e2", inboxHeld).to("e3", inboxHeld).
+		to("e3", inboxParked).judge()
+	requireFails(t, v, "promoted-early")
+}
+
+// TestJudgeOrderFailsASettledEventParkedAgain.
+func TestJudgeOrderFailsASettledEventParkedAgain(t *testing.T) {
+	t.Parallel()
+	_, v := newHistory(kindPoison).to("e1", inboxParked).to("e1", inboxDiscarded).to("e1", inboxParked).judge()
+	requireFails(t, v, "parked-after-settled")
+}
+
+// TestJudgeRedrives: a re-drive must end handled.
+func TestJudgeRedrives(t *testing.T) {
+	t.Parallel()
+	v := &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "a", How: "call", After: inboxParked}}, map[string]inboxState{"a": inboxHandled}, v)
+	requireFails(t, v, "redrive")
+	v = &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "a", How: "request"}}, map[string]inboxState{"a": inboxParked}, v)
+	requireFails(t, v, "redrive")
+	v = &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "a", How: "call", After: inboxHandled}, {Ref: "a", How: "request"}},
+		map[string]inboxState{"a": inboxHandled}, v)
+	require.Empty(t, v.all())
+}
+
+// TestJudgeEffectsFailsADoubleEffect: a redelivered event handled again.
+func TestJudgeEffectsFailsADoubleEffect(t *testing.T) {
+	t.Parallel()
+	byID := map[string]*ledgerEntry{"a": {ID: "a", Kind: kindStep}, "f": {ID: "f", Kind: kindFollow}}
+	v := &verdict{}
+	require.Equal(t, 0, judgeEffects(map[string]int{"a": 1, "f": 1}, byID, nil, map[string]bool{}, v))
+	require.Empty(t, v.all())
+	require.Equal(t, 2, judgeEffects(map[string]int{"a": 2, "f": 2}, byID, nil, map[string]bool{}, v))
+	requireFails(t, v, "double-effect")
+}
+
+// TestCountRedelivered: only deliveries after the event was settled count.
+func TestCountRedelivered(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	polls := []poll{{Topic: "t", ID: "a", At: t0}, {Topic: "t", ID: "a", At: t0.Add(2 * time.Second)},
+		{Topic: "t", ID: "b", At: t0.Add(3 * time.Second)}, {Topic: "u", ID: "a", At: t0.Add(3 * time.Second)}}
+	require.Equal(t, 1, countRedelivered(polls, map[string]time.Time{"t/a": t0.Add(time.Second), "t/b": t0.Add(4 * time.Second)}))
+}
+
+// fencing builds hand-made fencing facts: replica r1 owns t/0 from t0+1s
+// to t0+10s (revoked), r2 from t0+11s on.
+type fencing struct {
+	t0 time.Time
+	f  fencingFacts
+}
+
+func newFencing() *fencing {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	return &fencing{t0: t0, f: fencingFacts{
+		Owned: []ownership{
+			{Replica: "r1", Topic: "t", Partition: 0, From: at(1), To: at(10), Ended: "revoked"},
+			{Replica: "r2", Topic: "t", Partition: 0, From: at(11)},
+		},
+		Gone: map[string]time.Time{}, Rogue: map[recordPos]bool{}, RogueDoubt: map[doubtKey]int{},
+	}}
+}
+
+func (f *fencing) at(s float64) time.Time { return f.t0.Add(time.Duration(s * float64(time.Second))) }
+
+// publish adds a record at offset off of event id, produced by replica at
+// second s (acknowledged 10 ms later).
+func (f *fencing) publish(replica string, off int64, id string, s float64) *fencing {
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, off}, ID: id, Key: "k"})
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: replica, Topic: "t", Partition: 0, Offset: off, ID: id,
+		Buffered: f.at(s), Done: f.at(s + 0.01)})
+	return f
+}
+
+func (f *fencing) judge() (int, *verdict) {
+	v := &verdict{}
+	return judgeFencing(&f.f, v), v
+}
+
+// TestJudgeFencingPassesOwnedPublications.
+func TestJudgeFencingPassesOwnedPublications(t *testing.T) {
+	t.Parallel()
+	dups, v := newFencing().publish("r1", 0, "a", 2).publish("r2", 1, "b", 12).judge()
+	require.Empty(t, v.all())
+	require.Zero(t, dups)
+}
+
+// TestJudgeFencingFailsARecordAfterTheRevoke: a zombie publisher that
+// keeps publishing a partition after it was revoked, without reordering.
+func TestJudgeFencingFailsARecordAfterTheRevoke(t *testing.T) {
+	t.Parallel()
+	_, v := newFencing().publish("r1", 0, "a", 2).publish("r1", 1, "b", 10.5).judge()
+	requireFails(t, v, "fence-outside")
+}
+
+// TestJudgeFencingFailsTwoOwnersAtOnce: a record produced while another
+// replica owned the partition.
+func TestJudgeFencingFailsTwoOwnersAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFencing()
+	f.f.Owned[0].To, f.f.Owned[0].Ended = time.Time{}, "" // r1 never gave it up
+	_, v := f.publish("r1", 0, "a", 12).judge()
+	requireFails(t, v, "fence-overlap")
+
+	f = newFencing()
+	f.f.Owned[0].To, f.f.Owned[0].Ended = time.Time{}, ""
+	f.f.Gone["r1"] = f.at(9) // killed: it owns nothing after
+	_, v = f.publish("r2", 0, "a", 12).judge()
+	require.Empty(t, v.all())
+}
+
+// TestJudgeFencingFailsARecordNoReplicaProduced.
+func TestJudgeFencingFailsARecordNoReplicaProduced(t *testing.T) {
+	t.Parallel()
+	f := newFencing()
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 5}, ID: "x"})
+	_, v := f.judge()
+	requireFails(t, v, "fence-unattributed")
+
+	// A produce that failed on a replica may have landed (in doubt).
+	f = newFencing()
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 5}, ID: "x"})
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "x", Buffered: f.at(3), Done: f.at(7), Err: true})
+	_, v = f.judge()
+	require.Empty(t, v.all())
+}
+
+// TestJudgeFencingExplainsDuplicates: a duplicate publication is explained
+// by a kill of the earlier publisher, or a revoke, within dupWindow of the
+// earlier publication; one without is a failure.
+func TestJudgeFencingExplainsDuplicates(t *testing.T) {
+	t.Parallel()
+	// Published at 9.5 by r1, whose partition was revoked at 10: r2 publishes again.
+	dups, v := newFencing().publish("r1", 0, "a", 9.5).publish("r2", 1, "a", 12).judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+
+	// r1 killed right after it published.
+	f := newFencing().publish("r1", 0, "a", 3).publish("r2", 1, "a", 12)
+	f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(3.2), Kind: "kill"})
+	dups, v = f.judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+
+	// Published again by the same owner, nothing in between.
+	dups, v = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 6).judge()
+	requireFails(t, v, "duplicate-unexplained")
+	require.Equal(t, 1, dups)
+
+	// A kill long after the first publication explains nothing once the
+	// publisher had marked the rest of that round; it does while nothing
+	// of the round was marked (the publisher was cut before it could).
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "b", 3).publish("r2", 2, "a", 12)
+	f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(8), Kind: "kill"})
+	f.f.MarkedAt = map[string]time.Time{"t/b": f.at(3.1)}
+	_, v = f.judge()
+	requireFails(t, v, "duplicate-unexplained")
+	f.f.MarkedAt = map[string]time.Time{"t/b": f.at(8.5)}
+	_, v = f.judge()
+	require.Empty(t, v.all())
+
+	// A produce that failed on the same partition around the publication:
+	// the publisher produces the failed record and those after it again.
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 4)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "x", Buffered: f.at(2.9), Done: f.at(3.05), Err: true})
+	dups, v = f.judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+	f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 4)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 1, ID: "x", Buffered: f.at(2.9), Done: f.at(3.05), Err: true})
+	_, v = f.judge()
+	requireFails(t, v, "duplicate-unexplained") // on another partition: no excuse
+
+	// A batch is marked once all of it is acknowledged: a kill 1.5 s
+	// after the publication, while the rest of its round was in flight
+	// until then, explains it.
+	f = newFencing().publish("r1", 0, "a", 3).publish("r2", 2, "a", 12)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, Offset: 1, ID: "b", Buffered: f.at(3), Done: f.at(4.2)})
+	f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(4.5), Kind: "kill"})
+	_, v = f.judge()
+	require.Empty(t, v.all())
+
+	// On a loaded machine marking took 3 s then: a kill 2 s after the
+	// publication explains the duplicate; with marks taking 0.3 s it
+	// does not.
+	for lag, ok := range map[float64]bool{3: true, 0.3: false} {
+		f = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "b", 3.5).publish("r2", 2, "a", 12)
+		f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(5), Kind: "kill"})
+		f.f.MarkedAt = map[string]time.Time{"t/b": f.at(3.51 + lag)}
+		_, v = f.judge()
+		require.Equal(t, !ok, v.count("duplicate-unexplained") > 0, "mark lag %vs: %q", lag, v.all())
+	}
+
+	// The rogue producer's copies are no publications.
+	f = newFencing().publish("r1", 0, "a", 3)
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 1}, ID: "a"})
+	f.f.Rogue[recordPos{"t", 0, 1}] = true
+	dups, v = f.judge()
+	require.Empty(t, v.all())
+	require.Zero(t, dups)
+}
+
+// chains builds hand-made facts for judgeChains: step events s1 (chains)
+// and s2 (does not).
+func chains() *chainFacts {
+	return &chainFacts{
+		ChainTopic: "c",
+		Ledger: []ledgerEntry{
+			{ID: "s1", Topic: "t", Key: "k", Seq: 1, Place: 1, Kind: kindStep},
+			{ID: "s2", Topic: "t", Key: "k", Seq: 2, Place: 2, Kind: kindStep},
+			{ID: followID("s1"), Topic: "c", Key: "k", Seq: 1, Place: 1, Kind: kindFollow, Source: "s1"},
+		},
+		Chains:    func(id string) bool { return id == "s1" },
+		Effects:   map[string]int{"s1": 1, "s2": 1, followID("s1"): 1},
+		Outbox:    map[string][]outboxFact{followID("s1"): {{Published: true}}},
+		Published: map[string]bool{eventRef("c", followID("s1")): true},
+	}
+}
+
+func judgeChainsOf(f *chainFacts) (int, *verdict) {
+	v := &verdict{}
+	return judgeChains(f, v), v
+}
+
+// TestJudgeChains: one follow-up per handled source that chains,
+// published and handled once; none otherwise.
+func TestJudgeChains(t *testing.T) {
+	t.Parallel()
+	n, v := judgeChainsOf(chains())
+	require.Empty(t, v.all())
+	require.Equal(t, 1, n)
+
+	f := chains()
+	f.Ledger, f.Outbox = f.Ledger[:2], map[string][]outboxFact{}
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-missing") // handled, no follow-up
+
+	f = chains()
+	f.Outbox[followID("s1")] = append(f.Outbox[followID("s1")], outboxFact{Published: true})
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-missing") // an aborted attempt's follow-up escaped its transaction
+
+	f = chains()
+	f.Outbox[followID("s1")][0].Published = false
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unpublished")
+
+	f = chains()
+	delete(f.Published, eventRef("c", followID("s1")))
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unpublished")
+
+	f = chains()
+	f.Effects[followID("s1")] = 2
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-handled")
+
+	f = chains()
+	f.Effects["s1"] = 0
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unexpected") // a follow-up of a source not handled
+
+	f = chains()
+	f.Outbox[followID("s2")] = []outboxFact{{Published: true}}
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unexpected") // s2 does not chain
+
+	f = chains()
+	f.Outbox[followID("s9")] = []outboxFact{{Published: true}}
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unexpected") // no such source
+}
+
+// fakeClock advances only when slept on.
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.now }
+func (c *fakeClock) Sleep(_ context.Context, d time.Duration) error {
+	c.now = c.now.Add(d)
+	return nil
+}
+
+// TestWaitSettled: the wait ends when everything is settled, however
+// long that takes while work progresses, and fails only after the stated
+// time without progress.
+func TestWaitSettled(t *testing.T) {
+	t.Parallel()
+	clk := &fakeClock{now: time.Now()}
+	looks := 0
+	ok, _ := waitSettled(context.Background(), clk, time.Second, 10*time.Second, func(context.Context) (settleState, error) {
+		looks++
+		// Progress every 5 s for 100 s, then settled.
+		return settleState{settled: looks > 100, progress: fmt.Sprint(looks / 5)}, nil
+	}, func(string, ...any) {}, nil)
+	require.True(t, ok)
+	require.Equal(t, 101, looks)
+
+	clk = &fakeClock{now: time.Now()}
+	looks = 0
+	ok, last := waitSettled(context.Background(), clk, time.Second, 10*time.Second, func(context.Context) (settleState, error) {
+		looks++
+		return settleState{progress: fmt.Sprint(min(looks, 20)), summary: "stuck at 20"}, nil
+	}, func(string, ...any) {}, nil)
+	require.False(t, ok)
+	require.Equal(t, "stuck at 20", last.summary)
+	require.Equal(t, 30, looks, "10 s without progress after the 20th look")
+	require.True(t, strings.Contains(last.summary, "20"))
+}
