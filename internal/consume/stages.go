@@ -131,9 +131,6 @@ func (w *Worker) run(ctx context.Context, evs []*Event, r *unitResult) {
 	case res.Kind == Canceled:
 		return
 	case res.Kind == Locked || res.Kind == Infra:
-		if res.Kind == Locked {
-			w.cfg.Host.Reap()
-		}
 		for i, e := range evs {
 			w.infraRetry(ctx, e, &r.outs[i], res.Err)
 		}
@@ -207,9 +204,6 @@ func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
 	}
 	stored, err := w.cfg.Host.Lookup(ctx, w.tp, todo, count)
 	if err != nil {
-		if errors.Is(err, ErrLocked) {
-			w.cfg.Host.Reap()
-		}
 		for i, e := range evs {
 			w.infraRetry(ctx, e, &r.outs[i], err)
 			if count && !e.looked {
@@ -396,9 +390,7 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 	case Canceled:
 		return Canceled, true, time.Time{}, res.Err
 	case Locked, Infra:
-		if res.Kind == Locked {
-			host.Reap()
-		}
+		reapIfLocked(host, res.Err)
 		st.infra++
 		return res.Kind, true, now.Add(backoff.Delay(st.infra - 1)), res.Err
 	case Snoozed:
@@ -423,6 +415,7 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 	case errors.Is(err, ErrDone):
 		return Handled, true, time.Time{}, nil // handled or purged meanwhile: go on
 	case err != nil:
+		reapIfLocked(host, err)
 		st.infra++
 		return Infra, true, now.Add(backoff.Delay(st.infra - 1)), err
 	}
@@ -430,6 +423,7 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 	if !park && n >= e.Policy.MaxAttempts {
 		// Earlier runs used the other attempts.
 		if _, err := host.NoteReleaseFailure(ctx, tp, e, res.Err, 0, true, reason); err != nil {
+			reapIfLocked(host, err)
 			st.infra++
 			return Infra, true, now.Add(backoff.Delay(st.infra - 1)), err
 		}
@@ -476,5 +470,19 @@ func (w *Worker) infraRetry(ctx context.Context, e *Event, out *Outcome, err err
 	if errors.Is(err, ErrLocked) {
 		reason = "locked"
 	}
+	reapIfLocked(w.cfg.Host, err)
 	w.retryAt(e, out, reason, err, time.Now().Add(w.cfg.Backoff.Delay(e.infra-1)))
+}
+
+// reapIfLocked asks the host to end the sessions of dead replicas when err
+// is a write that met another transaction's lock (ErrLocked). Every write
+// of the worker and of a release that fails goes through it, whichever
+// call made it (a claim, a hold, a park, a failure noted): a replica that
+// died in the middle of any of them leaves its locks until its sessions
+// are ended or its transactions outlive the server's lifetime (60 s by
+// default).
+func reapIfLocked(host Host, err error) {
+	if errors.Is(err, ErrLocked) {
+		host.Reap()
+	}
 }

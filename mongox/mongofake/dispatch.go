@@ -51,6 +51,11 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 		}
 	}
 
+	act, crashed := s.crashes.check(r.name, c.appName)
+	if act == crashRefuse {
+		return s.errorReply(r, crashed.crashError(r.name), []string{}), false
+	}
+
 	fp := s.fp.match(r.name, c.appName)
 	if fp != nil {
 		if fp.block > 0 {
@@ -79,6 +84,10 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	}
 
 	out, err := s.run(spec, r)
+	if act == crashAfterRun {
+		// The command ran; its client died before reading the reply.
+		return s.errorReply(r, crashed.crashError(r.name), []string{}), false
+	}
 	if r.dropConn {
 		s.logger.Debug("mongofake: onPrimaryTransactionalWrite closes the connection", "conn", c.id, "command", r.name)
 		return nil, true

@@ -35,7 +35,10 @@
 // EnableTestCommands(true) the same is available to any client through
 // mongod's configureFailPoint command and its failCommand fail point (modes
 // "alwaysOn", "off", {times: n}, {skip: n}), which is what the drivers'
-// specification test suites use.
+// specification test suites use. Crash (Go only) makes one client, told
+// apart by its application name, die at its Nth command of some names,
+// before or after that command runs: it runs nothing more, and its open
+// transactions stay open, for crash-consistency tests.
 //
 // # Limits
 //

@@ -47,7 +47,8 @@ type Server struct {
 	nextConnID atomic.Int64
 	nextReqID  atomic.Int32
 
-	fp failPoints
+	fp      failPoints
+	crashes crashes // Server.Crash
 }
 
 // config holds the values set by Options.
