@@ -13,3 +13,13 @@ import "sync/atomic"
 // harness uses to exercise the pause/resume handshake. Read at each
 // enqueue, so set them before Run.
 var ConsumerQueueRecords, ConsumerQueueBytes atomic.Int64
+
+// ConsumerNoDuplicateLookup, when set, turns off the consumer's look-up
+// of the inbox before a transaction after it met a duplicate (see lookup
+// in internal/consume): a redelivered event is then found only by its
+// claim, which rolls back the transaction it shares with others, as the
+// consumer did before that look-up existed. The look-ups of the first
+// units after an assignment, which count attempts, still run. cmd/outbox-
+// bench sets it to measure what the look-up saves after a takeover. Read
+// at each unit.
+var ConsumerNoDuplicateLookup atomic.Bool
