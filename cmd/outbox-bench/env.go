@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"runtime"
@@ -70,11 +71,7 @@ func (c *mongoCounter) reset() {
 func (c *mongoCounter) errorCodes() map[int32]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[int32]int64, len(c.codes))
-	for k, v := range c.codes {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(c.codes)
 }
 
 func (c *mongoCounter) countCode(code int32) {
@@ -89,11 +86,7 @@ func (c *mongoCounter) countCode(code int32) {
 func (c *mongoCounter) names() map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]int64, len(c.byName))
-	for k, v := range c.byName {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(c.byName)
 }
 
 func (c *mongoCounter) monitor() *event.CommandMonitor {
