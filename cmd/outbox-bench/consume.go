@@ -31,32 +31,48 @@ type consumeResult struct {
 // first handler start to the last handled event's commit (the last inbox
 // transaction's commitTransaction reply).
 func runConsume(ctx context.Context, e *env, n int) (consumeResult, error) {
-	const phase = "consume"
-	cl, err := kgo.NewClient(producerOpts(e, 5*time.Millisecond)...)
-	if err != nil {
+	if err := produceBacklog(ctx, e, topics.consume, consumeEvent{}.ContentSchema(), n, keyOf); err != nil {
 		return consumeResult{}, err
 	}
+	return consumeBacklog[consumeEvent](ctx, e, "consume", "consume", n, 1)
+}
+
+// produceBacklog produces n framework records of schema to topic straight
+// to Kafka; key names the partition key of record i.
+func produceBacklog(ctx context.Context, e *env, topic, schema string, n int, key func(int) string) error {
+	cl, err := kgo.NewClient(producerOpts(e, 5*time.Millisecond)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
-		key := keyOf(i)
+		k := key(i)
 		value := fmt.Appendf(nil, `{"n":%d,"data":"%s"}`, i, newPayload(i, e.opts.eventSize).Data)
-		recs[i] = record(topics.consume, kafkax.Partition([]byte(key), e.opts.partitions), key,
-			consumeEvent{}.ContentSchema(), outbox.NewIdempotencyKey(), time.Now(), value)
+		recs[i] = record(topic, kafkax.Partition([]byte(k), e.opts.partitions), k,
+			schema, outbox.NewIdempotencyKey(), time.Now(), value)
 	}
-	err = cl.ProduceSync(ctx, recs...).FirstErr()
-	cl.Close()
-	if err != nil {
-		return consumeResult{}, fmt.Errorf("produce the records: %w", err)
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("produce the records: %w", err)
 	}
+	return nil
+}
+
+// consumeBacklog handles the n records of E's topic with a handler that
+// does nothing, in the database of phase and the groups of service, with
+// Config.KeyConcurrency keyConcurrency; see runConsume.
+func consumeBacklog[E outbox.Event](ctx context.Context, e *env, phase, service string, n, keyConcurrency int) (consumeResult, error) {
 	var handled atomic.Int64
 	var first atomic.Int64
 	var cs []*outbox.Client
 	for range e.opts.replicas {
-		c, err := outbox.New(e.config(e.conMongo, phase, "consume"))
+		cfg := e.config(e.conMongo, phase, service)
+		cfg.KeyConcurrency = keyConcurrency
+		c, err := outbox.New(cfg)
 		if err != nil {
 			return consumeResult{}, err
 		}
-		outbox.MustHandle(c, func(context.Context, consumeEvent, outbox.Metadata) error {
+		outbox.MustHandle(c, func(context.Context, E, outbox.Metadata) error {
 			first.CompareAndSwap(0, time.Now().UnixNano())
 			handled.Add(1)
 			return nil

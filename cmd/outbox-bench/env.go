@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"runtime"
@@ -21,6 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
 
 	outbox "github.com/event-outbox/outbox"
 	"github.com/event-outbox/outbox/mongox/mongofake"
@@ -40,9 +42,18 @@ type mongoCounter struct {
 	lastMark atomic.Int64
 	// lastCommit is the time of the last successful commitTransaction.
 	lastCommit atomic.Int64
+	// txnEnd, when set, hears each commitTransaction and abortTransaction
+	// that ends: its session id (see sessionID) and whether it was a
+	// commit that succeeded. ends maps the request ids of those under way
+	// to their session ids.
+	txnEnd atomic.Pointer[func(lsid string, committed bool)]
+	ends   sync.Map
 
 	mu     sync.Mutex
 	byName map[string]int64
+	// codes counts the error codes of failed commands and of the write
+	// errors of successful ones.
+	codes map[int32]int64
 }
 
 func (c *mongoCounter) reset() {
@@ -53,17 +64,29 @@ func (c *mongoCounter) reset() {
 	c.lastCommit.Store(0)
 	c.mu.Lock()
 	c.byName = map[string]int64{}
+	c.codes = map[int32]int64{}
+	c.mu.Unlock()
+}
+
+func (c *mongoCounter) errorCodes() map[int32]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.codes)
+}
+
+func (c *mongoCounter) countCode(code int32) {
+	c.mu.Lock()
+	if c.codes == nil {
+		c.codes = map[int32]int64{}
+	}
+	c.codes[code]++
 	c.mu.Unlock()
 }
 
 func (c *mongoCounter) names() map[string]int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]int64, len(c.byName))
-	for k, v := range c.byName {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(c.byName)
 }
 
 func (c *mongoCounter) monitor() *event.CommandMonitor {
@@ -72,6 +95,11 @@ func (c *mongoCounter) monitor() *event.CommandMonitor {
 			c.total.Add(1)
 			if e.CommandName == "find" {
 				c.firstFind.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			if (e.CommandName == "commitTransaction" || e.CommandName == "abortTransaction") && c.txnEnd.Load() != nil {
+				if _, id, ok := e.Command.Lookup("lsid", "id").BinaryOK(); ok {
+					c.ends.Store(e.RequestID, string(id))
+				}
 			}
 			c.mu.Lock()
 			if c.byName == nil {
@@ -84,6 +112,16 @@ func (c *mongoCounter) monitor() *event.CommandMonitor {
 			if e.CommandName == "commitTransaction" {
 				c.lastCommit.Store(time.Now().UnixNano())
 			}
+			c.ended(e.RequestID, e.CommandName == "commitTransaction")
+			if we, err := e.Reply.LookupErr("writeErrors"); err == nil {
+				if vals, err := we.Array().Values(); err == nil {
+					for _, v := range vals {
+						if code, ok := v.Document().Lookup("code").AsInt64OK(); ok {
+							c.countCode(int32(code))
+						}
+					}
+				}
+			}
 			if e.CommandName != "update" {
 				return
 			}
@@ -92,7 +130,36 @@ func (c *mongoCounter) monitor() *event.CommandMonitor {
 				c.lastMark.Store(time.Now().UnixNano())
 			}
 		},
+		Failed: func(_ context.Context, e *event.CommandFailedEvent) {
+			c.ended(e.RequestID, false)
+			var de driver.Error
+			if errors.As(e.Failure, &de) {
+				c.countCode(de.Code)
+			}
+		},
 	}
+}
+
+// ended tells txnEnd of a commitTransaction or abortTransaction that ended.
+func (c *mongoCounter) ended(requestID int64, committed bool) {
+	lsid, ok := c.ends.LoadAndDelete(requestID)
+	if !ok {
+		return
+	}
+	if f := c.txnEnd.Load(); f != nil {
+		(*f)(lsid.(string), committed)
+	}
+}
+
+// sessionID returns the id of the session of ctx (the transaction a
+// handler runs in), as txnEnd names it; "" without one.
+func sessionID(ctx context.Context) string {
+	s := mongo.SessionFromContext(ctx)
+	if s == nil {
+		return ""
+	}
+	_, id, _ := s.ID().Lookup("id").BinaryOK()
+	return string(id)
 }
 
 // kafkaCounter counts the requests Kafka clients write, and the records
@@ -163,6 +230,8 @@ type options_ struct {
 	backlog       int
 	rate          int
 	latencyRuns   int
+	kcRate        int
+	takeoverKC    []int
 	mongoURI      string
 	brokers       string
 	servers       string
@@ -293,6 +362,10 @@ func phaseTopics(phase string) []string {
 		return []string{topics.consume}
 	case "memory":
 		return []string{topics.memory}
+	case "keyconc":
+		return []string{topics.kcSlow, topics.kcLat1, topics.kcLatHigh, topics.kcTrivial}
+	case "takeover":
+		return []string{topics.takeover}
 	}
 	return nil
 }
@@ -302,6 +375,19 @@ func phaseTopics(phase string) []string {
 // this process, later phases would otherwise pay for collecting gigabytes
 // of earlier phases' documents and records; a real cluster is left clean.
 func (e *env) release(phase string) {
+	e.dropDatabases()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if ts := phaseTopics(phase); len(ts) > 0 {
+		_, _ = e.admin.DeleteTopics(ctx, ts...)
+	}
+	runtime.GC()
+}
+
+// dropDatabases drops every database of this run (a phase that measures
+// several things one after the other drops them between, so that the
+// embedded server's state does not weigh on the later ones).
+func (e *env) dropDatabases() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	names, err := e.setup.ListDatabaseNames(ctx, bson.D{})
@@ -311,9 +397,6 @@ func (e *env) release(phase string) {
 				_ = e.setup.Database(n).Drop(ctx)
 			}
 		}
-	}
-	if ts := phaseTopics(phase); len(ts) > 0 {
-		_, _ = e.admin.DeleteTopics(ctx, ts...)
 	}
 	runtime.GC()
 }
@@ -439,6 +522,11 @@ func waitSettled(ctx context.Context, e *env, pubs, cons []*outbox.Client) error
 
 // waitFor polls cond every few milliseconds until it holds or timeout.
 func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	return waitForEvery(ctx, timeout, 2*time.Millisecond, what, cond)
+}
+
+// waitForEvery polls cond every interval until it holds or timeout.
+func waitForEvery(ctx context.Context, timeout, interval time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -447,7 +535,7 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 	return nil

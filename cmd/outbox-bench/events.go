@@ -9,6 +9,10 @@ import (
 // that runs against shared real brokers never see each other's records.
 var topics = struct {
 	relay, floor, raw, naive, poll, latency, pollLatency, consume, memory string
+	// The keyconc phase: the slow handler's backlog, its latency runs (one
+	// topic per key concurrency), the trivial handler's backlog; the
+	// takeover phase's backlog.
+	kcSlow, kcLat1, kcLatHigh, kcTrivial, takeover string
 }{}
 
 func setTopics(suffix string) {
@@ -21,11 +25,17 @@ func setTopics(suffix string) {
 	topics.pollLatency = "bench.poll-latency." + suffix
 	topics.consume = "bench.consume." + suffix
 	topics.memory = "bench.memory." + suffix
+	topics.kcSlow = "bench.kc-slow." + suffix
+	topics.kcLat1 = "bench.kc-lat-1." + suffix
+	topics.kcLatHigh = "bench.kc-lat-high." + suffix
+	topics.kcTrivial = "bench.kc-trivial." + suffix
+	topics.takeover = "bench.takeover." + suffix
 }
 
 func allTopics() []string {
 	return []string{topics.relay, topics.floor, topics.raw, topics.naive, topics.poll, topics.latency,
-		topics.pollLatency, topics.consume, topics.memory}
+		topics.pollLatency, topics.consume, topics.memory, topics.kcSlow, topics.kcLat1, topics.kcLatHigh,
+		topics.kcTrivial, topics.takeover}
 }
 
 // payload is the body of every benchmark event: a sequence number and
@@ -43,6 +53,12 @@ func newPayload(n, size int) payload {
 
 func keyOf(n int) string { return "key-" + strconv.Itoa(n) }
 
+// kcKeys is how many partition keys the keyconc phase's events spread over.
+const kcKeys = 1000
+
+// kcKeyOf is the key of event n of the keyconc phase: one of kcKeys.
+func kcKeyOf(n int) string { return "key-" + strconv.Itoa((n%kcKeys+kcKeys)%kcKeys) }
+
 // One event type per topic: an event's topic is a method of its type.
 type (
 	relayEvent       struct{ payload }
@@ -53,6 +69,11 @@ type (
 	pollLatencyEvent struct{ payload }
 	consumeEvent     struct{ payload }
 	memoryEvent      struct{ payload }
+	kcSlowEvent      struct{ payload }
+	kcLat1Event      struct{ payload }
+	kcLatHighEvent   struct{ payload }
+	kcTrivialEvent   struct{ payload }
+	takeoverEvent    struct{ payload }
 )
 
 func (relayEvent) Topic() string                { return topics.relay }
@@ -79,3 +100,18 @@ func (e consumeEvent) PartitionKey() string     { return keyOf(e.N) }
 func (memoryEvent) Topic() string               { return topics.memory }
 func (memoryEvent) ContentSchema() string       { return "BenchMemory.v1" }
 func (e memoryEvent) PartitionKey() string      { return keyOf(e.N) }
+func (kcSlowEvent) Topic() string               { return topics.kcSlow }
+func (kcSlowEvent) ContentSchema() string       { return "BenchKCSlow.v1" }
+func (e kcSlowEvent) PartitionKey() string      { return kcKeyOf(e.N) }
+func (kcLat1Event) Topic() string               { return topics.kcLat1 }
+func (kcLat1Event) ContentSchema() string       { return "BenchKCLatency.v1" }
+func (e kcLat1Event) PartitionKey() string      { return kcKeyOf(e.N) }
+func (kcLatHighEvent) Topic() string            { return topics.kcLatHigh }
+func (kcLatHighEvent) ContentSchema() string    { return "BenchKCLatency.v1" }
+func (e kcLatHighEvent) PartitionKey() string   { return kcKeyOf(e.N) }
+func (kcTrivialEvent) Topic() string            { return topics.kcTrivial }
+func (kcTrivialEvent) ContentSchema() string    { return "BenchKCTrivial.v1" }
+func (e kcTrivialEvent) PartitionKey() string   { return keyOf(e.N) }
+func (takeoverEvent) Topic() string             { return topics.takeover }
+func (takeoverEvent) ContentSchema() string     { return "BenchTakeover.v1" }
+func (e takeoverEvent) PartitionKey() string    { return keyOf(e.N) }

@@ -7,8 +7,8 @@
 //	go run ./cmd/outbox-bench [-duration 10s] [-event-size 1024] [-partitions 6]
 //	    [-replicas 1] [-events 50000] [-backlog 200000] [-rate 1000]
 //	    [-servers inproc|subprocess] [-mongo-uri URI -kafka-brokers HOST:PORT,...]
-//	    [-latency-runs 3]
-//	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory,compression]
+//	    [-latency-runs 3] [-keyconc-rate 200] [-takeover-kc 1,64]
+//	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory,compression,keyconc,takeover]
 //	    [-codecs none,gzip,snappy] [-json]
 //	    [-cpuprofile FILE]
 //
@@ -36,6 +36,22 @@
 //     of -codecs, each on a topic of its own, with order-like JSON events:
 //     events/s and bytes written to Kafka per event. The figures behind
 //     the publisher's default codec.
+//   - keyconc (not run by default): Config.KeyConcurrency 1 against 64 on
+//     events of 1,000 keys. A handler that waits 20 ms (an external call)
+//     and writes one document: events/s on a backlog of -events records
+//     for -duration, MongoDB commands and transactions per event; and
+//     commit → handled latency (the recording transaction's commit to the
+//     handler's transaction's commit) at -keyconc-rate events/s through
+//     the framework's publisher. Then the consume phase's trivial handler
+//     at both settings. Ratios 64 / 1 of each.
+//   - takeover (not run by default): a replica handling a backlog of
+//     -events records (trivial handler) is killed (its connections cut:
+//     its transactions stay open, its group membership times out) after a
+//     quarter of them; a second replica of the group takes its partitions
+//     over and is redelivered what the first handled after its last
+//     offset commit. Rollbacks of the survivor per redelivered event, with
+//     the consumer's duplicate look-up and without it (as before it
+//     existed), at each KeyConcurrency of -takeover-kc.
 //
 // It prints a table (or JSON with -json) with every figure, the ratios and
 // the targets.
@@ -54,6 +70,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -84,6 +101,9 @@ func main() {
 
 const allPhases = "raw,relay,floor,naive,polling,latency,consume,bare,memory"
 
+// optPhases are run only when -phases names them.
+const optPhases = "compression,keyconc,takeover"
+
 // results holds every measured figure; absent phases stay nil.
 type results struct {
 	Machine machine         `json:"machine"`
@@ -103,6 +123,8 @@ type results struct {
 	Bare        *baselineResult     `json:"bare_transactions,omitempty"`
 	Memory      *memoryResult       `json:"memory,omitempty"`
 	Compression []compressionResult `json:"compression,omitempty"`
+	KeyConc     *keyconcResult      `json:"keyconc,omitempty"`
+	Takeover    []takeoverRun       `json:"takeover,omitempty"`
 	Targets     []target            `json:"targets"`
 }
 
@@ -133,19 +155,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.backlog, "backlog", 200000, "events of the memory phase's backlog")
 	fs.IntVar(&o.rate, "rate", 1000, "offered load of the latency phases, events/s")
 	fs.IntVar(&o.latencyRuns, "latency-runs", 3, "runs of the latency phase (relay, then polling, each time); the table reports the median and the worst ratio")
+	fs.IntVar(&o.kcRate, "keyconc-rate", 200, "keyconc phase: offered load of its latency runs, events/s")
+	takeoverKC := fs.String("takeover-kc", "1,64", "takeover phase: the KeyConcurrency settings to measure, comma-separated")
 	fs.DurationVar(&o.publishLinger, "publish-linger", 0, "Config.PublishLinger of the framework clients (least time between two change-stream reads)")
 	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
 	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
-	phases := fs.String("phases", allPhases, "comma-separated phases to run (compression too, which is not run by default)")
+	phases := fs.String("phases", allPhases, "comma-separated phases to run (also "+optPhases+", which are not run by default)")
 	codecs := fs.String("codecs", "none,gzip,snappy", "compression phase: producer codecs to measure (none, gzip, snappy, lz4, zstd)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print JSON instead of a table")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 || o.latencyRuns < 1 {
-		return errors.New("-partitions, -replicas, -events, -backlog, -rate, -event-size and -latency-runs must be positive")
+	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 || o.latencyRuns < 1 || o.kcRate < 1 {
+		return errors.New("-partitions, -replicas, -events, -backlog, -rate, -event-size, -latency-runs and -keyconc-rate must be positive")
 	}
 	if o.publishLinger < 0 {
 		return errors.New("-publish-linger must not be negative")
@@ -156,10 +180,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if p == "" {
 			continue
 		}
-		if !strings.Contains(","+allPhases+",compression,", ","+p+",") {
-			return fmt.Errorf("unknown phase %q (phases: %s, compression)", p, allPhases)
+		if !strings.Contains(","+allPhases+","+optPhases+",", ","+p+",") {
+			return fmt.Errorf("unknown phase %q (phases: %s, %s)", p, allPhases, optPhases)
 		}
 		o.phases[p] = true
+	}
+	for _, v := range strings.Split(*takeoverKC, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		kc, err := strconv.Atoi(v)
+		if err != nil || kc < 1 {
+			return fmt.Errorf("-takeover-kc: %q is not a positive KeyConcurrency", v)
+		}
+		o.takeoverKC = append(o.takeoverKC, kc)
 	}
 	var codecList []string
 	for _, c := range strings.Split(*codecs, ",") {
@@ -192,7 +226,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
 		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
 			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o),
-			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns},
+			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC},
 	}
 	progress := func(phase string) {
 		if !o.jsonOut {
@@ -253,6 +287,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		{"bare", func() error { v, err := runBare(ctx, e); r.Bare = &v; return err }},
 		{"memory", func() error { v, err := runMemory(ctx, e, o.backlog); r.Memory = &v; return err }},
 		{"compression", func() error { v, err := runCompression(ctx, e, o.events, codecList); r.Compression = v; return err }},
+		{"keyconc", func() error { v, err := runKeyConc(ctx, e, progress); r.KeyConc = &v; return err }},
+		{"takeover", func() error { v, err := runTakeover(ctx, e, progress); r.Takeover = v; return err }},
 	}
 	for _, s := range steps {
 		if err := step(s.name, s.fn); err != nil {
@@ -335,6 +371,10 @@ func targets(r *results) []target {
 	if r.Consume != nil && r.Bare != nil && r.Bare.Rate > 0 {
 		v := r.Consume.Rate / r.Bare.Rate
 		add("consumer / bare transactions", ">= 0.5", v, v >= 0.5)
+	}
+	if k := r.KeyConc; k != nil {
+		add(fmt.Sprintf("%v handler: events/s at KeyConcurrency %d / at 1", kcWait, kcHigh), ">= 20", k.SlowRatio, k.SlowRatio >= 20)
+		add(fmt.Sprintf("trivial handler: events/s at KeyConcurrency %d / at 1", kcHigh), ">= 0.8", k.TrivialRatio, k.TrivialRatio >= 0.8)
 	}
 	if r.Memory != nil {
 		v := r.Memory.PeakGrowthMB
@@ -420,6 +460,30 @@ func printTable(w io.Writer, r *results) {
 			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.3f\n", c.Codec, c.Events, c.Rate, c.BytesPerEvent, c.KafkaPerEvent)
 		}
 	}
+	if k := r.KeyConc; k != nil {
+		fmt.Fprintf(tw, "\n%v handler + one insert, %d keys\tevents\tevents/s\tMongo cmds/event\ttxns/event\tp50 ms at %d/s\tp99 ms\tmax ms\n",
+			kcWait, k.Keys, e0(k.Slow).Offered)
+		for _, s := range k.Slow {
+			fmt.Fprintf(tw, "KeyConcurrency %d\t%d\t%.0f\t%.3f\t%.3f\t%.1f\t%.1f\t%.1f\n", s.KeyConcurrency, s.Events, s.Rate, s.MongoPerEvent, s.TxnsPerEvent, s.P50ms, s.P99ms, s.Maxms)
+		}
+		fmt.Fprintf(tw, "ratio %d / 1\t\t%.1f\n", kcHigh, k.SlowRatio)
+		fmt.Fprintln(tw, "\ntrivial handler (consume phase)\tevents\tevents/s\tMongo cmds/event")
+		for _, t := range k.Trivial {
+			fmt.Fprintf(tw, "KeyConcurrency %d\t%d\t%.0f\t%.3f\n", t.KeyConcurrency, t.Events, t.Rate, t.MongoPerEvent)
+		}
+		fmt.Fprintf(tw, "ratio %d / 1\t\t%.2f\n", kcHigh, k.TrivialRatio)
+	}
+	if len(r.Takeover) > 0 {
+		fmt.Fprintln(tw, "\ntakeover after a kill\thandled by killed\tredelivered\tskipped dup\trollbacks\tdup rollbacks\tlocked\tdup rollbacks/redelivered\ttakeover s\tsettle s")
+		for _, t := range r.Takeover {
+			look := "look-up on"
+			if !t.Lookup {
+				look = "look-up off (before)"
+			}
+			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
+				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.TakeoverSeconds, t.SettleSeconds)
+		}
+	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(tw, "\ntarget\tgoal\tmeasured\tmet")
 		for _, t := range r.Targets {
@@ -427,4 +491,12 @@ func printTable(w io.Writer, r *results) {
 		}
 	}
 	tw.Flush()
+}
+
+// e0 returns the first run, or a zero one.
+func e0(runs []keyconcRun) keyconcRun {
+	if len(runs) == 0 {
+		return keyconcRun{}
+	}
+	return runs[0]
 }

@@ -34,6 +34,26 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestKeyConcAndTakeoverSmoke runs the keyconc and takeover phases
+// briefly (takeover at KeyConcurrency 1 only: a killed replica's group
+// session must time out first) and checks that the output is complete.
+func TestKeyConcAndTakeoverSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two phases of the benchmark briefly")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errs bytes.Buffer
+	err := run(ctx, []string{"-phases", "keyconc,takeover", "-duration", "300ms", "-events", "400", "-partitions", "2",
+		"-keyconc-rate", "50", "-takeover-kc", "1"}, &out, &errs)
+	require.NoError(t, err, errs.String())
+	for _, want := range []string{"20ms handler + one insert, 1000 keys", "KeyConcurrency 64", "trivial handler (consume phase)",
+		"takeover after a kill", "KeyConcurrency 1, look-up on", "KeyConcurrency 1, look-up off (before)",
+		"20ms handler: events/s at KeyConcurrency 64 / at 1", "trivial handler: events/s at KeyConcurrency 64 / at 1"} {
+		require.Contains(t, out.String(), want)
+	}
+}
+
 func TestJSON(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs part of the benchmark")
@@ -58,6 +78,8 @@ func TestBadFlags(t *testing.T) {
 	var out, errs bytes.Buffer
 	err := run(context.Background(), []string{"-phases", "relay,nope"}, &out, &errs)
 	require.ErrorContains(t, err, `unknown phase "nope"`)
+	err = run(context.Background(), []string{"-takeover-kc", "1,x"}, &out, &errs)
+	require.ErrorContains(t, err, `-takeover-kc: "x"`)
 	err = run(context.Background(), []string{"-partitions", "0"}, &out, &errs)
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "must be positive"))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/tuning"
 )
 
 // The path of a delivered event, one named stage each:
@@ -184,7 +185,7 @@ const lookupCredits = 8
 func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
 	count := r.suspect || slices.ContainsFunc(evs, func(e *Event) bool { return e.mustCount })
 	if !count {
-		if w.lookups.Load() <= 0 {
+		if w.lookups.Load() <= 0 || tuning.ConsumerNoDuplicateLookup.Load() {
 			return true
 		}
 		w.lookups.Add(-1)

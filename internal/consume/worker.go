@@ -333,19 +333,30 @@ func (w *Worker) noteDuration(d time.Duration, n int, k Kind) {
 	w.avgRun.Store(old + (per-old)/8)
 }
 
-// maxBatch is the cap on a unit's deliveries: Config.BatchSize with one
-// slot; with more, as many as fit in targetUnit by the moving average;
-// never more than the batch cap.
-func (w *Worker) maxBatch() int {
+// maxBatch is the cap on the deliveries of the next unit, when ready lanes
+// may run now: Config.BatchSize with one slot; with more, as many as fit in
+// targetUnit by the moving average (one before anything was measured), but
+// at least the ready lanes' share of the slots; never more than the batch
+// cap.
+//
+// The share keeps units large while more keys wait than there are slots:
+// lanes past the slots wait either way, and in a unit they save a
+// transaction each, where units of one event would add transactions (and
+// so load on MongoDB) without running more handlers at once. The moving
+// average is of whole transactions, MongoDB's part included: when MongoDB
+// is loaded it grows even for handlers that do nothing, so alone it would
+// shrink their units to one event just when transactions are dearest.
+func (w *Worker) maxBatch(ready int) int {
 	limit := int(w.batchCap.Load())
 	if w.cfg.Slots <= 1 {
 		return limit
 	}
-	avg := time.Duration(w.avgRun.Load())
-	if avg <= 0 {
-		return limit
+	n := 1
+	if avg := time.Duration(w.avgRun.Load()); avg > 0 {
+		n = max(int(targetUnit/avg), 1)
 	}
-	return int(min(max(int64(targetUnit/avg), 1), int64(limit)))
+	n = max(n, (ready+w.cfg.Slots-1)/w.cfg.Slots)
+	return min(n, limit)
 }
 
 // loop is the worker goroutine.
@@ -475,7 +486,7 @@ func (w *Worker) loop() {
 				// counting its attempt before it runs: the partition's
 				// earlier owner may have died while running it, and nothing
 				// else would count that attempt.
-				suspect, limit := suspects > 0, w.maxBatch()
+				suspect, limit := suspects > 0, w.maxBatch(s.ready.Len())
 				if suspect {
 					limit = 1
 				}

@@ -1,6 +1,8 @@
 package consume
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -128,5 +130,71 @@ func TestWorkerSuspectCountRetriedAfterFailure(t *testing.T) {
 			}
 			require.True(t, h.handled(h.id(1)))
 		})
+	}
+}
+
+// With more keys ready than slots, units take the ready lanes' share of
+// the slots even when handlers are measured slow: the lanes past the slots
+// wait either way, and together they save a transaction each. Before, a
+// slow moving average made every unit one event, and since the average is
+// of whole transactions (MongoDB's part included), a loaded MongoDB made
+// even handlers that do nothing run one event per transaction, adding
+// transactions just when they were dearest (outbox-bench -phases keyconc:
+// the trivial handler at KeyConcurrency 64 ran at 0.3 of its rate at 1).
+func TestWorkerUnitsShareReadyLanesOverSlots(t *testing.T) {
+	h := newHarness(t, 2, nil)
+	h.w.avgRun.Store(int64(20 * time.Millisecond)) // handlers measured slow
+	blocked := h.enqueue(ev{"a", "block"}, ev{"b", "block"})
+	for range 2 {
+		select {
+		case <-h.f.blocked: // both slots taken
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first units did not start")
+		}
+	}
+	waiting := h.enqueue(ev{"c", "ok"}, ev{"d", "ok"}, ev{"e", "ok"}, ev{"f", "ok"}, ev{"g", "ok"}, ev{"h", "ok"})
+	waitFor(t, "the records taken while both slots are busy", func() bool { return h.w.Stats().Unsettled == 8 })
+	h.f.unblock(blocked[0])
+	h.f.unblock(blocked[1])
+	h.waitQuiet()
+
+	h.f.mu.Lock()
+	calls := slices.Clone(h.f.handleCalls)
+	h.f.mu.Unlock()
+	var sizes []int
+	for _, c := range calls[2:] {
+		sizes = append(sizes, len(c))
+	}
+	// Six ready keys over two slots: three in the first unit; then three
+	// over two, two; then the last one.
+	require.Equal(t, []int{3, 2, 1}, sizes, "handle calls %v", calls)
+	for _, id := range waiting {
+		require.True(t, h.handled(id), id)
+	}
+}
+
+// maxBatch: the batch size with one slot; with more, the larger of what
+// fits in targetUnit and the ready lanes' share of the slots, within the
+// batch cap.
+func TestWorkerMaxBatch(t *testing.T) {
+	for _, c := range []struct {
+		slots int
+		avg   time.Duration
+		ready int
+		want  int
+	}{
+		{1, 20 * time.Millisecond, 100, 8}, // one slot: batches as configured
+		{4, 0, 2, 1},                       // nothing measured, few keys: one each
+		{4, 0, 13, 4},                      // nothing measured: the share of 13 keys over 4 slots
+		{4, time.Millisecond, 0, 5},        // fast handlers: 5 ms worth
+		{4, 20 * time.Millisecond, 4, 1},   // slow handlers, keys fit in the slots: one each
+		{4, 20 * time.Millisecond, 9, 3},   // slow handlers, more keys than slots: the share
+		{4, 20 * time.Millisecond, 100, 8}, // never past the batch cap
+		{4, 10 * time.Microsecond, 0, 8},
+	} {
+		cfg := &Config{Slots: c.slots, BatchSize: 8}
+		w := NewWorker(TopicPartition{"t", 0}, cfg, context.Background())
+		w.avgRun.Store(int64(c.avg))
+		require.Equal(t, c.want, w.maxBatch(c.ready), "%+v", c)
 	}
 }

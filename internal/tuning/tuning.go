@@ -30,3 +30,13 @@ func NotePublisherOwnership(owner any, change string, partitions map[string][]in
 		(*f)(owner, change, partitions)
 	}
 }
+
+// ConsumerNoDuplicateLookup turns off, when set, the consumer's look-up
+// of the inbox before a transaction after it met a duplicate (see lookup
+// in internal/consume): a redelivered event is then found only by its
+// claim, which rolls back the transaction it shares with others, as the
+// consumer did before that look-up existed. The look-ups of the first
+// units after an assignment, which count attempts, still run.
+// cmd/outbox-bench sets it to measure what the look-up saves after a
+// takeover. Read at each unit.
+var ConsumerNoDuplicateLookup atomic.Bool
