@@ -42,7 +42,16 @@ const (
 	// reapTimeout bounds one reap.
 	reapTimeout = 10 * time.Second
 	// maxRecordedSessions bounds the session ids a replica record keeps.
-	maxRecordedSessions = 256
+	// The driver pools sessions, so a replica uses about as many as it runs
+	// transactions at once: KeyConcurrency units on each owned partition,
+	// plus parks, holds and re-drives. 8,192 covers KeyConcurrency 64 on
+	// 128 partitions (about 330 KB of record); a replica that uses more
+	// logs a warning, and the transactions of its oldest sessions then
+	// last, after a crash, until MongoDB's transaction lifetime ends them.
+	// (256 was too few: a takeover at KeyConcurrency 64 on 6 partitions
+	// waited a minute for the 128 sessions it could not end;
+	// BENCHMARKS.md, "Takeover after a kill".)
+	maxRecordedSessions = 8192
 )
 
 // sessionLog records the session ids the consumer runs transactions on in
@@ -97,6 +106,10 @@ func (l *sessionLog) note(ctx context.Context, lsid bson.Raw) error {
 	l.mu.Lock()
 	if l.rec == r {
 		l.known[string(lsid)] = true
+		if len(l.known) == maxRecordedSessions+1 {
+			r.c.cfg.Logger.Warn("outbox: more sessions than a replica record keeps; after a crash the oldest sessions' transactions last until MongoDB's transaction lifetime ends them",
+				"sessions", len(l.known), "kept", maxRecordedSessions)
+		}
 	}
 	l.mu.Unlock()
 	return nil
