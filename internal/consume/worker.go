@@ -334,19 +334,22 @@ func (w *Worker) noteDuration(d time.Duration, n int, k Kind) {
 }
 
 // maxBatch is the cap on the deliveries of the next unit, when ready lanes
-// may run now: Config.BatchSize with one slot; with more, as many as fit in
-// targetUnit by the moving average (one before anything was measured), but
-// at least the ready lanes' share of the slots; never more than the batch
-// cap.
+// may run now and free slots are free: Config.BatchSize with one slot; with
+// more, as many as fit in targetUnit by the moving average (one before
+// anything was measured), but at least the ready lanes' share of the free
+// slots; never more than the batch cap.
 //
-// The share keeps units large while more keys wait than there are slots:
-// lanes past the slots wait either way, and in a unit they save a
-// transaction each, where units of one event would add transactions (and
-// so load on MongoDB) without running more handlers at once. The moving
+// The share keeps units large while more keys wait than there are free
+// slots: lanes past the free slots wait either way, and in a unit they save
+// a transaction each, where units of one event would add transactions (and
+// so load on MongoDB) without running more handlers at once. It is of the
+// free slots, not of all: once the slots are busy, a slot that frees finds
+// the few lanes that became ready meanwhile, and a share of all the slots
+// would run them one per transaction however many waited. The moving
 // average is of whole transactions, MongoDB's part included: when MongoDB
 // is loaded it grows even for handlers that do nothing, so alone it would
 // shrink their units to one event just when transactions are dearest.
-func (w *Worker) maxBatch(ready int) int {
+func (w *Worker) maxBatch(ready, free int) int {
 	limit := int(w.batchCap.Load())
 	if w.cfg.Slots <= 1 {
 		return limit
@@ -355,7 +358,8 @@ func (w *Worker) maxBatch(ready int) int {
 	if avg := time.Duration(w.avgRun.Load()); avg > 0 {
 		n = max(int(targetUnit/avg), 1)
 	}
-	n = max(n, (ready+w.cfg.Slots-1)/w.cfg.Slots)
+	free = max(free, 1)
+	n = max(n, (ready+free-1)/free)
 	return min(n, limit)
 }
 
@@ -486,7 +490,7 @@ func (w *Worker) loop() {
 				// counting its attempt before it runs: the partition's
 				// earlier owner may have died while running it, and nothing
 				// else would count that attempt.
-				suspect, limit := suspects > 0, w.maxBatch(s.ready.Len())
+				suspect, limit := suspects > 0, w.maxBatch(s.ready.Len(), s.slots-s.running)
 				if suspect {
 					limit = 1
 				}

@@ -180,27 +180,34 @@ func TestWorkerUnitsShareReadyLanesOverSlots(t *testing.T) {
 }
 
 // maxBatch: the batch size with one slot; with more, the larger of what
-// fits in targetUnit and the ready lanes' share of the slots, within the
-// batch cap.
+// fits in targetUnit and the ready lanes' share of the free slots, within
+// the batch cap.
 func TestWorkerMaxBatch(t *testing.T) {
 	for _, c := range []struct {
 		slots int
 		avg   time.Duration
 		ready int
+		free  int
 		want  int
 	}{
-		{1, 20 * time.Millisecond, 100, 8}, // one slot: batches as configured
-		{4, 0, 2, 1},                       // nothing measured, few keys: one each
-		{4, 0, 13, 4},                      // nothing measured: the share of 13 keys over 4 slots
-		{4, time.Millisecond, 0, 5},        // fast handlers: 5 ms worth
-		{4, 20 * time.Millisecond, 4, 1},   // slow handlers, keys fit in the slots: one each
-		{4, 20 * time.Millisecond, 9, 3},   // slow handlers, more keys than slots: the share
-		{4, 20 * time.Millisecond, 100, 8}, // never past the batch cap
-		{4, 10 * time.Microsecond, 0, 8},
+		{1, 20 * time.Millisecond, 100, 1, 8}, // one slot: batches as configured
+		{4, 0, 2, 4, 1},                       // nothing measured, few keys: one each
+		{4, 0, 13, 4, 4},                      // nothing measured: the share of 13 keys over 4 slots
+		{4, time.Millisecond, 0, 4, 5},        // fast handlers: 5 ms worth
+		{4, 20 * time.Millisecond, 4, 4, 1},   // slow handlers, keys fit in the slots: one each
+		{4, 20 * time.Millisecond, 9, 4, 3},   // slow handlers, more keys than slots: the share
+		{4, 20 * time.Millisecond, 100, 4, 8}, // never past the batch cap
+		{4, 10 * time.Microsecond, 0, 4, 8},
+		// Slots busy, one frees: the keys that became ready meanwhile share
+		// it rather than run one per transaction (before: the share of all
+		// four slots, one each).
+		{4, 20 * time.Millisecond, 3, 1, 3},
+		{4, 20 * time.Millisecond, 3, 2, 2},
+		{4, 20 * time.Millisecond, 3, 0, 3}, // no free slot: as if one
 	} {
 		cfg := &Config{Slots: c.slots, BatchSize: 8}
 		w := NewWorker(TopicPartition{"t", 0}, cfg, context.Background())
 		w.avgRun.Store(int64(c.avg))
-		require.Equal(t, c.want, w.maxBatch(c.ready), "%+v", c)
+		require.Equal(t, c.want, w.maxBatch(c.ready, c.free), "%+v", c)
 	}
 }
