@@ -199,6 +199,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	defer cons.startLagPoller(ctx, topics)()
 	for {
 		fetches := cl.PollRecords(ctx, maxQueue)
+		// At once: records of partitions assigned after this mark are from
+		// an earlier assignment (consume.Set.EnqueuePolled).
+		mark := cons.set.Polled()
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			return nil
 		}
@@ -213,7 +216,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			}
 			c.tel.noteHighWatermark(topic, p.Partition, p.HighWatermark)
 			if len(p.Records) > 0 {
-				cons.set.Enqueue(consume.TopicPartition{Topic: topic, Partition: p.Partition}, p.Records)
+				cons.set.EnqueuePolled(consume.TopicPartition{Topic: topic, Partition: p.Partition}, p.Records, mark)
 			}
 		})
 	}

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -202,7 +204,7 @@ func (h *harness) unsettled(ctx context.Context) string {
 		var s []string
 		for tp, l := range lags {
 			if l > 0 {
-				s = append(s, fmt.Sprintf("%s/%d: %d", tp.Topic, tp.Partition, l))
+				s = append(s, fmt.Sprintf("%s/%d: %d (%s)", tp.Topic, tp.Partition, l, h.handlersOf(ctx, tp)))
 			}
 		}
 		if len(s) > 0 {
@@ -213,6 +215,41 @@ func (h *harness) unsettled(ctx context.Context) string {
 		return "nothing found outstanding"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// handlersOf says which live replicas handle a partition and how far
+// their worker got, from their status: to tell a partition no replica
+// handles from one whose worker got no records, settles nothing, or does
+// not commit what it settled (issue 31, item 7).
+func (h *harness) handlersOf(ctx context.Context, tp topicPartition) string {
+	h.mu.Lock()
+	rs := slices.Collect(maps.Values(h.slots))
+	h.mu.Unlock()
+	var out []string
+	for _, r := range rs {
+		st, err := r.client.Status(ctx)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: status: %v", r.name, err))
+			continue
+		}
+		for _, p := range st.Consumer {
+			if p.Topic != tp.Topic || p.Partition != tp.Partition {
+				continue
+			}
+			w := fmt.Sprintf("%s: committed %d, lowest unsettled %d, unsettled %d, in flight %d, held keys %d",
+				r.name, p.Committed, p.LowestUnsettled, p.Unsettled, p.InFlight, p.HeldKeys)
+			for _, wt := range st.Waiting {
+				if wt.Topic == tp.Topic && wt.Partition == tp.Partition {
+					w += fmt.Sprintf(", waits on %s at offset %d since %s (%s)", wt.What, wt.Offset, wt.Since.Format(tsFormat), wt.Detail)
+				}
+			}
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return "handled by no live replica"
+	}
+	return strings.Join(out, "; ")
 }
 
 // schemaOf is the content schema of a ledger kind.

@@ -3,6 +3,7 @@ package consume
 import (
 	"cmp"
 	"context"
+	"math"
 	"slices"
 	"sync"
 
@@ -18,6 +19,9 @@ type Set struct {
 
 	mu      sync.Mutex
 	workers map[TopicPartition]*Worker
+	// started counts the workers started; each worker keeps the count at
+	// its start (Worker.born), which Polled and EnqueuePolled compare.
+	started uint64
 }
 
 // NewSet returns an empty set whose workers run their handlers under work.
@@ -34,7 +38,9 @@ func (s *Set) Assign(tps []TopicPartition) {
 		if s.workers[tp] != nil {
 			continue
 		}
+		s.started++
 		w := NewWorker(tp, s.cfg, s.work)
+		w.born = s.started
 		s.workers[tp] = w
 		w.Start()
 	}
@@ -91,10 +97,32 @@ func (s *Set) stop(ws []*Worker, lost bool) {
 // Enqueue hands fetched records to the partition's worker; records of a
 // partition not owned any more are dropped.
 func (s *Set) Enqueue(tp TopicPartition, recs []*kgo.Record) {
+	s.EnqueuePolled(tp, recs, math.MaxUint64)
+}
+
+// Polled returns the mark of a poll, to be taken as soon as the poll
+// returns and handed to EnqueuePolled with its records.
+func (s *Set) Polled() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started
+}
+
+// EnqueuePolled is Enqueue for the records of a poll that returned at mark
+// (Polled): records of a partition whose worker started after the mark are
+// dropped too. They were fetched for an earlier assignment of the
+// partition, revoked or lost and assigned again while the poll loop held
+// them, and they may lie past the offset the new assignment's fetching
+// starts from (the earlier worker fetched ahead of its commits): taken
+// first, they would let the new worker drop the records before them as
+// already seen, and commit past them unhandled. kgo gives a new
+// assignment's records only to polls that return after
+// OnPartitionsAssigned, so none of them is dropped.
+func (s *Set) EnqueuePolled(tp TopicPartition, recs []*kgo.Record, mark uint64) {
 	s.mu.Lock()
 	w := s.workers[tp]
 	s.mu.Unlock()
-	if w != nil {
+	if w != nil && w.born <= mark {
 		w.Enqueue(recs)
 	}
 }

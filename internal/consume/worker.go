@@ -65,6 +65,7 @@ type Worker struct {
 	tp   TopicPartition
 	cfg  *Config
 	work context.Context // handlers run under it; it outlives a stop by the drain
+	born uint64          // Set.started when the set started it (see Set.EnqueuePolled)
 
 	wake chan struct{} // capacity 1: records were enqueued
 	stop chan struct{} // closed by Stop
