@@ -70,7 +70,7 @@ func (c *cursor) takeBatch(n int) bson.A {
 		if c.proj != nil {
 			d = c.proj(d)
 		}
-		s := docSize(d)
+		s := bsonkit.Size(d)
 		if len(out) > 0 && size+s > maxBSONSize-16*1024 {
 			break
 		}

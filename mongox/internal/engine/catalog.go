@@ -463,7 +463,7 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 			for _, ch := range c.chains {
 				if v := ch.latest(); v != nil && v.doc != nil {
 					info.Empty = false
-					info.Size += int64(approxSize(v.doc))
+					info.Size += int64(bsonkit.Size(v.doc))
 				}
 			}
 		}
@@ -471,14 +471,6 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 	}
 	slices.SortFunc(out, func(a, b DatabaseInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
-}
-
-func approxSize(d bson.D) int {
-	b, err := bson.Marshal(d)
-	if err != nil {
-		return 0
-	}
-	return len(b)
 }
 
 // CollectionStats returns the number of documents and their approximate
@@ -494,7 +486,7 @@ func (e *Engine) CollectionStats(ns NS) (count int64, size int64, nindexes int, 
 	for _, ch := range c.chains {
 		if v := ch.latest(); v != nil && v.doc != nil {
 			count++
-			size += int64(approxSize(v.doc))
+			size += int64(bsonkit.Size(v.doc))
 		}
 	}
 	return count, size, len(c.indexes), true
