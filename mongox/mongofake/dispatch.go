@@ -51,6 +51,7 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 		}
 	}
 
+	c.noteClientMetadata(r.name, body)
 	act, crashed := s.crashes.check(r.name, c.appName)
 	if act == crashRefuse {
 		return s.errorReply(r, crashed.crashError(r.name), []string{}), false
