@@ -28,6 +28,9 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 	if !ok {
 		return nil, wrongType("aggregate.pipeline", pv, "array")
 	}
+	if err := checkStrictStages(r, stages); err != nil {
+		return nil, err
+	}
 	if explain, _ := r.boolArg("explain", false); explain {
 		return nil, errorf(238, "NotImplemented", "mongofake: aggregate explain is not supported")
 	}

@@ -29,6 +29,9 @@ type request struct {
 	startTransaction bool
 	readConcern      bson.D
 	writeConcern     bson.D
+	// api are the Stable API fields (apiVersion, apiStrict,
+	// apiDeprecationErrors).
+	api apiParams
 	// vars are the command's let parameters, evaluated (set by
 	// dataCommand before the handler runs).
 	vars bson.D
@@ -59,6 +62,13 @@ type commandSpec struct {
 	adminOnly bool
 	// noSession commands ignore lsid (hello, isMaster, ping...).
 	noSession bool
+	// testOnly commands exist only with EnableTestCommands, as mongod
+	// registers them only with enableTestCommands.
+	testOnly bool
+	// apiVersions are the Stable API versions of the command, and
+	// deprecatedIn those it is deprecated in; nil apiVersions means
+	// version 1 for the commands in apiV1Commands, none for the others.
+	apiVersions, deprecatedIn []string
 }
 
 // commands is the command table. Each command family file registers its

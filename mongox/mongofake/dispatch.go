@@ -39,8 +39,11 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 		return s.errorReply(r, err, nil), false
 	}
 	spec := commands[r.name]
-	if spec == nil {
+	if spec == nil || (spec.testOnly && !s.cfg.testCommands) {
 		return s.errorReply(r, errorf(59, "CommandNotFound", "no such command: '"+r.name+"'"), nil), false
+	}
+	if err := checkAPIParams(r.name, spec, r.api); err != nil {
+		return s.errorReply(r, err, nil), false
 	}
 	if spec.adminOnly && r.db != "admin" {
 		return s.errorReply(r, errorf(13, "Unauthorized", r.name+" may only be run against the admin database."), nil), false
@@ -174,6 +177,11 @@ func (r *request) lift(legacyDB string) error {
 			r.writeConcern = d
 		}
 	}
+	api, err := parseAPIParams(r.cmd)
+	if err != nil {
+		return err
+	}
+	r.api = api
 	if legacyDB != "" {
 		r.db = legacyDB
 	} else if !hasDB {
