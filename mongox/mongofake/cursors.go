@@ -223,13 +223,17 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	natural, isNatural, err := naturalSort(sortSpec)
+	if err != nil {
+		return nil, err
+	}
 	var srt *query.Sort
-	if len(sortSpec) > 0 {
+	if len(sortSpec) > 0 && !isNatural {
 		if srt, err = query.CompileSort(sortSpec); err != nil {
 			return nil, err
 		}
 	}
-	if srt == nil && skip == 0 && limit > 0 {
+	if srt == nil && natural != -1 && skip == 0 && limit > 0 {
 		q.Limit = int(limit)
 	}
 	var docs []bson.D
@@ -241,8 +245,25 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	if natural == -1 {
+		slices.Reverse(docs)
+	}
 	docs = sortSkipLimitColl(docs, srt, skip, limit, coll)
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
+}
+
+// naturalSort recognises a sort on $natural alone, the collection's natural
+// (insertion) order: dir is 1 or -1 when isNatural. Other directions fail
+// as in mongod.
+func naturalSort(spec bson.D) (dir int64, isNatural bool, err error) {
+	if len(spec) != 1 || spec[0].Key != "$natural" {
+		return 0, false, nil
+	}
+	dir, ok := toInt(spec[0].Value)
+	if !ok || (dir != 1 && dir != -1) {
+		return 0, false, errorf(2, "BadValue", "$natural sort cannot be set to a value other than -1 or 1")
+	}
+	return dir, true, nil
 }
 
 // sortSkipLimitColl orders, skips and limits a result, strings ordered by

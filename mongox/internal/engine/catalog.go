@@ -43,6 +43,8 @@ type collection struct {
 	// name, v}) of a clustered collection, nil otherwise. Documents are
 	// always kept by _id here, so it only changes what the catalog reports.
 	clustered bson.D
+	// capped holds the limits of a capped collection, nil otherwise.
+	capped *cappedLimits
 	// ddlWaiting counts the catalog operations waiting for the
 	// transactions that use the collection; while one waits, no other
 	// transaction may start using it.
@@ -139,6 +141,11 @@ type CollectionInfo struct {
 	PrePostImages bool
 	// Clustered is the clusteredIndex option, nil when not clustered.
 	Clustered bson.D
+	// Capped reports a capped collection of at most CappedSize bytes and,
+	// when CappedMax > 0, CappedMax documents.
+	Capped     bool
+	CappedSize int64
+	CappedMax  int64
 }
 
 // DatabaseInfo describes a database for listDatabases.
@@ -308,17 +315,7 @@ func (e *Engine) ddl(ctx context.Context, nss []NS, fn func() error) error {
 
 // CreateCollection creates a collection; 48 NamespaceExists when it exists.
 func (e *Engine) CreateCollection(ctx context.Context, ns NS) error {
-	return e.ddl(ctx, nil, func() error {
-		if e.collLocked(ns) != nil {
-			return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
-		}
-		c, err := e.createLocked(ns)
-		if err != nil {
-			return err
-		}
-		e.appendOplog([]Entry{c.createEntry(c.createdTS)})
-		return nil
-	})
+	return e.CreateCollectionWith(ctx, ns, CollectionOptions{})
 }
 
 // createEntry is the oplog entry of the collection's creation.
@@ -446,7 +443,11 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 	}
 	out := make([]CollectionInfo, 0, len(d.colls))
 	for n, c := range d.colls {
-		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered})
+		info := CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered}
+		if c.capped != nil {
+			info.Capped, info.CappedSize, info.CappedMax = true, c.capped.size, c.capped.max
+		}
+		out = append(out, info)
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out

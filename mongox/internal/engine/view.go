@@ -205,26 +205,43 @@ func (v *View) docOf(c *chain) bson.D {
 // Find returns the matching documents of a collection in natural order
 // (nothing when the collection does not exist).
 func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
+	var out []bson.D
+	v.scan(ns, q, func(d bson.D, _ uint64) { out = append(out, d) })
+	return out, nil
+}
+
+// scan calls emit with the matching documents of a collection in natural
+// order, stopping at q.Limit.
+func (v *View) scan(ns NS, q Query, emit func(bson.D, uint64)) {
 	c := v.coll(ns)
 	if c == nil {
-		return nil, nil
+		return
 	}
-	var out []bson.D
-	emit := func(d bson.D) bool {
+	n := 0
+	take := func(d bson.D, rid uint64) bool {
 		if d == nil || (q.Match != nil && !q.Match(d)) {
 			return true
 		}
-		out = append(out, d)
-		return q.Limit <= 0 || len(out) < q.Limit
+		emit(d, rid)
+		n++
+		return q.Limit <= 0 || n < q.Limit
 	}
 	if cands, ok := v.candidates(c, q.Filter); ok {
 		for _, ch := range cands {
-			if !emit(v.docOf(ch)) {
+			d, rid, _ := v.stateOf(ch)
+			if !take(d, rid) {
 				break
 			}
 		}
-		return out, nil
+		return
 	}
+	v.live(c, func(d bson.D, rid uint64) bool { return take(d, rid) })
+}
+
+// live calls fn with the documents of c the view sees, in natural order
+// (committed records, then the view's own new records), until fn returns
+// false.
+func (v *View) live(c *collection, fn func(bson.D, uint64) bool) {
 	for _, o := range c.order {
 		if o.c.dead {
 			continue
@@ -233,8 +250,8 @@ func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
 		if d == nil || rid != o.rid || newRec {
 			continue
 		}
-		if !emit(d) {
-			return out, nil
+		if !fn(d, rid) {
+			return
 		}
 	}
 	if v.t != nil {
@@ -243,13 +260,12 @@ func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
 				continue
 			}
 			if p := v.t.writes[ch]; p != nil && p.newRec && p.doc != nil {
-				if !emit(p.doc) {
-					return out, nil
+				if !fn(p.doc, p.rid) {
+					return
 				}
 			}
 		}
 	}
-	return out, nil
 }
 
 // stateOf returns the document, record id and pending-new-record flag of

@@ -61,6 +61,9 @@ func (v *View) writable(ns NS) (*collection, error) {
 		if c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
 			return nil, v.snapshotUnavailable(ns)
 		}
+		if c.capped != nil {
+			return nil, errCappedInTxn(ns)
+		}
 		return c, nil
 	}
 	if v.failed != nil {
@@ -220,6 +223,9 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		return &Error{Code: 53, Name: "InvalidIdField", Msg: "can't use a regex for _id"}
 	}
 	doc = idFirst(doc)
+	if err := checkCappedInsert(c, doc); err != nil {
+		return err
+	}
 	key := bsonkit.Key(id)
 	ch := c.chains[key]
 	if ch != nil {
@@ -241,9 +247,9 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		}
 		return err
 	}
-	v.record(ch, doc, true)
+	p := v.record(ch, doc, true)
 	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
-	return nil
+	return v.trimCapped(c, p.rid)
 }
 
 // fillEmptyTimestamps gives the top-level fields of doc (other than _id)
@@ -326,6 +332,10 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	}
 	if !v.t.auto && c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
 		return false, v.snapshotUnavailable(ns)
+	}
+	if !v.t.auto && c.capped != nil {
+		return false, &Error{Code: CodeIllegalOperation, Name: "IllegalOperation",
+			Msg: "Cannot remove from a capped collection in a multi-document transaction: " + ns.String()}
 	}
 	if err := v.claim(ch); err != nil {
 		return false, err
