@@ -18,7 +18,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, AggregateStages,
 // Indexes, IndexRules, Transactions, TransactionRules, CatalogRaces,
 // Sessions, SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
-// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics, Capped, StableAPI). Cases run in parallel.
+// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics, Capped, Tailable, StableAPI). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -48,6 +48,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Limits", limitCases},
 		{"Diagnostics", diagnosticsCases},
 		{"Capped", cappedCases},
+		{"Tailable", tailableCases},
 		{"StableAPI", stableAPICases},
 	}
 	for _, g := range groups {

@@ -43,6 +43,7 @@ type cursor struct {
 	txnNumber *int64
 	lastUse   time.Time
 	stream    *changeStream
+	tail      *tailState // set on a tailable cursor
 	busy      bool
 }
 
@@ -160,7 +161,7 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []string{"tailable", "returnKey", "showRecordId", "exhaust"} {
+	for _, f := range []string{"returnKey", "showRecordId", "exhaust"} {
 		if b, _ := r.boolArg(f, false); b {
 			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
 		}
@@ -212,6 +213,10 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
+	tailable, await, err := tailableArgs(r, sortSpec, single)
+	if err != nil {
+		return nil, err
+	}
 	if isOplogNS(ns) {
 		return findOplog(r, tc, ns, filter, sortSpec, projSpec, skip, limit, batchSize, hasBatch, single)
 	}
@@ -222,6 +227,9 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	proj, err := compileProjection(r, projSpec, filter)
 	if err != nil {
 		return nil, err
+	}
+	if tailable {
+		return findTailable(r, tc, ns, q.Match, proj, batchSize, hasBatch, skip, limit, await)
 	}
 	natural, isNatural, err := naturalSort(sortSpec)
 	if err != nil {
@@ -362,9 +370,17 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 		}
 		return cursorReply(id, c.ns, "nextBatch", out.batch, bson.E{Key: "postBatchResumeToken", Value: out.pbrt}), nil
 	}
+	if c.tail != nil && len(c.docs) == 0 {
+		if err := c.tailMore(r, tc); err != nil {
+			d.mu.Lock()
+			delete(d.cursors, id)
+			d.mu.Unlock()
+			return nil, err
+		}
+	}
 	batch := c.takeBatch(batchSize)
 	outID := id
-	if len(c.docs) == 0 {
+	if len(c.docs) == 0 && (c.tail == nil || c.tail.limited && c.limit == 0) {
 		d.mu.Lock()
 		delete(d.cursors, id)
 		d.mu.Unlock()
