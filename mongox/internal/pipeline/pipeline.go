@@ -125,6 +125,13 @@ func Compile(stages bson.A, env Env) (*Pipeline, error) {
 	return p, nil
 }
 
+// KnownStage reports whether MongoDB has an aggregation stage of that name
+// (whether or not this server runs it).
+func KnownStage(name string) bool {
+	_, ok := stageParsers[name]
+	return ok || unsupportedStages[name] || name == "$changeStream"
+}
+
 // Stages returns the stage names in order.
 func (p *Pipeline) Stages() []string { return append([]string(nil), p.names...) }
 
