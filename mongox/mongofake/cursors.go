@@ -161,10 +161,12 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []string{"returnKey", "showRecordId", "exhaust"} {
-		if b, _ := r.boolArg(f, false); b {
-			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
-		}
+	if b, _ := r.boolArg("exhaust", false); b {
+		return nil, errorf(238, "NotImplemented", "mongofake: find option 'exhaust' is not supported")
+	}
+	keys, err := keyArgs(r)
+	if err != nil {
+		return nil, err
 	}
 	for _, f := range []string{"min", "max"} {
 		if v, ok := r.get(f); ok && v != nil {
@@ -246,6 +248,10 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	}
 	var docs []bson.D
 	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
+		if keys.showRecordID {
+			docs = keys.records(v.FindRecords(ns, q))
+			return nil
+		}
 		var err error
 		docs, err = v.Find(ns, q)
 		return err
@@ -256,7 +262,15 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if natural == -1 {
 		slices.Reverse(docs)
 	}
+	if keys.returnKey {
+		if err := keys.choose(r, ns, docs, filter, sortSpec); err != nil {
+			return nil, err
+		}
+	}
 	docs = sortSkipLimitColl(docs, srt, skip, limit, coll)
+	if keys.any() {
+		docs, proj = keys.render(docs, proj), nil
+	}
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
 }
 

@@ -210,6 +210,20 @@ func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
 	return out, nil
 }
 
+// Record is a document with its record id: its position in the
+// collection's natural (insertion) order, as mongod's RecordId.
+type Record struct {
+	Doc bson.D
+	RID int64
+}
+
+// FindRecords is Find with the record id of each document.
+func (v *View) FindRecords(ns NS, q Query) []Record {
+	var out []Record
+	v.scan(ns, q, func(d bson.D, rid uint64) { out = append(out, Record{Doc: d, RID: int64(rid)}) })
+	return out
+}
+
 // scan calls emit with the matching documents of a collection in natural
 // order, stopping at q.Limit.
 func (v *View) scan(ns NS, q Query, emit func(bson.D, uint64)) {
