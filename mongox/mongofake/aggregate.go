@@ -65,8 +65,8 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	for i, st := range stages {
-		if d, ok := st.(bson.D); ok && len(d) == 1 && d[0].Key == "$changeStream" && i > 0 {
-			return nil, errorf(40602, "Location40602", "$changeStream is only valid as the first stage in a pipeline.")
+		if name := stageName(st); (name == "$changeStream" || name == "$collStats") && i > 0 {
+			return nil, errorf(40602, "Location40602", name+" is only valid as the first stage in a pipeline.")
 		}
 	}
 	stages, writeStage, err := splitWriteStage(stages)
@@ -101,6 +101,21 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	ns := engine.NS{DB: r.db, Coll: collName}
+	if len(stages) > 0 && stageName(stages[0]) == "$collStats" {
+		src, err := collStatsSource(r, tc, ns, stages[0].(bson.D)[0].Value)
+		if err != nil {
+			return nil, err
+		}
+		p, err := pipeline.Compile(stages[1:], pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
+		if err != nil {
+			return nil, err
+		}
+		out, err := p.Run(src)
+		if err != nil {
+			return nil, err
+		}
+		return aggregateResult(r, tc, ns, out, writeStage, batchSize, hasBatch)
+	}
 	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
 	if err != nil {
 		return nil, err

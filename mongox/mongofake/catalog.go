@@ -453,31 +453,6 @@ func cmdDBStats(r *request, _ *txnCtx) (bson.D, error) {
 	}, nil
 }
 
-func cmdCollStats(r *request, _ *txnCtx) (bson.D, error) {
-	ns, err := r.ns()
-	if err != nil {
-		return nil, err
-	}
-	n, s, ni, ok := r.srv.engine.CollectionStats(ns)
-	if !ok {
-		return nil, errorf(26, "NamespaceNotFound", "Collection ["+ns.String()+"] not found.")
-	}
-	avg := int64(0)
-	if n > 0 {
-		avg = s / n
-	}
-	return bson.D{
-		{Key: "ns", Value: ns.String()},
-		{Key: "size", Value: s},
-		{Key: "count", Value: n},
-		{Key: "avgObjSize", Value: avg},
-		{Key: "storageSize", Value: s},
-		{Key: "nindexes", Value: int32(ni)},
-		{Key: "totalIndexSize", Value: int64(0)},
-		{Key: "capped", Value: false},
-	}, nil
-}
-
 // keep bsonkit imported for helpers used by several files.
 var _ = bsonkit.Equal
 
