@@ -1,6 +1,7 @@
 package mongofake
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
 	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
@@ -63,12 +65,11 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	fp := s.fp.match(r.name, c.appName)
 	if fp != nil {
 		if fp.block > 0 {
-			t := time.NewTimer(fp.block)
-			select {
-			case <-t.C:
-			case <-r.ctx.Done():
-				t.Stop()
-				return nil, true
+			if err := blockFor(r, fp.block); err != nil {
+				if errors.Is(err, context.Canceled) {
+					return nil, true
+				}
+				return s.errorReply(r, err, nil), false
 			}
 		}
 		if fp.closeConnection {
@@ -438,4 +439,27 @@ func unsatisfiableWriteConcern(r *request) bson.D {
 			{Key: "errmsg", Value: "Not enough data-bearing nodes"}}
 	}
 	return nil
+}
+
+// blockFor waits out a fail point's blockTimeMS. The wait counts against
+// the command's maxTimeMS, as mongod's interruptible sleep does: when the
+// time limit comes first the command fails with MaxTimeMSExpired (50) and
+// never runs. It returns context.Canceled when the connection ends.
+func blockFor(r *request, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var expire <-chan time.Time
+	if ms, ok, _ := r.intArg("maxTimeMS"); ok && ms > 0 && time.Duration(ms)*time.Millisecond < d {
+		limit := time.NewTimer(time.Duration(ms) * time.Millisecond)
+		defer limit.Stop()
+		expire = limit.C
+	}
+	select {
+	case <-t.C:
+		return nil
+	case <-expire:
+		return errorf(engine.CodeMaxTimeMSExpired, "MaxTimeMSExpired", "operation exceeded time limit")
+	case <-r.ctx.Done():
+		return context.Canceled
+	}
 }

@@ -303,3 +303,27 @@ func TestFailPointMatchesHandshakeByAppName(t *testing.T) {
 	_, err := runCmd(t, client.Database("admin"), bson.D{{Key: "configureFailPoint", Value: "failCommand"}, {Key: "mode", Value: "off"}})
 	require.NoError(t, err)
 }
+
+// A blocked command's maxTimeMS runs during the fail point's block, as in
+// mongod (whose wait is interruptible): when it expires first the command
+// fails with MaxTimeMSExpired and never runs, so a client that gave up
+// does not see its write happen later (CSOT spec tests rely on it).
+func TestFailPointBlockCountsAgainstMaxTimeMS(t *testing.T) {
+	t.Parallel()
+	_, client := setup(t)
+	db := client.Database("test")
+	configure(t, client, bson.D{{Key: "times", Value: 1}}, bson.D{
+		{Key: "failCommands", Value: bson.A{"insert"}},
+		{Key: "blockConnection", Value: true},
+		{Key: "blockTimeMS", Value: 2000},
+	})
+	_, err := runCmd(t, db, bson.D{
+		{Key: "insert", Value: "c"},
+		{Key: "documents", Value: bson.A{bson.D{{Key: "_id", Value: 1}}}},
+		{Key: "maxTimeMS", Value: 20},
+	})
+	requireCode(t, err, 50)
+	n, err := db.Collection("c").CountDocuments(testCtx(t), bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "the insert never ran")
+}
