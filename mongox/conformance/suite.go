@@ -18,7 +18,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, AggregateStages,
 // Indexes, IndexRules, Transactions, TransactionRules, CatalogRaces,
 // Sessions, SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
-// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics, Capped, Tailable, StableAPI, CollStats). Cases run in parallel.
+// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics, Capped, Tailable, StableAPI, CollStats, Explain). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -51,6 +51,7 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Tailable", tailableCases},
 		{"StableAPI", stableAPICases},
 		{"CollStats", collStatsCases},
+		{"Explain", explainCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) { g.run(t, env) })

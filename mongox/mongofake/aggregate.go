@@ -32,7 +32,14 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	if explain, _ := r.boolArg("explain", false); explain {
-		return nil, errorf(238, "NotImplemented", "mongofake: aggregate explain is not supported")
+		coll, _ := r.cmd[0].Value.(string)
+		inner := bson.D{}
+		for _, e := range r.cmd {
+			if !genericFields[e.Key] {
+				inner = append(inner, e)
+			}
+		}
+		return explainAggregate(r, tc, coll, stages, "queryPlanner", inner)
 	}
 	collV, _ := r.get("collation")
 	coll, err := collationArg(collV)

@@ -57,12 +57,6 @@ func (k *findKeys) records(recs []engine.Record) []bson.D {
 // choose finds the plan MongoDB's planner would choose for the query over
 // the matching documents, and the index key of each document under it.
 func (k *findKeys) choose(r *request, ns engine.NS, docs []bson.D, filter, sortSpec bson.D) error {
-	specs, _ := r.srv.engine.ListIndexes(ns)
-	indexes := make([]plan.Index, 0, len(specs))
-	for _, s := range specs {
-		indexes = append(indexes, plan.Index{Name: s.Name, Key: s.Key, Unique: s.Unique, Sparse: s.Sparse,
-			PartialFilter: s.PartialFilter, Special: specialIndexType(s.Key)})
-	}
 	hint, _ := r.get("hint")
 	if s, ok := hint.(string); ok && s == "" {
 		hint = nil
@@ -70,7 +64,7 @@ func (k *findKeys) choose(r *request, ns engine.NS, docs []bson.D, filter, sortS
 	if d, ok := hint.(bson.D); ok && len(d) == 0 {
 		hint = nil
 	}
-	p, _, err := plan.Choose(indexes, docs, plan.Query{Filter: filter, Sort: sortSpec, Hint: hint})
+	p, _, err := plan.Choose(planIndexes(r, ns), docs, plan.Query{Filter: filter, Sort: sortSpec, Hint: hint})
 	if err != nil {
 		return err
 	}
