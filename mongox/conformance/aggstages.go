@@ -25,7 +25,28 @@ func aggregateStageCases(t *testing.T, env EnvFunc) {
 		{"DocumentsAndLocalSessions", testDBLevelAggregate},
 		{"SearchIndexesNeedAtlas", testSearchIndexes},
 		{"ClusteredCollection", testClusteredCollection},
+		{"BucketAndBucketAuto", testBuckets},
 	})
+}
+
+// testBuckets: $bucket groups by boundary intervals [b[i], b[i+1]) in
+// boundary order with the default bucket last; $bucketAuto cuts the sorted
+// values into about equal buckets {min, max}, max being the next bucket's
+// min and the last bucket's maximum.
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/bucket/
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/bucketAuto/
+func testBuckets(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"p":10},{"_id":2,"p":25},{"_id":3,"p":5},{"_id":4,"p":40},{"_id":5,"p":200},{"_id":6}]`)
+	cur, err := coll.Aggregate(ctx, Ds(`[{"$sort":{"_id":1}},
+		{"$bucket":{"groupBy":"$p","boundaries":[0,20,50],"default":"other","output":{"n":{"$sum":1},"ids":{"$push":"$_id"}}}}]`))
+	requireDocs(t, `[{"_id":0,"n":2,"ids":[1,3]},{"_id":20,"n":2,"ids":[2,4]},{"_id":"other","n":2,"ids":[5,6]}]`, all(t, ctx, cur, err))
+	_, err = coll.Aggregate(ctx, Ds(`[{"$bucket":{"groupBy":"$p","boundaries":[0,20]}}]`))
+	requireCode(t, err, 40066, "a value outside the boundaries and no default")
+
+	cur, err = coll.Aggregate(ctx, Ds(`[{"$match":{"p":{"$exists":true}}},{"$bucketAuto":{"groupBy":"$p","buckets":2}}]`))
+	requireDocs(t, `[{"_id":{"min":5,"max":40},"count":3},{"_id":{"min":40,"max":200},"count":2}]`, all(t, ctx, cur, err))
 }
 
 func testLookupEquality(t *testing.T, env EnvFunc) {

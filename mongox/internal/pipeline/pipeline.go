@@ -33,7 +33,7 @@ var stageParsers map[string]stageParser
 var unsupportedStages = map[string]bool{
 	"$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
 	"$search": true, "$searchMeta": true, "$vectorSearch": true, "$unionWith": true,
-	"$bucket": true, "$bucketAuto": true, "$sample": true, "$densify": true, "$fill": true,
+	"$sample": true, "$densify": true, "$fill": true,
 	"$setWindowFields": true, "$documents": true, "$listLocalSessions": true,
 	"$planCacheStats": true, "$collStats": true, "$indexStats": true, "$currentOp": true,
 	"$listSessions": true, "$listSearchIndexes": true, "$changeStreamSplitLargeEvent": true,
@@ -65,6 +65,8 @@ func init() {
 		"$facet":       parseFacet,
 		"$redact":      parseRedact,
 		"$lookup":      parseLookup,
+		"$bucket":      parseBucket,
+		"$bucketAuto":  parseBucketAuto,
 	}
 	query.SetExprCompiler(compileExprPredicate)
 }
