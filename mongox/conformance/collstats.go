@@ -16,6 +16,7 @@ func collStatsCases(t *testing.T, env EnvFunc) {
 	runCases(t, env, []tcase{
 		{"CollStatsStage", testCollStatsStage},
 		{"CollStatsCommand", testCollStatsCommand},
+		{"Validate", testValidate},
 	})
 }
 
@@ -69,4 +70,25 @@ func testCollStatsCommand(t *testing.T, env EnvFunc) {
 	require.Equal(t, "1", num(raw.Lookup("nindexes")), "%s", raw)
 	n, ok := raw.Lookup("indexSizes", "_id_").AsInt64OK()
 	require.True(t, ok && n > 0, "%s", raw)
+}
+
+// testValidate: validate reports a valid collection, its records and the
+// keys of each index (an array holds one key per element, a missing field
+// the null key).
+// https://www.mongodb.com/docs/v7.0/reference/command/validate/
+func testValidate(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"a":1},{"_id":2,"a":[1,2]},{"_id":3}]`)
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"a":1}`)})
+	require.NoError(t, err)
+	raw, err := db.RunCommand(ctx, D(`{"validate":"c"}`)).Raw()
+	require.NoError(t, err)
+	require.True(t, raw.Lookup("valid").Boolean(), "%s", raw)
+	require.Equal(t, "3", num(raw.Lookup("nrecords")), "%s", raw)
+	require.Equal(t, "2", num(raw.Lookup("nIndexes")), "%s", raw)
+	require.Equal(t, "3", num(raw.Lookup("keysPerIndex", "_id_")), "%s", raw)
+	require.Equal(t, "4", num(raw.Lookup("keysPerIndex", "a_1")), "%s", raw)
+	err = db.RunCommand(ctx, D(`{"validate":"missing"}`)).Err()
+	requireCode(t, err, 26)
 }
