@@ -40,6 +40,8 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	if err := r.lift(legacyDB); err != nil {
 		return s.errorReply(r, err, nil), false
 	}
+	c.op.Store(&runningOp{opid: s.nextOpID.Add(1), name: r.name, db: r.db, cmd: body, started: time.Now()})
+	defer c.op.Store(nil)
 	spec := commands[r.name]
 	if spec == nil || (spec.testOnly && !s.cfg.testCommands) {
 		return s.errorReply(r, errorf(59, "CommandNotFound", "no such command: '"+r.name+"'"), nil), false

@@ -89,6 +89,7 @@ func (c *conn) noteClientMetadata(name string, body bson.D) {
 		return
 	}
 	c.gotMetadata = true
+	c.metadata.Store(&client)
 	if app, ok := lookupD(client, "application").(bson.D); ok {
 		if name, ok := lookupD(app, "name").(string); ok {
 			c.appName = name
