@@ -110,7 +110,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 		err := r.srv.engine.Write(r.ctx, tc.txn, func(v *engine.View) error {
 			if v.Exists(ns) {
-				return &engine.Error{Code: engine.CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
+				return &engine.Error{Code: engine.CodeNamespaceExists, CodeName: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
 			}
 			_, err := v.EnsureCollection(ns)
 			return err

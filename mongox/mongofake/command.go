@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
 // request is one decoded command, as the dispatcher hands it to a handler.
@@ -89,18 +91,8 @@ func register(specs ...commandSpec) {
 	}
 }
 
-// cmdError is a command error reply.
-type cmdError struct {
-	Code     int32
-	CodeName string
-	Msg      string
-	Labels   []string
-	// Extra fields added to the reply (for example keyPattern and keyValue
-	// of a duplicate key error).
-	Extra bson.D
-}
-
-func (e *cmdError) Error() string { return e.CodeName + ": " + e.Msg }
+// cmdError is a command error reply: the server's one error type.
+type cmdError = mongoerr.Error
 
 // errorf builds a cmdError for a well-known code.
 func errorf(code int32, codeName, msg string, labels ...string) *cmdError {

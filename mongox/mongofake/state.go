@@ -480,17 +480,6 @@ func convertErr(err error) error {
 	if errors.As(err, &ce) {
 		return ce
 	}
-	if ee, ok := engine.AsError(err); ok {
-		c := &cmdError{Code: ee.Code, CodeName: ee.Name, Msg: ee.Msg, Labels: ee.Labels}
-		if ee.KeyPattern != nil {
-			c.Extra = bson.D{{Key: "keyPattern", Value: ee.KeyPattern}, {Key: "keyValue", Value: ee.KeyValue}}
-		}
-		return c
-	}
-	var me *mongoerr.Error
-	if errors.As(err, &me) {
-		return &cmdError{Code: me.Code, CodeName: me.CodeName, Msg: me.Msg}
-	}
 	return err
 }
 

@@ -31,7 +31,7 @@ const minCappedSize = 4096
 func (e *Engine) CreateCollectionWith(ctx context.Context, ns NS, opts CollectionOptions) error {
 	return e.ddl(ctx, nil, func() error {
 		if e.collLocked(ns) != nil {
-			return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
+			return &Error{Code: CodeNamespaceExists, CodeName: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
 		}
 		c, err := newCollection(ns)
 		if err != nil {
@@ -60,14 +60,14 @@ func (l *cappedLimits) cap() int64 { return max(l.size, minCappedSize) }
 // errCappedInTxn is mongod's refusal of a write to a capped collection in
 // a multi-document transaction.
 func errCappedInTxn(ns NS) *Error {
-	return &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
+	return &Error{Code: 263, CodeName: "OperationNotSupportedInTransaction",
 		Msg: fmt.Sprintf("Collection '%s' is a capped collection. Writes in transactions are not allowed on capped collections.", ns)}
 }
 
 // checkCappedInsert refuses a document larger than the collection's cap.
 func checkCappedInsert(c *collection, doc bson.D) error {
 	if c.capped != nil && int64(bsonkit.Size(doc)) > c.capped.cap() {
-		return &Error{Code: CodeBadValue, Name: "BadValue", Msg: "object to insert exceeds cappedMaxSize"}
+		return &Error{Code: CodeBadValue, CodeName: "BadValue", Msg: "object to insert exceeds cappedMaxSize"}
 	}
 	return nil
 }

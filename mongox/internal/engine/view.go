@@ -44,7 +44,7 @@ func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error
 		// transaction, as any failed statement does.
 		err = v.failed
 		if t.state == TxnActive {
-			e.abortLocked(t, err.Error())
+			e.abortLocked(t, abortReason(err))
 		}
 	}
 	return err
@@ -58,7 +58,7 @@ func (e *Engine) useTxnLocked(t *Txn) error {
 		return errNoSuchTxn(t)
 	}
 	if t.state == TxnCommitted {
-		return &Error{Code: CodeTransactionCommitted, Name: "TransactionCommitted", Msg: "Transaction has been committed"}
+		return &Error{Code: CodeTransactionCommitted, CodeName: "TransactionCommitted", Msg: "Transaction has been committed"}
 	}
 	if e.expiredLocked(t) {
 		return errNoSuchTxn(t)
@@ -90,8 +90,7 @@ func (e *Engine) Write(ctx context.Context, t *Txn, fn func(v *View) error) erro
 			err = v.failed
 		}
 		if err != nil && t.state == TxnActive {
-			reason := err.Error()
-			e.abortLocked(t, reason)
+			e.abortLocked(t, abortReason(err))
 		}
 		return err
 	}
