@@ -91,11 +91,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := pipeline.Compile(stages[1:], pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
-		if err != nil {
-			return nil, err
-		}
-		out, err := p.Run(src)
+		out, err := runAfterSource(r, tc, src, stages[1:])
 		if err != nil {
 			return nil, err
 		}
@@ -113,11 +109,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := pipeline.Compile(stages[1:], pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
-		if err != nil {
-			return nil, err
-		}
-		out, err := p.Run(src)
+		out, err := runAfterSource(r, tc, src, stages[1:])
 		if err != nil {
 			return nil, err
 		}
@@ -162,6 +154,16 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	return aggregateResult(r, tc, ns, out, writeStage, batchSize, hasBatch)
+}
+
+// runAfterSource runs the stages that follow a source stage the server
+// answers itself ($documents, $collStats, $currentOp...) over its documents.
+func runAfterSource(r *request, tc *txnCtx, src []bson.D, stages bson.A) ([]bson.D, error) {
+	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
+	if err != nil {
+		return nil, err
+	}
+	return p.Run(src)
 }
 
 // splitCollatedMatch takes the leading $match stages of a pipeline run with

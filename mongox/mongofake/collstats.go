@@ -21,23 +21,12 @@ import (
 // storageStats returns the storageStats document of a collection, sizes
 // divided by scale; ok is false when the collection does not exist.
 func storageStats(r *request, tc *txnCtx, ns engine.NS, scale int64) (bson.D, bool, error) {
-	var info *engine.CollectionInfo
-	for _, c := range r.srv.engine.ListCollections(ns.DB) {
-		if c.Name == ns.Coll {
-			info = &c
-			break
-		}
-	}
+	info := collectionInfo(r, ns)
 	if info == nil {
 		return nil, false, nil
 	}
 	specs, _ := r.srv.engine.ListIndexes(ns)
-	var docs []bson.D
-	err := r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
-		var err error
-		docs, err = v.Find(ns, engine.Query{})
-		return err
-	})
+	docs, err := allDocs(r, tc, ns)
 	if err != nil {
 		return nil, false, err
 	}
@@ -83,6 +72,29 @@ func storageStats(r *request, tc *txnCtx, ns engine.NS, scale int64) (bson.D, bo
 	return out, true, nil
 }
 
+// collectionInfo returns the catalog entry of a collection, nil when it
+// does not exist.
+func collectionInfo(r *request, ns engine.NS) *engine.CollectionInfo {
+	for _, c := range r.srv.engine.ListCollections(ns.DB) {
+		if c.Name == ns.Coll {
+			return &c
+		}
+	}
+	return nil
+}
+
+// allDocs returns the documents of a collection the command sees, in
+// natural order.
+func allDocs(r *request, tc *txnCtx, ns engine.NS) ([]bson.D, error) {
+	var docs []bson.D
+	err := r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
+		var err error
+		docs, err = v.Find(ns, engine.Query{})
+		return err
+	})
+	return docs, err
+}
+
 // indexKeySize is the BSON size of a document's key in an index with the
 // key pattern (one key per field; the first element stands for an array).
 func indexKeySize(d bson.D, pattern bson.D) int64 {
@@ -118,7 +130,18 @@ func cmdCollStats(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	scaleV, _ := r.get("scale")
-	scale, err := scaleArg(scaleV, "scale")
+	st, err := scaledStorageStats(r, tc, ns, scaleV, "scale", "Collection ["+ns.String()+"] not found.")
+	if err != nil {
+		return nil, err
+	}
+	return append(bson.D{{Key: "ns", Value: ns.String()}}, st...), nil
+}
+
+// scaledStorageStats reads a scale option and returns the storage
+// statistics; a missing collection fails with 26 NamespaceNotFound and the
+// message notFound.
+func scaledStorageStats(r *request, tc *txnCtx, ns engine.NS, scaleV any, scaleField, notFound string) (bson.D, error) {
+	scale, err := scaleArg(scaleV, scaleField)
 	if err != nil {
 		return nil, err
 	}
@@ -127,9 +150,9 @@ func cmdCollStats(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, errorf(26, "NamespaceNotFound", "Collection ["+ns.String()+"] not found.")
+		return nil, errorf(26, "NamespaceNotFound", notFound)
 	}
-	return append(bson.D{{Key: "ns", Value: ns.String()}}, st...), nil
+	return st, nil
 }
 
 // collStatsSource is the document a leading $collStats stage produces.
@@ -157,25 +180,17 @@ func collStatsSource(r *request, tc *txnCtx, ns engine.NS, spec any) ([]bson.D, 
 			}})
 		case "storageStats":
 			scaleV, _ := bsonkit.Get(sub, "scale")
-			scale, err := scaleArg(scaleV, "$collStats.storageStats.scale")
+			st, err := scaledStorageStats(r, tc, ns, scaleV, "$collStats.storageStats.scale",
+				"Unable to retrieve storageStats in $collStats stage :: caused by :: Collection ["+ns.String()+"] not found.")
 			if err != nil {
 				return nil, err
-			}
-			st, ok, err := storageStats(r, tc, ns, scale)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				return nil, errorf(26, "NamespaceNotFound", "Unable to retrieve storageStats in $collStats stage :: caused by :: Collection ["+ns.String()+"] not found.")
 			}
 			out = append(out, bson.E{Key: "storageStats", Value: st})
 		case "count":
-			st, ok, err := storageStats(r, tc, ns, 1)
+			st, err := scaledStorageStats(r, tc, ns, nil, "",
+				"Unable to retrieve count in $collStats stage :: caused by :: Collection ["+ns.String()+"] not found.")
 			if err != nil {
 				return nil, err
-			}
-			if !ok {
-				return nil, errorf(26, "NamespaceNotFound", "Unable to retrieve count in $collStats stage :: caused by :: Collection ["+ns.String()+"] not found.")
 			}
 			n, _ := bsonkit.Get(st, "count")
 			out = append(out, bson.E{Key: "count", Value: n})

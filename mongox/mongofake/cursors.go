@@ -129,11 +129,9 @@ func toInt(v any) (int64, bool) {
 	return 0, false
 }
 
-// firstBatch sends the first batch of a query result and keeps a cursor
-// for the rest.
-func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj func(bson.D) bson.D,
-	batchSize int, hasBatch bool, limit int, single bool) bson.D {
-	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
+// takeFirstBatch takes a query's first batch: batchSize documents when
+// given (none for 0), defaultFirstBatch otherwise.
+func (c *cursor) takeFirstBatch(batchSize int, hasBatch bool) bson.A {
 	n := defaultFirstBatch
 	if hasBatch {
 		n = batchSize
@@ -142,6 +140,15 @@ func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson
 	if hasBatch && batchSize == 0 {
 		batch = bson.A{}
 	}
+	return batch
+}
+
+// firstBatch sends the first batch of a query result and keeps a cursor
+// for the rest.
+func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj func(bson.D) bson.D,
+	batchSize int, hasBatch bool, limit int, single bool) bson.D {
+	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
+	batch := c.takeFirstBatch(batchSize, hasBatch)
 	var id int64
 	if len(c.docs) > 0 && !single {
 		c.setOwner(r, tc)

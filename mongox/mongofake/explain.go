@@ -124,12 +124,7 @@ func explainQuery(r *request, tc *txnCtx, ns engine.NS, q plan.Query, proj bson.
 		return nil, err
 	}
 	q.Match = m.Match
-	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
-		var err error
-		docs, err = v.Find(ns, engine.Query{})
-		return err
-	})
+	docs, err := allDocs(r, tc, ns)
 	if err != nil {
 		return nil, err
 	}

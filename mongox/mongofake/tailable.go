@@ -87,14 +87,7 @@ func findTailable(r *request, tc *txnCtx, ns engine.NS, match func(bson.D) bool,
 	}
 	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: int(limit),
 		tail: &tailState{ns: ns, last: last, match: match, await: await, limited: limit > 0}}
-	n := defaultFirstBatch
-	if hasBatch {
-		n = batchSize
-	}
-	batch := c.takeBatch(n)
-	if hasBatch && batchSize == 0 {
-		batch = bson.A{}
-	}
+	batch := c.takeFirstBatch(batchSize, hasBatch)
 	var id int64
 	if !empty && !(limit > 0 && c.limit == 0) {
 		c.setOwner(r, tc)

@@ -26,22 +26,11 @@ func cmdValidate(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	var info *engine.CollectionInfo
-	for _, c := range r.srv.engine.ListCollections(ns.DB) {
-		if c.Name == ns.Coll {
-			info = &c
-			break
-		}
-	}
+	info := collectionInfo(r, ns)
 	if info == nil {
 		return nil, errorf(26, "NamespaceNotFound", "Collection '"+ns.String()+"' does not exist to validate.")
 	}
-	var docs []bson.D
-	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
-		var err error
-		docs, err = v.Find(ns, engine.Query{})
-		return err
-	})
+	docs, err := allDocs(r, tc, ns)
 	if err != nil {
 		return nil, err
 	}
