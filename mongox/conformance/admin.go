@@ -400,6 +400,14 @@ func testUnsupported(t *testing.T, env EnvFunc) {
 			_, err := coll.Aggregate(ctx, Ds(`[{"$geoNear":{"near":[0,0],"distanceField":"d"}}]`))
 			return err
 		}},
+		{"text indexes", func() error {
+			_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"s":"text"}`)})
+			return err
+		}},
+		{"$text", func() error {
+			_, err := coll.Find(ctx, D(`{"$text":{"$search":"x"}}`))
+			return err
+		}},
 		{"mapReduce", func() error {
 			return db.RunCommand(ctx, D(`{"mapReduce":"c","map":"function(){}","reduce":"function(){}","out":{"inline":1}}`)).Err()
 		}},

@@ -25,7 +25,29 @@ func aggregateStageCases(t *testing.T, env EnvFunc) {
 		{"DocumentsAndLocalSessions", testDBLevelAggregate},
 		{"SearchIndexesNeedAtlas", testSearchIndexes},
 		{"ClusteredCollection", testClusteredCollection},
+		{"BucketAndBucketAuto", testBuckets},
+		{"SetWindowFields", testSetWindowFields},
 	})
+}
+
+// testBuckets: $bucket groups by boundary intervals [b[i], b[i+1]) in
+// boundary order with the default bucket last; $bucketAuto cuts the sorted
+// values into about equal buckets {min, max}, max being the next bucket's
+// min and the last bucket's maximum.
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/bucket/
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/bucketAuto/
+func testBuckets(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"p":10},{"_id":2,"p":25},{"_id":3,"p":5},{"_id":4,"p":40},{"_id":5,"p":200},{"_id":6}]`)
+	cur, err := coll.Aggregate(ctx, Ds(`[{"$sort":{"_id":1}},
+		{"$bucket":{"groupBy":"$p","boundaries":[0,20,50],"default":"other","output":{"n":{"$sum":1},"ids":{"$push":"$_id"}}}}]`))
+	requireDocs(t, `[{"_id":0,"n":2,"ids":[1,3]},{"_id":20,"n":2,"ids":[2,4]},{"_id":"other","n":2,"ids":[5,6]}]`, all(t, ctx, cur, err))
+	_, err = coll.Aggregate(ctx, Ds(`[{"$bucket":{"groupBy":"$p","boundaries":[0,20]}}]`))
+	requireCode(t, err, 40066, "a value outside the boundaries and no default")
+
+	cur, err = coll.Aggregate(ctx, Ds(`[{"$match":{"p":{"$exists":true}}},{"$bucketAuto":{"groupBy":"$p","buckets":2}}]`))
+	requireDocs(t, `[{"_id":{"min":5,"max":40},"count":3},{"_id":{"min":40,"max":200},"count":2}]`, all(t, ctx, cur, err))
 }
 
 func testLookupEquality(t *testing.T, env EnvFunc) {
@@ -192,4 +214,32 @@ func testClusteredCollection(t *testing.T, env EnvFunc) {
 	require.Equal(t, idList(1, 2), ids(t, ctx, db.Collection("cl"), bson.D{}))
 	err = db.CreateCollection(ctx, "bad", options.CreateCollection().SetClusteredIndex(D(`{"key":{"x":1},"unique":true}`)))
 	require.Error(t, err, "only _id may cluster a collection")
+}
+
+// testSetWindowFields: window functions per partition in sortBy order:
+// a running total over documents, a range window on the sort value, rank
+// and $shift.
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/setWindowFields/
+func testSetWindowFields(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"g":"a","t":1,"v":10},{"_id":2,"g":"b","t":1,"v":5},{"_id":3,"g":"a","t":2,"v":20},
+		{"_id":4,"g":"a","t":2,"v":30},{"_id":5,"g":"a","t":5,"v":40},{"_id":6,"g":"b","t":3,"v":7}]`)
+	cur, err := coll.Aggregate(ctx, Ds(`[
+		{"$setWindowFields":{"partitionBy":"$g","sortBy":{"t":1,"_id":1},"output":{
+			"run":{"$sum":"$v","window":{"documents":["unbounded","current"]}},
+			"n":{"$documentNumber":{}},
+			"prev":{"$shift":{"output":"$_id","by":-1,"default":0}}}}},
+		{"$setWindowFields":{"partitionBy":"$g","sortBy":{"t":1},"output":{
+			"near":{"$sum":"$v","window":{"range":[-1,0]}},
+			"r":{"$rank":{}}}}},
+		{"$project":{"g":0,"t":0,"v":0}},
+		{"$sort":{"_id":1}}]`))
+	requireDocs(t, `[
+		{"_id":1,"run":10,"n":1,"prev":0,"near":10,"r":1},
+		{"_id":2,"run":5,"n":1,"prev":0,"near":5,"r":1},
+		{"_id":3,"run":30,"n":2,"prev":1,"near":60,"r":2},
+		{"_id":4,"run":60,"n":3,"prev":3,"near":60,"r":2},
+		{"_id":5,"run":100,"n":4,"prev":4,"near":40,"r":4},
+		{"_id":6,"run":12,"n":2,"prev":2,"near":7,"r":2}]`, all(t, ctx, cur, err))
 }

@@ -20,6 +20,7 @@ func diagnosticsCases(t *testing.T, env EnvFunc) {
 		{"TransactionLifetimeParameter", testTransactionLifetimeParameter},
 		{"DefaultWriteConcern", testDefaultWriteConcern},
 		{"ListIndexesTTLPartial", testListIndexesTTLPartial},
+		{"CurrentOp", testCurrentOp},
 	})
 }
 
@@ -173,4 +174,34 @@ func testListIndexesTTLPartial(t *testing.T, env EnvFunc) {
 	require.EqualValues(t, 3600, ttl["expireAfterSeconds"])
 	require.Equal(t, bson.D{{Key: "done", Value: true}}, ttl["partialFilterExpression"])
 	require.Equal(t, bson.D{{Key: "done_at", Value: int32(1)}}, ttl["key"])
+}
+
+// testCurrentOp: $currentOp (on admin, {aggregate: 1}) and the currentOp
+// command list the running operations, the command running $currentOp
+// among them.
+// https://www.mongodb.com/docs/v7.0/reference/operator/aggregation/currentOp/
+// https://www.mongodb.com/docs/v7.0/reference/command/currentOp/
+func testCurrentOp(t *testing.T, env EnvFunc) {
+	e, db, ctx := setup(t, env)
+	admin := e.Client.Database("admin")
+	marker := "currentop-" + db.Name()
+	cur, err := admin.Aggregate(ctx, Ds(`[{"$currentOp":{"allUsers":true}},{"$match":{"command.comment":"`+marker+`"}}]`),
+		options.Aggregate().SetComment(marker))
+	got := all(t, ctx, cur, err)
+	require.Len(t, got, 1, "the aggregate running $currentOp lists itself: %s", js(got))
+	require.Equal(t, true, get(got[0], "active"))
+	require.Equal(t, "command", get(got[0], "op"))
+	require.NotNil(t, get(got[0], "opid"))
+	require.NotNil(t, get(got[0], "connectionId"))
+
+	raw, err := admin.RunCommand(ctx, D(`{"currentOp":1,"command.comment":"`+marker+`-cmd","comment":"`+marker+`-cmd"}`)).Raw()
+	require.NoError(t, err)
+	inprog := raw.Lookup("inprog").Array()
+	vals, err := inprog.Values()
+	require.NoError(t, err)
+	require.Len(t, vals, 1, "%s", raw)
+	require.Equal(t, "currentOp", vals[0].Document().Lookup("command").Document().Index(0).Key())
+
+	_, err = db.Aggregate(ctx, Ds(`[{"$currentOp":{}}]`))
+	requireCode(t, err, 73, "$currentOp outside admin")
 }

@@ -17,6 +17,7 @@ func queryCases(t *testing.T, env EnvFunc) {
 		{"SortArrays", testSortArrays},
 		{"InvalidQueries", testInvalidQueries},
 		{"ExprTypesNestedArrays", testQueryMisc},
+		{"ReturnKeyShowRecordID", testReturnKey},
 	})
 }
 
@@ -194,4 +195,38 @@ func idsOf(docs []bson.D) string {
 		a = append(a, get(d, "_id"))
 	}
 	return js(a)
+}
+
+// testReturnKey: find's returnKey returns the index key the plan found each
+// document by ({} after a collection scan) and ignores the projection;
+// showRecordId adds $recordId, increasing in insertion order.
+// https://www.mongodb.com/docs/v7.0/reference/command/find/
+// https://www.mongodb.com/docs/v7.0/reference/method/cursor.returnKey/
+func testReturnKey(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":3,"a":30,"b":"x"},{"_id":1,"a":10,"b":"y"},{"_id":2,"a":20,"b":"x"}]`)
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: D(`{"a":-1}`)})
+	require.NoError(t, err)
+
+	requireDocs(t, `[{"_id":1},{"_id":2},{"_id":3}]`,
+		find(t, ctx, coll, bson.D{}, options.Find().SetSort(D(`{"_id":1}`)).SetReturnKey(true).SetShowRecordID(true)),
+		"the _id index provides the sort; returnKey wins over showRecordId")
+	requireDocs(t, `[{"a":30},{"a":20}]`,
+		find(t, ctx, coll, D(`{"a":{"$gte":20}}`), options.Find().SetReturnKey(true).SetProjection(D(`{"b":1}`))),
+		"the a_-1 index bounds the filter")
+	requireDocs(t, `[{},{}]`,
+		find(t, ctx, coll, D(`{"b":"x"}`), options.Find().SetReturnKey(true).SetSort(D(`{"b":1}`))),
+		"a collection scan has no key")
+
+	got := find(t, ctx, coll, D(`{"b":"x"}`), options.Find().SetShowRecordID(true).SetProjection(D(`{"b":0}`)).SetSort(D(`{"_id":-1}`)))
+	require.Len(t, got, 2)
+	var rids []int64
+	for _, d := range got {
+		require.Len(t, d, 3, "_id, a and $recordId: %s", js(d))
+		rid, ok := get(d, "$recordId").(int64)
+		require.True(t, ok, "$recordId is a long: %s", js(d))
+		rids = append(rids, rid)
+	}
+	require.Greater(t, rids[1], rids[0], "_id 2 was inserted after _id 3: %v", rids)
 }

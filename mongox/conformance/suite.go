@@ -18,7 +18,7 @@ type EnvFunc func(t *testing.T, opts ...mongotest.Option) *mongotest.Env
 // (CRUD, UpdatePipelines, Let, Collation, Query, Aggregate, AggregateStages,
 // Indexes, IndexRules, Transactions, TransactionRules, CatalogRaces,
 // Sessions, SnapshotReads, ChangeStreams, ChangeStreamImages, ClusterTime,
-// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics). Cases run in parallel.
+// Parameters, Catalog, FailPoints, Unsupported, Limits, Diagnostics, Capped, Tailable, StableAPI, CollStats, Explain). Cases run in parallel.
 func Run(t *testing.T, env EnvFunc) {
 	groups := []struct {
 		name string
@@ -47,6 +47,11 @@ func Run(t *testing.T, env EnvFunc) {
 		{"Unsupported", unsupportedCases},
 		{"Limits", limitCases},
 		{"Diagnostics", diagnosticsCases},
+		{"Capped", cappedCases},
+		{"Tailable", tailableCases},
+		{"StableAPI", stableAPICases},
+		{"CollStats", collStatsCases},
+		{"Explain", explainCases},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) { g.run(t, env) })

@@ -18,6 +18,7 @@ func updatePipelineCases(t *testing.T, env EnvFunc) {
 		{"FindOneAndUpdateWithPipeline", testFindAndModifyPipeline},
 		{"BulkWriteWithPipeline", testBulkWritePipeline},
 		{"PipelineStageNotAllowed", testUpdatePipelineBadStage},
+		{"PipelineUnknownStage", testUpdatePipelineUnknownStage},
 		{"DollarAndDottedFieldNames", testDollarFieldNames},
 		{"PositionalOperator", testPositionalOperator},
 	})
@@ -89,6 +90,21 @@ func testUpdatePipelineBadStage(t *testing.T, env EnvFunc) {
 	_, err := coll.UpdateOne(ctx, D(`{"_id":1}`), Ds(`[{"$group":{"_id":null}}]`))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "$group", "the error names the stage that updates do not allow")
+}
+
+// testUpdatePipelineUnknownStage: a stage name MongoDB does not have fails
+// the whole update command with 40324 (an ok:0 reply, not a write error),
+// even when no document matches: mongod parses every statement's pipeline
+// with the command, before any statement runs.
+func testUpdatePipelineUnknownStage(t *testing.T, env EnvFunc) {
+	_, db, ctx := setup(t, env)
+	coll := db.Collection("c")
+	insert(t, ctx, coll, `[{"_id":1,"x":11}]`)
+	raw, err := db.RunCommand(ctx, D(`{"update":"c","updates":[{"q":{"x":1},"u":[{"$invalidOperator":true}]}]}`)).Raw()
+	requireCode(t, err, 40324, raw)
+	var ce mongo.CommandError
+	require.ErrorAs(t, err, &ce, "a command error, not a write error")
+	requireDocs(t, `[{"_id":1,"x":11}]`, find(t, ctx, coll, bson.D{}))
 }
 
 // testDollarFieldNames: MongoDB 5.0+ stores '$'-prefixed and dotted field

@@ -36,6 +36,12 @@ func init() {
 		commandSpec{names: []string{"getDefaultRWConcern"}, handler: getDefaultRWConcern, adminOnly: true, noSession: true},
 		commandSpec{names: []string{"saslStart", "saslContinue", "authenticate", "getnonce"}, handler: authUnsupported, noSession: true},
 		commandSpec{names: []string{"logout"}, handler: ping, noSession: true},
+		commandSpec{names: []string{
+			"createUser", "updateUser", "dropUser", "dropAllUsersFromDatabase", "usersInfo",
+			"grantRolesToUser", "revokeRolesFromUser", "createRole", "updateRole", "dropRole",
+			"dropAllRolesFromDatabase", "rolesInfo", "grantRolesToRole", "revokeRolesFromRole",
+			"grantPrivilegesToRole", "revokePrivilegesFromRole",
+		}, handler: userManagementUnsupported},
 	)
 }
 
@@ -341,7 +347,7 @@ func replSetGetConfig(r *request) (bson.D, error) {
 	}}}, nil
 }
 
-func listCommands(*request) (bson.D, error) {
+func listCommands(r *request) (bson.D, error) {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
@@ -349,13 +355,17 @@ func listCommands(*request) (bson.D, error) {
 	sort.Strings(names)
 	cmds := make(bson.D, 0, len(names))
 	for _, n := range names {
+		if commands[n].testOnly && !r.srv.cfg.testCommands {
+			continue
+		}
+		versions, deprecated := apiVersionsOf(n, commands[n])
 		cmds = append(cmds, bson.E{Key: n, Value: bson.D{
 			{Key: "help", Value: ""},
 			{Key: "requiresAuth", Value: false},
 			{Key: "secondaryOk", Value: true},
 			{Key: "adminOnly", Value: commands[n].adminOnly},
-			{Key: "apiVersions", Value: bson.A{}},
-			{Key: "deprecatedApiVersions", Value: bson.A{}},
+			{Key: "apiVersions", Value: stringsToA(versions)},
+			{Key: "deprecatedApiVersions", Value: stringsToA(deprecated)},
 		}})
 	}
 	return bson.D{{Key: "commands", Value: cmds}}, nil
@@ -372,6 +382,14 @@ func getDefaultRWConcern(*request) (bson.D, error) {
 		{Key: "defaultWriteConcernSource", Value: "implicit"},
 		{Key: "defaultReadConcernSource", Value: "implicit"},
 	}, nil
+}
+
+// userManagementUnsupported answers the user and role management commands:
+// they are mongod commands (so fail points and the Stable API apply to
+// them), but the embedded server keeps no users.
+func userManagementUnsupported(r *request) (bson.D, error) {
+	return nil, errorf(238, "NotImplemented",
+		"mongofake: "+r.name+" is not supported: the embedded server has no users or roles (no authentication)")
 }
 
 func authUnsupported(r *request) (bson.D, error) {

@@ -28,8 +28,18 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 	if !ok {
 		return nil, wrongType("aggregate.pipeline", pv, "array")
 	}
+	if err := checkStrictStages(r, stages); err != nil {
+		return nil, err
+	}
 	if explain, _ := r.boolArg("explain", false); explain {
-		return nil, errorf(238, "NotImplemented", "mongofake: aggregate explain is not supported")
+		coll, _ := r.cmd[0].Value.(string)
+		inner := bson.D{}
+		for _, e := range r.cmd {
+			if !genericFields[e.Key] {
+				inner = append(inner, e)
+			}
+		}
+		return explainAggregate(r, tc, coll, stages, "queryPlanner", inner)
 	}
 	collV, _ := r.get("collation")
 	coll, err := collationArg(collV)
@@ -62,8 +72,8 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	for i, st := range stages {
-		if d, ok := st.(bson.D); ok && len(d) == 1 && d[0].Key == "$changeStream" && i > 0 {
-			return nil, errorf(40602, "Location40602", "$changeStream is only valid as the first stage in a pipeline.")
+		if name := stageName(st); (name == "$changeStream" || name == "$collStats") && i > 0 {
+			return nil, errorf(40602, "Location40602", name+" is only valid as the first stage in a pipeline.")
 		}
 	}
 	stages, writeStage, err := splitWriteStage(stages)
@@ -81,11 +91,7 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := pipeline.Compile(stages[1:], pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
-		if err != nil {
-			return nil, err
-		}
-		out, err := p.Run(src)
+		out, err := runAfterSource(r, tc, src, stages[1:])
 		if err != nil {
 			return nil, err
 		}
@@ -98,6 +104,17 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		}
 	}
 	ns := engine.NS{DB: r.db, Coll: collName}
+	if len(stages) > 0 && stageName(stages[0]) == "$collStats" {
+		src, err := collStatsSource(r, tc, ns, stages[0].(bson.D)[0].Value)
+		if err != nil {
+			return nil, err
+		}
+		out, err := runAfterSource(r, tc, src, stages[1:])
+		if err != nil {
+			return nil, err
+		}
+		return aggregateResult(r, tc, ns, out, writeStage, batchSize, hasBatch)
+	}
 	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
 	if err != nil {
 		return nil, err
@@ -137,6 +154,16 @@ func cmdAggregate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	return aggregateResult(r, tc, ns, out, writeStage, batchSize, hasBatch)
+}
+
+// runAfterSource runs the stages that follow a source stage the server
+// answers itself ($documents, $collStats, $currentOp...) over its documents.
+func runAfterSource(r *request, tc *txnCtx, src []bson.D, stages bson.A) ([]bson.D, error) {
+	p, err := pipeline.Compile(stages, pipeline.Env{Now: r.srv.engine.Now(), ClusterTime: r.srv.engine.ClusterTime(), Vars: r.vars, Lookup: lookupFn(r, tc)})
+	if err != nil {
+		return nil, err
+	}
+	return p.Run(src)
 }
 
 // splitCollatedMatch takes the leading $match stages of a pipeline run with

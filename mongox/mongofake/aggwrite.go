@@ -107,7 +107,12 @@ func dbLevelSource(r *request, first any) ([]bson.D, error) {
 			}
 		}
 		return r.srv.data.localSessions(), nil
-	case "$currentOp", "$listSessions":
+	case "$currentOp":
+		if r.db != "admin" {
+			return nil, errorf(73, "InvalidNamespace", "$currentOp must be run against the 'admin' database with {aggregate: 1}")
+		}
+		return currentOps(r, arg)
+	case "$listSessions":
 		return nil, errorf(238, "NotImplemented", "mongofake: aggregate stage "+name+" is not supported")
 	}
 	return nil, errorf(238, "NotImplemented", "mongofake: a database-level aggregate must start with $documents, $listLocalSessions or $changeStream; first stage: "+name)

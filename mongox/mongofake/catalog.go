@@ -2,6 +2,7 @@ package mongofake
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -48,6 +49,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 	}
 	prePost := false
 	var clustered bson.D
+	var capped cappedArgs
 	for i, e := range r.cmd {
 		if i == 0 || genericFields[e.Key] {
 			continue
@@ -65,7 +67,11 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 				return nil, err
 			}
 			clustered = spec
-		case "capped", "timeseries", "viewOn", "pipeline", "encryptedFields", "validator":
+		case "capped", "size", "max":
+			if err := capped.set(e); err != nil {
+				return nil, err
+			}
+		case "timeseries", "viewOn", "pipeline", "encryptedFields", "validator":
 			if b, ok := e.Value.(bool); ok && !b {
 				continue
 			}
@@ -75,7 +81,7 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 				}
 			}
 			return nil, errorf(238, "NotImplemented", "mongofake: create option '"+e.Key+"' is not supported")
-		case "size", "max", "storageEngine", "validationLevel", "validationAction", "indexOptionDefaults", "collation", "expireAfterSeconds", "autoIndexId", "idIndex", "flags":
+		case "storageEngine", "validationLevel", "validationAction", "indexOptionDefaults", "collation", "expireAfterSeconds", "autoIndexId", "idIndex", "flags":
 			if e.Key == "collation" {
 				if err := checkCollation(e.Value, "a collection (default collation)"); err != nil {
 					return nil, err
@@ -85,16 +91,26 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 			return nil, errorf(40415, "Location40415", fmt.Sprintf("BSON field 'create.%s' is an unknown field.", e.Key))
 		}
 	}
+	opts, err := capped.options()
+	if err != nil {
+		return nil, err
+	}
+	opts.Clustered, opts.PrePostImages = clustered, prePost
 	if tc.txn != nil {
 		if err := explicitCreateInTxn(r, tc); err != nil {
 			return nil, err
+		}
+		if opts.Capped {
+			// mongod refuses capped collections in transactions
+			// (https://www.mongodb.com/docs/v7.0/core/transactions-operations/).
+			return nil, errorf(263, "OperationNotSupportedInTransaction", "Cannot create a capped collection in a multi-document transaction.")
 		}
 		if clustered != nil || prePost {
 			return nil, errorf(238, "NotImplemented", "mongofake: create with clusteredIndex or changeStreamPreAndPostImages in a transaction is not supported")
 		}
 		err := r.srv.engine.Write(r.ctx, tc.txn, func(v *engine.View) error {
 			if v.Exists(ns) {
-				return &engine.Error{Code: engine.CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
+				return &engine.Error{Code: engine.CodeNamespaceExists, CodeName: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
 			}
 			_, err := v.EnsureCollection(ns)
 			return err
@@ -106,18 +122,70 @@ func cmdCreate(r *request, tc *txnCtx) (bson.D, error) {
 		return nil, err
 	}
 	defer cancel()
-	if err := r.srv.engine.CreateCollection(ctx, ns); err != nil {
-		return nil, err
-	}
-	if clustered != nil {
-		if err := r.srv.engine.SetClustered(ctx, ns, clustered); err != nil {
-			return nil, err
+	return bson.D{}, r.srv.engine.CreateCollectionWith(ctx, ns, opts)
+}
+
+// cappedArgs are create's capped, size and max fields.
+type cappedArgs struct {
+	capped    bool
+	size, max int64
+	hasSize   bool
+}
+
+// set reads one of the fields as mongod's CollectionOptions parser does:
+// a non-numeric size or max is ignored, a negative max means no maximum.
+func (a *cappedArgs) set(e bson.E) error {
+	switch e.Key {
+	case "capped":
+		b, ok := e.Value.(bool)
+		if !ok {
+			if n, isNum := bsonkit.ToFloat64(e.Value); isNum {
+				b = n != 0
+			} else {
+				return wrongType("create.capped", e.Value, "bool")
+			}
 		}
+		a.capped = b
+	case "size":
+		n, ok := bsonkit.ToFloat64(e.Value)
+		if !ok {
+			return wrongType("create.size", e.Value, "long")
+		}
+		a.size, a.hasSize = int64(n), true
+	case "max":
+		n, ok := bsonkit.ToFloat64(e.Value)
+		if !ok {
+			return wrongType("create.max", e.Value, "long")
+		}
+		a.max = int64(n)
 	}
-	if prePost {
-		return bson.D{}, r.srv.engine.SetPrePostImages(ctx, ns, true)
+	return nil
+}
+
+// options validates the capped fields and returns them as engine options.
+func (a *cappedArgs) options() (engine.CollectionOptions, error) {
+	if !a.capped {
+		return engine.CollectionOptions{}, nil
 	}
-	return bson.D{}, nil
+	if !a.hasSize {
+		return engine.CollectionOptions{}, errorf(72, "InvalidOptions", "the 'size' field is required when 'capped' is true")
+	}
+	const petabyte = 1 << 50
+	switch {
+	case a.size < 0:
+		return engine.CollectionOptions{}, errorf(2, "BadValue", "size has to be >= 0")
+	case a.size > petabyte:
+		return engine.CollectionOptions{}, errorf(2, "BadValue", "size cannot exceed 1 PB")
+	case a.max >= 1<<31 && a.max != math.MaxInt64:
+		return engine.CollectionOptions{}, errorf(2, "BadValue", "max in a capped collection has to be < 2^31 or not set")
+	}
+	maxDocs := a.max
+	if maxDocs <= 0 || maxDocs == math.MaxInt64 {
+		maxDocs = 0
+	}
+	// mongod rounds the size up to a multiple of 256 bytes.
+	size := (a.size + 0xff) &^ 0xff
+	return engine.CollectionOptions{Capped: true, CappedSize: size, CappedMax: maxDocs}, nil
 }
 
 // clusteredArg parses the clusteredIndex option, which MongoDB 5.3+ allows
@@ -385,31 +453,6 @@ func cmdDBStats(r *request, _ *txnCtx) (bson.D, error) {
 	}, nil
 }
 
-func cmdCollStats(r *request, _ *txnCtx) (bson.D, error) {
-	ns, err := r.ns()
-	if err != nil {
-		return nil, err
-	}
-	n, s, ni, ok := r.srv.engine.CollectionStats(ns)
-	if !ok {
-		return nil, errorf(26, "NamespaceNotFound", "Collection ["+ns.String()+"] not found.")
-	}
-	avg := int64(0)
-	if n > 0 {
-		avg = s / n
-	}
-	return bson.D{
-		{Key: "ns", Value: ns.String()},
-		{Key: "size", Value: s},
-		{Key: "count", Value: n},
-		{Key: "avgObjSize", Value: avg},
-		{Key: "storageSize", Value: s},
-		{Key: "nindexes", Value: int32(ni)},
-		{Key: "totalIndexSize", Value: int64(0)},
-		{Key: "capped", Value: false},
-	}, nil
-}
-
 // keep bsonkit imported for helpers used by several files.
 var _ = bsonkit.Equal
 
@@ -421,6 +464,12 @@ func collOptions(c engine.CollectionInfo) bson.D {
 	}
 	if c.PrePostImages {
 		out = append(out, bson.E{Key: "changeStreamPreAndPostImages", Value: bson.D{{Key: "enabled", Value: true}}})
+	}
+	if c.Capped {
+		out = append(out, bson.E{Key: "capped", Value: true}, bson.E{Key: "size", Value: c.CappedSize})
+		if c.CappedMax > 0 {
+			out = append(out, bson.E{Key: "max", Value: c.CappedMax})
+		}
 	}
 	return out
 }

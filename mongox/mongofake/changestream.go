@@ -270,7 +270,7 @@ func (cs *changeStream) read(n int) (streamBatch, <-chan struct{}, error) {
 			cs.pbrt = resumeToken{pos: cs.pos}
 			for _, ev := range evs {
 				batch = append(batch, ev.doc)
-				size += docSize(ev.doc)
+				size += bsonkit.Size(ev.doc)
 				cs.pbrt = ev.token
 				if ev.token.kind == tokenInvalidate {
 					cs.closed = true

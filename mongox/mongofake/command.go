@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
 // request is one decoded command, as the dispatcher hands it to a handler.
@@ -29,6 +31,9 @@ type request struct {
 	startTransaction bool
 	readConcern      bson.D
 	writeConcern     bson.D
+	// api are the Stable API fields (apiVersion, apiStrict,
+	// apiDeprecationErrors).
+	api apiParams
 	// vars are the command's let parameters, evaluated (set by
 	// dataCommand before the handler runs).
 	vars bson.D
@@ -59,6 +64,13 @@ type commandSpec struct {
 	adminOnly bool
 	// noSession commands ignore lsid (hello, isMaster, ping...).
 	noSession bool
+	// testOnly commands exist only with EnableTestCommands, as mongod
+	// registers them only with enableTestCommands.
+	testOnly bool
+	// apiVersions are the Stable API versions of the command, and
+	// deprecatedIn those it is deprecated in; nil apiVersions means
+	// version 1 for the commands in apiV1Commands, none for the others.
+	apiVersions, deprecatedIn []string
 }
 
 // commands is the command table. Each command family file registers its
@@ -79,18 +91,8 @@ func register(specs ...commandSpec) {
 	}
 }
 
-// cmdError is a command error reply.
-type cmdError struct {
-	Code     int32
-	CodeName string
-	Msg      string
-	Labels   []string
-	// Extra fields added to the reply (for example keyPattern and keyValue
-	// of a duplicate key error).
-	Extra bson.D
-}
-
-func (e *cmdError) Error() string { return e.CodeName + ": " + e.Msg }
+// cmdError is a command error reply: the server's one error type.
+type cmdError = mongoerr.Error
 
 // errorf builds a cmdError for a well-known code.
 func errorf(code int32, codeName, msg string, labels ...string) *cmdError {

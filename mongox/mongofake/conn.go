@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -30,6 +31,11 @@ type conn struct {
 	cancel context.CancelFunc
 
 	gotMetadata bool // the handshake's client document was seen
+	// metadata is the handshake's client document, for $currentOp (which
+	// reads it from other goroutines); nil until the handshake.
+	metadata atomic.Pointer[bson.D]
+	// op is the command the connection is running, nil between commands.
+	op atomic.Pointer[runningOp]
 
 	dec  bsonkit.Decoder // decodes commands; reused by the goroutine
 	wbuf []byte          // the reply frame being built; reused by the goroutine

@@ -11,6 +11,7 @@ import (
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/engine"
 	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
+	"github.com/event-outbox/outbox/mongox/internal/pipeline"
 	"github.com/event-outbox/outbox/mongox/internal/query"
 	"github.com/event-outbox/outbox/mongox/internal/update"
 )
@@ -263,6 +264,24 @@ func parseUpdateStmt(raw any, multiAllowed bool, vars bson.D) (*updateSpec, erro
 	return s, nil
 }
 
+// checkUpdateStages fails the whole update command when a pipeline-style
+// update names a stage MongoDB does not have: mongod parses the stage
+// names of every statement with the command (40324), before any statement
+// runs, while a known stage that updates do not allow fails only its
+// statement.
+func checkUpdateStages(stmts bson.A) error {
+	for _, raw := range stmts {
+		st, _ := raw.(bson.D)
+		stages, _ := lookupD(st, "u").(bson.A)
+		for _, s := range stages {
+			if name := stageName(s); name != "" && !pipeline.KnownStage(name) {
+				return errorf(40324, "Location40324", fmt.Sprintf("Unrecognized pipeline stage name: '%s'", name))
+			}
+		}
+	}
+	return nil
+}
+
 // updateResult is the outcome of one update statement.
 type updateResult struct {
 	matched, modified int
@@ -388,6 +407,9 @@ func cmdUpdate(r *request, tc *txnCtx) (bson.D, error) {
 	}
 	ordered, err := r.boolArg("ordered", true)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkUpdateStages(stmts); err != nil {
 		return nil, err
 	}
 	var werrs, upserted bson.A

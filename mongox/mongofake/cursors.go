@@ -43,6 +43,7 @@ type cursor struct {
 	txnNumber *int64
 	lastUse   time.Time
 	stream    *changeStream
+	tail      *tailState // set on a tailable cursor
 	busy      bool
 }
 
@@ -70,7 +71,7 @@ func (c *cursor) takeBatch(n int) bson.A {
 		if c.proj != nil {
 			d = c.proj(d)
 		}
-		s := docSize(d)
+		s := bsonkit.Size(d)
 		if len(out) > 0 && size+s > maxBSONSize-16*1024 {
 			break
 		}
@@ -128,11 +129,9 @@ func toInt(v any) (int64, bool) {
 	return 0, false
 }
 
-// firstBatch sends the first batch of a query result and keeps a cursor
-// for the rest.
-func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj func(bson.D) bson.D,
-	batchSize int, hasBatch bool, limit int, single bool) bson.D {
-	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
+// takeFirstBatch takes a query's first batch: batchSize documents when
+// given (none for 0), defaultFirstBatch otherwise.
+func (c *cursor) takeFirstBatch(batchSize int, hasBatch bool) bson.A {
 	n := defaultFirstBatch
 	if hasBatch {
 		n = batchSize
@@ -141,6 +140,15 @@ func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson
 	if hasBatch && batchSize == 0 {
 		batch = bson.A{}
 	}
+	return batch
+}
+
+// firstBatch sends the first batch of a query result and keeps a cursor
+// for the rest.
+func (d *dataState) firstBatch(r *request, tc *txnCtx, ns engine.NS, docs []bson.D, proj func(bson.D) bson.D,
+	batchSize int, hasBatch bool, limit int, single bool) bson.D {
+	c := &cursor{ns: ns.String(), docs: docs, proj: proj, limit: limit}
+	batch := c.takeFirstBatch(batchSize, hasBatch)
 	var id int64
 	if len(c.docs) > 0 && !single {
 		c.setOwner(r, tc)
@@ -160,10 +168,12 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []string{"tailable", "returnKey", "showRecordId", "exhaust"} {
-		if b, _ := r.boolArg(f, false); b {
-			return nil, errorf(238, "NotImplemented", "mongofake: find option '"+f+"' is not supported")
-		}
+	if b, _ := r.boolArg("exhaust", false); b {
+		return nil, errorf(238, "NotImplemented", "mongofake: find option 'exhaust' is not supported")
+	}
+	keys, err := keyArgs(r)
+	if err != nil {
+		return nil, err
 	}
 	for _, f := range []string{"min", "max"} {
 		if v, ok := r.get(f); ok && v != nil {
@@ -212,6 +222,10 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 			batchSize, hasBatch = int(limit), true
 		}
 	}
+	tailable, await, err := tailableArgs(r, sortSpec, single)
+	if err != nil {
+		return nil, err
+	}
 	if isOplogNS(ns) {
 		return findOplog(r, tc, ns, filter, sortSpec, projSpec, skip, limit, batchSize, hasBatch, single)
 	}
@@ -223,17 +237,28 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tailable {
+		return findTailable(r, tc, ns, q.Match, proj, batchSize, hasBatch, skip, limit, await)
+	}
+	natural, isNatural, err := naturalSort(sortSpec)
+	if err != nil {
+		return nil, err
+	}
 	var srt *query.Sort
-	if len(sortSpec) > 0 {
+	if len(sortSpec) > 0 && !isNatural {
 		if srt, err = query.CompileSort(sortSpec); err != nil {
 			return nil, err
 		}
 	}
-	if srt == nil && skip == 0 && limit > 0 {
+	if srt == nil && natural != -1 && skip == 0 && limit > 0 {
 		q.Limit = int(limit)
 	}
 	var docs []bson.D
 	err = r.srv.engine.Read(r.ctx, tc.readTxn(), func(v *engine.View) error {
+		if keys.showRecordID {
+			docs = keys.records(v.FindRecords(ns, q))
+			return nil
+		}
 		var err error
 		docs, err = v.Find(ns, q)
 		return err
@@ -241,8 +266,33 @@ func cmdFind(r *request, tc *txnCtx) (bson.D, error) {
 	if err != nil {
 		return nil, err
 	}
+	if natural == -1 {
+		slices.Reverse(docs)
+	}
+	if keys.returnKey {
+		if err := keys.choose(r, ns, docs, filter, sortSpec); err != nil {
+			return nil, err
+		}
+	}
 	docs = sortSkipLimitColl(docs, srt, skip, limit, coll)
+	if keys.any() {
+		docs, proj = keys.render(docs, proj), nil
+	}
 	return r.srv.data.firstBatch(r, tc, ns, docs, proj, batchSize, hasBatch, 0, single), nil
+}
+
+// naturalSort recognises a sort on $natural alone, the collection's natural
+// (insertion) order: dir is 1 or -1 when isNatural. Other directions fail
+// as in mongod.
+func naturalSort(spec bson.D) (dir int64, isNatural bool, err error) {
+	if len(spec) != 1 || spec[0].Key != "$natural" {
+		return 0, false, nil
+	}
+	dir, ok := toInt(spec[0].Value)
+	if !ok || (dir != 1 && dir != -1) {
+		return 0, false, errorf(2, "BadValue", "$natural sort cannot be set to a value other than -1 or 1")
+	}
+	return dir, true, nil
 }
 
 // sortSkipLimitColl orders, skips and limits a result, strings ordered by
@@ -341,9 +391,17 @@ func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
 		}
 		return cursorReply(id, c.ns, "nextBatch", out.batch, bson.E{Key: "postBatchResumeToken", Value: out.pbrt}), nil
 	}
+	if c.tail != nil && len(c.docs) == 0 {
+		if err := c.tailMore(r, tc); err != nil {
+			d.mu.Lock()
+			delete(d.cursors, id)
+			d.mu.Unlock()
+			return nil, err
+		}
+	}
 	batch := c.takeBatch(batchSize)
 	outID := id
-	if len(c.docs) == 0 {
+	if len(c.docs) == 0 && (c.tail == nil || c.tail.limited && c.limit == 0) {
 		d.mu.Lock()
 		delete(d.cursors, id)
 		d.mu.Unlock()

@@ -1,6 +1,7 @@
 package mongofake
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
+	"github.com/event-outbox/outbox/mongox/internal/engine"
 	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
@@ -38,9 +40,14 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	if err := r.lift(legacyDB); err != nil {
 		return s.errorReply(r, err, nil), false
 	}
+	c.op.Store(&runningOp{opid: s.nextOpID.Add(1), name: r.name, db: r.db, cmd: body, started: time.Now()})
+	defer c.op.Store(nil)
 	spec := commands[r.name]
-	if spec == nil {
+	if spec == nil || (spec.testOnly && !s.cfg.testCommands) {
 		return s.errorReply(r, errorf(59, "CommandNotFound", "no such command: '"+r.name+"'"), nil), false
+	}
+	if err := checkAPIParams(r.name, spec, r.api); err != nil {
+		return s.errorReply(r, err, nil), false
 	}
 	if spec.adminOnly && r.db != "admin" {
 		return s.errorReply(r, errorf(13, "Unauthorized", r.name+" may only be run against the admin database."), nil), false
@@ -51,6 +58,7 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 		}
 	}
 
+	c.noteClientMetadata(r.name, body)
 	act, crashed := s.crashes.check(r.name, c.appName)
 	if act == crashRefuse {
 		return s.errorReply(r, crashed.crashError(r.name), []string{}), false
@@ -59,12 +67,11 @@ func (s *Server) dispatchCommand(c *conn, body bson.D, legacyDB string) (reply b
 	fp := s.fp.match(r.name, c.appName)
 	if fp != nil {
 		if fp.block > 0 {
-			t := time.NewTimer(fp.block)
-			select {
-			case <-t.C:
-			case <-r.ctx.Done():
-				t.Stop()
-				return nil, true
+			if err := blockFor(r, fp.block); err != nil {
+				if errors.Is(err, context.Canceled) {
+					return nil, true
+				}
+				return s.errorReply(r, err, nil), false
 			}
 		}
 		if fp.closeConnection {
@@ -173,6 +180,11 @@ func (r *request) lift(legacyDB string) error {
 			r.writeConcern = d
 		}
 	}
+	api, err := parseAPIParams(r.cmd)
+	if err != nil {
+		return err
+	}
+	r.api = api
 	if legacyDB != "" {
 		r.db = legacyDB
 	} else if !hasDB {
@@ -429,4 +441,27 @@ func unsatisfiableWriteConcern(r *request) bson.D {
 			{Key: "errmsg", Value: "Not enough data-bearing nodes"}}
 	}
 	return nil
+}
+
+// blockFor waits out a fail point's blockTimeMS. The wait counts against
+// the command's maxTimeMS, as mongod's interruptible sleep does: when the
+// time limit comes first the command fails with MaxTimeMSExpired (50) and
+// never runs. It returns context.Canceled when the connection ends.
+func blockFor(r *request, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var expire <-chan time.Time
+	if ms, ok, _ := r.intArg("maxTimeMS"); ok && ms > 0 && time.Duration(ms)*time.Millisecond < d {
+		limit := time.NewTimer(time.Duration(ms) * time.Millisecond)
+		defer limit.Stop()
+		expire = limit.C
+	}
+	select {
+	case <-t.C:
+		return nil
+	case <-expire:
+		return errorf(engine.CodeMaxTimeMSExpired, "MaxTimeMSExpired", "operation exceeded time limit")
+	case <-r.ctx.Done():
+		return context.Canceled
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	driverevent "go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
@@ -269,4 +270,60 @@ func TestFailPointTransientTransactionError(t *testing.T) {
 	n, err := coll.CountDocuments(ctx, bson.D{})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+}
+
+// A failCommand fail point restricted to an appName matches the
+// connection's handshake itself: mongod records the client metadata of the
+// first hello before it runs the command, so the hello that carries the
+// appName can fail (the SDAM spec tests fail handshakes this way).
+func TestFailPointMatchesHandshakeByAppName(t *testing.T) {
+	t.Parallel()
+	srv, client := setup(t)
+	configure(t, client, "alwaysOn", bson.D{
+		{Key: "failCommands", Value: bson.A{"hello", "isMaster"}},
+		{Key: "appName", Value: "handshake"},
+		{Key: "errorCode", Value: 91},
+	})
+	failed := make(chan error, 100)
+	mon := &driverevent.ServerMonitor{ServerHeartbeatFailed: func(ev *driverevent.ServerHeartbeatFailedEvent) {
+		select {
+		case failed <- ev.Failure:
+		default:
+		}
+	}}
+	// A long heartbeat interval: only the connection's first hello (the
+	// handshake) is sent within the test.
+	connect(t, srv.URI(), options.Client().SetAppName("handshake").SetServerMonitor(mon).SetHeartbeatInterval(time.Minute))
+	select {
+	case err := <-failed:
+		require.ErrorContains(t, err, "failCommand")
+	case <-testCtx(t).Done():
+		t.Fatal("the handshake of a client with the fail point's appName did not fail")
+	}
+	_, err := runCmd(t, client.Database("admin"), bson.D{{Key: "configureFailPoint", Value: "failCommand"}, {Key: "mode", Value: "off"}})
+	require.NoError(t, err)
+}
+
+// A blocked command's maxTimeMS runs during the fail point's block, as in
+// mongod (whose wait is interruptible): when it expires first the command
+// fails with MaxTimeMSExpired and never runs, so a client that gave up
+// does not see its write happen later (CSOT spec tests rely on it).
+func TestFailPointBlockCountsAgainstMaxTimeMS(t *testing.T) {
+	t.Parallel()
+	_, client := setup(t)
+	db := client.Database("test")
+	configure(t, client, bson.D{{Key: "times", Value: 1}}, bson.D{
+		{Key: "failCommands", Value: bson.A{"insert"}},
+		{Key: "blockConnection", Value: true},
+		{Key: "blockTimeMS", Value: 2000},
+	})
+	_, err := runCmd(t, db, bson.D{
+		{Key: "insert", Value: "c"},
+		{Key: "documents", Value: bson.A{bson.D{{Key: "_id", Value: 1}}}},
+		{Key: "maxTimeMS", Value: 20},
+	})
+	requireCode(t, err, 50)
+	n, err := db.Collection("c").CountDocuments(testCtx(t), bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "the insert never ran")
 }

@@ -28,20 +28,7 @@ func hello(r *request) (bson.D, error) {
 	s, c := r.srv, r.conn
 	helloOK := false
 	for _, e := range r.cmd[1:] {
-		switch e.Key {
-		case "client":
-			if c.gotMetadata {
-				continue
-			}
-			c.gotMetadata = true
-			if client, ok := e.Value.(bson.D); ok {
-				if app, ok := lookupD(client, "application").(bson.D); ok {
-					if name, ok := lookupD(app, "name").(string); ok {
-						c.appName = name
-					}
-				}
-			}
-		case "helloOk":
+		if e.Key == "helloOk" {
 			helloOK, _ = e.Value.(bool)
 		}
 	}
@@ -87,6 +74,27 @@ func hello(r *request) (bson.D, error) {
 		out = append(out, bson.E{Key: "helloOk", Value: true})
 	}
 	return out, nil
+}
+
+// noteClientMetadata records the client document of a connection's first
+// hello or isMaster (the handshake), as mongod does before it runs the
+// command: a failCommand fail point restricted to an appName therefore
+// matches the handshake itself. Later client documents are ignored.
+func (c *conn) noteClientMetadata(name string, body bson.D) {
+	if c.gotMetadata || (name != "hello" && name != "isMaster" && name != "ismaster") {
+		return
+	}
+	client, ok := lookupD(body, "client").(bson.D)
+	if !ok {
+		return
+	}
+	c.gotMetadata = true
+	c.metadata.Store(&client)
+	if app, ok := lookupD(client, "application").(bson.D); ok {
+		if name, ok := lookupD(app, "name").(string); ok {
+			c.appName = name
+		}
+	}
 }
 
 // lookupD returns the value of a top-level field, or nil.

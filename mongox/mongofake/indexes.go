@@ -45,6 +45,9 @@ func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 			}
 			for _, f := range k {
 				if str, isStr := f.Value.(string); isStr {
+					if str == "text" {
+						return s, errorf(238, "NotImplemented", textSearchRefusal)
+					}
 					return s, errorf(238, "NotImplemented", fmt.Sprintf("mongofake: index type '%s' is not supported", str))
 				}
 			}
@@ -130,6 +133,12 @@ func parseIndexSpec(raw any) (engine.IndexSpec, error) {
 	}
 	return s, nil
 }
+
+// textSearchRefusal is the answer to a text index: the embedded server has
+// no full-text engine (MongoDB's text search tokenizes per language,
+// stems, drops stop words and scores by term frequency and field weights;
+// an approximation would match and rank differently, silently).
+const textSearchRefusal = "mongofake: text indexes are not supported (no full-text engine: language tokenizing, stemming, stop words, textScore); $text needs a text index, so it fails too. Use a real MongoDB to test text search"
 
 // isIDKey reports the _id index's key pattern, {_id: 1}.
 func isIDKey(k bson.D) bool {

@@ -37,18 +37,14 @@ func findOplog(r *request, tc *txnCtx, ns engine.NS, filter, sortSpec, projSpec 
 	if len(filter) > 0 {
 		return nil, unsupported("a filter is not supported")
 	}
-	newestFirst := false
+	dir, isNatural, err := naturalSort(sortSpec)
 	switch {
-	case len(sortSpec) == 0:
-	case len(sortSpec) == 1 && sortSpec[0].Key == "$natural":
-		dir, ok := toInt(sortSpec[0].Value)
-		if !ok || (dir != 1 && dir != -1) {
-			return nil, errorf(2, "BadValue", "$natural sort cannot be set to a value other than -1 or 1")
-		}
-		newestFirst = dir == -1
-	default:
+	case err != nil:
+		return nil, err
+	case len(sortSpec) > 0 && !isNatural:
 		return nil, unsupported("sort " + bsonString(sortSpec) + " is not supported")
 	}
+	newestFirst := dir == -1
 	if len(projSpec) == 0 {
 		return nil, unsupported("the o, o2 and ui fields are not rendered: project the envelope fields")
 	}

@@ -45,6 +45,7 @@ type Server struct {
 	closeOnce sync.Once
 
 	nextConnID atomic.Int64
+	nextOpID   atomic.Int64 // opid of the next command ($currentOp)
 	nextReqID  atomic.Int32
 
 	fp      failPoints

@@ -480,17 +480,6 @@ func convertErr(err error) error {
 	if errors.As(err, &ce) {
 		return ce
 	}
-	if ee, ok := engine.AsError(err); ok {
-		c := &cmdError{Code: ee.Code, CodeName: ee.Name, Msg: ee.Msg, Labels: ee.Labels}
-		if ee.KeyPattern != nil {
-			c.Extra = bson.D{{Key: "keyPattern", Value: ee.KeyPattern}, {Key: "keyValue", Value: ee.KeyValue}}
-		}
-		return c
-	}
-	var me *mongoerr.Error
-	if errors.As(err, &me) {
-		return &cmdError{Code: me.Code, CodeName: me.CodeName, Msg: me.Msg}
-	}
 	return err
 }
 
@@ -632,41 +621,6 @@ func (r *request) opCtx() (context.Context, context.CancelFunc, error) {
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	return ctx, cancel, nil
-}
-
-// docSize estimates the BSON size of a value.
-func docSize(v any) int {
-	switch x := v.(type) {
-	case bson.D:
-		n := 5
-		for _, e := range x {
-			n += 2 + len(e.Key) + docSize(e.Value)
-		}
-		return n
-	case bson.A:
-		n := 5
-		for i, e := range x {
-			n += 3 + len(fmt.Sprint(i)) - 1 + docSize(e)
-		}
-		return n
-	case string:
-		return 5 + len(x)
-	case bson.Binary:
-		return 5 + len(x.Data)
-	case bool:
-		return 1
-	case int32:
-		return 4
-	case nil, bson.Undefined, bson.MinKey, bson.MaxKey:
-		return 0
-	case bson.Decimal128:
-		return 16
-	case bson.ObjectID:
-		return 12
-	case bson.Regex:
-		return 2 + len(x.Pattern) + len(x.Options)
-	}
-	return 8
 }
 
 // parseLet evaluates the command's let parameters into r.vars. Each value

@@ -43,6 +43,8 @@ type collection struct {
 	// name, v}) of a clustered collection, nil otherwise. Documents are
 	// always kept by _id here, so it only changes what the catalog reports.
 	clustered bson.D
+	// capped holds the limits of a capped collection, nil otherwise.
+	capped *cappedLimits
 	// ddlWaiting counts the catalog operations waiting for the
 	// transactions that use the collection; while one waits, no other
 	// transaction may start using it.
@@ -139,6 +141,11 @@ type CollectionInfo struct {
 	PrePostImages bool
 	// Clustered is the clusteredIndex option, nil when not clustered.
 	Clustered bson.D
+	// Capped reports a capped collection of at most CappedSize bytes and,
+	// when CappedMax > 0, CappedMax documents.
+	Capped     bool
+	CappedSize int64
+	CappedMax  int64
 }
 
 // DatabaseInfo describes a database for listDatabases.
@@ -150,10 +157,10 @@ type DatabaseInfo struct {
 
 func validNS(ns NS) error {
 	if ns.DB == "" || strings.ContainsAny(ns.DB, "/\\. \"$\x00") {
-		return &Error{Code: CodeInvalidNamespace, Name: "InvalidNamespace", Msg: "Invalid database name: '" + ns.DB + "'"}
+		return &Error{Code: CodeInvalidNamespace, CodeName: "InvalidNamespace", Msg: "Invalid database name: '" + ns.DB + "'"}
 	}
 	if ns.Coll == "" || strings.HasPrefix(ns.Coll, ".") || strings.Contains(ns.Coll, "$") || strings.Contains(ns.Coll, "\x00") {
-		return &Error{Code: CodeInvalidNamespace, Name: "InvalidNamespace", Msg: "Invalid collection name: " + ns.Coll}
+		return &Error{Code: CodeInvalidNamespace, CodeName: "InvalidNamespace", Msg: "Invalid collection name: " + ns.Coll}
 	}
 	return nil
 }
@@ -308,17 +315,7 @@ func (e *Engine) ddl(ctx context.Context, nss []NS, fn func() error) error {
 
 // CreateCollection creates a collection; 48 NamespaceExists when it exists.
 func (e *Engine) CreateCollection(ctx context.Context, ns NS) error {
-	return e.ddl(ctx, nil, func() error {
-		if e.collLocked(ns) != nil {
-			return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "Collection " + ns.String() + " already exists."}
-		}
-		c, err := e.createLocked(ns)
-		if err != nil {
-			return err
-		}
-		e.appendOplog([]Entry{c.createEntry(c.createdTS)})
-		return nil
-	})
+	return e.CreateCollectionWith(ctx, ns, CollectionOptions{})
 }
 
 // createEntry is the oplog entry of the collection's creation.
@@ -398,16 +395,16 @@ func (e *Engine) RenameCollection(ctx context.Context, from, to NS, dropTarget b
 		}
 		c := e.collLocked(from)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "Source collection " + from.String() + " does not exist"}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "Source collection " + from.String() + " does not exist"}
 		}
 		if from == to {
-			return &Error{Code: CodeIllegalOperation, Name: "IllegalOperation", Msg: "Can't rename a collection to itself"}
+			return &Error{Code: CodeIllegalOperation, CodeName: "IllegalOperation", Msg: "Can't rename a collection to itself"}
 		}
 		var entries []Entry
 		desc := bson.D{{Key: "to", Value: bson.D{{Key: "db", Value: to.DB}, {Key: "coll", Value: to.Coll}}}}
 		if t := e.collLocked(to); t != nil {
 			if !dropTarget {
-				return &Error{Code: CodeNamespaceExists, Name: "NamespaceExists", Msg: "target namespace exists"}
+				return &Error{Code: CodeNamespaceExists, CodeName: "NamespaceExists", Msg: "target namespace exists"}
 			}
 			e.dropLocked(t)
 			ts := e.tick()
@@ -446,7 +443,11 @@ func (e *Engine) ListCollections(db string) []CollectionInfo {
 	}
 	out := make([]CollectionInfo, 0, len(d.colls))
 	for n, c := range d.colls {
-		out = append(out, CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered})
+		info := CollectionInfo{Name: n, UUID: c.uuid, PrePostImages: c.prePostImages, Clustered: c.clustered}
+		if c.capped != nil {
+			info.Capped, info.CappedSize, info.CappedMax = true, c.capped.size, c.capped.max
+		}
+		out = append(out, info)
 	}
 	slices.SortFunc(out, func(a, b CollectionInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
@@ -463,7 +464,7 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 			for _, ch := range c.chains {
 				if v := ch.latest(); v != nil && v.doc != nil {
 					info.Empty = false
-					info.Size += int64(approxSize(v.doc))
+					info.Size += int64(bsonkit.Size(v.doc))
 				}
 			}
 		}
@@ -471,14 +472,6 @@ func (e *Engine) ListDatabases() []DatabaseInfo {
 	}
 	slices.SortFunc(out, func(a, b DatabaseInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
-}
-
-func approxSize(d bson.D) int {
-	b, err := bson.Marshal(d)
-	if err != nil {
-		return 0
-	}
-	return len(b)
 }
 
 // CollectionStats returns the number of documents and their approximate
@@ -494,7 +487,7 @@ func (e *Engine) CollectionStats(ns NS) (count int64, size int64, nindexes int, 
 	for _, ch := range c.chains {
 		if v := ch.latest(); v != nil && v.doc != nil {
 			count++
-			size += int64(approxSize(v.doc))
+			size += int64(bsonkit.Size(v.doc))
 		}
 	}
 	return count, size, len(c.indexes), true
@@ -563,7 +556,7 @@ func (e *Engine) buildIndexesLocked(c *collection, specs []IndexSpec) ([]*index,
 		return nil, err
 	}
 	if n := len(c.indexes) + len(todo); n > maxIndexes {
-		return nil, &Error{Code: CodeCannotCreateIndex, Name: "CannotCreateIndex",
+		return nil, &Error{Code: CodeCannotCreateIndex, CodeName: "CannotCreateIndex",
 			Msg: fmt.Sprintf("add index fails, too many indexes for %s key:%s", c.ns, FormatValue(todo[len(todo)-1].Key))}
 	}
 	add := make([]*index, 0, len(todo))
@@ -605,20 +598,20 @@ specLoop:
 					continue specLoop
 				}
 				if sameKey {
-					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+					return nil, &Error{Code: CodeIndexOptionsConflict, CodeName: "IndexOptionsConflict",
 						Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
 							FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
 				}
-				return nil, &Error{Code: CodeIndexKeySpecsConflict, Name: "IndexKeySpecsConflict",
+				return nil, &Error{Code: CodeIndexKeySpecsConflict, CodeName: "IndexKeySpecsConflict",
 					Msg: "An existing index has the same name as the requested index but different options or key. Requested index: " +
 						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
 			}
 			if sameKey && bsonkit.Equal(x.PartialFilter, s.PartialFilter) {
 				if sameOptions(x, s) {
-					return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+					return nil, &Error{Code: CodeIndexOptionsConflict, CodeName: "IndexOptionsConflict",
 						Msg: "Index already exists with a different name: " + x.Name}
 				}
-				return nil, &Error{Code: CodeIndexOptionsConflict, Name: "IndexOptionsConflict",
+				return nil, &Error{Code: CodeIndexOptionsConflict, CodeName: "IndexOptionsConflict",
 					Msg: "An equivalent index already exists with the same name but different options. Requested index: " +
 						FormatValue(specDoc(s)) + ", existing index: " + FormatValue(specDoc(x))}
 			}
@@ -652,7 +645,7 @@ func (v *View) CreateIndexes(ns NS, specs []IndexSpec) (created bool, before, af
 			return false, before, before, err
 		}
 		if len(todo) > 0 {
-			return false, before, before, &Error{Code: 263, Name: "OperationNotSupportedInTransaction",
+			return false, before, before, &Error{Code: 263, CodeName: "OperationNotSupportedInTransaction",
 				Msg: "Cannot create new indexes on existing collection " + ns.String() + " in a multi-document transaction."}
 		}
 		return false, before, before, nil
@@ -781,7 +774,7 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 	err = e.ddl(ctx, []NS{ns}, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns not found " + ns.String()}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "ns not found " + ns.String()}
 		}
 		before = len(c.indexes)
 		if key != nil {
@@ -800,11 +793,11 @@ func (e *Engine) DropIndexes(ctx context.Context, ns NS, names []string, key bso
 		var dropped []*index
 		for _, n := range names {
 			if n == "_id_" {
-				return &Error{Code: 72, Name: "InvalidOptions", Msg: "cannot drop _id index"}
+				return &Error{Code: 72, CodeName: "InvalidOptions", Msg: "cannot drop _id index"}
 			}
 			i := slices.IndexFunc(keep, func(ix *index) bool { return ix.name == n })
 			if i < 0 {
-				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "index not found with name [" + n + "]"}
+				return &Error{Code: CodeIndexNotFound, CodeName: "IndexNotFound", Msg: "index not found with name [" + n + "]"}
 			}
 			dropped = append(dropped, keep[i])
 			keep = slices.Delete(keep, i, i+1)
@@ -825,13 +818,13 @@ func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D
 	err = e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
 		var ix *index
 		if name != "" {
 			i := slices.IndexFunc(c.indexes, func(x *index) bool { return x.name == name })
 			if i < 0 {
-				return &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "cannot find index " + name + " for ns " + ns.String()}
+				return &Error{Code: CodeIndexNotFound, CodeName: "IndexNotFound", Msg: "cannot find index " + name + " for ns " + ns.String()}
 			}
 			ix = c.indexes[i]
 		} else {
@@ -843,9 +836,9 @@ func (e *Engine) SetIndexTTL(ctx context.Context, ns NS, name string, key bson.D
 		if ix.ttl == nil {
 			switch {
 			case ix.name == "_id_":
-				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "the _id field does not support TTL indexes"}
+				return &Error{Code: CodeInvalidOptions, CodeName: "InvalidOptions", Msg: "the _id field does not support TTL indexes"}
 			case len(ix.fields) != 1:
-				return &Error{Code: CodeInvalidOptions, Name: "InvalidOptions", Msg: "TTL indexes are single-field indexes, compound indexes do not support TTL"}
+				return &Error{Code: CodeInvalidOptions, CodeName: "InvalidOptions", Msg: "TTL indexes are single-field indexes, compound indexes do not support TTL"}
 			}
 		} else {
 			v := *ix.ttl
@@ -865,7 +858,7 @@ func (e *Engine) SetPrePostImages(ctx context.Context, ns NS, enabled bool) erro
 	return e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
 		c.prePostImages = enabled
 		return nil
@@ -890,7 +883,7 @@ func (e *Engine) RecordModify(ctx context.Context, ns NS, desc bson.D) error {
 	return e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
 		e.appendOplog([]Entry{{TS: e.tick(), Op: OpModify, NS: ns, UUID: c.uuid, Desc: desc}})
 		return nil
@@ -903,7 +896,7 @@ func (e *Engine) SetClustered(ctx context.Context, ns NS, spec bson.D) error {
 	return e.ddl(ctx, nil, func() error {
 		c := e.collLocked(ns)
 		if c == nil {
-			return &Error{Code: CodeNamespaceNotFound, Name: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
+			return &Error{Code: CodeNamespaceNotFound, CodeName: "NamespaceNotFound", Msg: "ns does not exist: " + ns.String()}
 		}
 		c.clustered = spec
 		return nil
@@ -933,11 +926,11 @@ func indexByKey(c *collection, key bson.D) (*index, error) {
 	}
 	switch len(found) {
 	case 0:
-		return nil, &Error{Code: CodeIndexNotFound, Name: "IndexNotFound", Msg: "can't find index with key: " + FormatValue(key)}
+		return nil, &Error{Code: CodeIndexNotFound, CodeName: "IndexNotFound", Msg: "can't find index with key: " + FormatValue(key)}
 	case 1:
 		return found[0], nil
 	}
-	return nil, &Error{Code: CodeAmbiguousIndexKeyPattern, Name: "AmbiguousIndexKeyPattern",
+	return nil, &Error{Code: CodeAmbiguousIndexKeyPattern, CodeName: "AmbiguousIndexKeyPattern",
 		Msg: fmt.Sprintf("index keyPattern %s matches %d indexes, must use index name. Conflicting indexes: %s, %s",
 			FormatValue(key), len(found), FormatValue(specDoc(found[0].spec())), FormatValue(specDoc(found[1].spec())))}
 }

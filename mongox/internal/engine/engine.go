@@ -300,6 +300,6 @@ func waitCtx(ctx context.Context, ch <-chan struct{}) error {
 		if ctx.Err() == context.DeadlineExceeded {
 			return errMaxTime()
 		}
-		return &Error{Code: 11601, Name: "Interrupted", Msg: "operation was interrupted: " + ctx.Err().Error()}
+		return &Error{Code: 11601, CodeName: "Interrupted", Msg: "operation was interrupted: " + ctx.Err().Error()}
 	}
 }

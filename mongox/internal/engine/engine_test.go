@@ -137,7 +137,10 @@ func TestWriteConflictFirstWriterWins(t *testing.T) {
 	ee, _ := AsError(err)
 	require.Contains(t, ee.Labels, LabelTransient)
 	require.Equal(t, TxnAborted, b.State())
-	require.Equal(t, int32(CodeNoSuchTransaction), code(b.Commit()))
+	err = b.Commit()
+	require.Equal(t, int32(CodeNoSuchTransaction), code(err))
+	require.Equal(t, "Transaction with { txnNumber: 2 } has been aborted. Reason: WriteConflict: Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
+		err.(*Error).Msg, "the abort reason names the error that aborted the transaction")
 	require.NoError(t, a.Commit())
 
 	// Committed after my snapshot -> conflict.
@@ -205,7 +208,7 @@ func TestUniqueIndex(t *testing.T) {
 	require.Equal(t, int32(CodeDuplicateKey), code(err))
 	require.Contains(t, err.Error(), "E11000 duplicate key error collection: db.c index: a_1 dup key: { a: 1.0 }")
 	ee, _ := AsError(err)
-	require.Equal(t, bson.D{{Key: "a", Value: int32(1)}}, ee.KeyPattern)
+	require.Equal(t, bson.D{{Key: "keyPattern", Value: bson.D{{Key: "a", Value: int32(1)}}}, {Key: "keyValue", Value: bson.D{{Key: "a", Value: 1.0}}}}, ee.Extra)
 	err = insert(t, e, nil, bson.D{{Key: "_id", Value: 1}})
 	require.Contains(t, err.Error(), "index: _id_ dup key: { _id: 1 }")
 

@@ -8,21 +8,13 @@ import (
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/internal/mongoerr"
 )
 
-// Error is an engine error carrying a MongoDB error code. The server turns
-// it into a command error or a write error.
-type Error struct {
-	Code   int32
-	Name   string // codeName
-	Msg    string
-	Labels []string
-	// KeyPattern and KeyValue are set on duplicate key errors.
-	KeyPattern bson.D
-	KeyValue   bson.D
-}
-
-func (e *Error) Error() string { return e.Name + ": " + e.Msg }
+// Error is an engine error carrying a MongoDB error code: the server's one
+// error type, which it turns into a command error or a write error.
+type Error = mongoerr.Error
 
 // Well-known error codes.
 const (
@@ -57,7 +49,7 @@ const LabelTransient = "TransientTransactionError"
 
 // ErrHistoryLost is returned when an oplog position older than the oldest
 // retained entry is read (the server replies 286 ChangeStreamHistoryLost).
-var ErrHistoryLost = &Error{Code: CodeChangeStreamHistory, Name: "ChangeStreamHistoryLost",
+var ErrHistoryLost = &Error{Code: CodeChangeStreamHistory, CodeName: "ChangeStreamHistoryLost",
 	Msg: "Resume of change stream was not possible, as the resume point may no longer be in the oplog."}
 
 // AsError returns err as an *Error when it is one.
@@ -68,7 +60,7 @@ func AsError(err error) (*Error, bool) {
 }
 
 func errWriteConflict() *Error {
-	return &Error{Code: CodeWriteConflict, Name: "WriteConflict",
+	return &Error{Code: CodeWriteConflict, CodeName: "WriteConflict",
 		Msg:    "Write conflict during plan execution and yielding is disabled. :: Please retry your operation or multi-document transaction.",
 		Labels: []string{LabelTransient}}
 }
@@ -76,13 +68,23 @@ func errWriteConflict() *Error {
 // errLockTimeout is what a transaction gets when it cannot take a
 // collection a catalog operation is waiting for.
 func errLockTimeout(ns NS) *Error {
-	return &Error{Code: CodeLockTimeout, Name: "LockTimeout",
+	return &Error{Code: CodeLockTimeout, CodeName: "LockTimeout",
 		Msg: "Unable to acquire IX lock on '" + ns.String() + "' within 5ms: a catalog operation is waiting for the transactions " +
 			"that use the collection (maxTransactionLockRequestTimeoutMillis)"}
 }
 
 func errMaxTime() *Error {
-	return &Error{Code: CodeMaxTimeMSExpired, Name: "MaxTimeMSExpired", Msg: "operation exceeded time limit"}
+	return &Error{Code: CodeMaxTimeMSExpired, CodeName: "MaxTimeMSExpired", Msg: "operation exceeded time limit"}
+}
+
+// abortReason words the error that aborted a transaction for the
+// NoSuchTransaction errors that follow: "CodeName: message", as the
+// engine's errors have always read there.
+func abortReason(err error) string {
+	if e, ok := AsError(err); ok {
+		return e.CodeName + ": " + e.Msg
+	}
+	return err.Error()
 }
 
 func errNoSuchTxn(t *Txn) *Error {
@@ -90,14 +92,14 @@ func errNoSuchTxn(t *Txn) *Error {
 	if t.abortReason != "" {
 		msg += " Reason: " + t.abortReason
 	}
-	return &Error{Code: CodeNoSuchTransaction, Name: "NoSuchTransaction", Msg: msg, Labels: []string{LabelTransient}}
+	return &Error{Code: CodeNoSuchTransaction, CodeName: "NoSuchTransaction", Msg: msg, Labels: []string{LabelTransient}}
 }
 
 func errDupKey(ns NS, ix *index, kv bson.D) *Error {
-	return &Error{Code: CodeDuplicateKey, Name: "DuplicateKey",
+	return &Error{Code: CodeDuplicateKey, CodeName: "DuplicateKey",
 		Msg: fmt.Sprintf("E11000 duplicate key error collection: %s index: %s dup key: %s",
 			ns, ix.name, FormatValue(kv)),
-		KeyPattern: ix.keys, KeyValue: kv}
+		Extra: bson.D{{Key: "keyPattern", Value: ix.keys}, {Key: "keyValue", Value: kv}}}
 }
 
 // FormatValue renders a value the way the mongo shell prints it in error

@@ -65,7 +65,7 @@ func newIndex(s IndexSpec) (*index, error) {
 	if s.PartialFilter != nil {
 		m, err := query.Compile(s.PartialFilter)
 		if err != nil {
-			return nil, &Error{Code: CodeCannotCreateIndex, Name: "CannotCreateIndex", Msg: "bad partialFilterExpression: " + err.Error()}
+			return nil, &Error{Code: CodeCannotCreateIndex, CodeName: "CannotCreateIndex", Msg: "bad partialFilterExpression: " + err.Error()}
 		}
 		ix.filter = m
 	}

@@ -36,7 +36,7 @@ func (e *Engine) OpenSnapshot(ts bson.Timestamp) (*Snapshot, bson.Timestamp, err
 	case ts.IsZero():
 		ts = e.last
 	case bsonkit.CompareTimestamps(ts, e.last) > 0:
-		return nil, ts, &Error{Code: CodeInvalidOptions, Name: "InvalidOptions",
+		return nil, ts, &Error{Code: CodeInvalidOptions, CodeName: "InvalidOptions",
 			Msg: fmt.Sprintf("readConcern atClusterTime value %v is greater than the current cluster time %v", ts, e.last)}
 	case bsonkit.CompareTimestamps(ts, e.historyFloor) < 0:
 		return nil, ts, errSnapshotTooOld(ts)
@@ -48,7 +48,7 @@ func (e *Engine) OpenSnapshot(ts bson.Timestamp) (*Snapshot, bson.Timestamp, err
 }
 
 func errSnapshotTooOld(ts bson.Timestamp) error {
-	return &Error{Code: CodeSnapshotTooOld, Name: "SnapshotTooOld",
+	return &Error{Code: CodeSnapshotTooOld, CodeName: "SnapshotTooOld",
 		Msg: fmt.Sprintf("Read timestamp %v is older than the oldest available timestamp", ts)}
 }
 

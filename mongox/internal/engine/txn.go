@@ -113,7 +113,7 @@ func (t *Txn) Commit() error {
 		return errNoSuchTxn(t)
 	}
 	if err := e.createConflictLocked(t); err != nil {
-		e.abortLocked(t, err.Error())
+		e.abortLocked(t, abortReason(err))
 		return err
 	}
 	e.commitLocked(t)

@@ -44,7 +44,7 @@ func (e *Engine) Read(ctx context.Context, t *Txn, fn func(v *View) error) error
 		// transaction, as any failed statement does.
 		err = v.failed
 		if t.state == TxnActive {
-			e.abortLocked(t, err.Error())
+			e.abortLocked(t, abortReason(err))
 		}
 	}
 	return err
@@ -58,7 +58,7 @@ func (e *Engine) useTxnLocked(t *Txn) error {
 		return errNoSuchTxn(t)
 	}
 	if t.state == TxnCommitted {
-		return &Error{Code: CodeTransactionCommitted, Name: "TransactionCommitted", Msg: "Transaction has been committed"}
+		return &Error{Code: CodeTransactionCommitted, CodeName: "TransactionCommitted", Msg: "Transaction has been committed"}
 	}
 	if e.expiredLocked(t) {
 		return errNoSuchTxn(t)
@@ -90,8 +90,7 @@ func (e *Engine) Write(ctx context.Context, t *Txn, fn func(v *View) error) erro
 			err = v.failed
 		}
 		if err != nil && t.state == TxnActive {
-			reason := err.Error()
-			e.abortLocked(t, reason)
+			e.abortLocked(t, abortReason(err))
 		}
 		return err
 	}
@@ -205,26 +204,57 @@ func (v *View) docOf(c *chain) bson.D {
 // Find returns the matching documents of a collection in natural order
 // (nothing when the collection does not exist).
 func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
+	var out []bson.D
+	v.scan(ns, q, func(d bson.D, _ uint64) { out = append(out, d) })
+	return out, nil
+}
+
+// Record is a document with its record id: its position in the
+// collection's natural (insertion) order, as mongod's RecordId.
+type Record struct {
+	Doc bson.D
+	RID int64
+}
+
+// FindRecords is Find with the record id of each document.
+func (v *View) FindRecords(ns NS, q Query) []Record {
+	var out []Record
+	v.scan(ns, q, func(d bson.D, rid uint64) { out = append(out, Record{Doc: d, RID: int64(rid)}) })
+	return out
+}
+
+// scan calls emit with the matching documents of a collection in natural
+// order, stopping at q.Limit.
+func (v *View) scan(ns NS, q Query, emit func(bson.D, uint64)) {
 	c := v.coll(ns)
 	if c == nil {
-		return nil, nil
+		return
 	}
-	var out []bson.D
-	emit := func(d bson.D) bool {
+	n := 0
+	take := func(d bson.D, rid uint64) bool {
 		if d == nil || (q.Match != nil && !q.Match(d)) {
 			return true
 		}
-		out = append(out, d)
-		return q.Limit <= 0 || len(out) < q.Limit
+		emit(d, rid)
+		n++
+		return q.Limit <= 0 || n < q.Limit
 	}
 	if cands, ok := v.candidates(c, q.Filter); ok {
 		for _, ch := range cands {
-			if !emit(v.docOf(ch)) {
+			d, rid, _ := v.stateOf(ch)
+			if !take(d, rid) {
 				break
 			}
 		}
-		return out, nil
+		return
 	}
+	v.live(c, func(d bson.D, rid uint64) bool { return take(d, rid) })
+}
+
+// live calls fn with the documents of c the view sees, in natural order
+// (committed records, then the view's own new records), until fn returns
+// false.
+func (v *View) live(c *collection, fn func(bson.D, uint64) bool) {
 	for _, o := range c.order {
 		if o.c.dead {
 			continue
@@ -233,8 +263,8 @@ func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
 		if d == nil || rid != o.rid || newRec {
 			continue
 		}
-		if !emit(d) {
-			return out, nil
+		if !fn(d, rid) {
+			return
 		}
 	}
 	if v.t != nil {
@@ -243,13 +273,12 @@ func (v *View) Find(ns NS, q Query) ([]bson.D, error) {
 				continue
 			}
 			if p := v.t.writes[ch]; p != nil && p.newRec && p.doc != nil {
-				if !emit(p.doc) {
-					return out, nil
+				if !fn(p.doc, p.rid) {
+					return
 				}
 			}
 		}
 	}
-	return out, nil
 }
 
 // stateOf returns the document, record id and pending-new-record flag of

@@ -61,6 +61,9 @@ func (v *View) writable(ns NS) (*collection, error) {
 		if c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
 			return nil, v.snapshotUnavailable(ns)
 		}
+		if c.capped != nil {
+			return nil, errCappedInTxn(ns)
+		}
 		return c, nil
 	}
 	if v.failed != nil {
@@ -81,7 +84,7 @@ func (v *View) writable(ns NS) (*collection, error) {
 }
 
 func (v *View) snapshotUnavailable(ns NS) error {
-	err := &Error{Code: CodeSnapshotUnavailable, Name: "SnapshotUnavailable",
+	err := &Error{Code: CodeSnapshotUnavailable, CodeName: "SnapshotUnavailable",
 		Msg: fmt.Sprintf("Unable to write to collection '%s' due to catalog changes; please retry the operation. Snapshot timestamp is %s.",
 			ns, FormatValue(v.t.snapshot))}
 	v.failed = err
@@ -211,15 +214,18 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 	}
 	id, ok := bsonkit.Get(doc, "_id")
 	if !ok {
-		return &Error{Code: CodeBadValue, Name: "BadValue", Msg: "document has no _id"}
+		return &Error{Code: CodeBadValue, CodeName: "BadValue", Msg: "document has no _id"}
 	}
 	if _, isArr := id.(bson.A); isArr {
-		return &Error{Code: 53, Name: "InvalidIdField", Msg: "The '_id' value cannot be of type array"}
+		return &Error{Code: 53, CodeName: "InvalidIdField", Msg: "The '_id' value cannot be of type array"}
 	}
 	if _, isRe := id.(bson.Regex); isRe {
-		return &Error{Code: 53, Name: "InvalidIdField", Msg: "can't use a regex for _id"}
+		return &Error{Code: 53, CodeName: "InvalidIdField", Msg: "can't use a regex for _id"}
 	}
 	doc = idFirst(doc)
+	if err := checkCappedInsert(c, doc); err != nil {
+		return err
+	}
 	key := bsonkit.Key(id)
 	ch := c.chains[key]
 	if ch != nil {
@@ -241,9 +247,9 @@ func (v *View) Insert(ns NS, doc bson.D) error {
 		}
 		return err
 	}
-	v.record(ch, doc, true)
+	p := v.record(ch, doc, true)
 	v.t.ops = append(v.t.ops, Entry{Op: OpInsert, NS: ns, DocKey: bson.D{{Key: "_id", Value: id}}, Doc: doc, UUID: c.uuid})
-	return nil
+	return v.trimCapped(c, p.rid)
 }
 
 // fillEmptyTimestamps gives the top-level fields of doc (other than _id)
@@ -288,7 +294,7 @@ func (v *View) Update(ns NS, newDoc bson.D, desc *UpdateDescription) error {
 	id, _ := bsonkit.Get(newDoc, "_id")
 	ch := c.chains[bsonkit.Key(id)]
 	if ch == nil || v.docOf(ch) == nil {
-		return &Error{Code: 8, Name: "UnknownError", Msg: "engine: update of a missing document"}
+		return &Error{Code: 8, CodeName: "UnknownError", Msg: "engine: update of a missing document"}
 	}
 	if err := v.claim(ch); err != nil {
 		return err
@@ -326,6 +332,10 @@ func (v *View) Delete(ns NS, id any) (bool, error) {
 	}
 	if !v.t.auto && c.pending == nil && bsonkit.CompareTimestamps(c.catalogTS, v.t.snapshot) > 0 {
 		return false, v.snapshotUnavailable(ns)
+	}
+	if !v.t.auto && c.capped != nil {
+		return false, &Error{Code: CodeIllegalOperation, CodeName: "IllegalOperation",
+			Msg: "Cannot remove from a capped collection in a multi-document transaction: " + ns.String()}
 	}
 	if err := v.claim(ch); err != nil {
 		return false, err

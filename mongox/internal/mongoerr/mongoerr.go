@@ -11,7 +11,9 @@ import (
 )
 
 // Error is an error carrying the MongoDB error code and code name the
-// server replies with.
+// server replies with: the one error type of the embedded server, from the
+// query, update and pipeline packages through the engine to the command
+// layer.
 type Error struct {
 	// Code is MongoDB's numeric error code.
 	Code int32
@@ -20,6 +22,11 @@ type Error struct {
 	CodeName string
 	// Msg is the human-readable message (errmsg).
 	Msg string
+	// Labels are the errorLabels of the reply (TransientTransactionError...).
+	Labels []string
+	// Extra are fields added to the error reply or write error, for
+	// example keyPattern and keyValue of a duplicate key error.
+	Extra bson.D
 }
 
 // Error returns the message.

@@ -6,9 +6,10 @@
 // Compile parses a pipeline once (expressions included) and Run applies it
 // to a batch of documents. Supported stages: $match, $sort, $skip, $limit,
 // $project, $addFields, $set, $unset, $group, $count, $unwind,
-// $replaceRoot, $replaceWith, $sortByCount, $facet and $redact. Stages that
-// need other collections or the server ($lookup, $out, $merge, ...) fail
-// to compile with an error naming them.
+// $replaceRoot, $replaceWith, $sortByCount, $facet, $redact, $lookup (with
+// the Env's Lookup), $bucket, $bucketAuto and $setWindowFields. Stages
+// that need the server ($out, $merge, $collStats, $currentOp, ...) are
+// run by it; the others fail to compile with an error naming them.
 //
 // # Expressions
 //

@@ -33,8 +33,8 @@ var stageParsers map[string]stageParser
 var unsupportedStages = map[string]bool{
 	"$graphLookup": true, "$out": true, "$merge": true, "$geoNear": true,
 	"$search": true, "$searchMeta": true, "$vectorSearch": true, "$unionWith": true,
-	"$bucket": true, "$bucketAuto": true, "$sample": true, "$densify": true, "$fill": true,
-	"$setWindowFields": true, "$documents": true, "$listLocalSessions": true,
+	"$sample": true, "$densify": true, "$fill": true,
+	"$documents": true, "$listLocalSessions": true,
 	"$planCacheStats": true, "$collStats": true, "$indexStats": true, "$currentOp": true,
 	"$listSessions": true, "$listSearchIndexes": true, "$changeStreamSplitLargeEvent": true,
 	"$shardedDataDistribution": true, "$listSampledQueries": true, "$querySettings": true,
@@ -48,23 +48,26 @@ var changeStreamStages = map[string]bool{
 
 func init() {
 	stageParsers = map[string]stageParser{
-		"$match":       parseMatch,
-		"$sort":        parseSort,
-		"$skip":        parseSkip,
-		"$limit":       parseLimit,
-		"$project":     parseProject,
-		"$addFields":   func(arg any, vars bson.D) (stage, error) { return parseAddFields("$addFields", arg, vars) },
-		"$set":         func(arg any, vars bson.D) (stage, error) { return parseAddFields("$set", arg, vars) },
-		"$unset":       parseUnset,
-		"$group":       parseGroup,
-		"$count":       parseCount,
-		"$unwind":      parseUnwind,
-		"$replaceRoot": parseReplaceRoot,
-		"$replaceWith": parseReplaceWith,
-		"$sortByCount": parseSortByCount,
-		"$facet":       parseFacet,
-		"$redact":      parseRedact,
-		"$lookup":      parseLookup,
+		"$match":           parseMatch,
+		"$sort":            parseSort,
+		"$skip":            parseSkip,
+		"$limit":           parseLimit,
+		"$project":         parseProject,
+		"$addFields":       func(arg any, vars bson.D) (stage, error) { return parseAddFields("$addFields", arg, vars) },
+		"$set":             func(arg any, vars bson.D) (stage, error) { return parseAddFields("$set", arg, vars) },
+		"$unset":           parseUnset,
+		"$group":           parseGroup,
+		"$count":           parseCount,
+		"$unwind":          parseUnwind,
+		"$replaceRoot":     parseReplaceRoot,
+		"$replaceWith":     parseReplaceWith,
+		"$sortByCount":     parseSortByCount,
+		"$facet":           parseFacet,
+		"$redact":          parseRedact,
+		"$lookup":          parseLookup,
+		"$bucket":          parseBucket,
+		"$bucketAuto":      parseBucketAuto,
+		"$setWindowFields": parseSetWindowFields,
 	}
 	query.SetExprCompiler(compileExprPredicate)
 }
@@ -123,6 +126,13 @@ func Compile(stages bson.A, env Env) (*Pipeline, error) {
 		p.names = append(p.names, name)
 	}
 	return p, nil
+}
+
+// KnownStage reports whether MongoDB has an aggregation stage of that name
+// (whether or not this server runs it).
+func KnownStage(name string) bool {
+	_, ok := stageParsers[name]
+	return ok || unsupportedStages[name] || name == "$changeStream"
 }
 
 // Stages returns the stage names in order.

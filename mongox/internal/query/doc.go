@@ -16,9 +16,11 @@
 //
 // Invalid or unsupported input returns an *mongoerr.Error carrying MongoDB's error
 // code, so the server can answer with the code a real server would send.
-// Operators this server does not implement ($where, $text, geo operators,
+// Operators this server does not implement ($where, geo operators,
 // $jsonSchema, and $expr unless an evaluator is installed with
-// SetExprCompiler) fail with code 238 NotImplemented naming the operator.
+// SetExprCompiler) fail with code 238 NotImplemented naming the operator;
+// $text fails as mongod does on a collection without a text index (27
+// IndexNotFound), since the server has no text indexes.
 //
 // The package is pure: no locks, no I/O.
 package query

@@ -186,7 +186,11 @@ func compileTop(e bson.E, depth level) (node, error) {
 			return nil, err
 		}
 		return funcNode(f), nil
-	case "$where", "$text", "$jsonSchema", "$sampleRate", "$atomic", "$isolated":
+	case "$text":
+		// mongod's answer on a collection without a text index; the
+		// embedded server creates none (mongofake refuses text indexes).
+		return nil, newErr(27, "text index required for $text query (the embedded server supports no text indexes)")
+	case "$where", "$jsonSchema", "$sampleRate", "$atomic", "$isolated":
 		return nil, unsupported("query operator " + e.Key)
 	}
 	return nil, badValue("unknown top level operator: %s. If you have a field name that starts with a '$' symbol, consider using $getField or $setField.", e.Key)

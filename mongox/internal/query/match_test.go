@@ -399,7 +399,7 @@ func TestCompileErrors(t *testing.T) {
 		{`{"a": {"$bitsAllSet": -1}}`, 2, "bitmask must be non-negative"},
 		{`{"a": {"$bitsAllSet": "x"}}`, 2, "takes an Array, a number, or a BinData"},
 		{`{"$where": "this.a == 1"}`, 238, "$where"},
-		{`{"$text": {"$search": "x"}}`, 238, "$text"},
+		{`{"$text": {"$search": "x"}}`, 27, "text index required for $text query"},
 		{`{"$jsonSchema": {}}`, 238, "$jsonSchema"},
 		{`{"a": {"$near": [0, 0]}}`, 238, "$near"},
 		{`{"a": {"$geoWithin": {}}}`, 238, "$geoWithin"},
