@@ -1,0 +1,326 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+
+	"github.com/event-outbox/outbox/mongox/mongofake"
+)
+
+// The concurrent path in the crash harness (issue 21: "the crash-point test
+// of the consumer issue covers the concurrent path").
+//
+// With Config.KeyConcurrency above 1 a partition runs several units at
+// once, each its own transaction: the order in which their writes reach
+// MongoDB, and which events share a transaction, change from run to run.
+// "The Nth write of the process" is then a different write in each run, so
+// these scenarios name a crash point by what it writes instead: each write
+// is labelled by the events its statements name (an inbox document's
+// idempotency key, the event a handler's effect pushes; a commit or an
+// abort carries the events of its transaction), and a crash point is "the
+// nth write of kind K naming event E" (crashPoint.label, nth), before it
+// or after it. Each event's writes come in one order whatever the other
+// keys do (a key's lane runs one unit at a time), so every crash point of
+// the uncrashed run is met again in every run; one that is not is counted
+// in the log and fails the test.
+//
+// The process dies at its crash point from its own command monitor: before
+// the write is sent (in the Started event) or once its reply came back
+// (Succeeded, Failed), it arms mongofake.Server.Crash to refuse every
+// command it sends from then on, marks itself dead (no offset commit goes
+// out after) and ends its context. A write of another unit already on its
+// way to the server may still run or be refused: either is a state a kill
+// -9 leaves (what ran is a prefix of what the server received), and it is
+// why these crash points are not compared write by write with the
+// uncrashed run.
+//
+// Overlap is shown, not assumed: the handlers of the scenario's barrier
+// events (the first units, one per key) wait for each other in the process
+// whose writes are crashed, so that their transactions are open at once;
+// the monitor counts the transactions open at once in the uncrashed run
+// (which must reach 2) and at each crash.
+
+// crashAllCommands are the commands a dead process is refused: every
+// command it may send (reads too: nothing it sends after its death runs).
+var crashAllCommands = append(slices.Clone(crashWrites), "find", "aggregate", "getMore", "killCursors", "count",
+	"distinct", "listIndexes", "listCollections", "killSessions", "endSessions", "refreshSessions", "ping", "create", "drop", "dropDatabase")
+
+var crashWriteSet = func() map[string]bool {
+	m := map[string]bool{}
+	for _, w := range crashWrites {
+		m[w] = true
+	}
+	return m
+}()
+
+// started is the process's command monitor for a command it sends: it
+// records the write commands, follows its transactions, and dies before
+// the write of its crash point.
+func (p *crashProc) started(_ context.Context, e *event.CommandStartedEvent) {
+	if p.note(e) {
+		p.die()
+	}
+}
+
+// note records e and reports whether the process dies before sending it.
+func (p *crashProc) note(e *event.CommandStartedEvent) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var lsid bson.Raw
+	if id, err := e.Command.LookupErr("lsid"); err == nil {
+		if doc, ok := id.DocumentOK(); ok {
+			lsid = doc
+			p.lsids[string(doc)] = slices.Clone(doc)
+		}
+	}
+	_, err := e.Command.LookupErr("autocommit")
+	inTxn := err == nil
+	var txn string
+	if inTxn {
+		n, _ := e.Command.Lookup("txnNumber").AsInt64OK()
+		txn = fmt.Sprintf("%x/%d", []byte(lsid), n)
+	}
+	var evs []string
+	switch e.CommandName {
+	case "commitTransaction", "abortTransaction":
+		evs = p.txnEvents[txn]
+		p.closing[e.RequestID] = txn
+	default:
+		evs = commandEvents(e.CommandName, e.Command)
+		if inTxn {
+			p.open[txn] = true
+			p.maxOpen = max(p.maxOpen, len(p.open))
+			for _, ev := range evs {
+				if !slices.Contains(p.txnEvents[txn], ev) {
+					p.txnEvents[txn] = append(p.txnEvents[txn], ev)
+				}
+			}
+		}
+	}
+	if !crashWriteSet[e.CommandName] {
+		return false
+	}
+	w := writeCmd{name: e.CommandName, inTxn: inTxn, events: strings.Join(evs, " ")}
+	if v, err := e.Command.LookupErr(e.CommandName); err == nil {
+		w.target, _ = v.StringValueOK()
+	}
+	p.writes = append(p.writes, w)
+	die := false
+	for _, l := range w.labels() {
+		p.seen[l]++
+		if t := p.target; t != nil && t.label == l && t.nth == p.seen[l] {
+			if t.after {
+				p.afterReq = e.RequestID
+			} else {
+				die = true
+			}
+		}
+	}
+	return die
+}
+
+// finished is the process's command monitor for a reply: a transaction
+// whose commit or abort came back is closed; the process dies after the
+// write of its crash point.
+func (p *crashProc) finished(req int64) {
+	p.mu.Lock()
+	if txn, ok := p.closing[req]; ok {
+		delete(p.closing, req)
+		delete(p.open, txn)
+	}
+	die := req == p.afterReq
+	p.mu.Unlock()
+	if die {
+		p.die()
+	}
+}
+
+// die kills the process at its labelled crash point: the server refuses
+// every command it sends from now on, it commits no offset, and its
+// context ends.
+func (p *crashProc) die() {
+	p.dieOnce.Do(func() {
+		cr, err := p.r.srv.Crash(mongofake.Crash{AppName: p.name, Commands: crashAllCommands, At: 1})
+		if err != nil {
+			p.r.t.Errorf("arm the crash of %s: %v", p.name, err)
+		}
+		p.mu.Lock()
+		p.armed, p.openAtEnd = cr, len(p.open)
+		p.mu.Unlock()
+		close(p.died)
+		p.cancel()
+	})
+}
+
+// overlap returns the most transactions the process had open at once, and
+// how many it had open when it died.
+func (p *crashProc) overlap() (most, atDeath int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.maxOpen, p.openAtEnd
+}
+
+// labels are the crash-point labels of w: "event: kind" for each event it
+// names ("?" when it names none).
+func (w writeCmd) labels() []string {
+	evs := strings.Fields(w.events)
+	if len(evs) == 0 {
+		evs = []string{"?"}
+	}
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e + ": " + w.kind()
+	}
+	return out
+}
+
+// commandEvents returns the events a command's statements name, in order,
+// each once: the idempotency key of an inbox document (its _id), the event
+// a handler's effect pushes, or else "key=K" for a statement that selects
+// a key's sequence (a release's read of its head).
+func commandEvents(name string, cmd bson.Raw) []string {
+	var stmts [][2]bson.Raw // filter (or document), update
+	doc := func(v bson.RawValue) bson.Raw { d, _ := v.DocumentOK(); return d }
+	each := func(field string, f func(bson.Raw)) {
+		arr, ok := cmd.Lookup(field).ArrayOK()
+		if !ok {
+			return
+		}
+		vals, _ := arr.Values()
+		for _, v := range vals {
+			f(doc(v))
+		}
+	}
+	switch name {
+	case "update":
+		each("updates", func(d bson.Raw) { stmts = append(stmts, [2]bson.Raw{doc(d.Lookup("q")), doc(d.Lookup("u"))}) })
+	case "delete":
+		each("deletes", func(d bson.Raw) { stmts = append(stmts, [2]bson.Raw{doc(d.Lookup("q")), nil}) })
+	case "insert":
+		each("documents", func(d bson.Raw) { stmts = append(stmts, [2]bson.Raw{d, nil}) })
+	case "findAndModify":
+		stmts = append(stmts, [2]bson.Raw{doc(cmd.Lookup("query")), doc(cmd.Lookup("update"))})
+	case "find":
+		stmts = append(stmts, [2]bson.Raw{doc(cmd.Lookup("filter")), nil})
+	}
+	var out []string
+	for _, st := range stmts {
+		ev := statementEvent(st[0], st[1])
+		if ev != "" && !slices.Contains(out, ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func statementEvent(q, u bson.Raw) string {
+	str := func(d bson.Raw, path ...string) string {
+		if d == nil {
+			return ""
+		}
+		v, err := d.LookupErr(path...)
+		if err != nil {
+			return ""
+		}
+		s, _ := v.StringValueOK()
+		return s
+	}
+	switch {
+	case str(q, "_id", "idempotency_key") != "":
+		return str(q, "_id", "idempotency_key")
+	case str(q, "_id.idempotency_key") != "":
+		return str(q, "_id.idempotency_key")
+	case str(u, "$push", "handled") != "":
+		return str(u, "$push", "handled")
+	case str(q, "partition_key") != "":
+		return "key=" + str(q, "partition_key")
+	}
+	return ""
+}
+
+// crashBarrier makes the handlers of its events wait until all of them
+// run at once (each in its own transaction), or their context ends: in
+// the process whose writes are crashed, so that its first units overlap.
+type crashBarrier struct {
+	mu      sync.Mutex
+	want    map[string]bool
+	arrived map[string]bool
+	all     chan struct{}
+}
+
+func newCrashBarrier(names []string) *crashBarrier {
+	if len(names) == 0 {
+		return nil
+	}
+	b := &crashBarrier{want: map[string]bool{}, arrived: map[string]bool{}, all: make(chan struct{})}
+	for _, n := range names {
+		b.want[n] = true
+	}
+	return b
+}
+
+// wait returns at once for an event not in b (or a nil b).
+func (b *crashBarrier) wait(ctx context.Context, name string) error {
+	if b == nil || !b.want[name] {
+		return nil
+	}
+	b.mu.Lock()
+	if !b.arrived[name] {
+		b.arrived[name] = true
+		if len(b.arrived) == len(b.want) {
+			close(b.all)
+		}
+	}
+	n := len(b.arrived)
+	b.mu.Unlock()
+	t := time.NewTimer(crashQuietTimeout)
+	defer t.Stop()
+	select {
+	case <-b.all:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("crash barrier: only %d of the %d handlers %v ran at once within %v", n, len(b.want), b.want, crashQuietTimeout)
+	}
+}
+
+// concurrentCrashScenarios are the consumer's operations with several units
+// at once (KeyConcurrency 4). consumer completes a consumer scenario.
+func concurrentCrashScenarios(consumer func(*crashScenario) *crashScenario) []*crashScenario {
+	const slots = 4
+	return []*crashScenario{
+		// Nine events of five keys on four slots: the first four units (one
+		// event each, counting its attempt first) overlap; then units form
+		// as slots free up, sharing transactions by the ready lanes' share.
+		consumer(&crashScenario{name: "claim-concurrent", op: "handle-and-claim (KeyConcurrency 4, batched)",
+			keyConcurrency: slots, barrier: []string{"a1", "b1", "c1", "d1"},
+			records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "d1", key: "d"},
+				{name: "e1", key: "e"}, {name: "a2", key: "a"}, {name: "b2", key: "b"}, {name: "a3", key: "a"}, {name: "c2", key: "c"}}}),
+		// Two keys parked at once by their handlers, held events of both
+		// (one malformed, one without a handler) appended while other keys
+		// run, a failure noted beside them. One event a transaction, so
+		// that a rolled-back batch does not add claims of its neighbours.
+		consumer(&crashScenario{name: "park-hold-concurrent", op: "park and hold (KeyConcurrency 4)",
+			keyConcurrency: slots, batch: 1, barrier: []string{"p1", "q1", "k1", "f1"}, main: crashRole{poisoned: true},
+			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "q1", key: "q", mode: "poison"}, {name: "k1", key: "k"},
+				{name: "f1", key: "f", mode: "flaky"}, {name: "p2", key: "p"}, {name: "q2", key: "q", malformed: true},
+				{name: "p3", key: "p", schema: "CrashUnknown.v1"}, {name: "k2", key: "k"}, {name: "q3", key: "q"}}}),
+		// Three held keys released at once (their heads wait for the audit
+		// handler, which the new process has), one with a failing event in
+		// its sequence.
+		consumer(&crashScenario{name: "release-concurrent", op: "release steps (KeyConcurrency 4)",
+			keyConcurrency: slots, batch: 1, barrier: []string{"r1", "s1", "t1"}, main: crashRole{audit: true},
+			setup: setupConsume(crashRole{}),
+			records: []crashRec{{name: "r1", key: "r", schema: crashAuditSchema}, {name: "s1", key: "s", schema: crashAuditSchema},
+				{name: "t1", key: "t", schema: crashAuditSchema}, {name: "r2", key: "r"}, {name: "s2", key: "s", mode: "flaky"},
+				{name: "t2", key: "t"}, {name: "u1", key: "u"}, {name: "r3", key: "r"}, {name: "s3", key: "s"}}}),
+	}
+}
