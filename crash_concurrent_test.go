@@ -168,9 +168,20 @@ func (p *crashProc) overlap() (most, atDeath int) {
 }
 
 // labels are the crash-point labels of w: "event: kind" for each event it
-// names ("?" when it names none).
+// names (a key's sequence only when it names no event; "?" when it names
+// nothing). A write that names several events is crashed once for each,
+// so that every event's writes are crashed whichever transaction it shares
+// in a run: a batch of one run may be two transactions in the next.
 func (w writeCmd) labels() []string {
-	evs := strings.Fields(w.events)
+	var evs []string
+	for _, e := range strings.Fields(w.events) {
+		if !strings.HasPrefix(e, "key=") {
+			evs = append(evs, e)
+		}
+	}
+	if len(evs) == 0 {
+		evs = strings.Fields(w.events)
+	}
 	if len(evs) == 0 {
 		evs = []string{"?"}
 	}
@@ -292,23 +303,40 @@ func (b *crashBarrier) wait(ctx context.Context, name string) error {
 	}
 }
 
+// crashable makes p the process whose writes are crashed: the scenario's
+// barrier and gate run before its handlers, and its bug is planted.
+func (r *crashRig) crashable(p *crashProc) {
+	b := newCrashBarrier(r.sc.barrier)
+	gate := r.sc.gate
+	p.gate = func(ctx context.Context, name string) error {
+		if err := b.wait(ctx, name); err != nil || gate == nil {
+			return err
+		}
+		return gate(r, ctx, name)
+	}
+	p.bug = r.sc.bug
+}
+
 // concurrentCrashScenarios are the consumer's operations with several units
-// at once (KeyConcurrency 4). consumer completes a consumer scenario.
-func concurrentCrashScenarios(consumer func(*crashScenario) *crashScenario) []*crashScenario {
+// at once (KeyConcurrency 4).
+func concurrentCrashScenarios() []*crashScenario {
 	const slots = 4
 	return []*crashScenario{
-		// Nine events of five keys on four slots: the first four units (one
-		// event each, counting its attempt first) overlap; then units form
-		// as slots free up, sharing transactions by the ready lanes' share.
-		consumer(&crashScenario{name: "claim-concurrent", op: "handle-and-claim (KeyConcurrency 4, batched)",
-			keyConcurrency: slots, barrier: []string{"a1", "b1", "c1", "d1"},
+		// Eleven events of nine keys on four slots: the first four units
+		// (one event each, counting its attempt first) overlap; when the
+		// first of them ends, at least five lanes are ready for one free
+		// slot, so the next unit takes several of them in one transaction
+		// (sharedTxn).
+		consumerScenario(&crashScenario{name: "claim-concurrent", op: "handle-and-claim (KeyConcurrency 4, batched)",
+			keyConcurrency: slots, barrier: []string{"a1", "b1", "c1", "d1"}, sharedTxn: true,
 			records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "d1", key: "d"},
-				{name: "e1", key: "e"}, {name: "a2", key: "a"}, {name: "b2", key: "b"}, {name: "a3", key: "a"}, {name: "c2", key: "c"}}}),
+				{name: "e1", key: "e"}, {name: "f1", key: "f"}, {name: "g1", key: "g"}, {name: "h1", key: "h"},
+				{name: "i1", key: "i"}, {name: "a2", key: "a"}, {name: "e2", key: "e"}}}),
 		// Two keys parked at once by their handlers, held events of both
 		// (one malformed, one without a handler) appended while other keys
 		// run, a failure noted beside them. One event a transaction, so
 		// that a rolled-back batch does not add claims of its neighbours.
-		consumer(&crashScenario{name: "park-hold-concurrent", op: "park and hold (KeyConcurrency 4)",
+		consumerScenario(&crashScenario{name: "park-hold-concurrent", op: "park and hold (KeyConcurrency 4)",
 			keyConcurrency: slots, batch: 1, barrier: []string{"p1", "q1", "k1", "f1"}, main: crashRole{poisoned: true},
 			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "q1", key: "q", mode: "poison"}, {name: "k1", key: "k"},
 				{name: "f1", key: "f", mode: "flaky"}, {name: "p2", key: "p"}, {name: "q2", key: "q", malformed: true},
@@ -316,7 +344,7 @@ func concurrentCrashScenarios(consumer func(*crashScenario) *crashScenario) []*c
 		// Three held keys released at once (their heads wait for the audit
 		// handler, which the new process has), one with a failing event in
 		// its sequence.
-		consumer(&crashScenario{name: "release-concurrent", op: "release steps (KeyConcurrency 4)",
+		consumerScenario(&crashScenario{name: "release-concurrent", op: "release steps (KeyConcurrency 4)",
 			keyConcurrency: slots, batch: 1, barrier: []string{"r1", "s1", "t1"}, main: crashRole{audit: true},
 			setup: setupConsume(crashRole{}),
 			records: []crashRec{{name: "r1", key: "r", schema: crashAuditSchema}, {name: "s1", key: "s", schema: crashAuditSchema},

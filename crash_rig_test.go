@@ -189,9 +189,10 @@ type crashProc struct {
 	crash  *mongofake.Crashed // nil: it never dies at a counted write
 	ctx    context.Context    // ends when it dies
 	cancel context.CancelFunc
-	// barrier, when set, makes the handlers of its events wait for each
-	// other (see crashBarrier).
-	barrier *crashBarrier
+	// gate, when set, runs before each of its handlers; bug changes its
+	// consumer (crashScenario.gate, bug; set by crashable).
+	gate func(ctx context.Context, name string) error
+	bug  func(p *crashProc, cfg *consume.Config)
 	died    chan struct{} // closed when it dies at its labelled crash point
 	dieOnce sync.Once
 
@@ -266,8 +267,10 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 	c.topics.set(ordersTopic, 1)
 	p.c = c
 	handle := func(ctx context.Context, name, key, mode string, m Metadata) error {
-		if err := p.barrier.wait(ctx, name); err != nil {
-			return err
+		if p.gate != nil {
+			if err := p.gate(ctx, name); err != nil {
+				return err
+			}
 		}
 		switch {
 		case mode == "poison" && p.role.poisoned:
@@ -441,6 +444,9 @@ func (r *crashRig) consume(p *crashProc) error {
 	host := p.c.host()
 	cfg := p.c.consumeConfig(host, nopPauser{})
 	cfg.Host = crashHost{Host: host, p: p}
+	if p.bug != nil {
+		p.bug(p, cfg)
+	}
 	cfg.Recheck = time.Hour // no timer-driven unit: the writes come in one order
 	cfg.DrainTimeout = 5 * time.Second
 	work, cancel := context.WithCancel(p.ctx)

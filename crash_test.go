@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -79,6 +80,14 @@ type crashScenario struct {
 	// barrier are events whose handlers wait for each other in the process
 	// whose writes are crashed (crashBarrier).
 	barrier []string
+	// sharedTxn: the uncrashed run must commit a transaction shared by
+	// several events.
+	sharedTxn bool
+	// gate, when set, runs before each handler of the process whose writes
+	// are crashed; bug changes the consumer of that process (a defect
+	// planted to prove the invariants: crash_concurrent_test.go).
+	gate func(r *crashRig, ctx context.Context, name string) error
+	bug  func(p *crashProc, cfg *consume.Config)
 }
 
 // crashStep is a step of a scenario.
@@ -119,16 +128,19 @@ func crashIDOf(name string) InboxID {
 	return InboxID{Topic: ordersTopic, ContentSchema: crashEventSchema, IdempotencyKey: name}
 }
 
-func crashScenarios() []*crashScenario {
-	consumer := func(sc *crashScenario) *crashScenario {
-		sc.indexes = true
-		sc.owner = &consumeStep
-		sc.check, sc.outcome = consumerCheck, consumerOutcome
-		if sc.steps == nil {
-			sc.steps = []crashStep{consumeStep}
-		}
-		return sc
+// consumerScenario completes a scenario of the consumer: the partition's new owner
+// consumes it, and the consumer's invariants are checked.
+func consumerScenario(sc *crashScenario) *crashScenario {
+	sc.indexes = true
+	sc.owner = &consumeStep
+	sc.check, sc.outcome = consumerCheck, consumerOutcome
+	if sc.steps == nil {
+		sc.steps = []crashStep{consumeStep}
 	}
+	return sc
+}
+
+func crashScenarios() []*crashScenario {
 	publisher := func(sc *crashScenario) *crashScenario {
 		sc.indexes = true
 		sc.owner = &publishStep
@@ -182,25 +194,25 @@ func crashScenarios() []*crashScenario {
 		return err
 	}}
 	return append([]*crashScenario{
-		consumer(&crashScenario{name: "claim", op: "handle-and-claim (single)",
+		consumerScenario(&crashScenario{name: "claim", op: "handle-and-claim (single)",
 			records: []crashRec{{name: "a1", key: "a"}}}),
-		consumer(&crashScenario{name: "claim-batch", op: "handle-and-claim (batch)",
+		consumerScenario(&crashScenario{name: "claim-batch", op: "handle-and-claim (batch)",
 			records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "a2", key: "a"}}}),
-		consumer(&crashScenario{name: "park", op: "park (handler, malformed, no handler, failure noted)",
+		consumerScenario(&crashScenario{name: "park", op: "park (handler, malformed, no handler, failure noted)",
 			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "m1", key: "m", malformed: true},
 				{name: "x1", key: "x", schema: "CrashUnknown.v1"}, {name: "f1", key: "f", mode: "flaky"}},
 			main: crashRole{poisoned: true}}),
-		consumer(&crashScenario{name: "hold", op: "hold (append to a sequence)",
+		consumerScenario(&crashScenario{name: "hold", op: "hold (append to a sequence)",
 			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "p2", key: "p"}, {name: "p3", key: "p", malformed: true},
 				{name: "p4", key: "p", schema: "CrashUnknown.v1"}, {name: "k1", key: "k"}},
 			main: crashRole{poisoned: true}}),
-		consumer(&crashScenario{name: "release", op: "release step",
+		consumerScenario(&crashScenario{name: "release", op: "release step",
 			records: []crashRec{{name: "r1", key: "r", schema: crashAuditSchema}, {name: "r2", key: "r"}, {name: "r3", key: "r", mode: "flaky"},
 				{name: "r4", key: "r"}, {name: "s1", key: "s"}},
 			setup: setupConsume(crashRole{}), main: crashRole{audit: true}}),
-		consumer(&crashScenario{name: "redrive", op: "re-drive (Client.Redrive)", records: heldChain,
+		consumerScenario(&crashScenario{name: "redrive", op: "re-drive (Client.Redrive)", records: heldChain,
 			setup: setupConsume(crashRole{poisoned: true}), steps: []crashStep{redrive, consumeStep}}),
-		consumer(&crashScenario{name: "purge", op: "purge (Admin.PurgeParked)", records: heldChain,
+		consumerScenario(&crashScenario{name: "purge", op: "purge (Admin.PurgeParked)", records: heldChain,
 			setup: setupConsume(crashRole{poisoned: true}), steps: []crashStep{purge, consumeStep}}),
 		publisher(&crashScenario{name: "publish-retry", op: "publisher mark / refuse / hold, release by RetryFailed", events: pubEvents,
 			steps: []crashStep{publishStep, raise, retryFailed, publishStep}}),
@@ -219,7 +231,7 @@ func crashScenarios() []*crashScenario {
 			},
 			check:   func(r *crashRig, _ bool) []string { return r.migrationWorld().violations() },
 			outcome: func(r *crashRig) string { return r.migrationWorld().outcome() }},
-	}, concurrentCrashScenarios(consumer)...)
+	}, concurrentCrashScenarios()...)
 }
 
 // crashPoint is a write to crash, before it runs or after: the at-th write
@@ -381,7 +393,7 @@ func recordCrashScenario(t *testing.T, sc *crashScenario) (srv *mongofake.Server
 		sc.setup(rec)
 	}
 	p := rec.proc(rec.db+"-main", sc.main, nil)
-	p.barrier = newCrashBarrier(sc.barrier)
+	rec.crashable(p)
 	for _, s := range sc.steps {
 		require.NoError(t, s.run(rec, p), "uncrashed step %s", s.name)
 	}
@@ -391,6 +403,11 @@ func recordCrashScenario(t *testing.T, sc *crashScenario) (srv *mongofake.Server
 	maxOpen, _ = p.overlap()
 	if sc.keyConcurrency > 1 {
 		require.GreaterOrEqual(t, maxOpen, 2, "with KeyConcurrency %d no two transactions were open at once", sc.keyConcurrency)
+	}
+	if sc.sharedTxn {
+		require.True(t, slices.ContainsFunc(writes, func(w writeCmd) bool {
+			return w.name == "commitTransaction" && len(w.labels()) > 1
+		}), "no transaction was shared by several events: %v", writes)
 	}
 	return srv, writes, sc.outcome(rec), maxOpen
 }
@@ -465,7 +482,7 @@ func runCrashPoint(t *testing.T, srv *mongofake.Server, sc *crashScenario, write
 		p.target = &pt
 		p.mu.Unlock()
 	}
-	p.barrier = newCrashBarrier(sc.barrier)
+	r.crashable(p)
 	crashed := -1
 	for i, s := range sc.steps {
 		err := s.run(r, p)
