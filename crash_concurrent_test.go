@@ -6,11 +6,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -312,7 +316,7 @@ func (r *crashRig) crashable(p *crashProc) {
 		if err := b.wait(ctx, name); err != nil || gate == nil {
 			return err
 		}
-		return gate(r, ctx, name)
+		return gate(r, p, name)
 	}
 	p.bug = r.sc.bug
 }
@@ -351,4 +355,136 @@ func concurrentCrashScenarios() []*crashScenario {
 				{name: "t1", key: "t", schema: crashAuditSchema}, {name: "r2", key: "r"}, {name: "s2", key: "s", mode: "flaky"},
 				{name: "t2", key: "t"}, {name: "u1", key: "u"}, {name: "r3", key: "r"}, {name: "s3", key: "s"}}}),
 	}
+}
+
+// TestCrashInvariantsCatchConcurrencyBugs proves the consumer's invariants
+// on the concurrent path by the bugs they catch: states of several keys
+// that units running at once could leave, then crashed runs at
+// KeyConcurrency 4 of a consumer with a planted defect, recovered by a
+// sound one.
+func TestCrashInvariantsCatchConcurrencyBugs(t *testing.T) {
+	t.Parallel()
+	// a1 b1 c1 a2 b2, all handled, a key's in offset order, the keys'
+	// effects interleaved as units at once commit them.
+	good := func() consumerWorld {
+		w := consumerWorld{
+			records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "a2", key: "a"}, {name: "b2", key: "b"}},
+			inbox:   map[string]crashInbox{},
+			effects: map[string][]string{"a": {"a1", "a2"}, "b": {"b1", "b2"}, "c": {"c1"}}, committed: 5,
+			handles: func(string) bool { return true },
+		}
+		for i, r := range w.records {
+			w.inbox[r.name] = crashInbox{name: r.name, key: r.key, offset: int64(i), handled: true}
+		}
+		return w
+	}
+	require.Empty(t, good().violations(), "the good state passes")
+	unsettled := func(w *consumerWorld, names ...string) {
+		for _, n := range names {
+			delete(w.inbox, n)
+			for k, effs := range w.effects {
+				w.effects[k] = slices.DeleteFunc(effs, func(e string) bool { return e == n })
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func(w *consumerWorld)
+		want  string
+	}{
+		{"two units of one key at once, the later committed first", func(w *consumerWorld) { w.effects["a"] = []string{"a2", "a1"} },
+			`key "a": a1 (offset 0) handled after an event at offset 3`},
+		{"a key's later event handled while its first is in flight", func(w *consumerWorld) {
+			unsettled(w, "a1")
+			w.committed = 0
+		}, `key "a": a2 (offset 3) handled while the earlier a1 (offset 0) waits`},
+		{"the offset of the last settled event committed past an unsettled one of another key", func(w *consumerWorld) {
+			unsettled(w, "a1", "a2")
+		}, "offset 5 committed past a1 (offset 0), which is not settled"},
+	} {
+		w := good()
+		tc.spoil(&w)
+		require.Contains(t, strings.Join(w.violations(), "\n"), tc.want, tc.name)
+	}
+
+	// Crashed runs with a planted defect: the harness must fail them. The
+	// same crash point of a sound consumer (its handler waiting for an
+	// event of another key instead, which a sound consumer runs at once)
+	// passes.
+	effectOf := func(r *crashRig, key, name string) bool {
+		n, err := r.checker.db.Collection(crashEffects).CountDocuments(context.Background(),
+			bson.D{{Key: "_id", Value: key}, {Key: "handled", Value: name}})
+		return err == nil && n > 0
+	}
+	// a1's handler waits until cond holds.
+	a1Waits := func(what string, cond func(r *crashRig) bool) func(r *crashRig, p *crashProc, name string) error {
+		return func(r *crashRig, p *crashProc, name string) error {
+			if name != "a1" {
+				return nil
+			}
+			return r.quiet(p, what, func() bool { return cond(r) })
+		}
+	}
+	othersHandled := a1Waits("b1 and c1 handled", func(r *crashRig) bool { return effectOf(r, "b", "b1") && effectOf(r, "c", "c1") })
+	for _, tc := range []struct {
+		name  string
+		bug   func(p *crashProc, cfg *consume.Config)
+		gate  func(r *crashRig, p *crashProc, name string) error
+		point crashPoint
+		want  string
+	}{
+		// Each event its own lane: a key's events run at once. a1's handler
+		// waits until a2's effect committed; the process dies once a1's
+		// transaction committed too.
+		{"a key's events in two lanes", func(_ *crashProc, cfg *consume.Config) { cfg.Host = laneEachHost{cfg.Host} },
+			a1Waits("a2 handled", func(r *crashRig) bool { return effectOf(r, "a", "a2") }),
+			crashPoint{label: "a1: commitTransaction", nth: 2, after: true},
+			`key "a": a1 (offset 0) handled after an event at offset 3`},
+		// The offset after each settled event committed, not the lowest
+		// unsettled one: a1's handler waits until c1's next offset was
+		// committed; the process dies before a1's transaction commits.
+		{"each settled event's offset committed", func(p *crashProc, cfg *consume.Config) { cfg.Observer = commitEachSettled{cfg.Observer, p} },
+			a1Waits("c1's offset committed", func(r *crashRig) bool { return r.commits.next() == 3 }),
+			crashPoint{label: "a1: commitTransaction", nth: 2},
+			"committed past a1 (offset 0), which is not settled"},
+	} {
+		sc := func(bug func(p *crashProc, cfg *consume.Config), gate func(r *crashRig, p *crashProc, name string) error) *crashScenario {
+			return consumerScenario(&crashScenario{name: "bug", keyConcurrency: 4, bug: bug, gate: gate,
+				records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "a2", key: "a"}}})
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv, err := mongofake.NewServer()
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, srv.Close()) })
+			_, err = runCrashPoint(t, srv, sc(tc.bug, tc.gate), nil, tc.point, "", 0)
+			require.ErrorContains(t, err, tc.want, "the planted defect")
+			sound := sc(nil, othersHandled)
+			_, _, want, _ := recordCrashScenario(t, sound)
+			_, err = runCrashPoint(t, srv, sound, nil, tc.point, want, 1)
+			require.NoError(t, err, "the same crash point of a sound consumer")
+		})
+	}
+}
+
+// laneEachHost is a defect: it gives each event a partition key of its
+// own, so that the scheduler runs a key's events at once.
+type laneEachHost struct{ consume.Host }
+
+func (h laneEachHost) Decode(rec *kgo.Record) *consume.Event {
+	e := h.Host.Decode(rec)
+	e.Key = fmt.Sprintf("%s#%d", e.Key, rec.Offset)
+	return e
+}
+
+// commitEachSettled is a defect: it commits the offset after each event
+// settled, past the events of other keys still running.
+type commitEachSettled struct {
+	consume.Observer
+	p *crashProc
+}
+
+func (o commitEachSettled) Settled(tp consume.TopicPartition, e *consume.Event, how, reason string) {
+	o.Observer.Settled(tp, e, how, reason)
+	_ = o.p.r.commits.commit(o.p, e.Offset+1)
 }

@@ -86,7 +86,7 @@ type crashScenario struct {
 	// gate, when set, runs before each handler of the process whose writes
 	// are crashed; bug changes the consumer of that process (a defect
 	// planted to prove the invariants: crash_concurrent_test.go).
-	gate func(r *crashRig, ctx context.Context, name string) error
+	gate func(r *crashRig, p *crashProc, name string) error
 	bug  func(p *crashProc, cfg *consume.Config)
 }
 
