@@ -191,8 +191,8 @@ type crashProc struct {
 	cancel context.CancelFunc
 	// gate, when set, runs before each of its handlers; bug changes its
 	// consumer (crashScenario.gate, bug; set by crashable).
-	gate func(ctx context.Context, name string) error
-	bug  func(p *crashProc, cfg *consume.Config)
+	gate    func(ctx context.Context, name string) error
+	bug     func(p *crashProc, cfg *consume.Config)
 	died    chan struct{} // closed when it dies at its labelled crash point
 	dieOnce sync.Once
 
