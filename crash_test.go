@@ -46,6 +46,11 @@ import (
 // many writes and crash points each operation has, and fails when a
 // recorded write could not be crashed (the operation did not reach it
 // again: its writes are not deterministic).
+//
+// The scenarios at KeyConcurrency 4 (crash_concurrent_test.go) run several
+// units at once, whose writes interleave differently in each run: there a
+// crash point is the nth write of a kind naming an event, not the nth write
+// of the process, and the log says how many transactions were open at once.
 
 // crashScenario is one operation on a small partition.
 type crashScenario struct {
