@@ -407,6 +407,17 @@ func TestCrashInvariantsCatchConcurrencyBugs(t *testing.T) {
 		require.Contains(t, strings.Join(w.violations(), "\n"), tc.want, tc.name)
 	}
 
+	// A crash point that a run does not meet fails, as unreached.
+	t.Run("unreached", func(t *testing.T) {
+		t.Parallel()
+		srv, err := mongofake.NewServer()
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, srv.Close()) })
+		sc := consumerScenario(&crashScenario{name: "unreached", keyConcurrency: 4, records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}}})
+		_, err = runCrashPoint(t, srv, sc, nil, crashPoint{label: "a1: commitTransaction", nth: 3}, "", 0)
+		require.ErrorIs(t, err, errUnreached)
+	})
+
 	// Crashed runs with a planted defect: the harness must fail them. The
 	// same crash point of a sound consumer (its handler waiting for an
 	// event of another key instead, which a sound consumer runs at once)
