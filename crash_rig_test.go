@@ -199,8 +199,8 @@ type crashProc struct {
 	mu     sync.Mutex
 	writes []writeCmd
 	lsids  map[string]bson.Raw
-	// The labelled crash point (see crashLabels): target, when set, is
-	// the crash point; seen counts the labels met; afterReq is the
+	// The labelled crash point (crash_concurrent_test.go): target, when
+	// set, is the crash point; seen counts the labels met; afterReq is the
 	// request whose reply ends the process (a crash after the write);
 	// armed is the server's crash that refuses what it sends after.
 	target   *crashPoint
