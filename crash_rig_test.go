@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,9 +42,20 @@ type writeCmd struct {
 	name   string
 	target string // the collection, or "" for commitTransaction / abortTransaction
 	inTxn  bool   // sent in a transaction: its effect shows only at the commit
+	// events are the events its statements name (space-separated; for a
+	// commit or an abort, those of its transaction): see commandEvents.
+	events string
 }
 
 func (w writeCmd) String() string {
+	if w.events != "" {
+		return w.events + ": " + w.kind()
+	}
+	return w.kind()
+}
+
+// kind is the command, its collection, and whether it is in a transaction.
+func (w writeCmd) kind() string {
 	s := w.name
 	if w.target != "" {
 		s += " " + w.target
@@ -158,6 +170,11 @@ func (r *crashRig) close() {
 		if p.crash != nil {
 			p.crash.Disarm()
 		}
+		p.mu.Lock()
+		if p.armed != nil {
+			p.armed.Disarm()
+		}
+		p.mu.Unlock()
 	}
 }
 
@@ -169,20 +186,43 @@ type crashProc struct {
 	mc     *mongo.Client
 	db     *mongo.Database
 	c      *Client
-	crash  *mongofake.Crashed // nil: it never dies
+	crash  *mongofake.Crashed // nil: it never dies at a counted write
 	ctx    context.Context    // ends when it dies
 	cancel context.CancelFunc
+	// gate, when set, runs before each of its handlers; bug changes its
+	// consumer (crashScenario.gate, bug; set by crashable).
+	gate    func(ctx context.Context, name string) error
+	bug     func(p *crashProc, cfg *consume.Config)
+	died    chan struct{} // closed when it dies at its labelled crash point
+	dieOnce sync.Once
 
 	mu     sync.Mutex
 	writes []writeCmd
 	lsids  map[string]bson.Raw
+	// The labelled crash point (crash_concurrent_test.go): target, when
+	// set, is the crash point; seen counts the labels met; afterReq is the
+	// request whose reply ends the process (a crash after the write);
+	// armed is the server's crash that refuses what it sends after.
+	target   *crashPoint
+	seen     map[string]int
+	afterReq int64
+	armed    *mongofake.Crashed
+	// Transactions: the events each one's statements name, the open ones
+	// (from their first statement to the reply of their commit or abort)
+	// and the most open at once; the open ones when it died.
+	txnEvents map[string][]string
+	open      map[string]bool
+	closing   map[int64]string
+	maxOpen   int
+	openAtEnd int
 }
 
 // proc starts a process with role; with crash, it dies at crash's point
 // (AppName is set here).
 func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *crashProc {
 	t := r.t
-	p := &crashProc{r: r, name: name, role: role, lsids: map[string]bson.Raw{}}
+	p := &crashProc{r: r, name: name, role: role, lsids: map[string]bson.Raw{}, died: make(chan struct{}),
+		seen: map[string]int{}, afterReq: -1, txnEvents: map[string][]string{}, open: map[string]bool{}, closing: map[int64]string{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	if crash != nil {
 		// This goroutine ends the process's context at its crash point, so
@@ -199,30 +239,11 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 			}
 		}()
 	}
-	writes := map[string]bool{}
-	for _, w := range crashWrites {
-		writes[w] = true
+	mon := &event.CommandMonitor{
+		Started:   p.started,
+		Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) { p.finished(e.RequestID) },
+		Failed:    func(_ context.Context, e *event.CommandFailedEvent) { p.finished(e.RequestID) },
 	}
-	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if id, err := e.Command.LookupErr("lsid"); err == nil {
-			if doc, ok := id.DocumentOK(); ok {
-				p.lsids[string(doc)] = slices.Clone(doc)
-			}
-		}
-		if !writes[e.CommandName] {
-			return
-		}
-		w := writeCmd{name: e.CommandName}
-		if v, err := e.Command.LookupErr(e.CommandName); err == nil {
-			w.target, _ = v.StringValueOK()
-		}
-		if _, err := e.Command.LookupErr("autocommit"); err == nil {
-			w.inTxn = true
-		}
-		p.writes = append(p.writes, w)
-	}}
 	mc, err := mongo.Connect(options.Client().ApplyURI(r.uri).SetAppName(name).SetMonitor(mon).
 		SetServerSelectionTimeout(5 * time.Second))
 	require.NoError(t, err)
@@ -236,14 +257,21 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 		RetryMinBackoff: time.Millisecond,
 		RetryMaxBackoff: 20 * time.Millisecond,
 		MaxAttempts:     crashMaxAttempts,
-		KeyConcurrency:  1, // one unit at a time: the writes come in one order
-		HandleBatchSize: 10,
+		// One unit at a time unless the scenario says otherwise: the
+		// writes come in one order (crashPoint).
+		KeyConcurrency:  cmp.Or(r.sc.keyConcurrency, 1),
+		HandleBatchSize: cmp.Or(r.sc.batch, 10),
 		Logger:          debugLogger,
 	})
 	require.NoError(t, err)
 	c.topics.set(ordersTopic, 1)
 	p.c = c
 	handle := func(ctx context.Context, name, key, mode string, m Metadata) error {
+		if p.gate != nil {
+			if err := p.gate(ctx, name); err != nil {
+				return err
+			}
+		}
 		switch {
 		case mode == "poison" && p.role.poisoned:
 			return Park(errors.New("poisoned"))
@@ -268,6 +296,11 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 
 // dead reports whether the process reached its crash point.
 func (p *crashProc) dead() bool {
+	select {
+	case <-p.died:
+		return true
+	default:
+	}
 	if p.crash == nil {
 		return false
 	}
@@ -411,6 +444,9 @@ func (r *crashRig) consume(p *crashProc) error {
 	host := p.c.host()
 	cfg := p.c.consumeConfig(host, nopPauser{})
 	cfg.Host = crashHost{Host: host, p: p}
+	if p.bug != nil {
+		p.bug(p, cfg)
+	}
 	cfg.Recheck = time.Hour // no timer-driven unit: the writes come in one order
 	cfg.DrainTimeout = 5 * time.Second
 	work, cancel := context.WithCancel(p.ctx)

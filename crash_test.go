@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -45,6 +46,11 @@ import (
 // many writes and crash points each operation has, and fails when a
 // recorded write could not be crashed (the operation did not reach it
 // again: its writes are not deterministic).
+//
+// The scenarios at KeyConcurrency 4 (crash_concurrent_test.go) run several
+// units at once, whose writes interleave differently in each run: there a
+// crash point is the nth write of a kind naming an event, not the nth write
+// of the process, and the log says how many transactions were open at once.
 
 // crashScenario is one operation on a small partition.
 type crashScenario struct {
@@ -72,6 +78,21 @@ type crashScenario struct {
 	check func(r *crashRig, final bool) []string
 	// outcome is compared between the uncrashed run and each recovery.
 	outcome func(r *crashRig) string
+	// keyConcurrency and batch are the consumer's KeyConcurrency and
+	// HandleBatchSize (0: 1 and 10). Above 1, crash points are labelled
+	// (crash_concurrent_test.go).
+	keyConcurrency, batch int
+	// barrier are events whose handlers wait for each other in the process
+	// whose writes are crashed (crashBarrier).
+	barrier []string
+	// sharedTxn: the uncrashed run must commit a transaction shared by
+	// several events.
+	sharedTxn bool
+	// gate, when set, runs before each handler of the process whose writes
+	// are crashed; bug changes the consumer of that process (a defect
+	// planted to prove the invariants: crash_concurrent_test.go).
+	gate func(r *crashRig, p *crashProc, name string) error
+	bug  func(p *crashProc, cfg *consume.Config)
 }
 
 // crashStep is a step of a scenario.
@@ -112,16 +133,19 @@ func crashIDOf(name string) InboxID {
 	return InboxID{Topic: ordersTopic, ContentSchema: crashEventSchema, IdempotencyKey: name}
 }
 
-func crashScenarios() []*crashScenario {
-	consumer := func(sc *crashScenario) *crashScenario {
-		sc.indexes = true
-		sc.owner = &consumeStep
-		sc.check, sc.outcome = consumerCheck, consumerOutcome
-		if sc.steps == nil {
-			sc.steps = []crashStep{consumeStep}
-		}
-		return sc
+// consumerScenario completes a scenario of the consumer: the partition's
+// new owner consumes it, and the consumer's invariants are checked.
+func consumerScenario(sc *crashScenario) *crashScenario {
+	sc.indexes = true
+	sc.owner = &consumeStep
+	sc.check, sc.outcome = consumerCheck, consumerOutcome
+	if sc.steps == nil {
+		sc.steps = []crashStep{consumeStep}
 	}
+	return sc
+}
+
+func crashScenarios() []*crashScenario {
 	publisher := func(sc *crashScenario) *crashScenario {
 		sc.indexes = true
 		sc.owner = &publishStep
@@ -174,26 +198,26 @@ func crashScenarios() []*crashScenario {
 		_, err := NewAdmin(p.db, libOutbox, libInbox).MigrateEventOutbox(p.ctx, map[string]int{paymentsTopic: 3}, false)
 		return err
 	}}
-	return []*crashScenario{
-		consumer(&crashScenario{name: "claim", op: "handle-and-claim (single)",
+	return append([]*crashScenario{
+		consumerScenario(&crashScenario{name: "claim", op: "handle-and-claim (single)",
 			records: []crashRec{{name: "a1", key: "a"}}}),
-		consumer(&crashScenario{name: "claim-batch", op: "handle-and-claim (batch)",
+		consumerScenario(&crashScenario{name: "claim-batch", op: "handle-and-claim (batch)",
 			records: []crashRec{{name: "a1", key: "a"}, {name: "b1", key: "b"}, {name: "c1", key: "c"}, {name: "a2", key: "a"}}}),
-		consumer(&crashScenario{name: "park", op: "park (handler, malformed, no handler, failure noted)",
+		consumerScenario(&crashScenario{name: "park", op: "park (handler, malformed, no handler, failure noted)",
 			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "m1", key: "m", malformed: true},
 				{name: "x1", key: "x", schema: "CrashUnknown.v1"}, {name: "f1", key: "f", mode: "flaky"}},
 			main: crashRole{poisoned: true}}),
-		consumer(&crashScenario{name: "hold", op: "hold (append to a sequence)",
+		consumerScenario(&crashScenario{name: "hold", op: "hold (append to a sequence)",
 			records: []crashRec{{name: "p1", key: "p", mode: "poison"}, {name: "p2", key: "p"}, {name: "p3", key: "p", malformed: true},
 				{name: "p4", key: "p", schema: "CrashUnknown.v1"}, {name: "k1", key: "k"}},
 			main: crashRole{poisoned: true}}),
-		consumer(&crashScenario{name: "release", op: "release step",
+		consumerScenario(&crashScenario{name: "release", op: "release step",
 			records: []crashRec{{name: "r1", key: "r", schema: crashAuditSchema}, {name: "r2", key: "r"}, {name: "r3", key: "r", mode: "flaky"},
 				{name: "r4", key: "r"}, {name: "s1", key: "s"}},
 			setup: setupConsume(crashRole{}), main: crashRole{audit: true}}),
-		consumer(&crashScenario{name: "redrive", op: "re-drive (Client.Redrive)", records: heldChain,
+		consumerScenario(&crashScenario{name: "redrive", op: "re-drive (Client.Redrive)", records: heldChain,
 			setup: setupConsume(crashRole{poisoned: true}), steps: []crashStep{redrive, consumeStep}}),
-		consumer(&crashScenario{name: "purge", op: "purge (Admin.PurgeParked)", records: heldChain,
+		consumerScenario(&crashScenario{name: "purge", op: "purge (Admin.PurgeParked)", records: heldChain,
 			setup: setupConsume(crashRole{poisoned: true}), steps: []crashStep{purge, consumeStep}}),
 		publisher(&crashScenario{name: "publish-retry", op: "publisher mark / refuse / hold, release by RetryFailed", events: pubEvents,
 			steps: []crashStep{publishStep, raise, retryFailed, publishStep}}),
@@ -212,51 +236,101 @@ func crashScenarios() []*crashScenario {
 			},
 			check:   func(r *crashRig, _ bool) []string { return r.migrationWorld().violations() },
 			outcome: func(r *crashRig) string { return r.migrationWorld().outcome() }},
-	}
+	}, concurrentCrashScenarios()...)
 }
 
-// crashPoint is a write to crash, before it runs or after.
+// crashPoint is a write to crash, before it runs or after: the at-th write
+// of the process, or (label set; several units at once) the nth write
+// labelled label (writeCmd.labels).
 type crashPoint struct {
 	at    int // 1-based index in the recorded writes
+	label string
+	nth   int
 	after bool
 }
 
 func (p crashPoint) String() string {
+	where := "before"
 	if p.after {
-		return fmt.Sprintf("after write %d", p.at)
+		where = "after"
 	}
-	return fmt.Sprintf("before write %d", p.at)
+	if p.label != "" {
+		return fmt.Sprintf("%s write %q #%d", where, p.label, p.nth)
+	}
+	return fmt.Sprintf("%s write %d", where, p.at)
 }
+
+// labelledPoints are the crash points of the writes of an uncrashed run
+// with several units at once: each label of each write, before it and,
+// where it differs, after it.
+func labelledPoints(writes []writeCmd) (points []crashPoint, before, after int) {
+	seen := map[string]int{}
+	for _, w := range writes {
+		for _, l := range w.labels() {
+			seen[l]++
+			points = append(points, crashPoint{label: l, nth: seen[l]})
+			before++
+			if w.afterMatters() {
+				points = append(points, crashPoint{label: l, nth: seen[l], after: true})
+				after++
+			}
+		}
+	}
+	return points, before, after
+}
+
+// errUnreached: a run did not meet its labelled crash point again.
+var errUnreached = errors.New("the crash point was not reached")
 
 // crashTally collects the crash points covered, by operation.
 type crashTally struct {
 	mu  sync.Mutex
 	ops []string
-	by  map[string][3]int // writes, crash points before, after
+	by  map[string]crashOpTally
 }
 
-func (c *crashTally) add(op string, writes, before, after int) {
+// crashOpTally is the count of one operation.
+type crashOpTally struct {
+	writes, before, after int
+	// With several units at once (slots > 1): the most transactions open
+	// at once in the uncrashed run, the crash points at which the process
+	// had two or more open when it died, and the crash points no run
+	// reached (each also a failure).
+	slots, maxOpen, overlapped, unreached int
+}
+
+func (c *crashTally) add(op string, n crashOpTally) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.by == nil {
-		c.by = map[string][3]int{}
+		c.by = map[string]crashOpTally{}
 	}
 	c.ops = append(c.ops, op)
-	c.by[op] = [3]int{writes, before, after}
+	c.by[op] = n
 }
 
 func (c *crashTally) log(t *testing.T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sort.Strings(c.ops)
-	total := 0
+	total, conc, concOps, unreached, overlapped := 0, 0, 0, 0, 0
 	var b strings.Builder
 	for _, op := range c.ops {
 		n := c.by[op]
-		fmt.Fprintf(&b, "\n  %-60s %3d writes, %3d crash points (%d before the write, %d after it)", op, n[0], n[1]+n[2], n[1], n[2])
-		total += n[1] + n[2]
+		fmt.Fprintf(&b, "\n  %-60s %3d writes, %3d crash points (%d before the write, %d after it)", op, n.writes, n.before+n.after, n.before, n.after)
+		total += n.before + n.after - n.unreached
+		if n.slots > 1 {
+			fmt.Fprintf(&b, "; up to %d transactions open at once uncrashed, 2 or more open at %d crash points, %d unreached",
+				n.maxOpen, n.overlapped, n.unreached)
+			conc += n.before + n.after - n.unreached
+			concOps++
+			unreached += n.unreached
+			overlapped += n.overlapped
+		}
 	}
-	t.Logf("crash points covered: %d in %d operations:%s", total, len(c.ops), b.String())
+	t.Logf("crash points covered: %d in %d operations; of them on the concurrent path (KeyConcurrency > 1): %d in %d operations, "+
+		"%d with 2 or more transactions open when the process died (and %d not reached, each a failure):%s",
+		total, len(c.ops), conc, concOps, overlapped, unreached, b.String())
 }
 
 func TestCrashEveryWrite(t *testing.T) {
@@ -272,15 +346,19 @@ func TestCrashEveryWrite(t *testing.T) {
 }
 
 func runCrashScenario(t *testing.T, sc *crashScenario, tally *crashTally) {
-	srv, writes, want := recordCrashScenario(t, sc)
+	srv, writes, want, maxOpen := recordCrashScenario(t, sc)
 	var points []crashPoint
-	before, after := 0, 0
-	for i, w := range writes {
-		points = append(points, crashPoint{at: i + 1})
-		before++
-		if w.afterMatters() {
-			points = append(points, crashPoint{at: i + 1, after: true})
-			after++
+	n := crashOpTally{writes: len(writes), slots: sc.keyConcurrency, maxOpen: maxOpen}
+	if sc.keyConcurrency > 1 {
+		points, n.before, n.after = labelledPoints(writes)
+	} else {
+		for i, w := range writes {
+			points = append(points, crashPoint{at: i + 1})
+			n.before++
+			if w.afterMatters() {
+				points = append(points, crashPoint{at: i + 1, after: true})
+				n.after++
+			}
 		}
 	}
 	var lines []string
@@ -289,17 +367,29 @@ func runCrashScenario(t *testing.T, sc *crashScenario, tally *crashTally) {
 	}
 	t.Logf("%s: %d writes, %d crash points\n%s", sc.op, len(writes), len(points), strings.Join(lines, "\n"))
 	for i, pt := range points {
-		if err := runCrashPoint(t, srv, sc, writes, pt, want, i); err != nil {
-			t.Errorf("crash %s (%s): %v", pt, writes[pt.at-1], err)
+		open, err := runCrashPoint(t, srv, sc, writes, pt, want, i)
+		if open >= 2 {
+			n.overlapped++
+		}
+		if errors.Is(err, errUnreached) {
+			n.unreached++
+		}
+		if err != nil {
+			what := pt.String()
+			if pt.label == "" {
+				what += " (" + writes[pt.at-1].String() + ")"
+			}
+			t.Errorf("crash %s: %v", what, err)
 		}
 	}
-	tally.add(sc.op, len(writes), before, after)
+	tally.add(sc.op, n)
 }
 
 // recordCrashScenario starts the scenario's server and runs the scenario
 // uncrashed: it returns the server, the writes the operation's process
-// sent and the outcome.
-func recordCrashScenario(t *testing.T, sc *crashScenario) (srv *mongofake.Server, writes []writeCmd, outcome string) {
+// sent, the outcome, and the most transactions the process had open at
+// once (at least 2 with several units at once).
+func recordCrashScenario(t *testing.T, sc *crashScenario) (srv *mongofake.Server, writes []writeCmd, outcome string, maxOpen int) {
 	srv, err := mongofake.NewServer(sc.server...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, srv.Close()) })
@@ -309,13 +399,23 @@ func recordCrashScenario(t *testing.T, sc *crashScenario) (srv *mongofake.Server
 		sc.setup(rec)
 	}
 	p := rec.proc(rec.db+"-main", sc.main, nil)
+	rec.crashable(p)
 	for _, s := range sc.steps {
 		require.NoError(t, s.run(rec, p), "uncrashed step %s", s.name)
 	}
 	writes = p.recorded()
 	require.NotEmpty(t, writes)
 	require.Empty(t, sc.check(rec, true), "the uncrashed run breaks an invariant")
-	return srv, writes, sc.outcome(rec)
+	maxOpen, _ = p.overlap()
+	if sc.keyConcurrency > 1 {
+		require.GreaterOrEqual(t, maxOpen, 2, "with KeyConcurrency %d no two transactions were open at once", sc.keyConcurrency)
+	}
+	if sc.sharedTxn {
+		require.True(t, slices.ContainsFunc(writes, func(w writeCmd) bool {
+			return w.name == "commitTransaction" && len(w.labels()) > 1
+		}), "no transaction was shared by several events: %v", writes)
+	}
+	return srv, writes, sc.outcome(rec), maxOpen
 }
 
 // A park, or a hold, that meets the locks of a process that died in the
@@ -352,7 +452,7 @@ func TestCrashParkOrHoldMeetingADeadLockEndsItsSessions(t *testing.T) {
 					sc = s
 				}
 			}
-			srv, writes, want := recordCrashScenario(t, sc)
+			srv, writes, want, _ := recordCrashScenario(t, sc)
 			at, n := -1, 0
 			for i := range writes {
 				if tc.point(writes, i) {
@@ -363,20 +463,32 @@ func TestCrashParkOrHoldMeetingADeadLockEndsItsSessions(t *testing.T) {
 				}
 			}
 			require.GreaterOrEqual(t, at, 0, "no such write in %v", writes)
-			require.NoError(t, runCrashPoint(t, srv, sc, writes, crashPoint{at: at + 1}, want, 0))
+			_, err := runCrashPoint(t, srv, sc, writes, crashPoint{at: at + 1}, want, 0)
+			require.NoError(t, err)
 		})
 	}
 }
 
 // runCrashPoint runs the scenario with a process that dies at pt, then the
-// recovery, and checks the invariants and the outcome.
-func runCrashPoint(t *testing.T, srv *mongofake.Server, sc *crashScenario, writes []writeCmd, pt crashPoint, want string, n int) error {
+// recovery, and checks the invariants and the outcome. It returns how many
+// transactions the process had open when it died.
+func runCrashPoint(t *testing.T, srv *mongofake.Server, sc *crashScenario, writes []writeCmd, pt crashPoint, want string, n int) (int, error) {
 	r := newCrashRig(t, srv, sc, fmt.Sprintf("crash_%s_%d", strings.ReplaceAll(sc.name, "-", "_"), n))
 	defer r.close()
 	if sc.setup != nil {
 		sc.setup(r)
 	}
-	p := r.proc(r.db+"-dies", sc.main, &mongofake.Crash{Commands: crashWrites, At: pt.at, AfterRun: pt.after})
+	var crash *mongofake.Crash
+	if pt.label == "" {
+		crash = &mongofake.Crash{Commands: crashWrites, At: pt.at, AfterRun: pt.after}
+	}
+	p := r.proc(r.db+"-dies", sc.main, crash)
+	if pt.label != "" {
+		p.mu.Lock()
+		p.target = &pt
+		p.mu.Unlock()
+	}
+	r.crashable(p)
 	crashed := -1
 	for i, s := range sc.steps {
 		err := s.run(r, p)
@@ -385,14 +497,23 @@ func runCrashPoint(t *testing.T, srv *mongofake.Server, sc *crashScenario, write
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("step %s failed before the crash point: %w", s.name, err)
+			return 0, fmt.Errorf("step %s failed before the crash point: %w", s.name, err)
 		}
 	}
+	_, open := p.overlap()
 	got := p.recorded()
-	if crashed < 0 || len(got) < pt.at || !slices.Equal(got[:pt.at], writes[:pt.at]) {
-		return fmt.Errorf("the crash point was not reached as recorded: the writes are not deterministic (got %v, want %v)", got, writes[:pt.at])
+	switch {
+	case pt.label != "" && crashed < 0:
+		return 0, fmt.Errorf("%w: the run ended without it (writes %v)", errUnreached, got)
+	case pt.label == "" && (crashed < 0 || len(got) < pt.at || !slices.Equal(got[:pt.at], writes[:pt.at])):
+		return 0, fmt.Errorf("the crash point was not reached as recorded: the writes are not deterministic (got %v, want %v)", got, writes[:pt.at])
 	}
+	return open, recoverCrash(r, sc, crashed, want)
+}
 
+// recoverCrash runs the recovery of a process that died in step crashed,
+// and checks the invariants and the outcome.
+func recoverCrash(r *crashRig, sc *crashScenario, crashed int, want string) error {
 	// The new owner takes over.
 	q := r.proc(r.db+"-recovers", sc.main, nil)
 	if sc.owner != nil {
