@@ -30,6 +30,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -38,6 +39,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
@@ -252,7 +254,7 @@ func (r *replica) run(ctx context.Context) {
 		err := r.write(wctx, false, nil)
 		cancel()
 		switch {
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, errReplicaStopped):
 			return
 		case err != nil:
 			cfg.Logger.Warn("outbox: refreshing the replica record failed; retrying", "id", r.id, "error", err, "attempt", attempt)
@@ -266,6 +268,10 @@ func (r *replica) run(ctx context.Context) {
 		}
 	}
 }
+
+// errReplicaStopped is what a refresh returns on a record already marked
+// stopped: it wrote nothing.
+var errReplicaStopped = errors.New("outbox: replica record already marked stopped")
 
 // write upserts the record with the member ids the group clients hold now
 // (the last ones read when a client is gone), running or stopped. Every
@@ -303,10 +309,22 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 		}
 	}
 	set = append(set, bson.E{Key: "state", Value: state})
-	_, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
+	filter := bson.D{{Key: "_id", Value: r.id}}
+	if !stopped {
+		// A refresh canceled by the stop may reach the server after the
+		// stop's write: it must not mark the record running again. On a
+		// stopped record the filter matches nothing and the upsert's
+		// insert meets the _id: a duplicate key, which means "stopped
+		// already".
+		filter = append(filter, bson.E{Key: "state", Value: bson.D{{Key: "$ne", Value: "stopped"}}})
+	}
+	_, err := c.meta.UpdateOne(ctx, filter, bson.D{
 		{Key: "$set", Value: set},
 		{Key: "$currentDate", Value: now},
 	}, options.UpdateOne().SetUpsert(true))
+	if !stopped && mongo.IsDuplicateKeyError(err) {
+		return errReplicaStopped
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: write replica record %s in %s: %w", r.id, metaCollection, err)
 	}

@@ -108,6 +108,29 @@ func TestReplicaRecordOfAFailedRun(t *testing.T) {
 	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
 }
 
+// A refresh that reaches the server after the stop's write leaves the
+// record stopped. The stop cancels the refresh in flight, but the driver
+// only gives up waiting: the server may run the canceled update after the
+// stop's, on another connection, which marked a stopped replica running
+// again (TestReplicaRecordOfAFailedRun failed so on a loaded machine).
+// Here the late refresh is written after the stop on purpose.
+func TestReplicaRefreshAfterStopKeepsItStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.config("late"))
+	r := &replica{c: c, id: replicaIDPrefix + "late", host: "h", pid: 1, started: time.Now().UTC(),
+		interval: time.Second, consGen: -1, pubGen: -1}
+	require.NoError(t, r.write(ctx, false, nil))
+	require.NoError(t, r.write(ctx, true, nil))
+	err := r.write(ctx, false, nil) // the canceled refresh, landing late
+	rs, rerr := c.Admin().Replicas(ctx)
+	require.NoError(t, rerr)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].Stopped, "a late refresh must not mark a stopped replica running")
+	require.ErrorIs(t, err, errReplicaStopped)
+}
+
 // Responding: a record refreshed within three periods, not stopped.
 func TestReplicaResponding(t *testing.T) {
 	t.Parallel()
