@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -307,70 +308,92 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// validate checks every field and reports every invalid one: the errors,
+// each wrapping ErrConfig and naming its field, joined (errors.Join).
 func (c Config) validate() error {
-	bad := func(field, why string) error { return fmt.Errorf("%w: %s %s", ErrConfig, field, why) }
-	switch {
-	case c.Mongo == nil:
-		return bad("Mongo", "is required")
-	case c.Database == "":
-		return bad("Database", "is required")
-	case len(c.Brokers) == 0:
-		return bad("Brokers", "is required")
-	case c.Service == "":
-		return bad("Service", "is required")
-	case c.OutboxCollection == c.InboxCollection:
-		return bad("InboxCollection", "must differ from OutboxCollection")
-	case c.OutboxRetention < time.Second:
-		return bad("OutboxRetention", "must be at least 1s")
-	case c.InboxRetention < time.Second:
-		return bad("InboxRetention", "must be at least 1s")
-	case c.MaxAttempts < 1:
-		return bad("MaxAttempts", "must be at least 1")
-	case c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent:
-		return bad("PoisonPolicy", "must be HoldKey or SkipEvent")
-	case c.DrainTimeout < 0:
-		return bad("DrainTimeout", "must not be negative")
-	case c.HandlerTimeout < 0:
-		return bad("HandlerTimeout", "must not be negative")
-	case c.MaxSnoozes < 0:
-		return bad("MaxSnoozes", "must not be negative")
-	case c.HandleBatchSize < 1:
-		return bad("HandleBatchSize", "must be at least 1")
-	case c.KeyConcurrency < 1 || c.KeyConcurrency > maxKeyConcurrency:
-		return bad("KeyConcurrency", fmt.Sprintf("must be between 1 and %d", maxKeyConcurrency))
-	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:
-		return bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
-	case c.PublishBatchSize < 1:
-		return bad("PublishBatchSize", "must be at least 1")
-	case c.PublishLinger < 0:
-		return bad("PublishLinger", "must not be negative")
-	case c.CreateTopicPartitions < 0:
-		return bad("CreateTopicPartitions", "must not be negative")
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
-		return bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
-	case c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval:
-		return bad("FenceMargin", "must be positive and shorter than SessionTimeout minus HeartbeatInterval")
-	case c.ConsumerGroup == c.PublisherGroup:
-		return bad("PublisherGroup", "must differ from ConsumerGroup")
+	var errs []error
+	bad := func(field, why string) { errs = append(errs, fmt.Errorf("%w: %s %s", ErrConfig, field, why)) }
+	if c.Mongo == nil {
+		bad("Mongo", "is required")
+	}
+	if c.Database == "" {
+		bad("Database", "is required")
+	}
+	if len(c.Brokers) == 0 {
+		bad("Brokers", "is required")
+	}
+	if c.Service == "" {
+		bad("Service", "is required")
+	}
+	if c.OutboxCollection == c.InboxCollection {
+		bad("InboxCollection", "must differ from OutboxCollection")
+	}
+	if c.OutboxRetention < time.Second {
+		bad("OutboxRetention", "must be at least 1s")
+	}
+	if c.InboxRetention < time.Second {
+		bad("InboxRetention", "must be at least 1s")
+	}
+	if c.MaxAttempts < 1 {
+		bad("MaxAttempts", "must be at least 1")
+	}
+	if c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent {
+		bad("PoisonPolicy", "must be HoldKey or SkipEvent")
+	}
+	if c.DrainTimeout < 0 {
+		bad("DrainTimeout", "must not be negative")
+	}
+	if c.HandlerTimeout < 0 {
+		bad("HandlerTimeout", "must not be negative")
+	}
+	if c.MaxSnoozes < 0 {
+		bad("MaxSnoozes", "must not be negative")
+	}
+	if c.HandleBatchSize < 1 {
+		bad("HandleBatchSize", "must be at least 1")
+	}
+	if c.KeyConcurrency < 1 || c.KeyConcurrency > maxKeyConcurrency {
+		bad("KeyConcurrency", fmt.Sprintf("must be between 1 and %d", maxKeyConcurrency))
+	}
+	if c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff {
+		bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
+	}
+	if c.PublishBatchSize < 1 {
+		bad("PublishBatchSize", "must be at least 1")
+	}
+	if c.PublishLinger < 0 {
+		bad("PublishLinger", "must not be negative")
+	}
+	if c.CreateTopicPartitions < 0 {
+		bad("CreateTopicPartitions", "must not be negative")
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout {
+		bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
+	}
+	if c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval {
+		bad("FenceMargin", "must be positive and shorter than SessionTimeout minus HeartbeatInterval")
+	}
+	if c.ConsumerGroup != "" && c.ConsumerGroup == c.PublisherGroup {
+		bad("PublisherGroup", "must differ from ConsumerGroup")
 	}
 	if _, err := c.Compression.codec(); err != nil {
-		return bad("Compression", err.Error())
+		bad("Compression", err.Error())
 	}
 	if err := checkTopicPrefix(c.TopicPrefix); err != nil {
-		return bad("TopicPrefix", err.Error())
+		bad("TopicPrefix", err.Error())
 	}
 	seen := map[string]bool{}
 	for _, t := range c.PublishTopics {
-		if err := checkName("topic", t); err != nil {
-			return bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
-		}
-		if len(c.TopicPrefix)+len(t) > maxNameLen {
-			return bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
-		}
-		if seen[t] {
-			return bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
+		switch {
+		case checkName("topic", t) != nil:
+			bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
+		case len(c.TopicPrefix)+len(t) > maxNameLen:
+			bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
+		case seen[t]:
+			bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
 		}
 		seen[t] = true
 	}
-	return c.validateWire()
+	errs = append(errs, c.validateWire()...)
+	return errors.Join(errs...)
 }

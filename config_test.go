@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +53,23 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	require.Equal(t, "svc.outbox-publisher", c.cfg.PublisherGroup)
 	require.Equal(t, "svc", c.cfg.ConsumerGroup)
 	require.Equal(t, 30*24*time.Hour, c.cfg.InboxRetention)
+}
+
+// Every invalid field is reported at once, each naming its field, so that
+// a service's first start lists everything to fix instead of one thing per
+// try.
+func TestConfigReportsEveryInvalidField(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{MaxAttempts: -1, PublishLinger: -time.Second})
+	require.ErrorIs(t, err, ErrConfig)
+	var joined interface{ Unwrap() []error }
+	require.ErrorAs(t, err, &joined)
+	var fields []string
+	for _, e := range joined.Unwrap() {
+		require.ErrorIs(t, e, ErrConfig)
+		fields = append(fields, strings.Fields(strings.TrimPrefix(e.Error(), ErrConfig.Error()+": "))[0])
+	}
+	require.Equal(t, []string{"Mongo", "Database", "Brokers", "Service", "MaxAttempts", "PublishLinger"}, fields)
 }
 
 type testEvent struct {
