@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,9 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Namespaced, so that a service's own "service" attribute does not
+	// collide with it.
+	cfg.Logger = cfg.Logger.With(slog.String("outbox.service", cfg.Service))
 	db := cfg.Mongo.Database(cfg.Database)
 	c := &Client{
 		cfg:           cfg,

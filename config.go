@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -223,8 +226,20 @@ type Config struct {
 	// to 3 s.
 	FenceMargin time.Duration
 
-	// Logger receives the framework's logs. Defaults to a logger that
-	// discards everything.
+	// ReplicaID names this process (one replica of the service) in its
+	// liveness record (Replica.Name, the console's partitions page),
+	// Status.Replica and the framework's logs (attribute outbox.replica).
+	// Give each replica its own, for example the pod name or a REPLICA_ID
+	// variable. Defaults to the host name and process id ("host-4242").
+	ReplicaID string
+
+	// Logger receives the framework's logs: warnings and errors, each
+	// state change once (partitions assigned or lost, a change stream
+	// reopened, a key held), and a summary of the events recorded,
+	// published, handled and parked every LogSummaryInterval (only when
+	// some were). The framework's attributes are namespaced ("outbox.*"),
+	// so they do not collide with a service's own. Defaults to
+	// slog.Default(), the process's default logger.
 	Logger *slog.Logger
 	// MeterProvider receives the framework's metrics (see the Telemetry
 	// section of the package documentation). Defaults to the global
@@ -296,8 +311,11 @@ func (c Config) withDefaults() Config {
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, 10*time.Second)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, time.Second)
 	c.FenceMargin = cmp.Or(c.FenceMargin, 3*time.Second)
+	if c.ReplicaID == "" {
+		c.ReplicaID = defaultReplicaID()
+	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
@@ -376,6 +394,9 @@ func (c Config) validate() error {
 	if c.ConsumerGroup != "" && c.ConsumerGroup == c.PublisherGroup {
 		bad("PublisherGroup", "must differ from ConsumerGroup")
 	}
+	if len(c.ReplicaID) > maxNameLen || strings.IndexFunc(c.ReplicaID, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		bad("ReplicaID", fmt.Sprintf("must be printable and at most %d bytes", maxNameLen))
+	}
 	if _, err := c.Compression.codec(); err != nil {
 		bad("Compression", err.Error())
 	}
@@ -396,4 +417,14 @@ func (c Config) validate() error {
 	}
 	errs = append(errs, c.validateWire()...)
 	return errors.Join(errs...)
+}
+
+// defaultReplicaID is Config.ReplicaID's default: the host name and the
+// process id, unique on a host and across containers.
+func defaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "replica"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }

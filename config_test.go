@@ -2,6 +2,9 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +73,24 @@ func TestConfigReportsEveryInvalidField(t *testing.T) {
 		fields = append(fields, strings.Fields(strings.TrimPrefix(e.Error(), ErrConfig.Error()+": "))[0])
 	}
 	require.Equal(t, []string{"Mongo", "Database", "Brokers", "Service", "MaxAttempts", "PublishLinger"}, fields)
+}
+
+// A Config without a Logger logs to slog.Default(), so that no warning is
+// swallowed; ReplicaID defaults to the host name and process id.
+func TestConfigDefaultsLoggerAndReplicaID(t *testing.T) {
+	t.Parallel()
+	require.Same(t, slog.Default(), validConfig(t).withDefaults().Logger)
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("-%d", os.Getpid()), c.cfg.ReplicaID[strings.LastIndex(c.cfg.ReplicaID, "-"):])
+	cfg := validConfig(t)
+	cfg.ReplicaID = "orders-7"
+	c, err = New(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "orders-7", c.cfg.ReplicaID)
+	cfg.ReplicaID = "bad\nname"
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "ReplicaID")
 }
 
 type testEvent struct {

@@ -257,7 +257,7 @@ func (c *Client) host() *consumeHost {
 	if cons := c.tel.cons.Load(); cons != nil {
 		return &consumeHost{c: c, cons: cons}
 	}
-	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}}
+	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}}
 }
 
 // firstParked reads the head of key's sequence (keyseq.go); ok is false

@@ -8,7 +8,7 @@ package outbox
 // which replica just died. Each running Client therefore keeps a liveness
 // record of its own in the outbox_meta collection (see metaCollection):
 //
-//	{_id: "replica:<instance id>", kind: "replica", service, consumer_group,
+//	{_id: "replica:<instance id>", kind: "replica", name, service, consumer_group,
 //	 publisher_group, consumer_member_id, consumer_generation,
 //	 publisher_member_id, publisher_generation, host, pid, started_at,
 //	 last_seen, refresh_ms, state: "running"|"stopped", stopped_at, stop_error}
@@ -30,6 +30,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -87,8 +88,13 @@ func metaIndexes() []indexSpec {
 // Replica is the liveness record of one running Client (one call of Run),
 // as Admin.Replicas reads it.
 type Replica struct {
-	// ID is the random instance id of the Run call.
+	// ID is the random instance id of the Run call: a replica that
+	// restarts under the same Name gets a record of its own, so that the
+	// record of a run that died keeps the sessions to end (takeover.go).
 	ID string `json:"id"`
+	// Name is the replica's Config.ReplicaID (host name and process id by
+	// default).
+	Name string `json:"name"`
 	// Service is the replica's Config.Service.
 	Service string `json:"service"`
 	// ConsumerGroup and PublisherGroup are the replica's groups.
@@ -108,20 +114,33 @@ type Replica struct {
 	// (MongoDB's clock).
 	StartedAt time.Time `json:"started_at"`
 	LastSeen  time.Time `json:"last_seen"`
-	// RefreshInterval is the replica's refresh period.
-	RefreshInterval time.Duration `json:"refresh_interval"`
+	// RefreshInterval is the replica's refresh period (JSON:
+	// refresh_interval_seconds).
+	RefreshInterval time.Duration `json:"-"`
 	// Stopped reports that Run returned; StoppedAt says when (MongoDB's
 	// clock), StopError why, when it returned an error.
 	Stopped   bool      `json:"stopped"`
 	StoppedAt time.Time `json:"stopped_at,omitzero"`
 	StopError string    `json:"stop_error,omitempty"`
 	// Silence is the time since LastSeen when the record was read, by
-	// MongoDB's clock.
-	Silence time.Duration `json:"silence"`
+	// MongoDB's clock (JSON: silence_seconds).
+	Silence time.Duration `json:"-"`
 
 	// lsids are the sessions the replica's consumer ran transactions on
 	// (takeover.go).
 	lsids []bson.Raw
+}
+
+// MarshalJSON writes the durations in seconds, as Status does
+// (refresh_interval_seconds, silence_seconds), and Responding.
+func (r Replica) MarshalJSON() ([]byte, error) {
+	type fields Replica // the fields without this method
+	return json.Marshal(struct {
+		fields
+		RefreshInterval float64 `json:"refresh_interval_seconds"`
+		Silence         float64 `json:"silence_seconds"`
+		Responding      bool    `json:"responding"`
+	}{fields(r), r.RefreshInterval.Seconds(), r.Silence.Seconds(), r.Responding()})
 }
 
 // Responding reports whether the replica is running and refreshed its
@@ -133,6 +152,7 @@ func (r Replica) Responding() bool {
 // replicaDoc is a replica record as stored.
 type replicaDoc struct {
 	ID                  string     `bson:"_id"`
+	Name                string     `bson:"name"`
 	Service             string     `bson:"service"`
 	ConsumerGroup       string     `bson:"consumer_group"`
 	PublisherGroup      string     `bson:"publisher_group"`
@@ -179,7 +199,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	out := make([]Replica, 0, len(docs))
 	for _, d := range docs {
 		out = append(out, Replica{
-			ID: d.ID[len(replicaIDPrefix):], Service: d.Service,
+			ID: d.ID[len(replicaIDPrefix):], Name: d.Name, Service: d.Service,
 			ConsumerGroup: d.ConsumerGroup, PublisherGroup: d.PublisherGroup,
 			ConsumerMemberID: d.ConsumerMemberID, ConsumerGeneration: d.ConsumerGeneration,
 			PublisherMemberID: d.PublisherMemberID, PublisherGeneration: d.PublisherGeneration,
@@ -289,6 +309,7 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 	state, now := "running", bson.D{{Key: "last_seen", Value: true}}
 	set := bson.D{
 		{Key: "kind", Value: replicaKind},
+		{Key: "name", Value: c.cfg.ReplicaID},
 		{Key: "service", Value: c.cfg.Service},
 		{Key: "consumer_group", Value: c.cfg.ConsumerGroup},
 		{Key: "publisher_group", Value: c.cfg.PublisherGroup},
