@@ -241,6 +241,11 @@ type Config struct {
 	// so they do not collide with a service's own. Defaults to
 	// slog.Default(), the process's default logger.
 	Logger *slog.Logger
+	// LogSummaryInterval is the period of the info line that sums up the
+	// events recorded, published, handled and parked meanwhile; nothing is
+	// logged for a period without any. Negative disables it. Defaults to
+	// 1 minute.
+	LogSummaryInterval time.Duration
 	// MeterProvider receives the framework's metrics (see the Telemetry
 	// section of the package documentation). Defaults to the global
 	// provider of go.opentelemetry.io/otel (a no-op until one is set).
@@ -317,6 +322,7 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.LogSummaryInterval = cmp.Or(c.LogSummaryInterval, time.Minute)
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}

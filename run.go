@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/event-outbox/outbox/internal/retry"
 )
@@ -70,6 +71,9 @@ func (c *Client) Run(ctx context.Context) error {
 	// The liveness record (replicas.go) is kept while the groups run and
 	// drain, and marked stopped once both were left.
 	stopAlive := c.keepAlive(ctx)
+	c.cfg.Logger.InfoContext(ctx, "outbox: running", "outbox.replica", c.cfg.ReplicaID,
+		"publish_topics", c.cfg.PublishTopics, "handlers", c.handlerCount(), "consumer_group", c.cfg.ConsumerGroup)
+	started := time.Now()
 
 	// The observable gauges report while Run runs.
 	defer c.registerGauges()()
@@ -94,6 +98,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	// The doctor's check (doctor_run.go) never stops Run.
 	wg.Go(func() { c.checkAtStart(gctx) })
+	wg.Go(func() { c.logSummaries(gctx) })
 	if len(c.cfg.PublishTopics) > 0 {
 		start(c.refreshPartitions)
 		start(c.runPublisher)
@@ -105,5 +110,17 @@ func (c *Client) Run(ctx context.Context) error {
 		first = context.Cause(gctx)
 	}
 	stopAlive(first)
+	if first != nil {
+		c.cfg.Logger.ErrorContext(ctx, "outbox: stopped on a fatal error", "outbox.replica", c.cfg.ReplicaID, "err", first)
+	} else {
+		c.cfg.Logger.InfoContext(ctx, "outbox: stopped", "outbox.replica", c.cfg.ReplicaID, "ran_for", time.Since(started).Round(time.Second).String())
+	}
 	return first
+}
+
+// handlerCount is the number of registered handlers.
+func (c *Client) handlerCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.handlers)
 }
