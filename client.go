@@ -40,10 +40,12 @@ type Client struct {
 	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
 	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
 
-	mu       sync.Mutex // guards handlers and running
-	handlers map[handlerKey]*handler
-	running  bool
-	stopRun  context.CancelCauseFunc // cancels Run with a fatal error; set by Run
+	mu        sync.Mutex // guards handlers, running, started and startWait
+	handlers  map[handlerKey]*handler
+	running   bool
+	started   bool                    // Run is past its start (indexes created) and its context has not ended
+	startWait string                  // what Run's start waits for, for Ready
+	stopRun   context.CancelCauseFunc // cancels Run with a fatal error; set by Run
 }
 
 // New checks cfg and returns a Client. It does no I/O.

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,10 +48,11 @@ func (c *Client) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		c.running = false
+		c.running, c.started, c.startWait = false, false, ""
 		c.mu.Unlock()
 	}()
 
+	c.setStartWait("MongoDB (creating the indexes)")
 	for attempt := 1; ; attempt++ {
 		err := c.EnsureIndexes(ctx)
 		if err == nil {
@@ -62,11 +65,21 @@ func (c *Client) Run(ctx context.Context) error {
 			// Retrying cannot fix these: the error says what to change.
 			return err
 		}
-		c.cfg.Logger.Warn("outbox: ensure indexes failed; retrying", "err", err, "attempt", attempt)
+		c.setStartWait("MongoDB (creating the indexes: " + redactSecrets(err.Error()) + ")")
+		c.cfg.Logger.WarnContext(ctx, "outbox: waiting for MongoDB: creating the indexes failed; retrying", "err", err, "attempt", attempt)
 		if !retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1)) {
 			return nil
 		}
 	}
+
+	c.mu.Lock()
+	c.started, c.startWait = true, ""
+	c.mu.Unlock()
+	defer context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.started = false
+		c.mu.Unlock()
+	})()
 
 	// The liveness record (replicas.go) is kept while the groups run and
 	// drain, and marked stopped once both were left.
@@ -116,6 +129,43 @@ func (c *Client) Run(ctx context.Context) error {
 		c.cfg.Logger.InfoContext(ctx, "outbox: stopped", "outbox.replica", c.cfg.ReplicaID, "ran_for", time.Since(started).Round(time.Second).String())
 	}
 	return first
+}
+
+func (c *Client) setStartWait(what string) {
+	c.mu.Lock()
+	c.startWait = what
+	c.mu.Unlock()
+}
+
+// Ready reports nil when the Client can serve requests: Run runs and is
+// past its start (the indexes created, the inbox's owner checked), its
+// context has not ended, and the partition count of every topic of
+// Config.PublishTopics is known (loaded from MongoDB or read from Kafka),
+// so that Record works. Otherwise its error, wrapping ErrNotReady, says
+// what the Client waits for. A readiness probe may use it (Server does);
+// Kafka being down does not make a started Client unready, since
+// recording does not need Kafka once the counts are known.
+func (c *Client) Ready() error {
+	c.mu.Lock()
+	running, started, wait := c.running, c.started, c.startWait
+	c.mu.Unlock()
+	switch {
+	case !running:
+		return fmt.Errorf("%w: %s: Run is not running", ErrNotReady, c.cfg.Service)
+	case !started && wait != "":
+		return fmt.Errorf("%w: %s: waiting for %s", ErrNotReady, c.cfg.Service, wait)
+	case !started:
+		return fmt.Errorf("%w: %s: starting", ErrNotReady, c.cfg.Service)
+	}
+	if missing := c.topics.missing(); len(missing) > 0 {
+		why := ""
+		if err := c.topics.lastFailure(); err != nil {
+			why = " (last failure: " + redactSecrets(err.Error()) + ")"
+		}
+		return fmt.Errorf("%w: %s: waiting for Kafka: the partition count of %s is not known yet%s", ErrNotReady, c.cfg.Service,
+			strings.Join(missing, ", "), why)
+	}
+	return nil
 }
 
 // handlerCount is the number of registered handlers.
