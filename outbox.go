@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
@@ -142,17 +143,41 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
 		if err := fn(tctx); err != nil {
+			abortEnded(ctx, sess)
 			return nil, err
 		}
 		if err := tx.flush(tctx); err != nil {
 			if wrapFlush != nil {
 				err = wrapFlush(err)
 			}
+			abortEnded(ctx, sess)
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			abortEnded(ctx, sess)
 			return nil, err
 		}
 		return nil, nil
 	}, txnOptions())
 	return last, err
+}
+
+// abortTimeout bounds the abort of a transaction whose context ended.
+const abortTimeout = 2 * time.Second
+
+// abortEnded aborts sess's transaction within abortTimeout when ctx ended.
+// The driver aborts a failed transaction itself, but on a background
+// context: while MongoDB is down that waits for its server selection
+// timeout (30 s by default), long after the caller's deadline (a request
+// answering 503). An abort that fails leaves the transaction to the
+// server, which aborts it at transactionLifetimeLimitSeconds.
+func abortEnded(ctx context.Context, sess *mongo.Session) {
+	if ctx.Err() == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	_ = sess.AbortTransaction(actx)
 }
 
 func txnOptions() *options.TransactionOptionsBuilder {

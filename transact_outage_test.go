@@ -1,0 +1,42 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+// A transaction whose context ends while MongoDB is down returns soon
+// after: the driver's own abort runs on a background context and waited
+// for its server selection timeout (30 s), so a request with a 5 s deadline
+// answered after 35 s (issue 28 item 3).
+func TestTransactReturnsSoonWhenMongoDBGoesDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	m := mongotest.StartEmbedded(t)
+	cfg := b.config("abort")
+	cfg.Mongo, cfg.Database = m.Client, "abort"
+	c := b.client(t, cfg)
+	things := m.Client.Database("abort").Collection("things")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	began := time.Now()
+	err := c.Transact(ctx, func(ctx context.Context) error {
+		if _, err := things.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}}); err != nil {
+			return err
+		}
+		require.NoError(t, m.Server.Close()) // MongoDB goes down mid-transaction
+		cancel()                              // and the request's deadline passes
+		return ctx.Err()
+	})
+	took := time.Since(began)
+	require.ErrorIs(t, err, context.Canceled)
+	// The bound is loose (the abort gets abortTimeout, 2 s); the driver's
+	// own abort took its 30 s server selection timeout.
+	require.Less(t, took, 20*time.Second, "Transact returned %v after its context ended", took)
+}
