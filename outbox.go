@@ -143,18 +143,19 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
 		if err := fn(tctx); err != nil {
-			abortEnded(ctx, sess)
+			abortSoon(ctx, sess)
 			return nil, err
 		}
 		if err := tx.flush(tctx); err != nil {
 			if wrapFlush != nil {
 				err = wrapFlush(err)
 			}
-			abortEnded(ctx, sess)
+			abortSoon(ctx, sess)
 			return nil, err
 		}
 		if err := ctx.Err(); err != nil {
-			abortEnded(ctx, sess)
+			// The driver would abort it on a background context too.
+			abortSoon(ctx, sess)
 			return nil, err
 		}
 		return nil, nil
@@ -162,19 +163,18 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 	return last, err
 }
 
-// abortTimeout bounds the abort of a transaction whose context ended.
+// abortTimeout bounds the abort of a failed transaction.
 const abortTimeout = 2 * time.Second
 
-// abortEnded aborts sess's transaction within abortTimeout when ctx ended.
-// The driver aborts a failed transaction itself, but on a background
-// context: while MongoDB is down that waits for its server selection
-// timeout (30 s by default), long after the caller's deadline (a request
-// answering 503). An abort that fails leaves the transaction to the
-// server, which aborts it at transactionLifetimeLimitSeconds.
-func abortEnded(ctx context.Context, sess *mongo.Session) {
-	if ctx.Err() == nil {
-		return
-	}
+// abortSoon aborts sess's failed transaction within abortTimeout. The
+// driver would abort it itself, but on a background context: while MongoDB
+// is down (a write failed on a closed connection, or the caller's deadline
+// passed) that waits for its server selection timeout, 30 s by default,
+// long after the caller's deadline (a request answering 503) and a
+// shutdown's grace. The driver then finds no transaction to abort. An
+// abort that fails leaves the transaction to the server, which aborts it
+// at transactionLifetimeLimitSeconds; nothing of it is ever committed.
+func abortSoon(ctx context.Context, sess *mongo.Session) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	_ = sess.AbortTransaction(actx)
