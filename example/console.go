@@ -63,15 +63,9 @@ func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("console kafka client: %w", err)
 	}
-	// The contexts' Config.Service names and databases (newReplica); the
-	// groups and collections are the Config defaults.
-	services := []console.Service{
-		{Name: "orders", Database: r.stack.mongo.Database(ordersDB)},
-		{Name: "payments", Database: r.stack.mongo.Database(paymentsDB)},
-	}
 	access := r.stack.console
 	c, err := console.New(console.Options{
-		Services:         services,
+		Services:         r.consoleServices(),
 		Kafka:            kadm.NewClient(kc),
 		EnableActions:    access.password != "",
 		OperatorPassword: access.password,
@@ -84,6 +78,16 @@ func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 		return nil, nil, err
 	}
 	return c, kc, nil
+}
+
+// consoleServices are the contexts as the console sees them: their
+// Config.Service names and databases (newReplica); the groups and
+// collections are the Config defaults.
+func (r *replica) consoleServices() []console.Service {
+	return []console.Service{
+		{Name: "orders", Database: r.stack.mongo.Database(ordersDB)},
+		{Name: "payments", Database: r.stack.mongo.Database(paymentsDB)},
+	}
 }
 
 // charges answers GET /outbox/charges: whether every order was charged

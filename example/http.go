@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
 	"github.com/event-outbox/outbox"
 )
 
@@ -118,11 +120,25 @@ func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
 	case errors.Is(err, outbox.ErrInvalidEvent):
 		writeError(w, http.StatusBadRequest, "%v", err)
 	case err != nil:
-		r.log.Error("create order", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "could not create the order: %v", err)
+		r.unavailable(w, req, "create the order", err)
 	default:
 		w.Header().Set("Location", "/orders/"+o.ID)
 		writeJSON(w, http.StatusCreated, o)
+	}
+}
+
+// unavailable answers 503 for a request that could not reach MongoDB or
+// Kafka, in words an operator can act on, within the request's deadline
+// (requestTimeout).
+func (r *replica) unavailable(w http.ResponseWriter, req *http.Request, what string, err error) {
+	r.log.ErrorContext(req.Context(), what, "err", err)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || mongo.IsTimeout(err):
+		writeError(w, http.StatusServiceUnavailable, "could not %s: MongoDB did not answer within %v (is it down?): %v", what, requestTimeout, err)
+	case errors.Is(err, outbox.ErrPartitionsUnknown):
+		writeError(w, http.StatusServiceUnavailable, "could not %s: Kafka has not answered since this service first started, so the topics' partition counts are unknown; retry once GET /readyz answers 200: %v", what, err)
+	default:
+		writeError(w, http.StatusServiceUnavailable, "could not %s: %v", what, err)
 	}
 }
 
@@ -133,8 +149,7 @@ func (r *replica) getOrder(w http.ResponseWriter, req *http.Request) {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, "order %q not found", id)
 	case err != nil:
-		r.log.Error("get order", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "could not read the order: %v", err)
+		r.unavailable(w, req, "read the order", err)
 	default:
 		writeJSON(w, http.StatusOK, o)
 	}
