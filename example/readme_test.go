@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -147,3 +148,28 @@ func githubAnchor(title string) string {
 	return b.String()
 }
 
+// TestREADMEDocumentsTheFlags: every flag of the example is named in the
+// README's quick start (-healthcheck was not), and -h says each default
+// once (the texts of -replica-id and -payments-format said it twice).
+func TestREADMEDocumentsTheFlags(t *testing.T) {
+	t.Parallel()
+	var help strings.Builder
+	env := map[string]string{envReplicaID: "orders-1", envPaymentsFormat: "native"}
+	err := run(t.Context(), []string{"-h"}, func(k string) string { return env[k] }, &help)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	readme, err := os.ReadFile("../README.md")
+	require.NoError(t, err)
+	quick, _, _ := strings.Cut(string(readme), "\n## A walk through with curl")
+	var flags []string
+	for line := range strings.Lines(help.String()) {
+		if name, ok := strings.CutPrefix(line, "  -"); ok {
+			name, _, _ = strings.Cut(strings.TrimSpace(name), " ")
+			name, _, _ = strings.Cut(name, "\t")
+			flags = append(flags, name)
+			require.Contains(t, quick, "`-"+name, "the README's quick start does not name -%s", name)
+		} else {
+			require.LessOrEqual(t, strings.Count(line, "default"), 1, "a default said twice: %q", line)
+		}
+	}
+	require.Contains(t, flags, "healthcheck")
+}
