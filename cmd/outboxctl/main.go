@@ -273,7 +273,7 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && (o.words[2] == "retry" || o.words[2] == "discard"):
 		do = o.failedChange
 	default:
-		return usagef("unknown command %q (commands: status, doctor, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
+		return usagef("unknown command %q (commands: status, doctor, parked list|redrive|purge, outbox failed list|retry|discard, migrate event-outbox, ui)", cmd)
 	}
 	// Check the whole command line before connecting.
 	if _, err := o.parkedFilter(); err != nil {

@@ -239,6 +239,12 @@ func TestUsageAndEnvironment(t *testing.T) {
 	}
 	code, _, _ = c.run("-h")
 	require.Equal(t, exitOK, code)
+	// The unknown command's message lists every command (it left out
+	// migrate).
+	_, _, errOut := c.run("frobnicate")
+	for _, cmd := range []string{"status", "doctor", "parked list|redrive|purge", "outbox failed list|retry|discard", "migrate event-outbox", "ui"} {
+		require.Contains(t, errOut, cmd)
+	}
 }
 
 // The connection string is never printed, nor any form of its password,
