@@ -92,7 +92,7 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `pending\s+2\s+oldest 1m`, out)
 	require.Regexp(t, `failed\s+1`, out)
-	require.Regexp(t, `parked\s+2\s+re-drive requested 0`, out)
+	require.Regexp(t, `parked\s+2\s+held behind them 0, re-drive requested 0`, out)
 	require.Regexp(t, `orders\s+2\s+1m\d*s?\s+1`, out)
 
 	code, out, _ = c.run("status", "-json")
