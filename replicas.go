@@ -268,6 +268,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 // run refreshes the record until ctx ends.
 func (r *replica) run(ctx context.Context) {
 	cfg := &r.c.cfg
+	rl := newRateLog(errorRelog) // once, then every errorRelog while MongoDB is down
 	for attempt := 1; ; {
 		wait := r.interval
 		wctx, cancel := context.WithTimeout(ctx, min(replicaWriteTimeout, 2*r.interval))
@@ -277,7 +278,7 @@ func (r *replica) run(ctx context.Context) {
 		case ctx.Err() != nil, errors.Is(err, errReplicaStopped):
 			return
 		case err != nil:
-			cfg.Logger.Warn("outbox: refreshing the replica record failed; retrying", "id", r.id, "error", err, "attempt", attempt)
+			rl.warn(cfg.Logger, "outbox: refreshing the replica record failed; retrying", "refresh", "id", r.id, "error", err, "attempt", attempt)
 			wait = min(cfg.backoff().Delay(attempt-1), r.interval)
 			attempt++
 		default:
