@@ -142,13 +142,3 @@ func redactURI(uri string) string {
 	}
 	return u.Redacted()
 }
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
