@@ -44,6 +44,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -512,7 +513,10 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 			}
 			pc.failed(err)
 			_ = pc.load(ctx)
-			if missing := pc.missing(); len(missing) > 0 {
+			if missing := pc.missing(); len(missing) > 0 && errors.Is(err, kerr.UnknownTopicOrPartition) {
+				rl.warn(c.cfg.Logger, "outbox: waiting for topics to exist in Kafka: create them, or set Config.CreateTopicPartitions; recording for them fails until then",
+					"absent", "topics", missing, "error", err, "attempt", attempt)
+			} else if len(missing) > 0 {
 				rl.warn(c.cfg.Logger, "outbox: waiting for Kafka: reading topic metadata failed, and these topics have no stored partition count, so recording for them fails until Kafka answers",
 					"missing", "topics", missing, "error", err, "attempt", attempt)
 			} else {

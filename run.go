@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+
 	"github.com/event-outbox/outbox/internal/retry"
 )
 
@@ -159,8 +161,13 @@ func (c *Client) Ready() error {
 	}
 	if missing := c.topics.missing(); len(missing) > 0 {
 		why := ""
-		if err := c.topics.lastFailure(); err != nil {
+		err := c.topics.lastFailure()
+		if err != nil {
 			why = " (last failure: " + redactSecrets(err.Error()) + ")"
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			return fmt.Errorf("%w: %s: waiting for topics %s to exist in Kafka: create them, or set Config.CreateTopicPartitions%s",
+				ErrNotReady, c.cfg.Service, strings.Join(missing, ", "), why)
 		}
 		return fmt.Errorf("%w: %s: waiting for Kafka: the partition count of %s is not known yet%s", ErrNotReady, c.cfg.Service,
 			strings.Join(missing, ", "), why)

@@ -158,3 +158,22 @@ func TestServerNeedsHTTP(t *testing.T) {
 	t.Parallel()
 	require.ErrorIs(t, (&Server{}).Run(context.Background()), ErrConfig)
 }
+
+// A topic that does not exist is named as such, with the two ways out,
+// not as "waiting for Kafka" (Kafka answers: the topic is not there).
+func TestReadyNamesATopicThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("notopic")
+	cfg.PublishTopics = []string{"no-such-topic"}
+	c := b.client(t, cfg)
+	registerConsumer(t, c)
+	start(t, c)
+	var err error
+	eventually(t, "not ready, naming the missing topic", func() bool {
+		err = c.Ready()
+		return err != nil && strings.Contains(err.Error(), "to exist in Kafka")
+	})
+	require.ErrorIs(t, err, ErrNotReady)
+	require.ErrorContains(t, err, "waiting for topics no-such-topic to exist in Kafka: create them, or set Config.CreateTopicPartitions")
+}
