@@ -163,20 +163,33 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 	return last, err
 }
 
-// abortTimeout bounds the abort of a failed transaction.
+// abortTimeout is the least time the abort of a failed transaction gets.
 const abortTimeout = 2 * time.Second
 
-// abortSoon aborts sess's failed transaction within abortTimeout. The
-// driver would abort it itself, but on a background context: while MongoDB
-// is down (a write failed on a closed connection, or the caller's deadline
+// abortSoon aborts sess's failed transaction by the caller's deadline (at
+// least abortTimeout from now; abortTimeout once ctx ended). The driver
+// would abort it itself, but on a background context: while MongoDB is
+// down (a write failed on a closed connection, or the caller's deadline
 // passed) that waits for its server selection timeout, 30 s by default,
 // long after the caller's deadline (a request answering 503) and a
-// shutdown's grace. The driver then finds no transaction to abort. An
-// abort that fails leaves the transaction to the server, which aborts it
-// at transactionLifetimeLimitSeconds; nothing of it is ever committed.
+// shutdown's grace. The driver then finds no transaction to abort. A caller
+// without a deadline gets the driver's wait. An abort that fails leaves the
+// transaction to the server, which aborts it at
+// transactionLifetimeLimitSeconds (meanwhile its writes' locks hold): a
+// caller's deadline, not a shorter bound, decides when to give up on it.
 func abortSoon(ctx context.Context, sess *mongo.Session) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-	defer cancel()
+	actx := context.WithoutCancel(ctx)
+	d, hasDeadline := ctx.Deadline()
+	switch {
+	case ctx.Err() != nil:
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(actx, abortTimeout)
+		defer cancel()
+	case hasDeadline:
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(actx, max(time.Until(d), abortTimeout))
+		defer cancel()
+	}
 	_ = sess.AbortTransaction(actx)
 }
 
