@@ -76,7 +76,7 @@ func newReplica(name string, st *stack, ln net.Listener, log *slog.Logger, tune 
 		if topic == paymentsTopic && st.paymentsFormat != outbox.FormatNative {
 			cfg.WireFormats = map[string]outbox.Format{topic: st.paymentsFormat}
 		}
-		cfg.Logger = log.With("service", service)
+		cfg.Logger = log // the framework adds outbox.service itself
 		cfg.ReplicaID = name
 		cfg.CreateTopicPartitions = st.createPartitions
 		cfg.MeterProvider = m.forService(service)
