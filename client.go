@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,10 +40,12 @@ type Client struct {
 	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
 	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
 
-	mu       sync.Mutex // guards handlers and running
-	handlers map[handlerKey]*handler
-	running  bool
-	stopRun  context.CancelCauseFunc // cancels Run with a fatal error; set by Run
+	mu        sync.Mutex // guards handlers, running, started and startWait
+	handlers  map[handlerKey]*handler
+	running   bool
+	started   bool                    // Run is past its start (indexes created) and its context has not ended
+	startWait string                  // what Run's start waits for, for Ready
+	stopRun   context.CancelCauseFunc // cancels Run with a fatal error; set by Run
 }
 
 // New checks cfg and returns a Client. It does no I/O.
@@ -51,6 +54,9 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Namespaced, so that a service's own "service" attribute does not
+	// collide with it.
+	cfg.Logger = cfg.Logger.With(slog.String("outbox.service", cfg.Service))
 	db := cfg.Mongo.Database(cfg.Database)
 	c := &Client{
 		cfg:           cfg,

@@ -2,9 +2,13 @@ package outbox
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -222,9 +226,26 @@ type Config struct {
 	// to 3 s.
 	FenceMargin time.Duration
 
-	// Logger receives the framework's logs. Defaults to a logger that
-	// discards everything.
+	// ReplicaID names this process (one replica of the service) in its
+	// liveness record (Replica.Name, the console's partitions page),
+	// Status.Replica and the framework's logs (attribute outbox.replica).
+	// Give each replica its own, for example the pod name or a REPLICA_ID
+	// variable. Defaults to the host name and process id ("host-4242").
+	ReplicaID string
+
+	// Logger receives the framework's logs: warnings and errors, each
+	// state change once (partitions assigned or lost, a change stream
+	// reopened, a key held), and a summary of the events recorded,
+	// published, handled and parked every LogSummaryInterval (only when
+	// some were). The framework's attributes are namespaced ("outbox.*"),
+	// so they do not collide with a service's own. Defaults to
+	// slog.Default(), the process's default logger.
 	Logger *slog.Logger
+	// LogSummaryInterval is the period of the info line that sums up the
+	// events recorded, published, handled and parked meanwhile; nothing is
+	// logged for a period without any. Negative disables it. Defaults to
+	// 1 minute.
+	LogSummaryInterval time.Duration
 	// MeterProvider receives the framework's metrics (see the Telemetry
 	// section of the package documentation). Defaults to the global
 	// provider of go.opentelemetry.io/otel (a no-op until one is set).
@@ -295,9 +316,13 @@ func (c Config) withDefaults() Config {
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, 10*time.Second)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, time.Second)
 	c.FenceMargin = cmp.Or(c.FenceMargin, 3*time.Second)
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+	if c.ReplicaID == "" {
+		c.ReplicaID = defaultReplicaID()
 	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.LogSummaryInterval = cmp.Or(c.LogSummaryInterval, time.Minute)
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
@@ -307,70 +332,105 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// validate checks every field and reports every invalid one: the errors,
+// each wrapping ErrConfig and naming its field, joined (errors.Join).
 func (c Config) validate() error {
-	bad := func(field, why string) error { return fmt.Errorf("%w: %s %s", ErrConfig, field, why) }
-	switch {
-	case c.Mongo == nil:
-		return bad("Mongo", "is required")
-	case c.Database == "":
-		return bad("Database", "is required")
-	case len(c.Brokers) == 0:
-		return bad("Brokers", "is required")
-	case c.Service == "":
-		return bad("Service", "is required")
-	case c.OutboxCollection == c.InboxCollection:
-		return bad("InboxCollection", "must differ from OutboxCollection")
-	case c.OutboxRetention < time.Second:
-		return bad("OutboxRetention", "must be at least 1s")
-	case c.InboxRetention < time.Second:
-		return bad("InboxRetention", "must be at least 1s")
-	case c.MaxAttempts < 1:
-		return bad("MaxAttempts", "must be at least 1")
-	case c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent:
-		return bad("PoisonPolicy", "must be HoldKey or SkipEvent")
-	case c.DrainTimeout < 0:
-		return bad("DrainTimeout", "must not be negative")
-	case c.HandlerTimeout < 0:
-		return bad("HandlerTimeout", "must not be negative")
-	case c.MaxSnoozes < 0:
-		return bad("MaxSnoozes", "must not be negative")
-	case c.HandleBatchSize < 1:
-		return bad("HandleBatchSize", "must be at least 1")
-	case c.KeyConcurrency < 1 || c.KeyConcurrency > maxKeyConcurrency:
-		return bad("KeyConcurrency", fmt.Sprintf("must be between 1 and %d", maxKeyConcurrency))
-	case c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff:
-		return bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
-	case c.PublishBatchSize < 1:
-		return bad("PublishBatchSize", "must be at least 1")
-	case c.PublishLinger < 0:
-		return bad("PublishLinger", "must not be negative")
-	case c.CreateTopicPartitions < 0:
-		return bad("CreateTopicPartitions", "must not be negative")
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
-		return bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
-	case c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval:
-		return bad("FenceMargin", "must be positive and shorter than SessionTimeout minus HeartbeatInterval")
-	case c.ConsumerGroup == c.PublisherGroup:
-		return bad("PublisherGroup", "must differ from ConsumerGroup")
+	var errs []error
+	bad := func(field, why string) { errs = append(errs, fmt.Errorf("%w: %s %s", ErrConfig, field, why)) }
+	if c.Mongo == nil {
+		bad("Mongo", "is required")
+	}
+	if c.Database == "" {
+		bad("Database", "is required")
+	}
+	if len(c.Brokers) == 0 {
+		bad("Brokers", "is required")
+	}
+	if c.Service == "" {
+		bad("Service", "is required")
+	}
+	if c.OutboxCollection == c.InboxCollection {
+		bad("InboxCollection", "must differ from OutboxCollection")
+	}
+	if c.OutboxRetention < time.Second {
+		bad("OutboxRetention", "must be at least 1s")
+	}
+	if c.InboxRetention < time.Second {
+		bad("InboxRetention", "must be at least 1s")
+	}
+	if c.MaxAttempts < 1 {
+		bad("MaxAttempts", "must be at least 1")
+	}
+	if c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent {
+		bad("PoisonPolicy", "must be HoldKey or SkipEvent")
+	}
+	if c.DrainTimeout < 0 {
+		bad("DrainTimeout", "must not be negative")
+	}
+	if c.HandlerTimeout < 0 {
+		bad("HandlerTimeout", "must not be negative")
+	}
+	if c.MaxSnoozes < 0 {
+		bad("MaxSnoozes", "must not be negative")
+	}
+	if c.HandleBatchSize < 1 {
+		bad("HandleBatchSize", "must be at least 1")
+	}
+	if c.KeyConcurrency < 1 || c.KeyConcurrency > maxKeyConcurrency {
+		bad("KeyConcurrency", fmt.Sprintf("must be between 1 and %d", maxKeyConcurrency))
+	}
+	if c.RetryMinBackoff <= 0 || c.RetryMaxBackoff < c.RetryMinBackoff {
+		bad("RetryMaxBackoff", "must be at least RetryMinBackoff, both positive")
+	}
+	if c.PublishBatchSize < 1 {
+		bad("PublishBatchSize", "must be at least 1")
+	}
+	if c.PublishLinger < 0 {
+		bad("PublishLinger", "must not be negative")
+	}
+	if c.CreateTopicPartitions < 0 {
+		bad("CreateTopicPartitions", "must not be negative")
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout {
+		bad("HeartbeatInterval", "must be positive and shorter than SessionTimeout")
+	}
+	if c.FenceMargin <= 0 || c.FenceMargin >= c.SessionTimeout-c.HeartbeatInterval {
+		bad("FenceMargin", "must be positive and shorter than SessionTimeout minus HeartbeatInterval")
+	}
+	if c.ConsumerGroup != "" && c.ConsumerGroup == c.PublisherGroup {
+		bad("PublisherGroup", "must differ from ConsumerGroup")
+	}
+	if len(c.ReplicaID) > maxNameLen || strings.IndexFunc(c.ReplicaID, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		bad("ReplicaID", fmt.Sprintf("must be printable and at most %d bytes", maxNameLen))
 	}
 	if _, err := c.Compression.codec(); err != nil {
-		return bad("Compression", err.Error())
+		bad("Compression", err.Error())
 	}
 	if err := checkTopicPrefix(c.TopicPrefix); err != nil {
-		return bad("TopicPrefix", err.Error())
+		bad("TopicPrefix", err.Error())
 	}
 	seen := map[string]bool{}
 	for _, t := range c.PublishTopics {
-		if err := checkName("topic", t); err != nil {
-			return bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
-		}
-		if len(c.TopicPrefix)+len(t) > maxNameLen {
-			return bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
-		}
-		if seen[t] {
-			return bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
+		switch {
+		case checkName("topic", t) != nil:
+			bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
+		case len(c.TopicPrefix)+len(t) > maxNameLen:
+			bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
+		case seen[t]:
+			bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
 		}
 		seen[t] = true
 	}
-	return c.validateWire()
+	errs = append(errs, c.validateWire()...)
+	return errors.Join(errs...)
+}
+
+// defaultReplicaID is Config.ReplicaID's default: the host name and the
+// process id, unique on a host and across containers.
+func defaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "replica"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }

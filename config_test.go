@@ -2,6 +2,10 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +56,41 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	require.Equal(t, "svc.outbox-publisher", c.cfg.PublisherGroup)
 	require.Equal(t, "svc", c.cfg.ConsumerGroup)
 	require.Equal(t, 30*24*time.Hour, c.cfg.InboxRetention)
+}
+
+// Every invalid field is reported at once, each naming its field, so that
+// a service's first start lists everything to fix instead of one thing per
+// try.
+func TestConfigReportsEveryInvalidField(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{MaxAttempts: -1, PublishLinger: -time.Second})
+	require.ErrorIs(t, err, ErrConfig)
+	var joined interface{ Unwrap() []error }
+	require.ErrorAs(t, err, &joined)
+	var fields []string
+	for _, e := range joined.Unwrap() {
+		require.ErrorIs(t, e, ErrConfig)
+		fields = append(fields, strings.Fields(strings.TrimPrefix(e.Error(), ErrConfig.Error()+": "))[0])
+	}
+	require.Equal(t, []string{"Mongo", "Database", "Brokers", "Service", "MaxAttempts", "PublishLinger"}, fields)
+}
+
+// A Config without a Logger logs to slog.Default(), so that no warning is
+// swallowed; ReplicaID defaults to the host name and process id.
+func TestConfigDefaultsLoggerAndReplicaID(t *testing.T) {
+	t.Parallel()
+	require.Same(t, slog.Default(), validConfig(t).withDefaults().Logger)
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("-%d", os.Getpid()), c.cfg.ReplicaID[strings.LastIndex(c.cfg.ReplicaID, "-"):])
+	cfg := validConfig(t)
+	cfg.ReplicaID = "orders-7"
+	c, err = New(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "orders-7", c.cfg.ReplicaID)
+	cfg.ReplicaID = "bad\nname"
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "ReplicaID")
 }
 
 type testEvent struct {

@@ -113,7 +113,7 @@ func (c *Client) consumeConfig(host *consumeHost, pauser consume.Pauser) *consum
 		Host:         host,
 		Observer:     host,
 		Pauser:       pauser,
-		Log:          c.cfg.Logger.With("component", "outbox.consumer"),
+		Log:          c.cfg.Logger.With("outbox.component", "consumer"),
 		Slots:        c.cfg.KeyConcurrency,
 		BatchSize:    c.cfg.HandleBatchSize,
 		Hold:         c.cfg.PoisonPolicy == HoldKey,
@@ -145,7 +145,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	// transactions in hand can finish and commit.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	cons := &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}
+	cons := &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}
 	host := &consumeHost{c: c, cons: cons}
 	// The set exists before the client: kgo may call the rebalance
 	// callbacks as soon as the client is created.

@@ -13,6 +13,10 @@ import (
 
 // Configuration and start-up.
 
+// ErrNotReady is wrapped by the error of Client.Ready and Server.Ready:
+// the Client or Server is not (yet, or no longer) able to serve.
+var ErrNotReady = errors.New("outbox: not ready")
+
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("outbox: invalid config")
 

@@ -1,8 +1,8 @@
 package outbox_test
 
-// The code between the README markers is quoted in README.md ("Embedding it
-// in your service"), imports included; a test in ./example checks that the
-// two agree.
+// The code between the README markers is quoted in README.md ("Embed it in
+// your service"), imports included; a test in ./example checks that the two
+// agree.
 
 // README: begin embed
 
@@ -12,14 +12,9 @@ import (
 	"log"
 	"net/http"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
 )
@@ -36,26 +31,21 @@ func (OrderPlaced) ContentSchema() string  { return "OrderPlaced.v1" }
 func (e OrderPlaced) PartitionKey() string { return e.OrderID }
 
 func Example_service() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
-	mc, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("MONGODB_URI")))
+	// MONGODB_URI and KAFKA_BROKERS (and KAFKA_TLS, KAFKA_SASL_USER,
+	// KAFKA_SASL_PASSWORD, KAFKA_SASL_MECHANISM, REPLICA_ID when set).
+	cfg, err := outbox.ConfigFromEnv(os.Getenv)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer mc.Disconnect(context.Background())
-	db := mc.Database("shop")
-
-	client, err := outbox.New(outbox.Config{
-		Mongo:         mc,
-		Database:      "shop", // where the outbox and inbox collections live
-		Brokers:       strings.Split(os.Getenv("KAFKA_BROKERS"), ","),
-		Service:       "shop", // Kafka group names derive from it
-		PublishTopics: []string{"orders"},
-	})
+	defer cfg.Mongo.Disconnect(context.Background())
+	cfg.Database = "shop" // where the outbox and inbox collections live
+	cfg.Service = "shop"  // Kafka group names derive from it
+	cfg.PublishTopics = []string{"orders"}
+	client, err := outbox.New(cfg)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // names every invalid field at once
 	}
+	db := cfg.Mongo.Database("shop")
 
 	// A handler: its writes and the events it records commit in one
 	// transaction with the inbox entry, once per event.
@@ -65,45 +55,39 @@ func Example_service() {
 	})
 
 	// A request handler: the order and its event commit together, or
-	// neither does.
+	// neither does. A client that retries (its first try timed out, the
+	// replica died) sends the same Idempotency-Key: the order's id is the
+	// key, so the retry meets the first order instead of making a second.
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
-		id := bson.NewObjectID().Hex()
-		err := client.Transact(r.Context(), func(ctx context.Context) error {
-			if _, err := db.Collection("orders").InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "total", Value: 42}}); err != nil {
-				return err
-			}
-			return outbox.Record(ctx, OrderPlaced{OrderID: id, Total: 42})
-		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		key := r.Header.Get("Idempotency-Key")
+		if key == "" || len(key) > 100 {
+			http.Error(w, "Idempotency-Key: want 1 to 100 bytes", http.StatusBadRequest)
 			return
 		}
-		w.WriteHeader(http.StatusCreated)
+		err := client.Transact(r.Context(), func(ctx context.Context) error {
+			if _, err := db.Collection("orders").InsertOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: "total", Value: 42}}); err != nil {
+				return err
+			}
+			return outbox.Record(ctx, OrderPlaced{OrderID: key, Total: 42}, outbox.WithIdempotencyKey(key))
+		})
+		switch {
+		case mongo.IsDuplicateKeyError(err):
+			w.WriteHeader(http.StatusOK) // a retry: the order and its one event exist
+		case errors.Is(err, outbox.ErrInvalidEvent):
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		case err != nil: // MongoDB down, or the request's deadline passed
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
 	})
-	srv := &http.Server{Addr: ":8080", Handler: mux}
 
-	// The framework runs for the life of the process, next to the server.
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
-	runDone := make(chan error, 1)
-	go func() { runDone <- client.Run(runCtx) }()
-
-	// On SIGTERM: finish the requests in flight, then let the framework
-	// finish its handlers and publishes and leave its Kafka groups.
-	shutdownDone := make(chan struct{})
-	go func() {
-		defer close(shutdownDone)
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-		log.Fatal(err)
-	}
-	<-shutdownDone
-	stopRun()
-	if err := <-runDone; err != nil {
+	// Serve HTTP and run the client until SIGINT or SIGTERM: GET /livez
+	// and /readyz, a 10 s deadline on every request, and a shutdown
+	// (requests finished, handlers drained, Kafka groups left) within 25 s.
+	// outbox.Server sets these and the probes' paths.
+	if err := outbox.Serve(context.Background(), &http.Server{Addr: ":8080", Handler: mux}, client); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.opentelemetry.io/otel/propagation"
@@ -142,17 +143,54 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 		last = tx
 		tctx := context.WithValue(sctx, txKey{}, tx)
 		if err := fn(tctx); err != nil {
+			abortSoon(ctx, sess)
 			return nil, err
 		}
 		if err := tx.flush(tctx); err != nil {
 			if wrapFlush != nil {
 				err = wrapFlush(err)
 			}
+			abortSoon(ctx, sess)
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			// The driver would abort it on a background context too.
+			abortSoon(ctx, sess)
 			return nil, err
 		}
 		return nil, nil
 	}, txnOptions())
 	return last, err
+}
+
+// abortTimeout is the least time the abort of a failed transaction gets.
+const abortTimeout = 2 * time.Second
+
+// abortSoon aborts sess's failed transaction by the caller's deadline (at
+// least abortTimeout from now; abortTimeout once ctx ended). The driver
+// would abort it itself, but on a background context: while MongoDB is
+// down (a write failed on a closed connection, or the caller's deadline
+// passed) that waits for its server selection timeout, 30 s by default,
+// long after the caller's deadline (a request answering 503) and a
+// shutdown's grace. The driver then finds no transaction to abort. A caller
+// without a deadline gets the driver's wait. An abort that fails leaves the
+// transaction to the server, which aborts it at
+// transactionLifetimeLimitSeconds (meanwhile its writes' locks hold): a
+// caller's deadline, not a shorter bound, decides when to give up on it.
+func abortSoon(ctx context.Context, sess *mongo.Session) {
+	actx := context.WithoutCancel(ctx)
+	d, hasDeadline := ctx.Deadline()
+	switch {
+	case ctx.Err() != nil:
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(actx, abortTimeout)
+		defer cancel()
+	case hasDeadline:
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(actx, max(time.Until(d), abortTimeout))
+		defer cancel()
+	}
+	_ = sess.AbortTransaction(actx)
 }
 
 func txnOptions() *options.TransactionOptionsBuilder {

@@ -66,6 +66,12 @@ type ParkedFilter struct {
 	// redrivable leaves out the events that can never be re-driven
 	// (RequestRedrive; see redrive_unreadable.go).
 	redrivable bool
+	// headsOnly leaves out the held events: a re-drive of a selection
+	// (no IDs) requests their heads', which release them in order; a
+	// request for a held event alone would be dropped when served, and
+	// counting it told an operator that more events would be re-driven
+	// than are.
+	headsOnly bool
 }
 
 func (f ParkedFilter) query() bson.D {
@@ -88,6 +94,9 @@ func (f ParkedFilter) query() bson.D {
 	}
 	if f.redrivable {
 		q = append(q, bson.E{Key: "$nor", Value: unreadableConds()})
+	}
+	if f.headsOnly {
+		q = append(q, bson.E{Key: "held_by", Value: nil})
 	}
 	return q
 }
@@ -257,7 +266,7 @@ func (c *Client) host() *consumeHost {
 	if cons := c.tel.cons.Load(); cons != nil {
 		return &consumeHost{c: c, cons: cons}
 	}
-	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("component", "outbox.consumer"), errLog: newRateLog(errorRelog)}}
+	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}}
 }
 
 // firstParked reads the head of key's sequence (keyseq.go); ok is false
@@ -331,14 +340,15 @@ type headKey struct {
 // request for it alone is dropped when served. A malformed record whose
 // envelope could not be read can never be re-driven: when f names one, the
 // request is refused with ErrNotRedrivable and nothing is marked; a
-// selection without IDs leaves such records out. With dryRun nothing
-// changes. It returns how many events were (or would be) marked; when f
+// selection without IDs leaves such records out, and the held events too
+// (their heads' re-drive releases them). With dryRun nothing changes. It returns how many events were (or would be) marked; when f
 // names IDs and none of them is parked, the error wraps ErrNotParked.
 func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool) (int64, error) {
 	if err := a.refuseUnreadable(ctx, f); err != nil {
 		return 0, err
 	}
 	f.redrivable = true
+	f.headsOnly = len(f.IDs) == 0
 	return a.updateParked(ctx, f, dryRun, "request re-drive of", bson.D{
 		{Key: "$set", Value: bson.D{{Key: "redrive_requested_at", Value: time.Now().UTC()}}},
 	})

@@ -44,6 +44,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -454,6 +455,13 @@ func (pc *partitionCounts) apply(ctx context.Context, counts, limits map[string]
 	}
 }
 
+// lastFailure is the last failure to learn a count, or nil.
+func (pc *partitionCounts) lastFailure() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.lastErr
+}
+
 // failed records a failed Kafka read.
 func (pc *partitionCounts) failed(err error) {
 	pc.mu.Lock()
@@ -492,6 +500,7 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 	// (see fetch), so that Run stops at once.
 	defer context.AfterFunc(ctx, cl.Close)()
 	_ = pc.load(ctx)
+	rl := newRateLog(waitLogEvery) // once, then every few seconds while Kafka is down
 	for attempt := 1; ; {
 		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
 		counts, limits, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
@@ -503,9 +512,17 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 				return nil
 			}
 			pc.failed(err)
-			c.cfg.Logger.Warn("outbox: reading topic metadata failed; recording uses the stored partition counts",
-				"error", err, "attempt", attempt)
 			_ = pc.load(ctx)
+			if missing := pc.missing(); len(missing) > 0 && errors.Is(err, kerr.UnknownTopicOrPartition) {
+				rl.warn(c.cfg.Logger, "outbox: waiting for topics to exist in Kafka: create them, or set Config.CreateTopicPartitions; recording for them fails until then",
+					"absent", "topics", missing, "error", err, "attempt", attempt)
+			} else if len(missing) > 0 {
+				rl.warn(c.cfg.Logger, "outbox: waiting for Kafka: reading topic metadata failed, and these topics have no stored partition count, so recording for them fails until Kafka answers",
+					"missing", "topics", missing, "error", err, "attempt", attempt)
+			} else {
+				rl.warn(c.cfg.Logger, "outbox: reading topic metadata failed; recording uses the stored partition counts",
+					"stored", "error", err, "attempt", attempt)
+			}
 			wait = c.cfg.backoff().Delay(attempt - 1)
 			attempt++
 		} else {

@@ -155,7 +155,7 @@ func (c *Client) runPublisher(ctx context.Context) error {
 
 func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error {
 	cfg := &c.cfg
-	log := cfg.Logger.With("component", "publisher", "group", cfg.PublisherGroup)
+	log := cfg.Logger.With("outbox.component", "publisher", "outbox.group", cfg.PublisherGroup)
 	// A batch is bounded by the producer's delivery timeout; a graceful
 	// revoke waits for it and for the mark, so the rebalance timeout must
 	// cover both with room to spare.

@@ -13,6 +13,11 @@ import (
 // errorRelog is how often a repeated error is logged again.
 const errorRelog = 30 * time.Second
 
+// waitLogEvery is how often a wait that blocks the service's start or its
+// recording (MongoDB or Kafka down) is logged again: every few seconds, so
+// that an operator watching the log sees what it waits for.
+const waitLogEvery = 5 * time.Second
+
 // rateLog logs each kind of repeated message once, then at most once per
 // period with the number of repeats since: an error that comes back
 // thousands of times a second (a broker refusing every fetch) costs a line

@@ -8,7 +8,7 @@ package outbox
 // which replica just died. Each running Client therefore keeps a liveness
 // record of its own in the outbox_meta collection (see metaCollection):
 //
-//	{_id: "replica:<instance id>", kind: "replica", service, consumer_group,
+//	{_id: "replica:<instance id>", kind: "replica", name, service, consumer_group,
 //	 publisher_group, consumer_member_id, consumer_generation,
 //	 publisher_member_id, publisher_generation, host, pid, started_at,
 //	 last_seen, refresh_ms, state: "running"|"stopped", stopped_at, stop_error}
@@ -30,6 +30,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -38,6 +40,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/retry"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
@@ -85,8 +88,13 @@ func metaIndexes() []indexSpec {
 // Replica is the liveness record of one running Client (one call of Run),
 // as Admin.Replicas reads it.
 type Replica struct {
-	// ID is the random instance id of the Run call.
+	// ID is the random instance id of the Run call: a replica that
+	// restarts under the same Name gets a record of its own, so that the
+	// record of a run that died keeps the sessions to end (takeover.go).
 	ID string `json:"id"`
+	// Name is the replica's Config.ReplicaID (host name and process id by
+	// default).
+	Name string `json:"name"`
 	// Service is the replica's Config.Service.
 	Service string `json:"service"`
 	// ConsumerGroup and PublisherGroup are the replica's groups.
@@ -106,20 +114,33 @@ type Replica struct {
 	// (MongoDB's clock).
 	StartedAt time.Time `json:"started_at"`
 	LastSeen  time.Time `json:"last_seen"`
-	// RefreshInterval is the replica's refresh period.
-	RefreshInterval time.Duration `json:"refresh_interval"`
+	// RefreshInterval is the replica's refresh period (JSON:
+	// refresh_interval_seconds).
+	RefreshInterval time.Duration `json:"-"`
 	// Stopped reports that Run returned; StoppedAt says when (MongoDB's
 	// clock), StopError why, when it returned an error.
 	Stopped   bool      `json:"stopped"`
 	StoppedAt time.Time `json:"stopped_at,omitzero"`
 	StopError string    `json:"stop_error,omitempty"`
 	// Silence is the time since LastSeen when the record was read, by
-	// MongoDB's clock.
-	Silence time.Duration `json:"silence"`
+	// MongoDB's clock (JSON: silence_seconds).
+	Silence time.Duration `json:"-"`
 
 	// lsids are the sessions the replica's consumer ran transactions on
 	// (takeover.go).
 	lsids []bson.Raw
+}
+
+// MarshalJSON writes the durations in seconds, as Status does
+// (refresh_interval_seconds, silence_seconds), and Responding.
+func (r Replica) MarshalJSON() ([]byte, error) {
+	type fields Replica // the fields without this method
+	return json.Marshal(struct {
+		fields
+		RefreshInterval float64 `json:"refresh_interval_seconds"`
+		Silence         float64 `json:"silence_seconds"`
+		Responding      bool    `json:"responding"`
+	}{fields(r), r.RefreshInterval.Seconds(), r.Silence.Seconds(), r.Responding()})
 }
 
 // Responding reports whether the replica is running and refreshed its
@@ -131,6 +152,7 @@ func (r Replica) Responding() bool {
 // replicaDoc is a replica record as stored.
 type replicaDoc struct {
 	ID                  string     `bson:"_id"`
+	Name                string     `bson:"name"`
 	Service             string     `bson:"service"`
 	ConsumerGroup       string     `bson:"consumer_group"`
 	PublisherGroup      string     `bson:"publisher_group"`
@@ -177,7 +199,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	out := make([]Replica, 0, len(docs))
 	for _, d := range docs {
 		out = append(out, Replica{
-			ID: d.ID[len(replicaIDPrefix):], Service: d.Service,
+			ID: d.ID[len(replicaIDPrefix):], Name: d.Name, Service: d.Service,
 			ConsumerGroup: d.ConsumerGroup, PublisherGroup: d.PublisherGroup,
 			ConsumerMemberID: d.ConsumerMemberID, ConsumerGeneration: d.ConsumerGeneration,
 			PublisherMemberID: d.PublisherMemberID, PublisherGeneration: d.PublisherGeneration,
@@ -246,16 +268,17 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 // run refreshes the record until ctx ends.
 func (r *replica) run(ctx context.Context) {
 	cfg := &r.c.cfg
+	rl := newRateLog(errorRelog) // once, then every errorRelog while MongoDB is down
 	for attempt := 1; ; {
 		wait := r.interval
 		wctx, cancel := context.WithTimeout(ctx, min(replicaWriteTimeout, 2*r.interval))
 		err := r.write(wctx, false, nil)
 		cancel()
 		switch {
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, errReplicaStopped):
 			return
 		case err != nil:
-			cfg.Logger.Warn("outbox: refreshing the replica record failed; retrying", "id", r.id, "error", err, "attempt", attempt)
+			rl.warn(cfg.Logger, "outbox: refreshing the replica record failed; retrying", "refresh", "id", r.id, "error", err, "attempt", attempt)
 			wait = min(cfg.backoff().Delay(attempt-1), r.interval)
 			attempt++
 		default:
@@ -266,6 +289,10 @@ func (r *replica) run(ctx context.Context) {
 		}
 	}
 }
+
+// errReplicaStopped is what a refresh returns on a record already marked
+// stopped: it wrote nothing.
+var errReplicaStopped = errors.New("outbox: replica record already marked stopped")
 
 // write upserts the record with the member ids the group clients hold now
 // (the last ones read when a client is gone), running or stopped. Every
@@ -283,6 +310,7 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 	state, now := "running", bson.D{{Key: "last_seen", Value: true}}
 	set := bson.D{
 		{Key: "kind", Value: replicaKind},
+		{Key: "name", Value: c.cfg.ReplicaID},
 		{Key: "service", Value: c.cfg.Service},
 		{Key: "consumer_group", Value: c.cfg.ConsumerGroup},
 		{Key: "publisher_group", Value: c.cfg.PublisherGroup},
@@ -303,10 +331,22 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 		}
 	}
 	set = append(set, bson.E{Key: "state", Value: state})
-	_, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
+	filter := bson.D{{Key: "_id", Value: r.id}}
+	if !stopped {
+		// A refresh canceled by the stop may reach the server after the
+		// stop's write: it must not mark the record running again. On a
+		// stopped record the filter matches nothing and the upsert's
+		// insert meets the _id: a duplicate key, which means "stopped
+		// already".
+		filter = append(filter, bson.E{Key: "state", Value: bson.D{{Key: "$ne", Value: "stopped"}}})
+	}
+	_, err := c.meta.UpdateOne(ctx, filter, bson.D{
 		{Key: "$set", Value: set},
 		{Key: "$currentDate", Value: now},
 	}, options.UpdateOne().SetUpsert(true))
+	if !stopped && mongo.IsDuplicateKeyError(err) {
+		return errReplicaStopped
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: write replica record %s in %s: %w", r.id, metaCollection, err)
 	}

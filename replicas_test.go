@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 			r.ConsumerGeneration > 0 && r.PublisherGeneration > 0
 	})
 	require.Equal(t, c.cfg.Service, r.Service)
+	require.Equal(t, c.cfg.ReplicaID, r.Name, "the record names the replica (Config.ReplicaID)")
 	require.Equal(t, c.cfg.ConsumerGroup, r.ConsumerGroup)
 	require.Equal(t, c.cfg.PublisherGroup, r.PublisherGroup)
 	require.Equal(t, os.Getpid(), r.PID)
@@ -106,6 +108,43 @@ func TestReplicaRecordOfAFailedRun(t *testing.T) {
 	require.True(t, rs[0].Stopped)
 	require.Equal(t, runErr.Error(), rs[0].StopError)
 	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
+}
+
+// A refresh that reaches the server after the stop's write leaves the
+// record stopped. The stop cancels the refresh in flight, but the driver
+// only gives up waiting: the server may run the canceled update after the
+// stop's, on another connection, which marked a stopped replica running
+// again (TestReplicaRecordOfAFailedRun failed so on a loaded machine).
+// Here the late refresh is written after the stop on purpose.
+func TestReplicaRefreshAfterStopKeepsItStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, b.config("late"))
+	r := &replica{c: c, id: replicaIDPrefix + "late", host: "h", pid: 1, started: time.Now().UTC(),
+		interval: time.Second, consGen: -1, pubGen: -1}
+	require.NoError(t, r.write(ctx, false, nil))
+	require.NoError(t, r.write(ctx, true, nil))
+	err := r.write(ctx, false, nil) // the canceled refresh, landing late
+	rs, rerr := c.Admin().Replicas(ctx)
+	require.NoError(t, rerr)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].Stopped, "a late refresh must not mark a stopped replica running")
+	require.ErrorIs(t, err, errReplicaStopped)
+}
+
+// Replica's JSON gives durations in seconds, as Status does.
+func TestReplicaJSON(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(Replica{ID: "abc", Name: "orders-1", RefreshInterval: 2 * time.Second, Silence: 1500 * time.Millisecond})
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(b, &m))
+	require.Equal(t, "orders-1", m["name"])
+	require.InDelta(t, 1.5, m["silence_seconds"], 1e-9)
+	require.InDelta(t, 2.0, m["refresh_interval_seconds"], 1e-9)
+	require.Equal(t, true, m["responding"])
+	require.NotContains(t, m, "silence")
 }
 
 // Responding: a record refreshed within three periods, not stopped.

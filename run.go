@@ -3,7 +3,12 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/event-outbox/outbox/internal/retry"
 )
@@ -45,10 +50,11 @@ func (c *Client) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		c.running = false
+		c.running, c.started, c.startWait = false, false, ""
 		c.mu.Unlock()
 	}()
 
+	c.setStartWait("MongoDB (creating the indexes)")
 	for attempt := 1; ; attempt++ {
 		err := c.EnsureIndexes(ctx)
 		if err == nil {
@@ -61,15 +67,28 @@ func (c *Client) Run(ctx context.Context) error {
 			// Retrying cannot fix these: the error says what to change.
 			return err
 		}
-		c.cfg.Logger.Warn("outbox: ensure indexes failed; retrying", "err", err, "attempt", attempt)
+		c.setStartWait("MongoDB (creating the indexes: " + redactSecrets(err.Error()) + ")")
+		c.cfg.Logger.WarnContext(ctx, "outbox: waiting for MongoDB: creating the indexes failed; retrying", "err", err, "attempt", attempt)
 		if !retry.Sleep(ctx, nil, c.cfg.backoff().Delay(attempt-1)) {
 			return nil
 		}
 	}
 
+	c.mu.Lock()
+	c.started, c.startWait = true, ""
+	c.mu.Unlock()
+	defer context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.started = false
+		c.mu.Unlock()
+	})()
+
 	// The liveness record (replicas.go) is kept while the groups run and
 	// drain, and marked stopped once both were left.
 	stopAlive := c.keepAlive(ctx)
+	c.cfg.Logger.InfoContext(ctx, "outbox: running", "outbox.replica", c.cfg.ReplicaID,
+		"publish_topics", c.cfg.PublishTopics, "handlers", c.handlerCount(), "consumer_group", c.cfg.ConsumerGroup)
+	started := time.Now()
 
 	// The observable gauges report while Run runs.
 	defer c.registerGauges()()
@@ -94,6 +113,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	// The doctor's check (doctor_run.go) never stops Run.
 	wg.Go(func() { c.checkAtStart(gctx) })
+	wg.Go(func() { c.logSummaries(gctx) })
 	if len(c.cfg.PublishTopics) > 0 {
 		start(c.refreshPartitions)
 		start(c.runPublisher)
@@ -105,5 +125,59 @@ func (c *Client) Run(ctx context.Context) error {
 		first = context.Cause(gctx)
 	}
 	stopAlive(first)
+	if first != nil {
+		c.cfg.Logger.ErrorContext(ctx, "outbox: stopped on a fatal error", "outbox.replica", c.cfg.ReplicaID, "err", first)
+	} else {
+		c.cfg.Logger.InfoContext(ctx, "outbox: stopped", "outbox.replica", c.cfg.ReplicaID, "ran_for", time.Since(started).Round(time.Second).String())
+	}
 	return first
+}
+
+func (c *Client) setStartWait(what string) {
+	c.mu.Lock()
+	c.startWait = what
+	c.mu.Unlock()
+}
+
+// Ready reports nil when the Client can serve requests: Run runs and is
+// past its start (the indexes created, the inbox's owner checked), its
+// context has not ended, and the partition count of every topic of
+// Config.PublishTopics is known (loaded from MongoDB or read from Kafka),
+// so that Record works. Otherwise its error, wrapping ErrNotReady, says
+// what the Client waits for. A readiness probe may use it (Server does);
+// Kafka being down does not make a started Client unready, since
+// recording does not need Kafka once the counts are known.
+func (c *Client) Ready() error {
+	c.mu.Lock()
+	running, started, wait := c.running, c.started, c.startWait
+	c.mu.Unlock()
+	switch {
+	case !running:
+		return fmt.Errorf("%w: %s: Run is not running", ErrNotReady, c.cfg.Service)
+	case !started && wait != "":
+		return fmt.Errorf("%w: %s: waiting for %s", ErrNotReady, c.cfg.Service, wait)
+	case !started:
+		return fmt.Errorf("%w: %s: starting", ErrNotReady, c.cfg.Service)
+	}
+	if missing := c.topics.missing(); len(missing) > 0 {
+		why := ""
+		err := c.topics.lastFailure()
+		if err != nil {
+			why = " (last failure: " + redactSecrets(err.Error()) + ")"
+		}
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			return fmt.Errorf("%w: %s: waiting for topics %s to exist in Kafka: create them, or set Config.CreateTopicPartitions%s",
+				ErrNotReady, c.cfg.Service, strings.Join(missing, ", "), why)
+		}
+		return fmt.Errorf("%w: %s: waiting for Kafka: the partition count of %s is not known yet%s", ErrNotReady, c.cfg.Service,
+			strings.Join(missing, ", "), why)
+	}
+	return nil
+}
+
+// handlerCount is the number of registered handlers.
+func (c *Client) handlerCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.handlers)
 }

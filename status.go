@@ -19,6 +19,8 @@ import (
 type Status struct {
 	// Service is Config.Service.
 	Service string
+	// Replica is Config.ReplicaID: this process.
+	Replica string
 	// Running reports whether Run runs.
 	Running bool
 	// Publishing lists the partitions this process publishes (its
@@ -66,6 +68,7 @@ func (s Status) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(struct {
 		Service             string             `json:"service"`
+		Replica             string             `json:"replica"`
 		Running             bool               `json:"running"`
 		Publishing          map[string][]int32 `json:"publishing"`
 		Handling            map[string][]int32 `json:"handling"`
@@ -76,7 +79,7 @@ func (s Status) MarshalJSON() ([]byte, error) {
 		LastError   string        `json:"last_error,omitempty"`
 		LastErrorAt time.Time     `json:"last_error_at,omitzero"`
 		Doctor      *DoctorReport `json:"doctor,omitempty"`
-	}{s.Service, s.Running, byTopic(s.Publishing), byTopic(s.Handling), consumerJSON, waiting, s.PublisherLeaseValid,
+	}{s.Service, s.Replica, s.Running, byTopic(s.Publishing), byTopic(s.Handling), consumerJSON, waiting, s.PublisherLeaseValid,
 		s.Store.jsonForm(), s.LastError, s.LastErrorAt, s.Doctor})
 }
 
@@ -281,7 +284,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	c.mu.Lock()
 	running := c.running
 	c.mu.Unlock()
-	st := Status{Service: c.cfg.Service, Running: running}
+	st := Status{Service: c.cfg.Service, Replica: c.cfg.ReplicaID, Running: running}
 	ps := c.publisherStatus()
 	st.PublisherLeaseValid = ps.LeaseValid
 	st.Publishing = ps.Owned

@@ -16,6 +16,7 @@ func TestStatusReportsOwnershipAndBacklog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config("status")
+	cfg.ReplicaID = "status-r7"
 	c := b.client(t, cfg)
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error { return nil })
 
@@ -50,6 +51,7 @@ func TestStatusReportsOwnershipAndBacklog(t *testing.T) {
 	var body map[string]any
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
 	require.Equal(t, cfg.Service, body["service"])
+	require.Equal(t, "status-r7", body["replica"], "Config.ReplicaID names the process in the status")
 	require.Equal(t, true, body["running"])
 	require.Equal(t, []any{0.0, 1.0, 2.0}, body["handling"].(map[string]any)[ordersTopic])
 	require.Len(t, body["publishing"].(map[string]any), 2)

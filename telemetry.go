@@ -120,6 +120,7 @@ type telemetry struct {
 	backlogMu                          sync.Mutex // serialises backlog queries
 	backlog                            *StoreStatus
 	latencyBounds                      []float64
+	sum                                summary // counts of Run's periodic log line (logsummary.go)
 }
 
 func newTelemetry(cfg *Config) *telemetry {
@@ -149,14 +150,14 @@ func newTelemetry(cfg *Config) *telemetry {
 		errs = append(errs, err)
 		return g
 	}
-	t.recorded = counter("outbox.events.recorded", "{event}", "Events committed to the outbox.")
-	t.published = counter("outbox.events.published", "{event}", "Events acknowledged by Kafka.")
-	t.publishFailed = counter("outbox.events.publish_failed", "{event}", "Events marked failed in the outbox: refused for good by Kafka, or unreadable documents.")
+	t.recorded = summed(counter("outbox.events.recorded", "{event}", "Events committed to the outbox."), &t.sum.recorded)
+	t.published = summed(counter("outbox.events.published", "{event}", "Events acknowledged by Kafka."), &t.sum.published)
+	t.publishFailed = summed(counter("outbox.events.publish_failed", "{event}", "Events marked failed in the outbox: refused for good by Kafka, or unreadable documents."), &t.sum.failed)
 	t.streamReopens = counter("outbox.change_stream.reopens", "{reopen}", "Reopens of the publisher's outbox change stream, by reason.")
-	t.handled = counter("outbox.events.handled", "{event}", "Events whose handling transaction committed.")
+	t.handled = summed(counter("outbox.events.handled", "{event}", "Events whose handling transaction committed."), &t.sum.handled)
 	t.skipped = counter("outbox.events.skipped", "{event}", "Deliveries skipped: already handled or parked, or no handler.")
 	t.retried = counter("outbox.events.retried", "{event}", "Handler failures that are retried.")
-	t.parked = counter("outbox.events.parked", "{event}", "Events parked after their last attempt, or malformed.")
+	t.parked = summed(counter("outbox.events.parked", "{event}", "Events parked after their last attempt, or malformed."), &t.sum.parked)
 	t.rebalances = counter("outbox.rebalances", "{change}", "Partition assignment changes of the framework's Kafka groups.")
 	t.publishDuration = hist("outbox.publish.duration", "Duration of one Kafka batch, from the first send to the last acknowledgement.")
 	t.handleDuration = hist("outbox.handle.duration", "Duration of one handling attempt, transaction included.")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -163,26 +164,27 @@ func (c Config) wireDefaults() Config {
 }
 
 // validateWire checks the wire-format fields of the config.
-func (c Config) validateWire() error {
-	bad := func(field, why string) error { return fmt.Errorf("%w: %s %s", ErrConfig, field, why) }
+func (c Config) validateWire() []error {
+	var errs []error
+	bad := func(field, why string) { errs = append(errs, fmt.Errorf("%w: %s %s", ErrConfig, field, why)) }
 	published := map[string]bool{}
 	for _, t := range c.PublishTopics {
 		published[t] = true
 	}
-	for t, f := range c.WireFormats {
+	for _, t := range slices.Sorted(maps.Keys(c.WireFormats)) {
 		if !published[t] {
-			return bad("WireFormats", fmt.Sprintf("names topic %q, which is not in PublishTopics", t))
+			bad("WireFormats", fmt.Sprintf("names topic %q, which is not in PublishTopics", t))
 		}
-		if f > FormatCloudEvents {
-			return bad("WireFormats", fmt.Sprintf("has an unknown format %d for topic %q", f, t))
+		if f := c.WireFormats[t]; f > FormatCloudEvents {
+			bad("WireFormats", fmt.Sprintf("has an unknown format %d for topic %q", f, t))
 		}
 	}
 	for _, t := range c.EventOutboxPartitioning {
 		if !published[t] {
-			return bad("EventOutboxPartitioning", fmt.Sprintf("names topic %q, which is not in PublishTopics", t))
+			bad("EventOutboxPartitioning", fmt.Sprintf("names topic %q, which is not in PublishTopics", t))
 		}
 	}
-	return nil
+	return errs
 }
 
 // wireChoice is what the wire format decides about an event being recorded.

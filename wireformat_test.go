@@ -244,13 +244,13 @@ func TestConfigValidatesWireFormats(t *testing.T) {
 	base := Config{Mongo: nil, Database: "d", Brokers: []string{"b"}, Service: "s", PublishTopics: []string{"t"}}
 	cfg := base
 	cfg.WireFormats = map[string]Format{"u": FormatCloudEvents}
-	require.ErrorContains(t, cfg.withDefaults().validateWire(), "WireFormats names topic \"u\"")
+	require.ErrorContains(t, cfg.withDefaults().validate(), "WireFormats names topic \"u\"")
 	cfg = base
 	cfg.WireFormats = map[string]Format{"t": Format(9)}
-	require.ErrorContains(t, cfg.withDefaults().validateWire(), "unknown format")
+	require.ErrorContains(t, cfg.withDefaults().validate(), "unknown format")
 	cfg = base
 	cfg.EventOutboxPartitioning = []string{"u"}
-	require.ErrorContains(t, cfg.withDefaults().validateWire(), "EventOutboxPartitioning names topic \"u\"")
+	require.ErrorContains(t, cfg.withDefaults().validate(), "EventOutboxPartitioning names topic \"u\"")
 	require.Equal(t, "/s", base.withDefaults().CloudEventsSource)
 }
 

@@ -387,12 +387,7 @@ func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, code int,
 	if name == "failed" || name == "outbox-event" {
 		p.ListPage = "failed"
 	}
-	if c.opts.EnableActions {
-		p.CSRF = c.csrfToken(w, r)
-		_, p.Actions = c.operator(r)
-		p.SignedIn = c.passwordHash != nil && c.validSession(r)
-		p.SignIn = !p.Actions && c.passwordHash != nil
-	}
+	c.setMode(w, r, &p)
 	p.RenderSeconds = fmt.Sprintf("%.3f", time.Since(start).Seconds())
 	var b strings.Builder
 	if err := c.pages[name].ExecuteTemplate(&b, "layout", p); err != nil {
@@ -409,9 +404,24 @@ func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, code int,
 // driver error may quote a connection string.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
 	c.opts.Logger.Warn("console: request failed", "path", r.URL.Path, "err", err)
+	p := page{Title: c.opts.Title, Page: "error", Services: c.services,
+		Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
+	c.setMode(w, r, &p)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
-	p := page{Title: c.opts.Title, Page: "error", Services: c.services, Actions: c.opts.EnableActions,
-		Error: redact(err.Error()), RenderedAt: time.Now().UTC()}
 	_ = c.pages["error"].ExecuteTemplate(w, "layout", p)
+}
+
+// setMode sets what the header of p says about actions, the same on every
+// page, error pages included (they said "actions enabled" to a visitor who
+// had not signed in): actions for a signed-in operator, else read-only,
+// with a sign-in link when actions need one.
+func (c *Console) setMode(w http.ResponseWriter, r *http.Request, p *page) {
+	if !c.opts.EnableActions {
+		return
+	}
+	p.CSRF = c.csrfToken(w, r)
+	_, p.Actions = c.operator(r)
+	p.SignedIn = c.passwordHash != nil && c.validSession(r)
+	p.SignIn = !p.Actions && c.passwordHash != nil
 }

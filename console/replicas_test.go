@@ -139,6 +139,8 @@ func TestPartitionsShowDeadReplicasWhileTheGroupListsThem(t *testing.T) {
 	}
 	require.Len(t, states, 3)
 	require.Contains(t, states[live.ID], ">alive<")
+	require.NotEmpty(t, live.Name)
+	require.Contains(t, states[live.ID], "<code>"+live.Name+"</code>", "the replica's name (Config.ReplicaID) is shown")
 	require.Contains(t, states["dead"], "not responding")
 	require.Contains(t, states["dead"], stale.Format("2006-01-02 15:04:05Z"))
 	require.Contains(t, states["gone"], "stopped at")

@@ -437,3 +437,26 @@ func ddOf(t *testing.T, body, label string) string {
 	require.NotNil(t, m, label)
 	return html.UnescapeString(m[1])
 }
+
+// An error page says what every other page says about actions: read-only
+// with a sign-in link to a visitor who has not signed in (it said "actions
+// enabled"), actions enabled once signed in.
+func TestErrorPageShowsTheVisitorsMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true)
+	c, err := New(Options{Services: []Service{ServiceOf(b.cfg)}, EnableActions: true, OperatorPassword: testPassword})
+	require.NoError(t, err)
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	cl := jarClient(t)
+	code, page := get(t, cl, srv.URL+"/parked?svc=no-such-service")
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, page, `<span class="mode">read-only · <a href="login" id="signin">sign in to act</a></span>`)
+	_, ok := get(t, cl, srv.URL+"/parked")
+	require.Contains(t, ok, `<span class="mode">read-only · <a href="login" id="signin">sign in to act</a></span>`, "the same as a page that works")
+
+	_, login := get(t, cl, srv.URL+"/login")
+	post(t, cl, srv.URL+"/login", url.Values{"csrf": {csrfOf(t, login)}, "password": {testPassword}}, map[string]string{"Origin": srv.URL})
+	_, page = get(t, cl, srv.URL+"/parked?svc=no-such-service")
+	require.Contains(t, page, `<span class="mode">actions enabled</span>`)
+}

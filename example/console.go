@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/console"
 )
@@ -63,15 +64,9 @@ func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("console kafka client: %w", err)
 	}
-	// The contexts' Config.Service names and databases (newReplica); the
-	// groups and collections are the Config defaults.
-	services := []console.Service{
-		{Name: "orders", Database: r.stack.mongo.Database(ordersDB)},
-		{Name: "payments", Database: r.stack.mongo.Database(paymentsDB)},
-	}
 	access := r.stack.console
 	c, err := console.New(console.Options{
-		Services:         services,
+		Services:         r.consoleServices(),
 		Kafka:            kadm.NewClient(kc),
 		EnableActions:    access.password != "",
 		OperatorPassword: access.password,
@@ -86,22 +81,46 @@ func (r *replica) newConsole() (*console.Console, *kgo.Client, error) {
 	return c, kc, nil
 }
 
+// consoleServices are the contexts as the console sees them: their
+// Config.Service names and databases (newReplica); the groups and
+// collections are the Config defaults.
+func (r *replica) consoleServices() []console.Service {
+	return []console.Service{
+		{Name: "orders", Database: r.stack.mongo.Database(ordersDB)},
+		{Name: "payments", Database: r.stack.mongo.Database(paymentsDB)},
+	}
+}
+
 // charges answers GET /outbox/charges: whether every order was charged
 // exactly once, the claim the README makes after kill -9 of a replica.
 //
 //	{"orders": 120, "charged_once": 118, "not_charged_yet": 2, "charged_more_than_once": []}
 //
-// It counts the orders and groups the payments by order (a full read of
-// both collections: a check for the example, not a page for production).
+// Only payments of orders that exist count: the orders and payments live in
+// two databases, and a payment whose order is gone (a database dropped by
+// hand, an order deleted) says nothing about this claim. It reads the
+// order ids and groups the payments by order (full reads of both
+// collections: a check for the example, not a page for production).
 func (r *replica) charges(w http.ResponseWriter, req *http.Request) {
 	ctx, cancel := context.WithTimeout(req.Context(), 30*time.Second)
 	defer cancel()
-	orders, err := r.orders.orders.CountDocuments(ctx, bson.D{})
+	cur, err := r.orders.orders.Find(ctx, bson.D{}, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "count orders: %v", err)
+		writeError(w, http.StatusServiceUnavailable, "read orders: %v", err)
 		return
 	}
-	cur, err := r.payments.payments.Aggregate(ctx, []bson.D{
+	var ids []struct {
+		ID string `bson:"_id"`
+	}
+	if err := cur.All(ctx, &ids); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "read orders: %v", err)
+		return
+	}
+	orders := make(map[string]bool, len(ids))
+	for _, o := range ids {
+		orders[o.ID] = true
+	}
+	cur, err = r.payments.payments.Aggregate(ctx, []bson.D{
 		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$order_id"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
 	})
 	if err != nil {
@@ -116,8 +135,12 @@ func (r *replica) charges(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "group payments: %v", err)
 		return
 	}
-	once, twice := int64(0), []string{}
+	charged, once, twice := int64(0), int64(0), []string{}
 	for _, g := range groups {
+		if !orders[g.OrderID] {
+			continue
+		}
+		charged++
 		if g.N == 1 {
 			once++
 		} else {
@@ -126,7 +149,7 @@ func (r *replica) charges(w http.ResponseWriter, req *http.Request) {
 	}
 	slices.Sort(twice)
 	writeJSON(w, http.StatusOK, map[string]any{
-		"orders": orders, "charged_once": once, "not_charged_yet": orders - int64(len(groups)),
+		"orders": len(orders), "charged_once": once, "not_charged_yet": int64(len(orders)) - charged,
 		"charged_more_than_once": twice,
 	})
 }

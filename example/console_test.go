@@ -27,6 +27,10 @@ func TestConsoleAndChargesEndpoint(t *testing.T) {
 	r.waitSettled(t, paid)
 	r.waitSettled(t, declined)
 	r.waitDrained(t)
+	// A payment whose order does not exist says nothing about the orders:
+	// /outbox/charges used to count it.
+	_, err := r.payments.payments.InsertOne(t.Context(), Payment{ID: "stray", OrderID: "no-such-order", Amount: 1, Status: "COMPLETED"})
+	require.NoError(t, err)
 
 	code, body := do(t, http.MethodGet, r.url+"/outbox/charges", "")
 	require.Equal(t, http.StatusOK, code, "body: %v", body)
@@ -50,6 +54,21 @@ func TestConsoleAndChargesEndpoint(t *testing.T) {
 		require.Contains(t, string(page), "read-only", "no OUTBOX_CONSOLE_PASSWORD: read-only, even on loopback")
 		require.NotContains(t, string(page), "sign in", path)
 	}
+
+	// The find page works out of the box: the example creates its indexes
+	// at start (in the background, so the test polls).
+	var page string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(r.url + "/outbox/ui/find?by=partition&q=" + paid)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		page = string(b)
+		return !strings.Contains(page, "missing")
+	}, time.Minute, 50*time.Millisecond, "the find page still misses indexes after a minute")
+	require.Contains(t, page, `data-stat="orders/outbox">1<`, page)
+	require.Contains(t, page, `data-stat="payments/inbox">1<`, page)
 }
 
 // Issue 28 item 6 and issue 30: the example's console used to enable

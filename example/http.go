@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
 	"github.com/event-outbox/outbox"
 )
 
@@ -58,15 +60,26 @@ type createOrderRequest struct {
 	Amount   *wholeNumber `json:"amount"`
 }
 
+// maxIdempotencyKey caps the Idempotency-Key header.
+const maxIdempotencyKey = 200
+
 func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
-	failAfterWrite := false
-	if v := req.URL.Query().Get("fail_after_write"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "fail_after_write must be true or false, got %q", v)
-			return
+	var opts orderOptions
+	tooLarge := false
+	for name, v := range map[string]*bool{"fail_after_write": &opts.failAfterWrite, "poison": &opts.poison, "too_large": &tooLarge} {
+		if s := req.URL.Query().Get(name); s != "" {
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "%s must be true or false, got %q", name, s)
+				return
+			}
+			*v = b
 		}
-		failAfterWrite = b
+	}
+	opts.idempotencyKey = strings.TrimSpace(req.Header.Get("Idempotency-Key"))
+	if len(opts.idempotencyKey) > maxIdempotencyKey {
+		writeError(w, http.StatusBadRequest, "Idempotency-Key is longer than %d bytes", maxIdempotencyKey)
+		return
 	}
 	if ct := req.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		writeError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json, got %q", ct)
@@ -107,7 +120,11 @@ func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	o, err := r.orders.Create(req.Context(), body.Customer, int64(*body.Amount), failAfterWrite)
+	if tooLarge {
+		r.createRefusedOrder(w, req, body.Customer, int64(*body.Amount), opts)
+		return
+	}
+	o, replayed, err := r.orders.Create(req.Context(), body.Customer, int64(*body.Amount), opts)
 	switch {
 	case errors.Is(err, errAbortedOnPurpose):
 		writeJSON(w, http.StatusInternalServerError, map[string]any{
@@ -115,14 +132,35 @@ func (r *replica) createOrder(w http.ResponseWriter, req *http.Request) {
 			"order_id": o.ID,
 			"note":     "the transaction was aborted: GET /orders/" + o.ID + " answers 404 and no OrderCreated was published",
 		})
+	case errors.Is(err, errKeyReused):
+		writeError(w, http.StatusUnprocessableEntity, "%v (order %s, customer %q, amount %d)", err, o.ID, o.Customer, o.Amount)
 	case errors.Is(err, outbox.ErrInvalidEvent):
 		writeError(w, http.StatusBadRequest, "%v", err)
 	case err != nil:
-		r.log.Error("create order", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "could not create the order: %v", err)
+		r.unavailable(w, req, "create the order", err)
+	case replayed:
+		// The same request again (a client retry): the order it created.
+		w.Header().Set("Location", "/orders/"+o.ID)
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSON(w, http.StatusOK, o)
 	default:
 		w.Header().Set("Location", "/orders/"+o.ID)
 		writeJSON(w, http.StatusCreated, o)
+	}
+}
+
+// unavailable answers 503 for a request that could not reach MongoDB or
+// Kafka, in words an operator can act on, within the request's deadline
+// (requestTimeout).
+func (r *replica) unavailable(w http.ResponseWriter, req *http.Request, what string, err error) {
+	r.log.ErrorContext(req.Context(), what, "err", err)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || mongo.IsTimeout(err):
+		writeError(w, http.StatusServiceUnavailable, "could not %s: MongoDB did not answer within %v (is it down?): %v", what, requestTimeout, err)
+	case errors.Is(err, outbox.ErrPartitionsUnknown):
+		writeError(w, http.StatusServiceUnavailable, "could not %s: Kafka has not answered since this service first started, so the topics' partition counts are unknown; retry once GET /readyz answers 200: %v", what, err)
+	default:
+		writeError(w, http.StatusServiceUnavailable, "could not %s: %v", what, err)
 	}
 }
 
@@ -133,8 +171,7 @@ func (r *replica) getOrder(w http.ResponseWriter, req *http.Request) {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, "order %q not found", id)
 	case err != nil:
-		r.log.Error("get order", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "could not read the order: %v", err)
+		r.unavailable(w, req, "read the order", err)
 	default:
 		writeJSON(w, http.StatusOK, o)
 	}

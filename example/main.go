@@ -77,11 +77,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	addr := fs.String("addr", "127.0.0.1:8080", "HTTP listen address of the first replica; replica i listens on port+i")
 	replicas := fs.Int("replicas", 1, "number of replicas to run against the same servers")
 	replicaID := fs.String("replica-id", getenv(envReplicaID),
-		"name of this process in logs, /outbox/status and Kafka client ids; with -replicas N each gets -rI appended (default $"+envReplicaID+" or host name-pid)")
+		"name of this process in logs, /outbox/status and Kafka client ids; with -replicas N each gets -rI appended ($"+envReplicaID+" when set, else host name-pid)")
 	verbose := fs.Bool("v", false, "debug logs, including the framework's")
 	health := fs.String("healthcheck", "", "GET this URL, exit 0 on a 2xx answer and 1 otherwise (for container health checks)")
 	paymentsFormat := fs.String("payments-format", cmp.Or(getenv(envPaymentsFormat), "native"),
-		"wire format of the payments context's events: native, event-outbox or cloudevents (default $"+envPaymentsFormat+" or native)")
+		"wire format of the payments context's events: native, event-outbox or cloudevents ($"+envPaymentsFormat+" when set)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

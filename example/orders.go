@@ -36,6 +36,12 @@ type OrderCreated struct {
 	OrderID  string `json:"order_id" validate:"required"`
 	Customer string `json:"customer" validate:"required"`
 	Amount   int64  `json:"amount" validate:"gt=0"`
+	// Poison makes the payments handler refuse the event for good
+	// (POST /orders?poison=1): it is parked, for the parked pages of
+	// outboxctl and the console to show.
+	Poison bool `json:"poison,omitempty"`
+	// Note pads the event (POST /orders?too_large=1): see demo.go.
+	Note string `json:"note,omitempty"`
 }
 
 // Topic is the Kafka topic of the orders context.
@@ -80,25 +86,67 @@ func newOrdersService(client *outbox.Client, db *mongo.Database) *ordersService 
 	return s
 }
 
+// orderOptions are the variants of Create.
+type orderOptions struct {
+	// idempotencyKey is the request's Idempotency-Key header: the order's
+	// id derives from it, so a retried request finds the order it created
+	// instead of creating a second one, and OrderCreated carries it as its
+	// idempotency key (outbox.WithIdempotencyKey).
+	idempotencyKey string
+	// failAfterWrite makes the transaction fail after writing the order and
+	// recording OrderCreated: neither survives.
+	failAfterWrite bool
+	// poison and note: see OrderCreated.
+	poison bool
+	note   string
+}
+
+// errKeyReused reports an Idempotency-Key already used for another order.
+var errKeyReused = errors.New("this Idempotency-Key was already used for another order")
+
+// orderKeys is the namespace of the order ids derived from Idempotency-Key
+// headers (UUIDv5).
+var orderKeys = uuid.MustParse("6f0d3c7e-2b1a-4c55-9e1f-0a7d6c5b4e31")
+
 // Create stores a new order and records OrderCreated in one transaction.
-// With failAfterWrite the transaction writes both and then fails: neither
-// the order nor the event survives.
-func (s *ordersService) Create(ctx context.Context, customer string, amount int64, failAfterWrite bool) (Order, error) {
+// With an idempotency key, a second call with the same key, customer and
+// amount returns the first order (replayed true) and records nothing; with
+// another customer or amount it fails with errKeyReused.
+func (s *ordersService) Create(ctx context.Context, customer string, amount int64, opts orderOptions) (o Order, replayed bool, err error) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	o := Order{ID: uuid.NewString(), Customer: customer, Amount: amount, Status: StatusPending, CreatedAt: now, UpdatedAt: now}
-	err := s.client.Transact(ctx, func(ctx context.Context) error {
+	o = Order{ID: uuid.NewString(), Customer: customer, Amount: amount, Status: StatusPending, CreatedAt: now, UpdatedAt: now}
+	var record []outbox.RecordOption
+	if opts.idempotencyKey != "" {
+		// One order per key: the key decides the order's id, and the
+		// insert of a second order with that id fails in the transaction,
+		// which then records nothing.
+		o.ID = uuid.NewSHA1(orderKeys, []byte(opts.idempotencyKey)).String()
+		record = append(record, outbox.WithIdempotencyKey(opts.idempotencyKey))
+	}
+	err = s.client.Transact(ctx, func(ctx context.Context) error {
 		if _, err := s.orders.InsertOne(ctx, o); err != nil {
 			return fmt.Errorf("insert order: %w", err)
 		}
-		if err := outbox.Record(ctx, OrderCreated{OrderID: o.ID, Customer: customer, Amount: amount}); err != nil {
+		e := OrderCreated{OrderID: o.ID, Customer: customer, Amount: amount, Poison: opts.poison, Note: opts.note}
+		if err := outbox.Record(ctx, e, record...); err != nil {
 			return err
 		}
-		if failAfterWrite {
+		if opts.failAfterWrite {
 			return errAbortedOnPurpose
 		}
 		return nil
 	})
-	return o, err
+	if opts.idempotencyKey != "" && mongo.IsDuplicateKeyError(err) {
+		first, gerr := s.Get(ctx, o.ID)
+		if gerr != nil {
+			return o, false, gerr
+		}
+		if first.Customer != customer || first.Amount != amount {
+			return first, false, errKeyReused
+		}
+		return first, true, nil
+	}
+	return o, false, err
 }
 
 // Get returns an order.

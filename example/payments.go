@@ -77,6 +77,12 @@ func newPaymentsService(client *outbox.Client, db *mongo.Database) *paymentsServ
 // event commit in the handling transaction together with the inbox entry,
 // so the order is charged once however often OrderCreated is delivered.
 func (s *paymentsService) onOrderCreated(ctx context.Context, e OrderCreated, _ outbox.Metadata) error {
+	if e.Poison {
+		// A permanent failure: parked at once (a failing handler would be
+		// retried Config.MaxAttempts times first). Re-driving it fails
+		// again; purge it (outboxctl parked purge, or the console).
+		return outbox.Park(fmt.Errorf("order %s is poison on purpose (POST /orders?poison=1): the payments context refuses it for good", e.OrderID))
+	}
 	p := Payment{ID: uuid.NewString(), OrderID: e.OrderID, Amount: e.Amount, Status: "COMPLETED",
 		CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
 	if e.Amount > creditLimit {

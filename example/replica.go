@@ -1,8 +1,8 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/console"
 )
 
 // Database names of the two bounded contexts. Each context keeps its
@@ -42,6 +43,8 @@ type replica struct {
 	// console is served at /outbox/ui/; consoleKafka reads its groups.
 	console      http.Handler
 	consoleKafka *kgo.Client
+	// shutdownTimeout overrides the package's shutdownTimeout (tests).
+	shutdownTimeout time.Duration
 }
 
 // tuning adjusts the framework configuration of a replica (tests shorten
@@ -73,7 +76,9 @@ func newReplica(name string, st *stack, ln net.Listener, log *slog.Logger, tune 
 		if topic == paymentsTopic && st.paymentsFormat != outbox.FormatNative {
 			cfg.WireFormats = map[string]outbox.Format{topic: st.paymentsFormat}
 		}
-		cfg.Logger = log.With("service", service)
+		cfg.Logger = log // the framework adds outbox.service itself
+		cfg.ReplicaID = name
+		cfg.CreateTopicPartitions = st.createPartitions
 		cfg.MeterProvider = m.forService(service)
 		clientID := "outbox-example-" + name + "-" + service
 		cfg.KafkaOptions = append(slices.Clone(cfg.KafkaOptions), kgo.ClientID(clientID))
@@ -133,65 +138,73 @@ func (r *replica) close() {
 	r.consoleKafka.Close()
 }
 
-// run serves HTTP and runs both framework clients until ctx ends. Shutdown
-// order: stop accepting requests and finish those in flight (so no request
-// records an event after its context is gone), then let the clients drain
-// (handlers in hand finish and commit their offsets, the publishers leave
-// their groups so other replicas take over at once), then shut the meter
-// provider down.
+// requestTimeout bounds every request (outbox.Server.RequestTimeout): a
+// request that waits on a MongoDB that is down answers 503 by then.
+const requestTimeout = 5 * time.Second
+
+// shutdownTimeout bounds a replica's shutdown whatever is down
+// (outbox.Server.ShutdownTimeout): below Kubernetes' default grace period
+// of 30 s, above the consumers' DrainTimeout (20 s) plus leaving the
+// groups.
+const shutdownTimeout = 25 * time.Second
+
+// run serves HTTP and runs both framework clients until ctx ends, through
+// outbox.Server: HTTP first (GET /livez answers at once), the clients
+// beside it, ready (GET /readyz) once both clients are, however long
+// MongoDB or Kafka are down at start. On shutdown the HTTP server finishes
+// the requests in flight while the clients drain (handlers in hand finish
+// and commit their offsets, the publishers leave their groups so other
+// replicas take over at once), all within shutdownTimeout; then the meter
+// provider shuts down.
 func (r *replica) run(ctx context.Context) error {
-	runCtx, stopClients := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopClients()
-
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for name, c := range r.clients() {
-		wg.Go(func() {
-			if err := c.Run(runCtx); err != nil {
-				errs <- fmt.Errorf("%s: %w", name, err)
-			}
-		})
-	}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- r.server.Serve(r.ln) }()
-	r.log.Info("serving", "addr", "http://"+r.Addr())
+	defer wg.Wait()
+	ictx, stopIndexes := context.WithCancel(ctx)
+	defer stopIndexes()
+	wg.Go(func() { r.ensureFindIndexes(ictx) })
 
-	var fatal error
-	select {
-	case <-ctx.Done():
-	case fatal = <-errs:
-		r.log.Error("framework stopped", "err", fatal)
-	case err := <-serveErr:
-		if !errors.Is(err, http.ErrServerClosed) {
-			fatal = fmt.Errorf("http: %w", err)
-		}
+	srv := &outbox.Server{
+		HTTP:            r.server,
+		Listener:        r.ln,
+		Clients:         []*outbox.Client{r.orders.client, r.payments.client},
+		RequestTimeout:  requestTimeout,
+		ShutdownTimeout: cmp.Or(r.shutdownTimeout, shutdownTimeout),
+		Logger:          r.log,
 	}
-
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := r.server.Shutdown(shutdownCtx); err != nil {
-		r.log.Warn("http shutdown", "err", err)
-	}
-	stopClients()
-	wg.Wait()
+	fatal := srv.Run(ctx)
+	stopIndexes()
 	r.consoleKafka.Close()
-	close(errs)
-	for err := range errs {
-		fatal = cmpErr(fatal, err)
-	}
 	// The clients are stopped: nothing reports any more.
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer mcancel()
 	if err := r.metrics.shutdown(mctx); err != nil {
 		r.log.Warn("metrics shutdown", "err", err)
 	}
-	r.log.Info("stopped")
 	return fatal
 }
 
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
+// ensureFindIndexes creates the indexes the console's find page needs
+// (console.EnsureFindIndexes), retried with backoff while MongoDB is down,
+// until they exist or ctx ends.
+func (r *replica) ensureFindIndexes(ctx context.Context) {
+	for _, s := range r.consoleServices() {
+		for attempt := 0; ; attempt++ {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := console.EnsureFindIndexes(cctx, s)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			if attempt%5 == 0 {
+				r.log.Warn("creating the console's find indexes failed; retrying", "service", s.Name, "err", err)
+			}
+			t := time.NewTimer(min(time.Duration(attempt+1)*time.Second, 10*time.Second))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
 	}
-	return b
 }

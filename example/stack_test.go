@@ -15,35 +15,6 @@ func TestRedactURIHidesThePassword(t *testing.T) {
 	require.Equal(t, "(unparsable URI)", redactURI("mongodb://app:s3cret@[::1"))
 }
 
-func TestKafkaOptionsFromEnvironment(t *testing.T) {
-	t.Parallel()
-	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
-
-	opts, desc, err := kafkaOptions(env(nil))
-	require.NoError(t, err)
-	require.Empty(t, opts)
-	require.Equal(t, "plaintext", desc)
-
-	opts, desc, err = kafkaOptions(env(map[string]string{
-		envKafkaTLS: "true", envSASLUser: "app", envSASLPassword: "s3cret", envSASLMechanism: "scram-sha-512",
-	}))
-	require.NoError(t, err)
-	require.Len(t, opts, 2)
-	require.Equal(t, "tls+sasl/SCRAM-SHA-512 user app", desc)
-	require.NotContains(t, desc, "s3cret")
-
-	for name, kv := range map[string]map[string]string{
-		"bad TLS flag":      {envKafkaTLS: "maybe"},
-		"user only":         {envSASLUser: "app"},
-		"password only":     {envSASLPassword: "s3cret"},
-		"unknown mechanism": {envSASLUser: "app", envSASLPassword: "s3cret", envSASLMechanism: "GSSAPI"},
-	} {
-		_, _, err := kafkaOptions(env(kv))
-		require.Error(t, err, name)
-		require.NotContains(t, err.Error(), "s3cret", name)
-	}
-}
-
 func TestOpenStackNeedsBothServers(t *testing.T) {
 	t.Parallel()
 	log := slog.New(slog.DiscardHandler)

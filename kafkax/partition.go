@@ -1,5 +1,9 @@
 // Package kafkax holds the Kafka helpers of the outbox framework that users
-// may call directly: Kafka-compatible partitioning and client options.
+// may call directly: the connection to a cluster read from the environment
+// (FromEnv: brokers, TLS, SASL, as client options for
+// outbox.Config.KafkaOptions), Kafka-compatible partitioning (Partition),
+// and the group session hooks the publisher's lease rests on
+// (SessionHook, SessionProbe).
 package kafkax
 
 import "github.com/twmb/franz-go/pkg/kgo"

@@ -179,4 +179,13 @@ func TestRunFlags(t *testing.T) {
 	require.Contains(t, errOut.String(), "-replicas")
 	require.Equal(t, 2, run(context.Background(), []string{"-nope"}, &out, &errOut))
 	require.Empty(t, out.String())
+
+	// A run says at once what it does (it printed nothing for 79 s); a
+	// canceled context ends it before the load.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	errOut.Reset()
+	run(ctx, []string{"-duration", "1s"}, &out, &errOut)
+	first, _, _ := strings.Cut(errOut.String(), "\n")
+	require.Equal(t, "outbox-chaos: 1s of load and faults (seed 1, 3 replicas, 300 events/s), then settling and judging; -v prints progress", first)
 }

@@ -204,6 +204,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.progress = stderr
 		cfg.logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	// Without -v the harness is silent until its verdict, a minute or more
+	// away: say what runs now.
+	fmt.Fprintf(stderr, "outbox-chaos: %v of load and faults (seed %d, %d replicas, %d events/s), then settling and judging; -v prints progress\n",
+		cfg.duration, cfg.seed, cfg.replicas, cfg.rate)
 	res, err := runHarness(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "outbox-chaos:", err)

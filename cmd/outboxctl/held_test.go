@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -51,10 +52,22 @@ func TestParkedListShowsHeld(t *testing.T) {
 
 	code, out, _ = c.run("status")
 	require.Equal(t, exitOK, code)
-	require.Regexp(t, `parked\s+2\s+re-drive requested 0, held 1`, out)
+	require.Regexp(t, `parked\s+1\s+held behind them 1, re-drive requested 0`, out)
 	code, out, _ = c.run("status", "-json")
 	require.Equal(t, exitOK, code)
 	var st map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &st))
 	require.EqualValues(t, 1, st["held"])
+
+	// A re-drive of every parked event requests the head's alone: its
+	// re-drive releases the held event (the dry run counted both).
+	for _, dry := range []string{"-dry-run", ""} {
+		args := []string{"parked", "redrive", "-all", "-json"}
+		if dry != "" {
+			args = append(args, dry)
+		}
+		code, out, errOut = c.run(args...)
+		require.Equal(t, exitOK, code, errOut)
+		require.JSONEq(t, fmt.Sprintf(`{"command":"parked redrive","dry_run":%t,"count":1}`, dry != ""), out)
+	}
 }

@@ -273,7 +273,7 @@ func (o *cliOptions) execute(ctx context.Context, stdout io.Writer) error {
 	case len(o.words) >= 3 && o.words[0] == "outbox" && o.words[1] == "failed" && (o.words[2] == "retry" || o.words[2] == "discard"):
 		do = o.failedChange
 	default:
-		return usagef("unknown command %q (commands: status, doctor, parked list|redrive|purge, outbox failed list|retry|discard, ui)", cmd)
+		return usagef("unknown command %q (commands: status, doctor, parked list|redrive|purge, outbox failed list|retry|discard, migrate event-outbox, ui)", cmd)
 	}
 	// Check the whole command line before connecting.
 	if _, err := o.parkedFilter(); err != nil {
@@ -408,7 +408,9 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 	fmt.Fprintf(tw, "database\t%s (collections %s, %s)\n", o.db, o.outbox, o.inbox)
 	fmt.Fprintf(tw, "pending\t%d\toldest %s\n", st.Pending, age(st.OldestPendingAge))
 	fmt.Fprintf(tw, "failed\t%d\theld keys %d, held events %d (under PoisonPolicy HoldKey)\n", st.Failed, st.OutboxHeldKeys, st.OutboxHeldEvents)
-	fmt.Fprintf(tw, "parked\t%d\tre-drive requested %d, held %d\n", st.Parked, st.RedriveRequested, st.Held)
+	// As the console counts them: the parked heads, and the events held
+	// behind them (StoreStatus.Parked counts both).
+	fmt.Fprintf(tw, "parked\t%d\theld behind them %d, re-drive requested %d\n", st.Parked-st.Held, st.Held, st.RedriveRequested)
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")

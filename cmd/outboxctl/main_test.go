@@ -92,7 +92,7 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `pending\s+2\s+oldest 1m`, out)
 	require.Regexp(t, `failed\s+1`, out)
-	require.Regexp(t, `parked\s+2\s+re-drive requested 0`, out)
+	require.Regexp(t, `parked\s+2\s+held behind them 0, re-drive requested 0`, out)
 	require.Regexp(t, `orders\s+2\s+1m\d*s?\s+1`, out)
 
 	code, out, _ = c.run("status", "-json")
@@ -239,6 +239,12 @@ func TestUsageAndEnvironment(t *testing.T) {
 	}
 	code, _, _ = c.run("-h")
 	require.Equal(t, exitOK, code)
+	// The unknown command's message lists every command (it left out
+	// migrate).
+	_, _, errOut := c.run("frobnicate")
+	for _, cmd := range []string{"status", "doctor", "parked list|redrive|purge", "outbox failed list|retry|discard", "migrate event-outbox", "ui"} {
+		require.Contains(t, errOut, cmd)
+	}
 }
 
 // The connection string is never printed, nor any form of its password,

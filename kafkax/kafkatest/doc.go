@@ -20,9 +20,10 @@
 // code that injects faults must skip there.
 //
 // A test that must run against real Kafka calls [StartReal] instead: it uses
-// OUTBOX_TEST_KAFKA_BROKERS when set, else starts a Kafka container
-// ([ContainerImage]) through testcontainers-go when a Docker engine answers,
-// and skips the test otherwise (as mongotest.StartReal does for MongoDB).
+// OUTBOX_TEST_KAFKA_BROKERS when set and skips the test otherwise (as
+// mongotest.StartReal does for MongoDB). To start a Kafka container when no
+// brokers are given, use package kafkacontainer (a module of its own, so that
+// testcontainers-go is required only by the tests that import it).
 //
 // # Usage
 //
