@@ -13,7 +13,7 @@
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
-//	    [-txn-lifetime 3s] [-same-key 0.5] [-skip kind,...] [-stacks file]
+//	    [-txn-lifetime 3s] [-same-key 0.5] [-key-concurrency 1] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
 // It prints one summary line on stdout,
@@ -177,6 +177,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.queueRecords, "queue-records", 64, "consumer queue bound per partition in records: fetching pauses at it, so a small bound makes pause storms (0: the framework's 5000)")
 	fs.IntVar(&cfg.queueBytes, "queue-bytes", 1<<20, "consumer queue bound per partition in bytes (0: the framework's 8 MiB)")
 	fs.DurationVar(&cfg.txnLifetime, "txn-lifetime", 3*time.Second, "the embedded MongoDB's transaction lifetime (slow handlers outlast it)")
+	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
+	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
+	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
+	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
 	fs.StringVar(&cfg.brokers, "kafka-brokers", "", "real Kafka brokers, comma-separated (default: embedded kfake)")
@@ -194,6 +198,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	case cfg.rate < 1 || cfg.keys < 1 || cfg.partitions < 1:
 		fmt.Fprintln(stderr, "outbox-chaos: -rate, -keys and -partitions must be positive")
+		return 2
+	case cfg.keyConcurrency < 1:
+		fmt.Fprintln(stderr, "outbox-chaos: -key-concurrency must be at least 1")
 		return 2
 	}
 	cfg.skip = map[actionKind]bool{}

@@ -93,7 +93,7 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 		return settleState{}, err
 	}
 	nLedger := func(filter bson.D) (int64, error) { return h.db.Collection(collLedger).CountDocuments(ctx, filter) }
-	handledKinds, err := nLedger(bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow}}}}})
+	handledKinds, err := nLedger(bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}})
 	if err != nil {
 		return settleState{}, err
 	}
@@ -167,7 +167,7 @@ func (h *harness) unsettled(ctx context.Context) string {
 	var effects []struct {
 		Event string `bson:"event"`
 	}
-	if h.findAll(ctx, collLedger, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow}}}}}, nil, &ledger) == nil &&
+	if h.findAll(ctx, collLedger, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}}, nil, &ledger) == nil &&
 		h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}}, &effects) == nil {
 		has := map[string]bool{}
 		for _, e := range effects {
@@ -259,6 +259,8 @@ func schemaOf(kind string) string {
 		return schemaPoison
 	case kindFollow:
 		return schemaFollow
+	case kindNew:
+		return schemaNew
 	}
 	return schemaStep
 }

@@ -23,7 +23,9 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 	w := h.work
 	switch a.kind {
 	case fSlowHandler:
-		if h.inj.mongo == nil {
+		if h.inj.mongo == nil || h.cfg.txnLifetime > slowLifetimeCap {
+			// A handler slower than a long lifetime would outlast its
+			// HandlerTimeout instead: left out.
 			return false, nil
 		}
 		w.slowArmed.Add(int64(a.n))
@@ -32,8 +34,14 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 		for i := range keys {
 			keys[i] = w.keys[rng.IntN(len(w.keys))]
 		}
-		w.startOutage(keys, a.d)
+		w.startOutage(keys, a.d, false)
 		h.logf("%s keys %v down", a, keys)
+		// The outage records an event of each of its keys itself: under
+		// load, or late in the run, a random key may get no traffic while
+		// it lasts, and the outage would park nothing to re-drive. The
+		// outage lasts until one of its key's events is parked (at most
+		// outageCap longer), even past the load's end (endOutages).
+		h.bg.Go(func() { h.recordEach(context.WithoutCancel(ctx), a, rng, keys) })
 	case fSmallMaxBytes:
 		if !w.smallLimit.CompareAndSwap(0, smallMaxMessageBytes) {
 			return false, nil // a window is open already
@@ -63,6 +71,35 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 		return false, fmt.Errorf("unknown scenario %q", a.kind)
 	}
 	return true, nil
+}
+
+// slowLifetimeCap is the longest transaction lifetime slow-handler runs
+// with.
+const slowLifetimeCap = 10 * time.Second
+
+// recordEach records one step event of each key, in one transaction on a
+// live replica, trying a few times (kills, faults); each try is bounded by
+// txnDeadline.
+func (h *harness) recordEach(ctx context.Context, a action, rng *rand.Rand, keys []string) {
+	pl := plan{keys: keys, pads: make([]int, len(keys))}
+	for try := 1; try <= 3; try++ {
+		r := h.pick(rng)
+		if r == nil {
+			if sleepCtx(ctx, 200*time.Millisecond) != nil {
+				return
+			}
+			continue
+		}
+		tctx, cancel := context.WithTimeout(r.ctx, txnDeadline)
+		stop := context.AfterFunc(ctx, cancel)
+		err := h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng, pl)
+		stop()
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		h.logf("%s: recording on %s failed (try %d): %v", a, r.name, try, err)
+	}
 }
 
 // closeSmallLimit ends a small max.message.bytes window: the topic's limit
