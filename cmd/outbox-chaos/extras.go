@@ -353,8 +353,8 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 		return false, fmt.Errorf("slot %d went away", slot)
 	}
 	h.work.armBlock(r.name, a.n)
-	deadline := time.Now().Add(5 * time.Second)
-	for h.work.blockedCount() < a.n && time.Now().Before(deadline) {
+	deadline := time.Now().Add(3 * time.Second)
+	for h.work.blockedCount() < a.n && time.Now().Before(deadline) && r.ctx.Err() == nil {
 		if sleepCtx(ctx, 50*time.Millisecond) != nil {
 			break
 		}
@@ -363,15 +363,23 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	at := time.Now()
 	ids := h.work.disarmBlock()
 	if killed == nil || killed.name != r.name {
-		return false, fmt.Errorf("%s went away", r.name)
-	}
-	h.bg.Go(func() {
-		if sleepCtx(context.WithoutCancel(ctx), time.Second) == nil {
-			if _, err := h.startIfDown(slot); err != nil {
-				h.logf("%s: restart of slot %d failed: %v", a, slot, err)
-			}
+		// Killed meanwhile by the schedule: its transactions were open
+		// all the same. Stopped gracefully (a leave, a deploy), it is no
+		// case.
+		k, ok := h.klog.killedAt(r.name)
+		if !ok || len(ids) == 0 {
+			return false, fmt.Errorf("%s went away", r.name)
 		}
-	})
+		at = k
+	} else {
+		h.bg.Go(func() {
+			if sleepCtx(context.WithoutCancel(ctx), time.Second) == nil {
+				if _, err := h.startIfDown(slot); err != nil {
+					h.logf("%s: restart of slot %d failed: %v", a, slot, err)
+				}
+			}
+		})
+	}
 	if len(ids) == 0 {
 		return false, fmt.Errorf("no handling of %s blocked", r.name)
 	}

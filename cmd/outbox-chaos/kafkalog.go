@@ -183,6 +183,18 @@ func (l *kafkaLog) interrupted(replica, kind string) {
 	l.mu.Unlock()
 }
 
+// killedAt returns when a replica was killed.
+func (l *kafkaLog) killedAt(replica string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, in := range l.interruptions {
+		if in.Replica == replica && in.Kind == "kill" {
+			return in.At, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // ended notes that a replica's Run returned: it produces no more.
 func (l *kafkaLog) ended(replica string) {
 	l.mu.Lock()

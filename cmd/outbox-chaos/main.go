@@ -13,7 +13,8 @@
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
-//	    [-txn-lifetime 3s] [-same-key 0.5] [-key-concurrency 1] [-skip kind,...] [-stacks file]
+//	    [-txn-lifetime 3s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
+//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
 // It prints one summary line on stdout,
@@ -21,6 +22,9 @@
 //	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
 //	    redelivered=N chained=N duplicate_publications=N
 //	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
+//	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N keyless_behind_held=N
+//	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
+//	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -95,6 +99,37 @@
 // records meanwhile) and pause-storm (about 10 MiB of 200 KiB events on one
 // partition, handled slowly, so its consumer queue passes its byte bound
 // again and again).
+//
+// # Issues 20 and 31
+//
+// Every replica runs with Config.KeyConcurrency -key-concurrency (the
+// order checks judge each key's order, which holds whatever the
+// concurrency) and Config.TopicPrefix -topic-prefix (the harness
+// translates names at the Kafka boundary: the checks compare bare
+// topics). Throughout the load a producer plays a service on the Python
+// event-outbox library (eventoutbox.go): step events in the library's
+// flat body, naming the prefixed topic, with and without a Kafka key, on
+// keys of their own (event_outbox_keyed, event_outbox_keyless: handled).
+// With -migrated (the default) the run starts on a Python event-outbox
+// dataset migrated in place, every replica with
+// Config.UniqueIdempotencyKeys, and the load now and then records an
+// event again, which must be refused (duplicates_refused; migrated.go).
+// The fault keyless-behind-held writes a record without idempotency key
+// on a key held now (keyless_behind_held: those the history saw held); a
+// third of the operator's Client.Redrive calls are cancelled while they
+// run (redrives_cancelled). On a stream of their own (extras.go):
+// mass-hold (an outage over -mass-keys keys of their own, each key's
+// first event parked at once, its second held: max_held_keys, the most
+// keys held at once, from the history), no-handler-deploy (events of a
+// type no replica handles, then a rolling deploy of its handler:
+// no_handler_released), retry-isolation (a retrying key must not hold
+// back the other keys of its partition: retry_isolated) and
+// kill-open-txns (a replica killed while its handlers hold transactions
+// open on many keys; the survivors must settle those events within the
+// group session timeout plus 20 s, takeover_max: with -txn-lifetime 60s,
+// MongoDB's default, that judges a takeover that does not wait for the
+// dead replica's transactions to expire; slow-handler is left out with a
+// lifetime above 10 s).
 //
 // An operator goroutine acts on the outcome as an on-call engineer would
 // (operator.go): it purges parked poison events and keyed malformed

@@ -179,7 +179,7 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		// going on with it.
 		var cutter *time.Timer
 		if o.rng.IntN(3) == 0 {
-			cutter = time.AfterFunc(time.Duration(o.rng.Int64N(int64(40*time.Millisecond))), cancel)
+			cutter = time.AfterFunc(2*time.Millisecond+time.Duration(o.rng.Int64N(int64(18*time.Millisecond))), cancel)
 		}
 		err := r.client.Redrive(rctx, id)
 		cancelled := cutter != nil && !cutter.Stop() && errors.Is(rctx.Err(), context.Canceled)
