@@ -337,15 +337,32 @@ func (h *harness) retryIsolation(ctx context.Context, a action) (bool, error) {
 	return true, nil
 }
 
-// killOpenTxns: see fKillOpenTxns.
+// killOpenTxns: see fKillOpenTxns. A replica that owns no partition yet,
+// or goes away before any of its handlings blocks, is no case: the next
+// live one is tried, up to four.
 func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
+	var err error
+	for try := range 4 {
+		var ok bool
+		ok, err = h.killOpenTxnsOnce(ctx, a, a.slot+try)
+		if ok || ctx.Err() != nil {
+			return ok, err
+		}
+		h.logf("%s: %v", a, err)
+	}
+	return false, err
+}
+
+// killOpenTxnsOnce blocks the handlings of the pick-th live replica and
+// kills it.
+func (h *harness) killOpenTxnsOnce(ctx context.Context, a action, pick int) (bool, error) {
 	h.mu.Lock()
 	slots := slices.Sorted(maps.Keys(h.slots))
 	h.mu.Unlock()
 	if len(slots) < 2 {
 		return false, fmt.Errorf("no survivor to take over")
 	}
-	slot := slots[a.slot%len(slots)]
+	slot := slots[pick%len(slots)]
 	h.mu.Lock()
 	r := h.slots[slot]
 	h.mu.Unlock()
@@ -359,16 +376,21 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 			break
 		}
 	}
+	// Disarmed first, so that no handling blocks after the decision: each
+	// blocked one is in ids, and dies with the replica.
+	ids := h.work.disarmBlock()
+	if len(ids) == 0 {
+		return false, fmt.Errorf("no handling of %s blocked in 3 s", r.name)
+	}
 	killed := h.killSlot(slot)
 	at := time.Now()
-	ids := h.work.disarmBlock()
 	if killed == nil || killed.name != r.name {
 		// Killed meanwhile by the schedule: its transactions were open
 		// all the same. Stopped gracefully (a leave, a deploy), it is no
 		// case.
 		k, ok := h.klog.killedAt(r.name)
-		if !ok || len(ids) == 0 {
-			return false, fmt.Errorf("%s went away", r.name)
+		if !ok {
+			return false, fmt.Errorf("%s stopped meanwhile", r.name)
 		}
 		at = k
 	} else {
@@ -379,9 +401,6 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 				}
 			}
 		})
-	}
-	if len(ids) == 0 {
-		return false, fmt.Errorf("no handling of %s blocked", r.name)
 	}
 	c := takeoverCase{Replica: r.name, KilledAt: at}
 	for _, id := range ids {

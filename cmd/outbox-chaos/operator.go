@@ -101,7 +101,7 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var purge, request, call []outbox.InboxID
+	var purge, request, call, cut []outbox.InboxID
 	var held []string
 	for i := range parked {
 		p := &parked[i]
@@ -130,8 +130,12 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 			}
 			switch {
 			case isMassKey(p.PartitionKey):
-				// A thousand at once: requests, in one call.
-				if p.RedriveRequestedAt.IsZero() || time.Since(p.RedriveRequestedAt) > 20*time.Second {
+				// A thousand at once: requests, in one call, but for a few
+				// calls per look (cut short, see below).
+				switch {
+				case len(cut) < 8 && p.RedriveRequestedAt.IsZero():
+					cut = append(cut, p.ID)
+				case p.RedriveRequestedAt.IsZero() || time.Since(p.RedriveRequestedAt) > 20*time.Second:
 					request = append(request, p.ID)
 				}
 			case o.rng.IntN(2) == 0:
@@ -166,7 +170,7 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 			o.mu.Unlock()
 		}
 	}
-	for _, id := range call {
+	for i, id := range append(call, cut...) {
 		r := o.h.pick(o.rng)
 		if r == nil {
 			break
@@ -178,8 +182,8 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		// not fail (judgeOrder: parked-unexplained), the key's consumer
 		// going on with it.
 		var cutter *time.Timer
-		if o.rng.IntN(3) == 0 {
-			cutter = time.AfterFunc(2*time.Millisecond+time.Duration(o.rng.Int64N(int64(18*time.Millisecond))), cancel)
+		if i >= len(call) || o.rng.IntN(3) == 0 {
+			cutter = time.AfterFunc(time.Millisecond+time.Duration(o.rng.Int64N(int64(10*time.Millisecond))), cancel)
 		}
 		err := r.client.Redrive(rctx, id)
 		cancelled := cutter != nil && !cutter.Stop() && errors.Is(rctx.Err(), context.Canceled)
