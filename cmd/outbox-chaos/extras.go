@@ -105,14 +105,13 @@ func isoKeys(partitions int) []string {
 
 // extraFacts are what the extra scenarios leave for the final check.
 type extraFacts struct {
-	massRuns     int      // mass holds carried out
-	massKeys     int      // keys each mass hold held
-	newEvents    []string // the no-handler-deploy events recorded (ids)
-	deployedAt   time.Time
-	isoCases     []isoCase
-	takeovers    []takeoverCase
-	keylessHeld  []recordPos // key-less records written on a held key
-	redriveCalls int         // Client.Redrive calls cancelled mid-release
+	massRuns    int      // mass holds carried out
+	massKeys    int      // keys each mass hold held
+	newEvents   []string // the no-handler-deploy events recorded (ids)
+	deployedAt  time.Time
+	isoCases    []isoCase
+	takeovers   []takeoverCase
+	keylessHeld []recordPos // key-less records written on a held key
 }
 
 // isoCase is one retry-isolation: the retrying event and the events of
@@ -440,16 +439,7 @@ func (in *injector) writeKeyless(ctx context.Context, key string) (recordPos, er
 	in.mu.Unlock()
 	rec := &kgo.Record{Topic: in.topic, Partition: in.partitionOf(key), Key: []byte(key),
 		Value: fmt.Appendf(nil, `{"key": %q, "seq": 1, "id": "malformed-%d"}`, key, n), Headers: malformedHeaders(false)}
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err := in.raw.ProduceSync(pctx, rec).FirstErr()
-	in.mu.Lock()
-	if err == nil {
-		in.malformed++
-	} else {
-		in.uncertain++
-	}
-	in.mu.Unlock()
+	err := in.produceMalformed(ctx, rec)
 	return recordPos{bareTopic(rec.Topic), rec.Partition, rec.Offset}, err
 }
 

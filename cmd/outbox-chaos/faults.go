@@ -397,7 +397,12 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 		headers[0].Value = []byte("99")
 		value = []byte(`{}`)
 	}
-	rec := &kgo.Record{Topic: in.topic, Partition: partition, Key: []byte(recKey), Value: value, Headers: headers}
+	return in.produceMalformed(ctx, &kgo.Record{Topic: in.topic, Partition: partition, Key: []byte(recKey), Value: value, Headers: headers})
+}
+
+// produceMalformed writes a malformed record and counts it: written, or
+// uncertain when its write failed (it may be in the topic all the same).
+func (in *injector) produceMalformed(ctx context.Context, rec *kgo.Record) error {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := in.raw.ProduceSync(pctx, rec).FirstErr()

@@ -41,7 +41,12 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 		// it lasts, and the outage would park nothing to re-drive. The
 		// outage lasts until one of its key's events is parked (at most
 		// outageCap longer), even past the load's end (endOutages).
-		h.bg.Go(func() { h.recordEach(context.WithoutCancel(ctx), a, rng, keys) })
+		h.bg.Go(func() {
+			pl := plan{keys: keys, pads: make([]int, len(keys))}
+			if err := h.recordPlan(context.WithoutCancel(ctx), rng, pl); err != nil {
+				h.logf("%s: recording an event of each key failed: %v", a, err)
+			}
+		})
 	case fSmallMaxBytes:
 		if !w.smallLimit.CompareAndSwap(0, smallMaxMessageBytes) {
 			return false, nil // a window is open already
@@ -76,31 +81,6 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 // slowLifetimeCap is the longest transaction lifetime slow-handler runs
 // with.
 const slowLifetimeCap = 10 * time.Second
-
-// recordEach records one step event of each key, in one transaction on a
-// live replica, trying a few times (kills, faults); each try is bounded by
-// txnDeadline.
-func (h *harness) recordEach(ctx context.Context, a action, rng *rand.Rand, keys []string) {
-	pl := plan{keys: keys, pads: make([]int, len(keys))}
-	for try := 1; try <= 3; try++ {
-		r := h.pick(rng)
-		if r == nil {
-			if sleepCtx(ctx, 200*time.Millisecond) != nil {
-				return
-			}
-			continue
-		}
-		tctx, cancel := context.WithTimeout(r.ctx, txnDeadline)
-		stop := context.AfterFunc(ctx, cancel)
-		err := h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng, pl)
-		stop()
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return
-		}
-		h.logf("%s: recording on %s failed (try %d): %v", a, r.name, try, err)
-	}
-}
 
 // closeSmallLimit ends a small max.message.bytes window: the topic's limit
 // goes back to the default, then the operator retries the failed events.
