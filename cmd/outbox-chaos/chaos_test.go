@@ -94,7 +94,7 @@ func TestChaosShort(t *testing.T) {
 	require.GreaterOrEqual(t, res.MaxHeldKeys, cfg.massKeys, "the mass hold never held all its keys at once")
 	require.Positive(t, res.NoHandlerReleased, "no event without handler released after the deploy")
 	require.Positive(t, res.DuplicatesRefused, "no duplicate recording refused on the migrated dataset")
-	require.Positive(t, res.Redriven, "the downstream outage parked nothing to re-drive")
+	require.Positive(t, res.OutageRedriven, "the downstream outage parked nothing to re-drive")
 	require.Positive(t, res.Redelivered, "no event was delivered again after it was handled")
 	require.Positive(t, res.Chained, "no follow-up was handled")
 	// A replay may find nothing to do on a machine so loaded that the

@@ -158,6 +158,11 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	redrives := slices.Clone(h.op.redrives)
 	h.op.mu.Unlock()
 	res.Redriven = len(redrives)
+	for _, r := range redrives {
+		if e := byRef(byID, r.Ref); e != nil && !isMassKey(e.Key) {
+			res.OutageRedriven++
+		}
+	}
 	res.FailedInnocent = len(innocent)
 	for _, id := range innocent {
 		v.fail("failed-innocent", "outbox event %s marked failed although it fits the topic's max.message.bytes alone", id)
@@ -369,6 +374,16 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	}
 	res.Failures = append(v.all(), runFailures...)
 	return res, nil
+}
+
+// byRef finds the ledger entry of an eventRef (nil for none): topics and
+// the run's ids hold no slash.
+func byRef(byID map[string]*ledgerEntry, ref string) *ledgerEntry {
+	topic, id, _ := strings.Cut(ref, "/")
+	if e := byID[id]; e != nil && e.Topic == topic {
+		return e
+	}
+	return nil
 }
 
 // countKind counts the ledger entries of a kind.

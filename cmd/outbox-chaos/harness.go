@@ -80,8 +80,9 @@ type result struct {
 	// Held counts the distinct events held behind an earlier event of
 	// their key at some point (from the inbox history), Parked those parked
 	// on their own; Redriven the re-drives the operator made (requests and
-	// calls).
-	Held, Redriven int
+	// calls), OutageRedriven those of the load's keys (downstream outages:
+	// mass holds left out).
+	Held, Redriven, OutageRedriven int
 	// Redelivered counts the deliveries of events to a consumer after they
 	// were settled (handled or purged).
 	Redelivered int
