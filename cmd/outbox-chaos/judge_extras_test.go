@@ -132,18 +132,29 @@ func TestJudgeRetryIsolation(t *testing.T) {
 }
 
 // TestJudgeTakeover: an event of a killed replica's open transaction
-// settled after the bound fails.
+// settled after the bound fails; one that waited parked or held is left
+// out; a bound of 0 measures only.
 func TestJudgeTakeover(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
 	c := takeoverCase{Replica: "r1.1", KilledAt: t0, Events: []string{"x", "y"}}
+	bound := takeoverBound(time.Minute)
+	require.Equal(t, 45*time.Second, bound)
+	require.Zero(t, takeoverBound(3*time.Second))
 	v := &verdict{}
-	longest := judgeTakeover([]takeoverCase{c}, map[string]time.Time{"x": t0.Add(5 * time.Second), "y": t0.Add(9 * time.Second)}, 20*time.Second, v)
+	longest := judgeTakeover([]takeoverCase{c}, map[string]time.Time{"x": t0.Add(5 * time.Second), "y": t0.Add(9 * time.Second)}, nil, bound, v)
 	require.Empty(t, v.all())
 	require.Equal(t, 9*time.Second, longest)
 	// The survivor waited for MongoDB's transaction lifetime (60 s).
-	judgeTakeover([]takeoverCase{c}, map[string]time.Time{"x": t0.Add(58 * time.Second)}, 20*time.Second, v)
+	slow := map[string]time.Time{"x": t0.Add(58 * time.Second)}
+	judgeTakeover([]takeoverCase{c}, slow, nil, bound, v)
 	requireFails(t, v, "takeover-slow")
+	// Parked before it settled: an operator's wait, not the takeover's.
+	v = &verdict{}
+	judgeTakeover([]takeoverCase{c}, slow, map[string]time.Time{"x": t0.Add(time.Second)}, bound, v)
+	require.Empty(t, v.all())
+	require.Equal(t, 58*time.Second, judgeTakeover([]takeoverCase{c}, slow, nil, 0, v))
+	require.Empty(t, v.all())
 }
 
 // TestJudgeNoHandler: an event of a type without handler settled before

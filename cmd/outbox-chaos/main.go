@@ -125,10 +125,11 @@
 // no_handler_released), retry-isolation (a retrying key must not hold
 // back the other keys of its partition: retry_isolated) and
 // kill-open-txns (a replica killed while its handlers hold transactions
-// open on many keys; the survivors must settle those events within the
-// group session timeout plus 20 s, takeover_max: with -txn-lifetime 60s,
-// MongoDB's default, that judges a takeover that does not wait for the
-// dead replica's transactions to expire; slow-handler is left out with a
+// open on many keys; takeover_max is the longest time from such a kill
+// to the settling of one of those events; with a lifetime of 30 s or more
+// (-txn-lifetime 60s, MongoDB's default) it must stay under three quarters
+// of the lifetime, which fails a takeover that waits for the dead
+// replica's transactions to expire; slow-handler is left out with a
 // lifetime above 10 s).
 //
 // An operator goroutine acts on the outcome as an on-call engineer would
