@@ -91,6 +91,7 @@ func TestChaosShort(t *testing.T) {
 	}
 	require.Positive(t, res.EventOutboxKeyed, "no keyed event-outbox record handled")
 	require.Positive(t, res.EventOutboxKeyless, "no key-less event-outbox record handled")
+	require.Positive(t, res.EventOutboxNoID, "no event-outbox record without idempotency_key written")
 	require.GreaterOrEqual(t, res.MaxHeldKeys, cfg.massKeys, "the mass hold never held all its keys at once")
 	require.Positive(t, res.NoHandlerReleased, "no event without handler released after the deploy")
 	require.Positive(t, res.DuplicatesRefused, "no duplicate recording refused on the migrated dataset")

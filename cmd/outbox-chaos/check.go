@@ -569,8 +569,9 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 			if schema == "" {
 				_, schema = bodyIdentity(r) // the Python library's records
 			}
-			rec := topicRecord{recordPos: pos, ID: id, Key: string(r.Key)}
-			if headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
+			rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r)}
+			noID := id == "" && headerValue(r, outbox.HeaderVersion) == "" // the Python library's, without idempotency_key
+			if noID || headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
 				rec.Malformed = true
 				tr.malformed[pos] = true
 				tr.keyOf[pos] = rec.Key

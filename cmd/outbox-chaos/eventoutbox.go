@@ -63,6 +63,16 @@ func (h *harness) runEventOutbox(ctx context.Context) {
 			keys = eventOutboxKeyed
 		}
 		key := keys[(i/2)%len(keys)]
+		if i%20 == 7 || i%20 == 14 {
+			// Every tenth record has no idempotency_key (issue 20's fifth
+			// defect): parked as malformed, it must hold its key (from
+			// the Kafka key, or the body's partition_key) until the
+			// operator purges it.
+			if err := h.produceEventOutboxWithoutID(ctx, key, keyed); err != nil && ctx.Err() == nil {
+				h.logf("event-outbox record of key %s without idempotency_key: %v", key, err)
+			}
+			continue
+		}
 		if err := h.produceEventOutbox(ctx, key, keyed); err != nil && ctx.Err() == nil {
 			h.logf("event-outbox record of key %s: %v", key, err)
 		}
@@ -114,6 +124,27 @@ func (h *harness) produceEventOutbox(ctx context.Context, key string, keyed bool
 		rec = eventOutboxRecord(&entry, keyed, h.cfg.partitions, h.inj.partitionOf)
 		_ = sleepCtx(pctx, 100*time.Millisecond)
 	}
+}
+
+// produceEventOutboxWithoutID produces a record of key in the library's
+// format without idempotency_key: a malformed record (counted as one).
+func (h *harness) produceEventOutboxWithoutID(ctx context.Context, key string, keyed bool) error {
+	e := ledgerEntry{ID: "x", Topic: chaosTopic(), Key: key, Seq: 1, Kind: kindStep}
+	rec := eventOutboxRecord(&e, keyed, h.cfg.partitions, h.inj.partitionOf)
+	var body map[string]any
+	if err := json.Unmarshal(rec.Value, &body); err != nil {
+		return err
+	}
+	delete(body, "idempotency_key")
+	body["id"] = "malformed-eo"
+	rec.Value, _ = json.Marshal(body) // it decoded from JSON
+	if err := h.inj.produceMalformed(ctx, rec); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.eventOutboxNoID++
+	h.mu.Unlock()
+	return nil
 }
 
 // ledgerExternal takes the next seq and place of key and writes the
@@ -177,6 +208,22 @@ func eventOutboxRecord(e *ledgerEntry, keyed bool, partitions int, partitionOf f
 	}
 	rec.Value, _ = json.Marshal(body) // a map of strings and numbers always encodes
 	return rec
+}
+
+// recordKey is a record's partition key as the harness judges it: its
+// Kafka key, or for a record of the Python library without one, the
+// body's integer partition_key (the library's key).
+func recordKey(r *kgo.Record) string {
+	if r.Key != nil || headerValue(r, outbox.HeaderVersion) != "" {
+		return string(r.Key)
+	}
+	var body struct {
+		PartitionKey *int64 `json:"partition_key"`
+	}
+	if json.Unmarshal(r.Value, &body) != nil || body.PartitionKey == nil {
+		return ""
+	}
+	return strconv.FormatInt(*body.PartitionKey, 10)
 }
 
 // bodyIdentity reads the idempotency key and content schema of a record

@@ -336,14 +336,15 @@ func (h *harness) retryIsolation(ctx context.Context, a action) (bool, error) {
 	return true, nil
 }
 
-// killOpenTxns: see fKillOpenTxns. A replica that owns no partition yet,
-// or goes away before any of its handlings blocks, is no case: the next
-// live one is tried, up to four.
+// killOpenTxns: see fKillOpenTxns. The victim is the first replica to
+// block a handling once armed (one that consumes); when it is stopped
+// meanwhile (a leave, a deploy), or nothing blocks in 3 s, it is tried
+// again, up to four times.
 func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	var err error
-	for try := range 4 {
+	for range 4 {
 		var ok bool
-		ok, err = h.killOpenTxnsOnce(ctx, a, a.slot+try)
+		ok, err = h.killOpenTxnsOnce(ctx, a)
 		if ok || ctx.Err() != nil {
 			return ok, err
 		}
@@ -352,47 +353,32 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	return false, err
 }
 
-// killOpenTxnsOnce blocks the handlings of the pick-th live replica and
-// kills it.
-func (h *harness) killOpenTxnsOnce(ctx context.Context, a action, pick int) (bool, error) {
-	h.mu.Lock()
-	slots := slices.Sorted(maps.Keys(h.slots))
-	h.mu.Unlock()
-	if len(slots) < 2 {
-		return false, fmt.Errorf("no survivor to take over")
-	}
-	slot := slots[pick%len(slots)]
-	h.mu.Lock()
-	r := h.slots[slot]
-	h.mu.Unlock()
-	if r == nil {
-		return false, fmt.Errorf("slot %d went away", slot)
-	}
-	h.work.armBlock(r.name, a.n)
+// killOpenTxnsOnce blocks handlings of one replica and kills it.
+func (h *harness) killOpenTxnsOnce(ctx context.Context, a action) (bool, error) {
+	h.work.armBlock(a.n)
 	deadline := time.Now().Add(3 * time.Second)
-	for h.work.blockedCount() < a.n && time.Now().Before(deadline) && r.ctx.Err() == nil {
+	for h.work.blockedCount() < a.n && time.Now().Before(deadline) {
 		if sleepCtx(ctx, 50*time.Millisecond) != nil {
 			break
 		}
 	}
 	// Disarmed first, so that no handling blocks after the decision: each
 	// blocked one is in ids, and dies with the replica.
-	ids := h.work.disarmBlock()
+	name, ids := h.work.disarmBlock()
 	if len(ids) == 0 {
-		return false, fmt.Errorf("no handling of %s blocked in 3 s", r.name)
+		return false, fmt.Errorf("no handling blocked in 3 s")
 	}
-	killed := h.killSlot(slot)
-	at := time.Now()
-	if killed == nil || killed.name != r.name {
-		// Killed meanwhile by the schedule: its transactions were open
-		// all the same. Stopped gracefully (a leave, a deploy), it is no
-		// case.
-		k, ok := h.klog.killedAt(r.name)
-		if !ok {
-			return false, fmt.Errorf("%s stopped meanwhile", r.name)
+	h.mu.Lock()
+	slot := -1
+	for s, r := range h.slots {
+		if r.name == name {
+			slot = s
 		}
-		at = k
-	} else {
+	}
+	h.mu.Unlock()
+	var at time.Time
+	if slot >= 0 && h.killSlot(slot) != nil {
+		at = time.Now()
 		h.bg.Go(func() {
 			if sleepCtx(context.WithoutCancel(ctx), time.Second) == nil {
 				if _, err := h.startIfDown(slot); err != nil {
@@ -400,15 +386,23 @@ func (h *harness) killOpenTxnsOnce(ctx context.Context, a action, pick int) (boo
 				}
 			}
 		})
+	} else {
+		// Killed meanwhile by the schedule: its transactions were open
+		// all the same. Stopped gracefully, it is no case.
+		k, ok := h.klog.killedAt(name)
+		if !ok {
+			return false, fmt.Errorf("%s stopped meanwhile", name)
+		}
+		at = k
 	}
-	c := takeoverCase{Replica: r.name, KilledAt: at}
+	c := takeoverCase{Replica: name, KilledAt: at}
 	for _, id := range ids {
 		c.Events = append(c.Events, eventRef(chaosTopic(), id))
 	}
 	h.mu.Lock()
 	h.xf.takeovers = append(h.xf.takeovers, c)
 	h.mu.Unlock()
-	h.logf("%s: killed %s with %d transactions open", a, r.name, len(ids))
+	h.logf("%s: killed %s with %d transactions open", a, name, len(ids))
 	return true, nil
 }
 

@@ -125,9 +125,13 @@ type result struct {
 	// transactions open, and Takeover the longest time from such a kill to
 	// the settling of one of its events.
 	EventOutboxKeyed, EventOutboxKeyless, KeylessHeld, RedrivesCancelled int
-	MassHolds, MaxHeldKeys, DuplicatesRefused, NoHandlerReleased         int
-	RetryIsolated, Takeovers                                             int
-	Takeover                                                             time.Duration
+	// EventOutboxNoID counts the Python library's records written without
+	// idempotency_key (each must end parked or purged, holding its key
+	// meanwhile).
+	EventOutboxNoID                                              int
+	MassHolds, MaxHeldKeys, DuplicatesRefused, NoHandlerReleased int
+	RetryIsolated, Takeovers                                     int
+	Takeover                                                     time.Duration
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -137,13 +141,13 @@ func (r *result) summary() string {
 	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d held=%d redriven=%d "+
 		"redelivered=%d chained=%d duplicate_publications=%d "+
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
-		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d keyless_behind_held=%d redrives_cancelled=%d "+
+		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.Chained, r.DuplicatePublications,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
-		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.KeylessHeld, r.RedrivesCancelled,
+		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds())
 }
@@ -205,6 +209,9 @@ type harness struct {
 	// eventOutboxKeyed and eventOutboxKeyless count the event-outbox
 	// records produced (eventoutbox.go); guarded by mu.
 	eventOutboxKeyed, eventOutboxKeyless int
+	// eventOutboxNoID counts the event-outbox records written without
+	// idempotency_key (malformed, holding their key); guarded by mu.
+	eventOutboxNoID int
 	// syncs are the times rebalances completed (SyncGroup); guarded by
 	// genMu.
 	syncs []time.Time

@@ -130,6 +130,7 @@ func judgeNoHandler(ids []string, deployedAt time.Time, waitedAt, settledAt map[
 // checkExtras judges the extra scenarios and fills their figures.
 func (h *harness) checkExtras(ctx context.Context, res *result, or orderResult, byID map[string]*ledgerEntry, effectCount map[string]int, v *verdict) error {
 	h.mu.Lock()
+	res.EventOutboxNoID = h.eventOutboxNoID
 	xf := h.xf
 	xf.isoCases = slices.Clone(xf.isoCases)
 	xf.takeovers = slices.Clone(xf.takeovers)

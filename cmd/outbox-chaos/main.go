@@ -22,7 +22,7 @@
 //	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
 //	    redelivered=N chained=N duplicate_publications=N
 //	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
-//	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N keyless_behind_held=N
+//	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //
@@ -109,7 +109,10 @@
 // topics). Throughout the load a producer plays a service on the Python
 // event-outbox library (eventoutbox.go): step events in the library's
 // flat body, naming the prefixed topic, with and without a Kafka key, on
-// keys of their own (event_outbox_keyed, event_outbox_keyless: handled).
+// keys of their own (event_outbox_keyed, event_outbox_keyless: handled);
+// every tenth has no idempotency_key and must be parked, holding its key
+// (from the Kafka key or the body's partition_key), until the operator
+// purges it (event_outbox_no_id).
 // With -migrated (the default) the run starts on a Python event-outbox
 // dataset migrated in place, every replica with
 // Config.UniqueIdempotencyKeys, and the load now and then records an

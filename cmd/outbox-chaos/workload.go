@@ -219,8 +219,9 @@ type workload struct {
 	newHandler atomic.Bool
 
 	// Kill with open transactions (kill-open-txns): the step handlers of
-	// replica blockOn block after their writes, their transactions open,
-	// until the replica dies; blocked lists the events so caught.
+	// replica blockOn (the first to run one once armed) block after their
+	// writes, their transactions open, until the replica dies; blocked
+	// lists the events so caught.
 	blockMu   sync.Mutex
 	blockOn   string
 	blockLeft int
@@ -609,22 +610,23 @@ func (w *workload) recordDuplicate(ctx context.Context, client *outbox.Client, e
 	return err
 }
 
-// armBlock makes the next n step handlings on replica block with their
-// transactions open (kill-open-txns).
-func (w *workload) armBlock(replica string, n int) {
+// armBlock makes the next n step handlings of one replica block with
+// their transactions open (kill-open-txns): of the first replica that
+// runs one after the call.
+func (w *workload) armBlock(n int) {
 	w.blockMu.Lock()
-	w.blockOn, w.blockLeft = replica, n
+	w.blockOn, w.blockLeft, w.blocked = "", n, nil
 	w.blockMu.Unlock()
 }
 
-// disarmBlock ends the arming and returns the events blocked.
-func (w *workload) disarmBlock() []string {
+// disarmBlock ends the arming and returns the replica whose handlings
+// blocked and the events blocked.
+func (w *workload) disarmBlock() (string, []string) {
 	w.blockMu.Lock()
 	defer w.blockMu.Unlock()
-	w.blockOn, w.blockLeft = "", 0
-	out := w.blocked
-	w.blocked = nil
-	return out
+	on, out := w.blockOn, w.blocked
+	w.blockOn, w.blockLeft, w.blocked = "", 0, nil
+	return on, out
 }
 
 // blockedCount is how many handlings are blocked now.
@@ -639,9 +641,10 @@ func (w *workload) blockedCount() int {
 func (w *workload) blocks(replica, id string) bool {
 	w.blockMu.Lock()
 	defer w.blockMu.Unlock()
-	if w.blockOn != replica || w.blockLeft <= 0 {
+	if w.blockLeft <= 0 || w.blockOn != "" && w.blockOn != replica {
 		return false
 	}
+	w.blockOn = replica
 	w.blockLeft--
 	w.blocked = append(w.blocked, id)
 	return true
