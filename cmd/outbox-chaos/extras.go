@@ -151,10 +151,10 @@ func (h *harness) extra(ctx context.Context, a action) {
 }
 
 // recordPlan records one transaction of plan on a live replica, trying up
-// to three times, each bounded by txnDeadline.
+// to five times (kills, deploys), each bounded by txnDeadline.
 func (h *harness) recordPlan(ctx context.Context, rng *rand.Rand, pl plan) error {
 	var err error
-	for try := 1; try <= 3; try++ {
+	for try := 1; try <= 5; try++ {
 		r := h.pick(rng)
 		if r == nil {
 			err = fmt.Errorf("no live replica")
@@ -181,6 +181,10 @@ func (h *harness) massHold(ctx context.Context, a action) (bool, error) {
 	if len(keys) == 0 {
 		return false, nil
 	}
+	if !h.work.massBusy.CompareAndSwap(false, true) {
+		return false, nil // the last one is still going: they share their keys
+	}
+	defer h.work.massBusy.Store(false)
 	rng := rand.New(rand.NewPCG(a.pick, 0x3a55))
 	ctx = context.WithoutCancel(ctx) // the hold ends on its own, load or not
 	h.work.startOutage(keys, time.Hour, true)
@@ -252,17 +256,19 @@ func (h *harness) noHandlerDeploy(ctx context.Context, a action) (bool, error) {
 	// They wait, parked for want of a handler (or held behind an earlier
 	// event of their key), once the consumers get to them: wait for that,
 	// for as long as it progresses, then a while longer.
-	deadline, last := time.Now().Add(30*time.Second), -1
+	// (The consumers may be minutes behind on a loaded machine.)
+	const patience = 90 * time.Second
+	deadline, last := time.Now().Add(patience), -1
 	for {
 		n := h.rec.waitingOf(schemaNew, ids)
 		if n == len(ids) {
 			break
 		}
 		if n != last {
-			deadline, last = time.Now().Add(30*time.Second), n
+			deadline, last = time.Now().Add(patience), n
 		}
 		if time.Now().After(deadline) {
-			h.logf("%s: only %d of %d events without handler parked or held after 30 s without progress", a, n, len(ids))
+			h.logf("%s: only %d of %d events without handler parked or held after %s without progress", a, n, len(ids), patience)
 			break
 		}
 		if sleepCtx(ctx, 100*time.Millisecond) != nil {

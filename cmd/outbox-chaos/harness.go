@@ -212,8 +212,8 @@ type harness struct {
 	// eventOutboxNoID counts the event-outbox records written without
 	// idempotency_key (malformed, holding their key); guarded by mu.
 	eventOutboxNoID int
-	// syncs are the times rebalances completed (SyncGroup); guarded by
-	// genMu.
+	// syncs are the times rebalances of the consumer group completed
+	// (SyncGroup); guarded by genMu.
 	syncs []time.Time
 }
 
@@ -304,7 +304,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 			if req, ok := r.(*kmsg.SyncGroupRequest); ok {
 				h.genMu.Lock()
 				h.gens[fmt.Sprintf("%s/%d", req.Group, req.Generation)] = true
-				h.syncs = append(h.syncs, time.Now())
+				if req.Group == "chaos-"+runID { // the consumer group (h.env.service, set later)
+					h.syncs = append(h.syncs, time.Now())
+				}
 				h.genMu.Unlock()
 			}
 			return false

@@ -176,13 +176,14 @@ type workload struct {
 	// (the event-outbox producer, mass holds, retry isolation): never the
 	// load's.
 	extraKeys   []string
-	mass        []string // mass-hold's keys
-	iso         []string // retry-isolation's keys
-	transient   int      // percent of step events whose first handling attempt fails
-	chainPct    int      // percent of step events whose handler records a follow-up
-	poisonRatio float64  // probability that a transaction also records a poison event
-	abortRatio  float64  // probability that a transaction is aborted on purpose
-	sameKey     float64  // probability that a multi-event transaction records consecutive events of one key
+	mass        []string    // mass-hold's keys
+	massBusy    atomic.Bool // a mass hold is going on (they share mass)
+	iso         []string    // retry-isolation's keys
+	transient   int         // percent of step events whose first handling attempt fails
+	chainPct    int         // percent of step events whose handler records a follow-up
+	poisonRatio float64     // probability that a transaction also records a poison event
+	abortRatio  float64     // probability that a transaction is aborted on purpose
+	sameKey     float64     // probability that a multi-event transaction records consecutive events of one key
 
 	attempted sync.Map // event id -> struct{}: every id any attempt generated
 	nextID    atomic.Int64
