@@ -202,18 +202,20 @@ func (h *harness) massHold(ctx context.Context, a action) (bool, error) {
 		}
 		recorded += len(pl.keys) / 2
 	}
-	// Every key held at once: wait for it, for as long as holds progress.
-	deadline, last := time.Now().Add(30*time.Second), -1
+	// Every key held at once: wait for it, for as long as holds progress
+	// (the consumers may be minutes behind on a loaded machine).
+	const patience = 90 * time.Second
+	deadline, last := time.Now().Add(patience), -1
 	for {
 		n := h.rec.waitingKeys(isMassKey)
 		if n >= recorded {
 			break
 		}
 		if n != last {
-			deadline, last = time.Now().Add(30*time.Second), n
+			deadline, last = time.Now().Add(patience), n
 		}
 		if time.Now().After(deadline) {
-			h.logf("%s: only %d of %d keys held after 30 s without progress", a, n, recorded)
+			h.logf("%s: only %d of %d keys held after %s without progress", a, n, recorded, patience)
 			break
 		}
 		if sleepCtx(ctx, 250*time.Millisecond) != nil {
