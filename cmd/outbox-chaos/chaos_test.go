@@ -55,6 +55,9 @@ func TestChaosShort(t *testing.T) {
 		poison:        0.02,
 		abort:         0.05,
 		progress:      &progress,
+		topicPrefix:   "chaos.",
+		massKeys:      30,
+		migrated:      true,
 	}
 	if raceEnabled {
 		// kfake's SleepControl races with itself (bsleep.enqueue updates a
@@ -83,10 +86,16 @@ func TestChaosShort(t *testing.T) {
 	require.Equal(t, res.Events, res.Handled+countPoison(res), "every committed step event handled")
 	require.Positive(t, res.Kills)
 	require.Positive(t, res.Faults)
-	for _, k := range scenarios {
+	for _, k := range append(slices.Clone(scenarios), extras...) {
 		require.Positive(t, res.Scenarios[k], "scenario %s never ran", k)
 	}
-	require.Positive(t, res.Redriven, "the downstream outage parked nothing to re-drive")
+	require.Positive(t, res.EventOutboxKeyed, "no keyed event-outbox record handled")
+	require.Positive(t, res.EventOutboxKeyless, "no key-less event-outbox record handled")
+	require.Positive(t, res.EventOutboxNoID, "no event-outbox record without idempotency_key written")
+	require.GreaterOrEqual(t, res.MaxHeldKeys, cfg.massKeys, "the mass hold never held all its keys at once")
+	require.Positive(t, res.NoHandlerReleased, "no event without handler released after the deploy")
+	require.Positive(t, res.DuplicatesRefused, "no duplicate recording refused on the migrated dataset")
+	require.Positive(t, res.OutageRedriven, "the downstream outage parked nothing to re-drive")
 	require.Positive(t, res.Redelivered, "no event was delivered again after it was handled")
 	require.Positive(t, res.Chained, "no follow-up was handled")
 	// A replay may find nothing to do on a machine so loaded that the
@@ -177,6 +186,8 @@ func TestRunFlags(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 2, run(context.Background(), []string{"-replicas", "0"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "-replicas")
+	require.Equal(t, 2, run(context.Background(), []string{"-key-concurrency", "0"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "-key-concurrency")
 	require.Equal(t, 2, run(context.Background(), []string{"-nope"}, &out, &errOut))
 	require.Empty(t, out.String())
 

@@ -55,7 +55,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	res := &result{}
 	v := &verdict{}
 	leaked := map[string]bool{}
-	topics := []string{h.topic, chainTopic()}
+	topics := []string{h.topic, kafkaTopic(chainTopic())}
 
 	// Ledger.
 	var ledger []ledgerEntry
@@ -73,6 +73,8 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			places[e.Key] = append(places[e.Key], e.Place)
 		case kindStep:
 			seqs[e.Key] = append(seqs[e.Key], e.Seq)
+			places[e.Key] = append(places[e.Key], e.Place)
+		case kindNew:
 			places[e.Key] = append(places[e.Key], e.Place)
 		case kindFollow:
 			fseqs[e.Key] = append(fseqs[e.Key], e.Seq)
@@ -129,6 +131,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	chainOutbox := map[string][]outboxFact{}
 	markedAt := map[string]time.Time{}
 	for _, d := range outboxDocs {
+		if d.Topic == "" {
+			continue // the Python library's documents (-migrated): judgeMigration
+		}
 		inOutbox[d.Key] = true
 		if d.PublishedAt != nil {
 			markedAt[eventRef(d.Topic, d.Key)] = *d.PublishedAt
@@ -153,6 +158,11 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	redrives := slices.Clone(h.op.redrives)
 	h.op.mu.Unlock()
 	res.Redriven = len(redrives)
+	for _, r := range redrives {
+		if e := byRef(byID, r.Ref); e != nil && !isMassKey(e.Key) {
+			res.OutageRedriven++
+		}
+	}
 	res.FailedInnocent = len(innocent)
 	for _, id := range innocent {
 		v.fail("failed-innocent", "outbox event %s marked failed although it fits the topic's max.message.bytes alone", id)
@@ -181,7 +191,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	}
 	res.DoubleEffects = judgeEffects(effectCount, byID, aborted, leaked, v)
 	for id, n := range effectCount {
-		if e := byID[id]; e != nil && e.Kind == kindStep && n > 0 {
+		if e := byID[id]; e != nil && (e.Kind == kindStep || e.Kind == kindNew) && n > 0 {
 			res.Handled++
 		}
 	}
@@ -248,6 +258,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		}
 	}
 	for id, f := range inbox {
+		if id.Topic == legacyTopic {
+			continue // the Python library's inbox documents (-migrated)
+		}
 		if byID[id.IdempotencyKey] == nil && !aborted[id.IdempotencyKey] && !tr.malformed[recordPos{id.Topic, f.Partition, f.Offset}] {
 			v.fail("inbox-unknown", "inbox entry %s (%s) is no event of the run", id, f.state())
 		}
@@ -266,7 +279,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		ref := eventRef(e.Topic, e.ID)
 		st := final[ref]
 		done := e.Poison() && (st == inboxParked || st == inboxDiscarded) || e.handledKind() && effectCount[e.ID] > 0
-		if !inOutbox[e.ID] || !tr.published[ref] || !done {
+		if !inOutbox[e.ID] && !e.External || !tr.published[ref] || !done {
 			res.Lost++
 			v.fail("lost", "lost: %s %s (key %s place %d): outbox %v, published %v, handled/parked %v (inbox %s)",
 				e.Kind, e.ID, e.Key, e.Place, inOutbox[e.ID], tr.published[ref], done, st)
@@ -295,6 +308,10 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	or := judgeOrder(of, v)
 	res.Held, res.Parked = or.Held, or.Parked
 	res.OrderViolations += or.Violations
+	res.MaxHeldKeys = or.MaxHeldKeys
+	if err := h.checkExtras(ctx, res, or, byID, effectCount, v); err != nil {
+		return nil, err
+	}
 	judgeRedrives(redrives, final, v)
 	settledAt := map[string]time.Time{}
 	for _, c := range changes {
@@ -359,6 +376,16 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	return res, nil
 }
 
+// byRef finds the ledger entry of an eventRef (nil for none): topics and
+// the run's ids hold no slash.
+func byRef(byID map[string]*ledgerEntry, ref string) *ledgerEntry {
+	topic, id, _ := strings.Cut(ref, "/")
+	if e := byID[id]; e != nil && e.Topic == topic {
+		return e
+	}
+	return nil
+}
+
 // countKind counts the ledger entries of a kind.
 func countKind(ledger []ledgerEntry, kind string) int {
 	n := 0
@@ -421,7 +448,7 @@ func compareTP(a, b topicPartition) int {
 // committed offset is behind the partition's end.
 func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
 	adm := kadm.NewClient(h.inj.raw)
-	ends, err := adm.ListEndOffsets(ctx, h.topic, chainTopic())
+	ends, err := adm.ListEndOffsets(ctx, h.topic, kafkaTopic(chainTopic()))
 	if err != nil {
 		return nil, fmt.Errorf("end offsets: %w", err)
 	}
@@ -536,10 +563,15 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 			if end, ok := remaining[tp]; ok && r.Offset+1 >= end {
 				delete(remaining, tp)
 			}
+			r.Topic = bareTopic(r.Topic) // the checks compare bare names
 			pos := recordPos{r.Topic, r.Partition, r.Offset}
 			id, schema := idOf(r), headerValue(r, outbox.HeaderContentSchema)
-			rec := topicRecord{recordPos: pos, ID: id, Key: string(r.Key)}
-			if isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
+			if schema == "" {
+				_, schema = bodyIdentity(r) // the Python library's records
+			}
+			rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r)}
+			noID := id == "" && headerValue(r, outbox.HeaderVersion) == "" // the Python library's, without idempotency_key
+			if noID || headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
 				rec.Malformed = true
 				tr.malformed[pos] = true
 				tr.keyOf[pos] = rec.Key

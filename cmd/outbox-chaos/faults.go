@@ -49,6 +49,11 @@ const (
 	// Bad records written straight to Kafka (any backend).
 	fMalformed actionKind = "malformed-record"
 
+	// event-outbox-record: the Python library's records, produced
+	// throughout the load (eventoutbox.go); a kind only so that -skip can
+	// leave them out.
+	fEventOutbox actionKind = "event-outbox-record"
+
 	// Scenarios: longer disturbances that the issue-12 bugs need, scheduled
 	// on their own cadence, round-robin so that every kind occurs.
 	//
@@ -156,7 +161,7 @@ func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery
 	if kafkaOK {
 		kinds = append(kinds, kafkaFaults...)
 	}
-	kinds = append(kinds, fMalformed)
+	kinds = append(kinds, fMalformed, fKeylessHeld)
 	if faultEvery > 0 {
 		for t := exp(faultEvery); t < duration; t += exp(faultEvery) {
 			acts = append(acts, action{
@@ -219,6 +224,7 @@ func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery
 			acts = append(acts, a)
 		}
 	}
+	acts = append(acts, scheduleExtras(seed, duration, scenarioEvery)...)
 	slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
 	return acts
 }
@@ -336,6 +342,26 @@ func (in *injector) clear() {
 	}
 }
 
+// headerMalformed marks the harness's malformed records, whatever their
+// key and idempotency key (the framework ignores headers it does not
+// know).
+const headerMalformed = "chaos-malformed"
+
+// malformedHeaders are the headers of a malformed record: the native
+// envelope of a step event, with an idempotency key header (to be set)
+// when withID, and the harness's mark.
+func malformedHeaders(withID bool) []kgo.RecordHeader {
+	hs := []kgo.RecordHeader{
+		{Key: outbox.HeaderVersion, Value: []byte(outbox.WireVersion)},
+		{Key: outbox.HeaderContentSchema, Value: []byte(schemaStep)},
+	}
+	if withID {
+		hs = append(hs, kgo.RecordHeader{Key: outbox.HeaderIdempotencyKey})
+	}
+	return append(hs, kgo.RecordHeader{Key: outbox.HeaderOccurredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		kgo.RecordHeader{Key: headerMalformed, Value: []byte("1")})
+}
+
 // writeMalformed writes one bad record straight to the topic; the
 // consumer must park it at once. The variants: invalid JSON, a payload that
 // fails validation, a missing idempotency key, an unknown wire version.
@@ -356,12 +382,8 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 		recKey = in.keys[(a.pick>>12)%uint64(len(in.keys))]
 		partition = in.partitionOf(recKey)
 	}
-	headers := []kgo.RecordHeader{
-		{Key: outbox.HeaderVersion, Value: []byte(outbox.WireVersion)},
-		{Key: outbox.HeaderContentSchema, Value: []byte(schemaStep)},
-		{Key: outbox.HeaderIdempotencyKey, Value: []byte(key)},
-		{Key: outbox.HeaderOccurredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
-	}
+	headers := malformedHeaders(true)
+	headers[2].Value = []byte(key)
 	var value []byte
 	switch a.pick % 4 {
 	case 0:
@@ -369,13 +391,18 @@ func (in *injector) writeMalformed(ctx context.Context, a action) error {
 	case 1:
 		value = []byte(`{"key": "x", "seq": 0, "id": "` + key + `"}`)
 	case 2:
-		headers = slices.Delete(headers, 2, 3)
+		headers = malformedHeaders(false)
 		value = []byte(`{"key": "x", "seq": 1, "id": "` + key + `"}`)
 	case 3:
 		headers[0].Value = []byte("99")
 		value = []byte(`{}`)
 	}
-	rec := &kgo.Record{Topic: in.topic, Partition: partition, Key: []byte(recKey), Value: value, Headers: headers}
+	return in.produceMalformed(ctx, &kgo.Record{Topic: in.topic, Partition: partition, Key: []byte(recKey), Value: value, Headers: headers})
+}
+
+// produceMalformed writes a malformed record and counts it: written, or
+// uncertain when its write failed (it may be in the topic all the same).
+func (in *injector) produceMalformed(ctx context.Context, rec *kgo.Record) error {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := in.raw.ProduceSync(pctx, rec).FirstErr()

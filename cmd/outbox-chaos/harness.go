@@ -56,7 +56,18 @@ type config struct {
 	replayEvery time.Duration
 	txnLifetime time.Duration // the embedded MongoDB's transaction lifetime
 	sameKey     float64       // probability that a multi-event transaction uses one key
-	stormMiB    int           // MiB of events per pause storm; 0: 10
+	// keyConcurrency is Config.KeyConcurrency of every replica (0: 1).
+	keyConcurrency int
+	// topicPrefix is Config.TopicPrefix of every replica: the Kafka topics
+	// are prefixed, the framework's names bare.
+	topicPrefix string
+	// massKeys is how many keys of their own a mass hold holds at once.
+	massKeys int
+	// migrated starts the run on a dataset a Python event-outbox service
+	// left, migrated (Admin.MigrateEventOutbox), with
+	// Config.UniqueIdempotencyKeys on every replica (migrated.go).
+	migrated bool
+	stormMiB int // MiB of events per pause storm; 0: 10
 	// queueRecords and queueBytes shrink the consumer's per-partition queue
 	// bound (internal/tuning) so fetches pause and resume partitions all
 	// the time; 0 keeps the framework's bound.
@@ -69,8 +80,9 @@ type result struct {
 	// Held counts the distinct events held behind an earlier event of
 	// their key at some point (from the inbox history), Parked those parked
 	// on their own; Redriven the re-drives the operator made (requests and
-	// calls).
-	Held, Redriven int
+	// calls), OutageRedriven those of the load's keys (downstream outages:
+	// mass holds left out).
+	Held, Redriven, OutageRedriven int
 	// Redelivered counts the deliveries of events to a consumer after they
 	// were settled (handled or purged).
 	Redelivered int
@@ -98,6 +110,28 @@ type result struct {
 	Scenarios map[actionKind]int
 	// Poisons counts the committed poison events (part of Events).
 	Poisons int
+	// KeyConcurrency is the replicas' Config.KeyConcurrency.
+	KeyConcurrency int
+	// The faults of issues 20 and 31, each counted: EventOutboxKeyed and
+	// EventOutboxKeyless the Python library's records handled (with and
+	// without a Kafka key, on the prefixed topic); KeylessHeld the records
+	// without an idempotency key held behind a parked event of their key;
+	// RedrivesCancelled the Client.Redrive calls cancelled mid-release;
+	// MassHolds the mass holds and MaxHeldKeys the most keys held at once;
+	// DuplicatesRefused the duplicate recordings refused on the migrated
+	// dataset; NoHandlerReleased the events of a type without handler
+	// released after its deploy; RetryIsolated the retrying keys whose
+	// partition went on meanwhile; Takeovers the replicas killed with
+	// transactions open, and Takeover the longest time from such a kill to
+	// the settling of one of its events.
+	EventOutboxKeyed, EventOutboxKeyless, KeylessHeld, RedrivesCancelled int
+	// EventOutboxNoID counts the Python library's records written without
+	// idempotency_key (each must end parked or purged, holding its key
+	// meanwhile).
+	EventOutboxNoID                                              int
+	MassHolds, MaxHeldKeys, DuplicatesRefused, NoHandlerReleased int
+	RetryIsolated, Takeovers                                     int
+	Takeover                                                     time.Duration
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -106,16 +140,22 @@ type result struct {
 func (r *result) summary() string {
 	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d held=%d redriven=%d "+
 		"redelivered=%d chained=%d duplicate_publications=%d "+
-		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d",
+		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
+		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
+		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
+		"takeovers=%d takeover_max=%.1fs",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.Chained, r.DuplicatePublications,
-		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults)
+		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
+		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
+		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
+		r.Takeovers, r.Takeover.Seconds())
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
 func (r *result) scenarioLine() string {
-	parts := make([]string, 0, len(scenarios)+len(replays))
-	for _, k := range scenarios {
+	parts := make([]string, 0, len(scenarios)+len(replays)+len(extras))
+	for _, k := range append(slices.Clone(scenarios), extras...) {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Scenarios[k]))
 	}
 	for _, k := range replays {
@@ -133,7 +173,7 @@ type harness struct {
 	db      *mongo.Database
 	admin   *mongo.Client // the harness's own connection, never faulted by kills
 	cluster *kfake.Cluster
-	topic   string
+	topic   string // the Kafka topic of the step events (prefixed: -topic-prefix)
 
 	startMu  sync.Mutex // serializes startIfDown
 	mu       sync.Mutex
@@ -164,6 +204,17 @@ type harness struct {
 	slowestKafkaDown, slowestKafkaUp time.Duration
 	scenarios                        map[actionKind]int // scenarios carried out; guarded by mu
 	failures                         []string           // violations seen during the run; guarded by mu
+	// xf are the facts of the extra scenarios (extras.go); guarded by mu.
+	xf extraFacts
+	// eventOutboxKeyed and eventOutboxKeyless count the event-outbox
+	// records produced (eventoutbox.go); guarded by mu.
+	eventOutboxKeyed, eventOutboxKeyless int
+	// eventOutboxNoID counts the event-outbox records written without
+	// idempotency_key (malformed, holding their key); guarded by mu.
+	eventOutboxNoID int
+	// syncs are the times rebalances of the consumer group completed
+	// (SyncGroup); guarded by genMu.
+	syncs []time.Time
 }
 
 // maxFailLines caps the FAIL lines of each kind of violation.
@@ -204,8 +255,11 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		cfg.stall = 60 * time.Second
 	}
 	runID := fmt.Sprintf("c%x%x", cfg.seed, time.Now().UnixNano()&0xffffff)
-	topic := "chaos-" + runID
-	topicName.Store(&topic)
+	bare := "chaos-" + runID
+	topicName.Store(&bare)
+	prefix := cfg.topicPrefix
+	topicPrefix.Store(&prefix)
+	topic := kafkaTopic(bare) // the harness speaks to Kafka: prefixed names
 	h := &harness{began: time.Now(), cfg: cfg, topic: topic, slots: map[int]*replica{}, incarn: map[int]int{}, gens: map[string]bool{},
 		scenarios: map[actionKind]int{}, klog: newKafkaLog()}
 	// The publishers' ownership callback is process-wide: set for this
@@ -250,6 +304,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 			if req, ok := r.(*kmsg.SyncGroupRequest); ok {
 				h.genMu.Lock()
 				h.gens[fmt.Sprintf("%s/%d", req.Group, req.Generation)] = true
+				if req.Group == "chaos-"+runID { // the consumer group (h.env.service, set later)
+					h.syncs = append(h.syncs, time.Now())
+				}
 				h.genMu.Unlock()
 			}
 			return false
@@ -268,7 +325,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 	defer raw.Close()
-	for _, t := range []string{topic, chainTopic()} {
+	for _, t := range []string{topic, kafkaTopic(chainTopic())} {
 		if _, err := kadm.NewClient(raw).CreateTopic(ctx, int32(cfg.partitions), -1, nil, t); err != nil {
 			return nil, fmt.Errorf("create topic %s: %w", t, err)
 		}
@@ -279,7 +336,12 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		keys[i] = fmt.Sprintf("k%05d", i)
 	}
 	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort,
-		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second, chainPct: cfg.chainPct}
+		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second, chainPct: cfg.chainPct,
+		mass: massKeys(cfg.massKeys), iso: isoKeys(cfg.partitions)}
+	h.work.extraKeys = append(append(eventOutboxKeys(), h.work.mass...), h.work.iso...)
+	if cfg.migrated {
+		h.work.dupRatio = 0.005
+	}
 	if err := h.work.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -287,12 +349,21 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.env = &replicaEnv{mongoURI: mongoURI, brokers: brokers, database: h.db.Name(), service: service,
 		logger: cfg.logger, work: h.work, appName: "chaos-replica", klog: h.klog}
 	h.env.sessionTimeout, h.env.rebalanceTimeout = sessionTimeout, rebalanceTimeout
+	h.env.keyConcurrency = max(1, cfg.keyConcurrency)
+	h.env.topicPrefix = cfg.topicPrefix
+	h.env.unique = cfg.migrated
 	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
 	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
 		groups: []string{service, service + ".outbox-publisher"}, keys: keys,
 		partitionOf: func(k string) int32 {
 			return int32(part.Partition(&kgo.Record{Key: []byte(k)}, cfg.partitions))
 		}}
+
+	if cfg.migrated {
+		if err := h.seedMigrated(ctx); err != nil {
+			return nil, err
+		}
+	}
 
 	// The inbox history starts before the first replica: it must see every
 	// change. Its goroutine ends after the final check.
@@ -343,6 +414,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { h.runSchedule(loadCtx, acts) })
 	h.runLoad(loadCtx, &wg)
+	if !cfg.skip[fEventOutbox] {
+		wg.Go(func() { h.runEventOutbox(loadCtx) })
+	}
 	wg.Wait()
 	h.bg.Wait()
 	if ctx.Err() != nil {
@@ -392,6 +466,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	res.Scenarios = maps.Clone(h.scenarios)
 	res.Rewound, res.RogueRecords = h.rewound, h.rogueRecords
 	h.mu.Unlock()
+	res.KeyConcurrency = h.env.keyConcurrency
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
 	h.genMu.Unlock()
@@ -529,6 +604,15 @@ func (h *harness) execute(ctx context.Context, a action) {
 			ok, err := h.replay(ctx, a)
 			h.account(a, ok, err, true)
 		})
+	case fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns:
+		h.logf("%s", a)
+		h.bg.Go(func() { h.extra(ctx, a) })
+	case fKeylessHeld:
+		ok, err := h.writeKeylessHeld(ctx, a)
+		if ok {
+			h.logf("%s", a)
+		}
+		h.account(a, ok, err, false)
 	case fSlowHandler, fOutage, fSmallMaxBytes, fKafkaDownStart, fPauseStorm:
 		h.logf("%s", a)
 		ok, err := h.scenario(ctx, a)

@@ -25,6 +25,7 @@ type inboxChange struct {
 	Partition int32
 	Offset    int64  // the offset of the delivery that created the document
 	LastError string // after the change
+	Reason    string // the park reason after the change (e.g. "no_handler")
 	At        time.Time
 }
 
@@ -204,7 +205,7 @@ func (r *inboxRecorder) apply(raw bson.Raw) error {
 	r.docs[id] = f
 	if to := f.state(); to != from {
 		r.changes = append(r.changes, inboxChange{ID: id, From: from, To: to, Key: f.PartitionKey, Partition: f.Partition,
-			Offset: f.Offset, LastError: f.LastError, At: time.Now()})
+			Offset: f.Offset, LastError: f.LastError, Reason: f.ParkReason, At: time.Now()})
 	}
 	return nil
 }

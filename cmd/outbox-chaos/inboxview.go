@@ -76,11 +76,12 @@ type inboxFields struct {
 	Offset       int64          `bson:"offset"`
 	PartitionKey string         `bson:"partition_key"`
 	LastError    string         `bson:"last_error"`
+	ParkReason   string         `bson:"park_reason"` // e.g. "no_handler"
 }
 
 // inboxTracked are the inbox fields inboxFields reads, for projections and
 // for following updates in the change stream.
-var inboxTracked = []string{"handled", "parked", "held_by", "held", "discarded_at", "partition", "offset", "partition_key", "last_error"}
+var inboxTracked = []string{"handled", "parked", "held_by", "held", "discarded_at", "partition", "offset", "partition_key", "last_error", "park_reason"}
 
 // isHeld reports whether a parked document waits behind an earlier parked
 // event of its key.
@@ -125,6 +126,8 @@ func (f *inboxFields) apply(updated bson.Raw, removed []string) error {
 			f.DiscardedAt = nil
 		case "last_error":
 			f.LastError = ""
+		case "park_reason":
+			f.ParkReason = ""
 		}
 	}
 	if len(set) == 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Per-key order over every kind of event, holds behind parked events, and
@@ -60,6 +61,15 @@ type orderResult struct {
 	// Violations counts the events handled while an earlier event of their
 	// key was unsettled.
 	Violations int
+	// MaxHeldKeys is the most keys that had an event parked or held at
+	// the same time.
+	MaxHeldKeys int
+	// HeldRefs are the events held at some point; SettledAt when each
+	// event was first handled or purged, ParkedAt when each was first
+	// parked on its own, WaitedAt when each was first parked or held (as
+	// the history saw it).
+	HeldRefs                      map[string]bool
+	SettledAt, ParkedAt, WaitedAt map[string]time.Time
 }
 
 // judgeOrder replays the inbox history key by key and fails on:
@@ -80,8 +90,11 @@ type orderResult struct {
 //   - parked-unexplained: an event parked on its own that no scenario
 //     explains: poison and malformed events are; a step event is when its
 //     key had a downstream outage and its last error is the outage's; an
-//     event that had been held is when the event before it was purged, or
-//     when its own last error is the outage's.
+//     event of a type deployed late (no-handler-deploy) is when its park
+//     reason is no_handler; an event that had been held is when the event
+//     before it was purged, or when its own last error is the outage's. A
+//     release cut short (a cancelled re-drive) that parks a healthy event
+//     with its context's error fails here.
 //   - parked-after-settled: a handled or purged event parked again.
 //
 // The expected held set is thus computed from the sequences and the parked
@@ -106,7 +119,9 @@ func judgeOrder(f *orderFacts, v *verdict) orderResult {
 	}
 	lastSettle := map[seqKey]settle{}
 	held, parked := map[string]bool{}, map[string]bool{}
-	var res orderResult
+	res := orderResult{SettledAt: map[string]time.Time{}, ParkedAt: map[string]time.Time{}, WaitedAt: map[string]time.Time{}}
+	waiting := map[seqKey]int{} // events parked or held, by key
+	waitingKeys := 0
 	downstream := errDownstream.Error()
 	for i := range f.Changes {
 		c := &f.Changes[i]
@@ -121,6 +136,30 @@ func judgeOrder(f *orderFacts, v *verdict) orderResult {
 		seq := f.Seqs[at.key]
 		ev := &seq[at.idx]
 		state[ref] = c.To
+		if was, is := c.From.waiting(), c.To.waiting(); was != is {
+			n := waiting[at.key]
+			if is {
+				waiting[at.key]++
+			} else {
+				waiting[at.key]--
+			}
+			switch {
+			case n == 0 && is:
+				waitingKeys++
+				res.MaxHeldKeys = max(res.MaxHeldKeys, waitingKeys)
+			case n == 1 && !is:
+				waitingKeys--
+			}
+		}
+		if _, ok := res.SettledAt[ref]; !ok && c.To.settled() {
+			res.SettledAt[ref] = c.At
+		}
+		if _, ok := res.ParkedAt[ref]; !ok && c.To == inboxParked {
+			res.ParkedAt[ref] = c.At
+		}
+		if _, ok := res.WaitedAt[ref]; !ok && c.To.waiting() {
+			res.WaitedAt[ref] = c.At
+		}
 		// The first unsettled event before this one, and whether one
 		// before it waits (parked or held).
 		first := firstUnsettled[at.key]
@@ -167,7 +206,8 @@ func judgeOrder(f *orderFacts, v *verdict) orderResult {
 		case inboxParked:
 			parked[ref] = true
 			explained := ev.Kind == kindPoison || ev.Kind == kindMalformed ||
-				f.Outage[at.key.Key] && strings.Contains(c.LastError, downstream)
+				f.Outage[at.key.Key] && strings.Contains(c.LastError, downstream) ||
+				ev.Kind == kindNew && c.Reason == reasonNoHandler
 			switch {
 			case c.From == inboxHeld:
 				if waiter != nil {
@@ -193,8 +233,12 @@ func judgeOrder(f *orderFacts, v *verdict) orderResult {
 		}
 	}
 	res.Held, res.Parked = len(held), len(parked)
+	res.HeldRefs = held
 	return res
 }
+
+// reasonNoHandler is the park reason of an event no handler accepts.
+const reasonNoHandler = "no_handler"
 
 // redriveFact is one re-drive the operator made.
 type redriveFact struct {

@@ -32,8 +32,15 @@ type recordPosID struct {
 	ID string
 }
 
-// idOf is a record's idempotency key header, or "".
-func idOf(r *kgo.Record) string { return headerValue(r, outbox.HeaderIdempotencyKey) }
+// idOf is a record's idempotency key header, or its event-outbox body's
+// idempotency key (a record of the Python library has no header), or "".
+func idOf(r *kgo.Record) string {
+	if id := headerValue(r, outbox.HeaderIdempotencyKey); id != "" {
+		return id
+	}
+	id, _ := bodyIdentity(r)
+	return id
+}
 
 // doubtKey identifies a record whose produce failed: it may be in the
 // topic, at an unknown offset.
@@ -135,7 +142,8 @@ func (l *kafkaLog) ownershipChanged(owner any, change string, partitions map[str
 	if !ok {
 		return
 	}
-	for topic, ps := range partitions {
+	for ktopic, ps := range partitions {
+		topic := bareTopic(ktopic)
 		for _, p := range ps {
 			k := ownKey{replica, topic, p}
 			i, isOpen := l.open[k]
@@ -175,6 +183,18 @@ func (l *kafkaLog) interrupted(replica, kind string) {
 	l.mu.Unlock()
 }
 
+// killedAt returns when a replica was killed.
+func (l *kafkaLog) killedAt(replica string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, in := range l.interruptions {
+		if in.Replica == replica && in.Kind == "kill" {
+			return in.At, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // ended notes that a replica's Run returned: it produces no more.
 func (l *kafkaLog) ended(replica string) {
 	l.mu.Lock()
@@ -212,7 +232,7 @@ func (k replicaHooks) OnProduceRecordBuffered(r *kgo.Record) {
 
 func (k replicaHooks) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
 	now := time.Now()
-	p := pubRecord{Replica: k.replica, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, ID: idOf(r),
+	p := pubRecord{Replica: k.replica, Topic: bareTopic(r.Topic), Partition: r.Partition, Offset: r.Offset, ID: idOf(r),
 		Done: now, Err: err != nil}
 	k.l.mu.Lock()
 	defer k.l.mu.Unlock()
@@ -237,7 +257,7 @@ func (k replicaHooks) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	if !polled {
 		return
 	}
-	p := poll{Topic: r.Topic, ID: idOf(r), At: time.Now()}
+	p := poll{Topic: bareTopic(r.Topic), ID: idOf(r), At: time.Now()}
 	k.l.mu.Lock()
 	k.l.polls = append(k.l.polls, p)
 	k.l.mu.Unlock()

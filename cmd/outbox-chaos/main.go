@@ -13,7 +13,8 @@
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
-//	    [-txn-lifetime 3s] [-same-key 0.5] [-skip kind,...] [-stacks file]
+//	    [-txn-lifetime 3s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
+//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
 // It prints one summary line on stdout,
@@ -21,6 +22,9 @@
 //	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
 //	    redelivered=N chained=N duplicate_publications=N
 //	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
+//	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
+//	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
+//	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -95,6 +99,41 @@
 // records meanwhile) and pause-storm (about 10 MiB of 200 KiB events on one
 // partition, handled slowly, so its consumer queue passes its byte bound
 // again and again).
+//
+// # Issues 20 and 31
+//
+// Every replica runs with Config.KeyConcurrency -key-concurrency (the
+// order checks judge each key's order, which holds whatever the
+// concurrency) and Config.TopicPrefix -topic-prefix (the harness
+// translates names at the Kafka boundary: the checks compare bare
+// topics). Throughout the load a producer plays a service on the Python
+// event-outbox library (eventoutbox.go): step events in the library's
+// flat body, naming the prefixed topic, with and without a Kafka key, on
+// keys of their own (event_outbox_keyed, event_outbox_keyless: handled);
+// every tenth has no idempotency_key and must be parked, holding its key
+// (from the Kafka key or the body's partition_key), until the operator
+// purges it (event_outbox_no_id).
+// With -migrated (the default) the run starts on a Python event-outbox
+// dataset migrated in place, every replica with
+// Config.UniqueIdempotencyKeys, and the load now and then records an
+// event again, which must be refused (duplicates_refused; migrated.go).
+// The fault keyless-behind-held writes a record without idempotency key
+// on a key held now (keyless_behind_held: those the history saw held); a
+// third of the operator's Client.Redrive calls are cancelled while they
+// run (redrives_cancelled). On a stream of their own (extras.go):
+// mass-hold (an outage over -mass-keys keys of their own, each key's
+// first event parked at once, its second held: max_held_keys, the most
+// keys held at once, from the history), no-handler-deploy (events of a
+// type no replica handles, then a rolling deploy of its handler:
+// no_handler_released), retry-isolation (a retrying key must not hold
+// back the other keys of its partition: retry_isolated) and
+// kill-open-txns (a replica killed while its handlers hold transactions
+// open on many keys; takeover_max is the longest time from such a kill
+// to the settling of one of those events; with a lifetime of 30 s or more
+// (-txn-lifetime 60s, MongoDB's default) it must stay under three quarters
+// of the lifetime, which fails a takeover that waits for the dead
+// replica's transactions to expire; slow-handler is left out with a
+// lifetime above 10 s).
 //
 // An operator goroutine acts on the outcome as an on-call engineer would
 // (operator.go): it purges parked poison events and keyed malformed
@@ -177,6 +216,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.queueRecords, "queue-records", 64, "consumer queue bound per partition in records: fetching pauses at it, so a small bound makes pause storms (0: the framework's 5000)")
 	fs.IntVar(&cfg.queueBytes, "queue-bytes", 1<<20, "consumer queue bound per partition in bytes (0: the framework's 8 MiB)")
 	fs.DurationVar(&cfg.txnLifetime, "txn-lifetime", 3*time.Second, "the embedded MongoDB's transaction lifetime (slow handlers outlast it)")
+	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
+	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
+	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
+	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
 	fs.StringVar(&cfg.brokers, "kafka-brokers", "", "real Kafka brokers, comma-separated (default: embedded kfake)")
@@ -194,6 +237,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	case cfg.rate < 1 || cfg.keys < 1 || cfg.partitions < 1:
 		fmt.Fprintln(stderr, "outbox-chaos: -rate, -keys and -partitions must be positive")
+		return 2
+	case cfg.keyConcurrency < 1:
+		fmt.Fprintln(stderr, "outbox-chaos: -key-concurrency must be at least 1")
 		return 2
 	}
 	cfg.skip = map[actionKind]bool{}

@@ -43,7 +43,8 @@ type realClock struct{}
 func (realClock) Now() time.Time                                   { return time.Now() }
 func (realClock) Sleep(ctx context.Context, d time.Duration) error { return sleepCtx(ctx, d) }
 
-// waitSettled looks every `every` until look reports everything settled
+// waitSettled looks every `every` (or thrice as long as a look took, when
+// longer) until look reports everything settled
 // (true), or until nothing progressed for stall (false, with the last
 // look). Errors of look count as no progress; logf hears the state every
 // few seconds, onIdle (when not nil) how long nothing progressed after
@@ -54,7 +55,9 @@ func waitSettled(ctx context.Context, clk clock, every, stall time.Duration, loo
 	lastProgress, lastLog := clk.Now(), time.Time{}
 	seen := false
 	for {
+		began := clk.Now()
 		st, err := look(ctx)
+		took := clk.Now().Sub(began)
 		if err == nil {
 			if st.settled {
 				logf("quiet: %s", st.summary)
@@ -77,7 +80,11 @@ func waitSettled(ctx context.Context, clk clock, every, stall time.Duration, loo
 		if clk.Now().Sub(lastProgress) >= stall || ctx.Err() != nil {
 			return false, last
 		}
-		if clk.Sleep(ctx, every) != nil {
+		// A look scans the ledger, the effects and the outbox whole: once
+		// they hold tens of thousands of documents it takes the embedded
+		// server a while, so the looks are spaced to keep them under a
+		// quarter of its time, leaving the rest to the replicas.
+		if clk.Sleep(ctx, max(every, 3*took)) != nil {
 			return false, last
 		}
 	}
@@ -93,7 +100,7 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 		return settleState{}, err
 	}
 	nLedger := func(filter bson.D) (int64, error) { return h.db.Collection(collLedger).CountDocuments(ctx, filter) }
-	handledKinds, err := nLedger(bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow}}}}})
+	handledKinds, err := nLedger(bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}})
 	if err != nil {
 		return settleState{}, err
 	}
@@ -167,7 +174,7 @@ func (h *harness) unsettled(ctx context.Context) string {
 	var effects []struct {
 		Event string `bson:"event"`
 	}
-	if h.findAll(ctx, collLedger, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow}}}}}, nil, &ledger) == nil &&
+	if h.findAll(ctx, collLedger, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}}, nil, &ledger) == nil &&
 		h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}}, &effects) == nil {
 		has := map[string]bool{}
 		for _, e := range effects {
@@ -259,6 +266,8 @@ func schemaOf(kind string) string {
 		return schemaPoison
 	case kindFollow:
 		return schemaFollow
+	case kindNew:
+		return schemaNew
 	}
 	return schemaStep
 }

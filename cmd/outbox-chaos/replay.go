@@ -253,7 +253,7 @@ func (h *harness) rogueProduce(ctx context.Context, a action) (bool, error) {
 	var doubt []recordPosID
 	var firstErr error
 	for _, pr := range res {
-		p := recordPosID{recordPos{pr.Record.Topic, pr.Record.Partition, pr.Record.Offset}, idOf(pr.Record)}
+		p := recordPosID{recordPos{bareTopic(pr.Record.Topic), pr.Record.Partition, pr.Record.Offset}, idOf(pr.Record)}
 		if pr.Err != nil {
 			doubt = append(doubt, p)
 			if firstErr == nil {

@@ -47,6 +47,12 @@ type replicaEnv struct {
 	rebalanceTimeout time.Duration
 	// klog receives what each replica's Kafka clients do.
 	klog *kafkaLog
+	// keyConcurrency is the replicas' Config.KeyConcurrency.
+	keyConcurrency int
+	// topicPrefix is the replicas' Config.TopicPrefix.
+	topicPrefix string
+	// unique is the replicas' Config.UniqueIdempotencyKeys (-migrated).
+	unique bool
 }
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
@@ -71,20 +77,23 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
 	}
 	client, err := outbox.New(outbox.Config{
-		Mongo:             mc,
-		Database:          env.database,
-		Brokers:           env.brokers,
-		KafkaOptions:      kafkaOpts,
-		Service:           env.service,
-		PublishTopics:     []string{chaosTopic(), chainTopic()},
-		MaxAttempts:       6,
-		RetryMinBackoff:   10 * time.Millisecond,
-		RetryMaxBackoff:   250 * time.Millisecond,
-		PublishBatchSize:  500,
-		SessionTimeout:    env.sessionTimeout,
-		HeartbeatInterval: 300 * time.Millisecond,
-		FenceMargin:       env.sessionTimeout / 3,
-		Logger:            env.logger.With("replica", name),
+		Mongo:                 mc,
+		Database:              env.database,
+		Brokers:               env.brokers,
+		KafkaOptions:          kafkaOpts,
+		Service:               env.service,
+		PublishTopics:         []string{chaosTopic(), chainTopic()},
+		MaxAttempts:           6,
+		KeyConcurrency:        env.keyConcurrency,
+		TopicPrefix:           env.topicPrefix,
+		UniqueIdempotencyKeys: env.unique,
+		RetryMinBackoff:       10 * time.Millisecond,
+		RetryMaxBackoff:       250 * time.Millisecond,
+		PublishBatchSize:      500,
+		SessionTimeout:        env.sessionTimeout,
+		HeartbeatInterval:     300 * time.Millisecond,
+		FenceMargin:           env.sessionTimeout / 3,
+		Logger:                env.logger.With("replica", name),
 	})
 	if err != nil {
 		_ = mc.Disconnect(context.Background())

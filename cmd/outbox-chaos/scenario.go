@@ -23,7 +23,9 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 	w := h.work
 	switch a.kind {
 	case fSlowHandler:
-		if h.inj.mongo == nil {
+		if h.inj.mongo == nil || h.cfg.txnLifetime > slowLifetimeCap {
+			// A handler slower than a long lifetime would outlast its
+			// HandlerTimeout instead: left out.
 			return false, nil
 		}
 		w.slowArmed.Add(int64(a.n))
@@ -32,8 +34,19 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 		for i := range keys {
 			keys[i] = w.keys[rng.IntN(len(w.keys))]
 		}
-		w.startOutage(keys, a.d)
+		w.startOutage(keys, a.d, false)
 		h.logf("%s keys %v down", a, keys)
+		// The outage records an event of each of its keys itself: under
+		// load, or late in the run, a random key may get no traffic while
+		// it lasts, and the outage would park nothing to re-drive. The
+		// outage lasts until one of its key's events is parked (at most
+		// outageCap longer), even past the load's end (endOutages).
+		h.bg.Go(func() {
+			pl := plan{keys: keys, pads: make([]int, len(keys))}
+			if err := h.recordPlan(context.WithoutCancel(ctx), rng, pl); err != nil {
+				h.logf("%s: recording an event of each key failed: %v", a, err)
+			}
+		})
 	case fSmallMaxBytes:
 		if !w.smallLimit.CompareAndSwap(0, smallMaxMessageBytes) {
 			return false, nil // a window is open already
@@ -64,6 +77,10 @@ func (h *harness) scenario(ctx context.Context, a action) (bool, error) {
 	}
 	return true, nil
 }
+
+// slowLifetimeCap is the longest transaction lifetime slow-handler runs
+// with.
+const slowLifetimeCap = 10 * time.Second
 
 // closeSmallLimit ends a small max.message.bytes window: the topic's limit
 // goes back to the default, then the operator retries the failed events.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ const (
 	schemaStep   = "ChaosStep.v1"
 	schemaPoison = "ChaosPoison.v1"
 	schemaFollow = "ChaosFollow.v1"
+	schemaNew    = "ChaosNew.v1"
 )
 
 // topicName is set once per run (the topic is unique per run so that runs
@@ -29,6 +31,29 @@ const (
 var topicName atomic.Pointer[string]
 
 func chaosTopic() string { return *topicName.Load() }
+
+// topicPrefix is the replicas' Config.TopicPrefix of the run (-topic-prefix):
+// the framework's names (events, ledger, inbox ids) are bare topics, Kafka's
+// are prefixed. Set once per run, before the first replica.
+var topicPrefix atomic.Pointer[string]
+
+// kafkaTopic is the Kafka topic of the bare topic t.
+func kafkaTopic(t string) string {
+	if p := topicPrefix.Load(); p != nil {
+		return *p + t
+	}
+	return t
+}
+
+// bareTopic is the bare topic of the Kafka topic k: every topic the
+// harness reads from Kafka crosses this boundary, so that the checks
+// compare bare names only.
+func bareTopic(k string) string {
+	if p := topicPrefix.Load(); p != nil {
+		return strings.TrimPrefix(k, *p)
+	}
+	return k
+}
 
 // chainTopic is the second topic: the follow-up events that step handlers
 // record in their own transaction go there.
@@ -78,6 +103,19 @@ func (followEvent) Topic() string          { return chainTopic() }
 func (followEvent) ContentSchema() string  { return schemaFollow }
 func (e followEvent) PartitionKey() string { return e.Key }
 
+// newEvent is an event type the replicas first have no handler for: the
+// no-handler-deploy scenario (extras.go) records some, then deploys the
+// handler by a rolling restart. Until then each must stay parked (reason
+// no_handler) holding its key, then be handled once.
+type newEvent struct {
+	Key string `json:"key" validate:"required"`
+	ID  string `json:"id" validate:"required"`
+}
+
+func (newEvent) Topic() string          { return chaosTopic() }
+func (newEvent) ContentSchema() string  { return schemaNew }
+func (e newEvent) PartitionKey() string { return e.Key }
+
 // followID is the id (and idempotency key) of the follow-up of step event
 // source: one per source, whichever attempt records it.
 func followID(source string) string { return source + "-f" }
@@ -87,6 +125,7 @@ const (
 	kindStep   = "step"   // a step event, recorded by the load
 	kindPoison = "poison" // a poison event, recorded by the load
 	kindFollow = "follow" // a follow-up, recorded by a step handler
+	kindNew    = "new"    // an event of a type deployed late (no-handler-deploy)
 )
 
 // ledgerEntry is one committed event, written in the transaction that
@@ -103,6 +142,9 @@ type ledgerEntry struct {
 	Place  int64  `bson:"place"`
 	Kind   string `bson:"kind"`
 	Source string `bson:"source,omitempty"` // follow-ups: the step event handled
+	// External marks a step event produced straight to Kafka in the Python
+	// event-outbox library's format (eventoutbox.go): never in the outbox.
+	External bool `bson:"external,omitempty"`
 }
 
 // Poison reports whether the entry is a poison event.
@@ -110,7 +152,9 @@ func (e *ledgerEntry) Poison() bool { return e.Kind == kindPoison }
 
 // handledKind reports whether the entry's handler succeeds (step events
 // and follow-ups): it must end with exactly one effect.
-func (e *ledgerEntry) handledKind() bool { return e.Kind == kindStep || e.Kind == kindFollow }
+func (e *ledgerEntry) handledKind() bool {
+	return e.Kind == kindStep || e.Kind == kindFollow || e.Kind == kindNew
+}
 
 // Collections of the workload (in the run's database, next to the
 // framework's outbox and inbox).
@@ -126,13 +170,20 @@ const (
 
 // workload records events and handles them.
 type workload struct {
-	db          *mongo.Database
-	keys        []string
-	transient   int     // percent of step events whose first handling attempt fails
-	chainPct    int     // percent of step events whose handler records a follow-up
-	poisonRatio float64 // probability that a transaction also records a poison event
-	abortRatio  float64 // probability that a transaction is aborted on purpose
-	sameKey     float64 // probability that a multi-event transaction records consecutive events of one key
+	db   *mongo.Database
+	keys []string // the load's keys
+	// extraKeys are the keys of the scenarios that need keys of their own
+	// (the event-outbox producer, mass holds, retry isolation): never the
+	// load's.
+	extraKeys   []string
+	mass        []string    // mass-hold's keys
+	massBusy    atomic.Bool // a mass hold is going on (they share mass)
+	iso         []string    // retry-isolation's keys
+	transient   int         // percent of step events whose first handling attempt fails
+	chainPct    int         // percent of step events whose handler records a follow-up
+	poisonRatio float64     // probability that a transaction also records a poison event
+	abortRatio  float64     // probability that a transaction is aborted on purpose
+	sameKey     float64     // probability that a multi-event transaction records consecutive events of one key
 
 	attempted sync.Map // event id -> struct{}: every id any attempt generated
 	nextID    atomic.Int64
@@ -163,6 +214,28 @@ type workload struct {
 	// its events exhaust MaxAttempts and are parked.
 	outMu   sync.Mutex
 	outages map[string]*outage // by key: the current (last) outage
+
+	// newHandler is whether replicas started now register the handler of
+	// newEvent (no-handler-deploy).
+	newHandler atomic.Bool
+
+	// Kill with open transactions (kill-open-txns): the step handlers of
+	// replica blockOn (the first to run one once armed) block after their
+	// writes, their transactions open, until the replica dies; blocked
+	// lists the events so caught.
+	blockMu   sync.Mutex
+	blockOn   string
+	blockLeft int
+	blocked   []string
+
+	// lastStep is the last committed step event, which a duplicate
+	// recording repeats (-migrated: Config.UniqueIdempotencyKeys must
+	// refuse it).
+	lastStep atomic.Pointer[stepEvent]
+	// dupRatio is the probability that a transaction records lastStep
+	// again instead; dupRefused and dupRecorded count the outcomes.
+	dupRatio                float64
+	dupRefused, dupRecorded atomic.Int64
 }
 
 // outage is one key's downstream outage. It lasts until `until` and, when
@@ -172,6 +245,9 @@ type workload struct {
 type outage struct {
 	until, hardEnd time.Time
 	parked         bool
+	// park makes the handler park the key's events at once (outbox.Park)
+	// instead of failing them until their attempts run out: mass-hold.
+	park bool
 }
 
 // outageCap bounds an outage that no parked event ends (a key without
@@ -201,6 +277,13 @@ type plan struct {
 	// behind it once it is parked.
 	poisonAt int
 	abort    bool
+	// fresh records a newEvent of keys[0] before the step events
+	// (no-handler-deploy): the key's step events follow it in its
+	// sequence.
+	fresh bool
+	// dup records the step event again instead of anything else: it must
+	// be refused (Config.UniqueIdempotencyKeys).
+	dup *stepEvent
 }
 
 // newPlan draws a transaction: 1-3 step events, with probability sameKey
@@ -229,6 +312,9 @@ func (w *workload) newPlan(rng *rand.Rand) plan {
 	p.poison = rng.Float64() < w.poisonRatio
 	p.poisonAt = 1 + rng.IntN(n)
 	p.abort = rng.Float64() < w.abortRatio
+	if w.dupRatio > 0 && rng.Float64() < w.dupRatio {
+		p.dup = w.lastStep.Load()
+	}
 	return p
 }
 
@@ -252,8 +338,9 @@ func (w *workload) newID() string {
 // prepare creates the per-key documents, so that handlers and recorders
 // update existing documents instead of racing upserts.
 func (w *workload) prepare(ctx context.Context) error {
-	docs := make([]any, len(w.keys))
-	for i, k := range w.keys {
+	keys := append(append([]string(nil), w.keys...), w.extraKeys...)
+	docs := make([]any, len(keys))
+	for i, k := range keys {
 		docs[i] = bson.D{{Key: "_id", Value: k}, {Key: "seq", Value: int64(0)}, {Key: "place", Value: int64(0)},
 			{Key: "pos", Value: int64(0)}, {Key: "fseq", Value: int64(0)}}
 	}
@@ -300,7 +387,30 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 		_, err = ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Place: c.Place, Kind: kindPoison})
 		return err
 	}
+	if p.dup != nil {
+		return w.recordDuplicate(ctx, client, p.dup)
+	}
+	var lastStep *stepEvent
 	err := client.Transact(ctx, func(ctx context.Context) error {
+		lastStep = nil
+		if p.fresh {
+			var c struct {
+				Place int64 `bson:"place"`
+			}
+			err := counters.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: p.keys[0]}},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: "place", Value: int64(1)}}}},
+				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&c)
+			if err != nil {
+				return err
+			}
+			id := w.newID()
+			if err := outbox.Record(ctx, newEvent{Key: p.keys[0], ID: id}, outbox.WithIdempotencyKey(id)); err != nil {
+				return err
+			}
+			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: p.keys[0], Place: c.Place, Kind: kindNew}); err != nil {
+				return err
+			}
+		}
 		for i, k := range p.keys {
 			var c struct {
 				Seq   int64 `bson:"seq"`
@@ -319,8 +429,12 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 					w.oversize.Add(1)
 				}
 			}
-			if err := outbox.Record(ctx, stepEvent{Key: k, Seq: c.Seq, ID: id, Pad: pads[i]}, outbox.WithIdempotencyKey(id)); err != nil {
+			ev := stepEvent{Key: k, Seq: c.Seq, ID: id, Pad: pads[i]}
+			if err := outbox.Record(ctx, ev, outbox.WithIdempotencyKey(id)); err != nil {
 				return err
+			}
+			if pads[i] == "" {
+				lastStep = &ev
 			}
 			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Seq: c.Seq, Place: c.Place, Kind: kindStep}); err != nil {
 				return err
@@ -339,6 +453,9 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 	switch {
 	case err == nil:
 		w.recorded.Add(1)
+		if lastStep != nil {
+			w.lastStep.Store(lastStep)
+		}
 	case errors.Is(err, errPlannedAbort):
 		w.aborted.Add(1)
 	default:
@@ -381,7 +498,9 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 		return before, err
 	}
 	err := outbox.Handle(client, func(ctx context.Context, e stepEvent, meta outbox.Metadata) error {
-		if w.isDown(e.Key) {
+		if down, park := w.outageOf(e.Key); down && park {
+			return outbox.Park(errDownstream)
+		} else if down {
 			return errDownstream
 		}
 		// A slow attempt records a follow-up, then outlives the transaction
@@ -430,6 +549,13 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 		if meta.Attempt == 1 && w.failsOnce(e.ID) {
 			return errTransient // after the writes: the transaction must undo them all
 		}
+		if w.blocks(replica, e.ID) {
+			// kill-open-txns: the transaction stays open, its writes
+			// locking the key's documents, until the replica dies: its
+			// session is abandoned, never aborted.
+			<-ctx.Done()
+			return ctx.Err()
+		}
 		w.handledRuns.Add(1)
 		return nil
 	})
@@ -452,9 +578,77 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 	if err != nil {
 		return err
 	}
+	if w.newHandler.Load() {
+		err = outbox.Handle(client, func(ctx context.Context, e newEvent, _ outbox.Metadata) error {
+			_, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindNew}, {Key: "key", Value: e.Key},
+				{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
 	return outbox.Handle(client, func(context.Context, poisonEvent, outbox.Metadata) error {
 		return errPoison
 	})
+}
+
+// recordDuplicate records a committed step event again, alone in its
+// transaction: with Config.UniqueIdempotencyKeys it must fail with
+// ErrDuplicateEvent (counted as refused); committed, it is counted as
+// recorded, a violation.
+func (w *workload) recordDuplicate(ctx context.Context, client *outbox.Client, e *stepEvent) error {
+	err := client.Transact(ctx, func(ctx context.Context) error {
+		return outbox.Record(ctx, *e, outbox.WithIdempotencyKey(e.ID))
+	})
+	switch {
+	case err == nil:
+		w.dupRecorded.Add(1)
+	case errors.Is(err, outbox.ErrDuplicateEvent):
+		w.dupRefused.Add(1)
+		return nil
+	}
+	return err
+}
+
+// armBlock makes the next n step handlings of one replica block with
+// their transactions open (kill-open-txns): of the first replica that
+// runs one after the call.
+func (w *workload) armBlock(n int) {
+	w.blockMu.Lock()
+	w.blockOn, w.blockLeft, w.blocked = "", n, nil
+	w.blockMu.Unlock()
+}
+
+// disarmBlock ends the arming and returns the replica whose handlings
+// blocked and the events blocked.
+func (w *workload) disarmBlock() (string, []string) {
+	w.blockMu.Lock()
+	defer w.blockMu.Unlock()
+	on, out := w.blockOn, w.blocked
+	w.blockOn, w.blockLeft, w.blocked = "", 0, nil
+	return on, out
+}
+
+// blockedCount is how many handlings are blocked now.
+func (w *workload) blockedCount() int {
+	w.blockMu.Lock()
+	defer w.blockMu.Unlock()
+	return len(w.blocked)
+}
+
+// blocks reports whether a step handling on replica blocks (and notes
+// it).
+func (w *workload) blocks(replica, id string) bool {
+	w.blockMu.Lock()
+	defer w.blockMu.Unlock()
+	if w.blockLeft <= 0 || w.blockOn != "" && w.blockOn != replica {
+		return false
+	}
+	w.blockOn = replica
+	w.blockLeft--
+	w.blocked = append(w.blocked, id)
+	return true
 }
 
 // appliedDoc is a key's applied document (collApplied, collChainApplied).
@@ -499,8 +693,9 @@ func (w *workload) isSlow(id string) bool {
 	}
 }
 
-// startOutage makes keys' downstream fail for at least d.
-func (w *workload) startOutage(keys []string, d time.Duration) {
+// startOutage makes keys' downstream fail for at least d (with park,
+// parking their events at once).
+func (w *workload) startOutage(keys []string, d time.Duration, park bool) {
 	now := time.Now()
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
@@ -508,20 +703,38 @@ func (w *workload) startOutage(keys []string, d time.Duration) {
 		w.outages = map[string]*outage{}
 	}
 	for _, k := range keys {
-		w.outages[k] = &outage{until: now.Add(d), hardEnd: now.Add(d + outageCap)}
+		w.outages[k] = &outage{until: now.Add(d), hardEnd: now.Add(d + outageCap), park: park}
+	}
+}
+
+// endOutage ends keys' outages now, parked or not.
+func (w *workload) endOutage(keys []string) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	for _, k := range keys {
+		if o := w.outages[k]; o != nil {
+			o.until, o.hardEnd = time.Time{}, time.Time{}
+		}
 	}
 }
 
 // isDown reports whether key's downstream is in an outage.
 func (w *workload) isDown(key string) bool {
+	down, _ := w.outageOf(key)
+	return down
+}
+
+// outageOf reports whether key's downstream is in an outage, and whether
+// that outage parks its events at once.
+func (w *workload) outageOf(key string) (down, park bool) {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
 	o := w.outages[key]
 	if o == nil {
-		return false
+		return false, false
 	}
 	now := time.Now()
-	return now.Before(o.until) || !o.parked && now.Before(o.hardEnd)
+	return now.Before(o.until) || !o.parked && now.Before(o.hardEnd), o.park
 }
 
 // sawParked tells key's outage that one of its events was parked.
@@ -544,12 +757,15 @@ func (w *workload) outageKeys() map[string]bool {
 	return out
 }
 
-// endOutages ends every outage (quiescence).
+// endOutages ends every outage (quiescence), but for those that have not
+// parked an event of their key yet: they last until one is parked, at
+// most until their hard end, so that every outage parks what the
+// operator re-drives, however late in the load it began.
 func (w *workload) endOutages() {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()
 	for _, o := range w.outages {
-		o.until, o.hardEnd = time.Time{}, time.Time{}
+		o.until = time.Time{}
 	}
 }
 
