@@ -28,6 +28,7 @@ import (
 
 // config is the harness's configuration (the command's flags).
 type config struct {
+	dupRatio   float64             // with migrated: probability that a transaction records an event again (0: 0.5%)
 	duration   time.Duration       // load and faults last this long
 	replicas   int                 // base replicas (extra ones join and leave)
 	rate       int                 // target step events per second
@@ -340,7 +341,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		mass: massKeys(cfg.massKeys), iso: isoKeys(cfg.partitions)}
 	h.work.extraKeys = append(append(eventOutboxKeys(), h.work.mass...), h.work.iso...)
 	if cfg.migrated {
-		h.work.dupRatio = 0.005
+		h.work.dupRatio = cmp.Or(cfg.dupRatio, 0.005)
 	}
 	if err := h.work.prepare(ctx); err != nil {
 		return nil, err
