@@ -64,7 +64,13 @@ func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
 	require.Equal(t, "slow-1", parked[0].ID.IdempotencyKey)
 	require.EqualValues(t, 3, parked[0].Attempts)
 	require.Contains(t, parked[0].LastError, "transaction failed after the handler returned")
-	require.EqualValues(t, 3, slowRuns.Load(), "one run per attempt")
+	// One run per attempt, and a few more at most: a failure whose
+	// recording itself fails (its transaction outlives the 300 ms lifetime
+	// on a loaded machine) leaves that run uncounted and the event runs
+	// again (stages.go, failure); 4 runs seen once under go test -race ./...
+	// beside a chaos run.
+	require.GreaterOrEqual(t, slowRuns.Load(), int64(3), "one run per attempt")
+	require.LessOrEqual(t, slowRuns.Load(), int64(6), "runs not counted as attempts stay few")
 	require.True(t, sawDeadline.Load(), "the handler's context has a deadline within HandlerTimeout")
 	require.Zero(t, count(t, effects, bson.D{{Key: "key", Value: "slow-1"}}))
 }
