@@ -102,6 +102,8 @@ func TestChaosShort(t *testing.T) {
 	require.Positive(t, res.OutageRedriven, "the downstream outage parked nothing to re-drive")
 	require.Positive(t, res.Redelivered, "no event was delivered again after it was handled")
 	require.Positive(t, res.Chained, "no follow-up was handled")
+	require.Positive(t, res.TopicsRecreated, "no topic was deleted and created again")
+	require.Positive(t, res.RecreatedHandled, "no event recorded after a topic's recreation was handled")
 	// A replay may find nothing to do on a machine so loaded that the
 	// group commits nothing in 15 s (TestCommitAsMember covers the
 	// rewind's commit on its own); one of them must run.

@@ -129,10 +129,15 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	}
 	inOutbox := make(map[string]bool, len(outboxDocs))
 	chainOutbox := map[string][]outboxFact{}
+	recreatedOutbox := map[string]outboxFact{}
 	markedAt := map[string]time.Time{}
 	for _, d := range outboxDocs {
 		if d.Topic == "" {
 			continue // the Python library's documents (-migrated): judgeMigration
+		}
+		if d.Topic == recreateTopic() {
+			recreatedOutbox[d.Key] = outboxFact{Published: d.Published, Failed: d.Failed}
+			continue // judgeRecreated
 		}
 		inOutbox[d.Key] = true
 		if d.PublishedAt != nil {
@@ -218,8 +223,13 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	final := map[string]inboxState{}
+	recreatedFinal := map[string]inboxState{}
 	byPos := map[recordPos]*inboxFields{}
 	for id, f := range inbox {
+		if id.Topic == recreateTopic() {
+			recreatedFinal[id.IdempotencyKey] = f.state()
+			continue // judgeRecreated
+		}
 		byPos[recordPos{id.Topic, f.Partition, f.Offset}] = f
 		e := byID[id.IdempotencyKey]
 		switch {
@@ -258,8 +268,8 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		}
 	}
 	for id, f := range inbox {
-		if id.Topic == legacyTopic {
-			continue // the Python library's inbox documents (-migrated)
+		if id.Topic == legacyTopic || id.Topic == recreateTopic() {
+			continue // the Python library's inbox documents (-migrated); judgeRecreated
 		}
 		if byID[id.IdempotencyKey] == nil && !aborted[id.IdempotencyKey] && !tr.malformed[recordPos{id.Topic, f.Partition, f.Offset}] {
 			v.fail("inbox-unknown", "inbox entry %s (%s) is no event of the run", id, f.state())
@@ -285,6 +295,19 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 				e.Kind, e.ID, e.Key, e.Place, inOutbox[e.ID], tr.published[ref], done, st)
 		}
 	}
+
+	// The recreated topic.
+	rf, err := h.recreateFactsOf(ctx, recreatedOutbox, recreatedFinal)
+	if err != nil {
+		return nil, err
+	}
+	rv := judgeRecreated(rf, v)
+	res.Lost += rv.Lost
+	res.DoubleEffects += rv.Double
+	res.RecreatedHandled = rv.HandledAfter
+	h.mu.Lock()
+	res.TopicsRecreated = h.xf.recreations
+	h.mu.Unlock()
 
 	// The inbox history: per-key order over every kind, holds, parks,
 	// re-drives, and when each event was settled (redeliveries).
@@ -448,7 +471,7 @@ func compareTP(a, b topicPartition) int {
 // committed offset is behind the partition's end.
 func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
 	adm := kadm.NewClient(h.inj.raw)
-	ends, err := adm.ListEndOffsets(ctx, h.topic, kafkaTopic(chainTopic()))
+	ends, err := adm.ListEndOffsets(ctx, h.topic, kafkaTopic(chainTopic()), kafkaTopic(recreateTopic()))
 	if err != nil {
 		return nil, fmt.Errorf("end offsets: %w", err)
 	}

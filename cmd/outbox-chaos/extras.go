@@ -48,23 +48,33 @@ const (
 	fKeylessHeld actionKind = "keyless-behind-held"
 )
 
-var extras = []actionKind{fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns}
+// rotating are the extra scenarios drawn in turn; extras all of them.
+var (
+	rotating = []actionKind{fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns}
+	extras   = append(slices.Clone(rotating), fRecreateTopic)
+)
+
+// recreateEvery spaces the topic recreations of a long run.
+const recreateEvery = 3 * time.Minute
 
 // scheduleExtras draws the extra scenarios: from a tenth of the run,
-// every min(30 s, 8/10 of the run over their count), the kinds in turn
-// from a seed-drawn start, none in the last tenth; no-handler-deploy only
-// once.
+// every min(30 s, 8/10 of the run over their count), the rotating kinds
+// in turn from a seed-drawn start, none in the last tenth; no-handler-deploy
+// only once. topic-recreated, which needs no load, is on a schedule of its
+// own (so that it never takes the place of a scenario that needs the
+// load): at 45% of the run, then every recreateEvery, none in the last
+// tenth.
 func scheduleExtras(seed uint64, duration, scenarioEvery time.Duration) []action {
 	if scenarioEvery <= 0 {
 		return nil
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xe47a5))
-	step := min(30*time.Second, duration*8/10/time.Duration(len(extras)))
-	next := rng.IntN(len(extras))
+	step := min(30*time.Second, duration*8/10/time.Duration(len(rotating)))
+	next := rng.IntN(len(rotating))
 	var acts []action
 	noHandler := false
 	for t := duration / 10; t < duration*9/10; t += step {
-		a := action{at: t, kind: extras[next%len(extras)], pick: rng.Uint64(), slot: rng.IntN(1 << 10)}
+		a := action{at: t, kind: rotating[next%len(rotating)], pick: rng.Uint64(), slot: rng.IntN(1 << 10)}
 		next++
 		switch a.kind {
 		case fNoHandler:
@@ -80,6 +90,12 @@ func scheduleExtras(seed uint64, duration, scenarioEvery time.Duration) []action
 			a.n = 6 + rng.IntN(10) // handlings blocked
 		}
 		acts = append(acts, a)
+	}
+	for t := duration * 45 / 100; t < duration*9/10; t += recreateEvery {
+		acts = append(acts, action{at: t, kind: fRecreateTopic, pick: rng.Uint64(),
+			n: 20 + rng.IntN(20),                                            // events before the deletion
+			d: time.Second + time.Duration(rng.IntN(1000))*time.Millisecond, // the topic gone
+		})
 	}
 	return acts
 }
@@ -112,6 +128,10 @@ type extraFacts struct {
 	isoCases    []isoCase
 	takeovers   []takeoverCase
 	keylessHeld []recordPos // key-less records written on a held key
+	recreations int         // topic-recreated carried out
+	// recreateStuck describes each recreation after which the replicas
+	// that saw it did not handle the events that followed.
+	recreateStuck []string
 }
 
 // isoCase is one retry-isolation: the retrying event and the events of
@@ -144,6 +164,8 @@ func (h *harness) extra(ctx context.Context, a action) {
 		ok, err = h.retryIsolation(ctx, a)
 	case fKillOpenTxns:
 		ok, err = h.killOpenTxns(ctx, a)
+	case fRecreateTopic:
+		ok, err = h.recreateTopicNow(ctx, a)
 	default:
 		err = fmt.Errorf("unknown scenario %q", a.kind)
 	}
@@ -153,6 +175,14 @@ func (h *harness) extra(ctx context.Context, a action) {
 // recordPlan records one transaction of plan on a live replica, trying up
 // to five times (kills, deploys), each bounded by txnDeadline.
 func (h *harness) recordPlan(ctx context.Context, rng *rand.Rand, pl plan) error {
+	return h.onReplica(ctx, rng, func(ctx context.Context, r *replica) error {
+		return h.work.transact(ctx, r.client, r.mongo.Database(h.env.database), rng, pl)
+	})
+}
+
+// onReplica runs tx on a live replica until it succeeds, up to five times
+// (kills, deploys), each bounded by txnDeadline.
+func (h *harness) onReplica(ctx context.Context, rng *rand.Rand, tx func(context.Context, *replica) error) error {
 	var err error
 	for try := 1; try <= 5; try++ {
 		r := h.pick(rng)
@@ -165,7 +195,7 @@ func (h *harness) recordPlan(ctx context.Context, rng *rand.Rand, pl plan) error
 		}
 		tctx, cancel := context.WithTimeout(r.ctx, txnDeadline)
 		stop := context.AfterFunc(ctx, cancel)
-		err = h.work.transact(tctx, r.client, r.mongo.Database(h.env.database), rng, pl)
+		err = tx(tctx, r)
 		stop()
 		cancel()
 		if err == nil || ctx.Err() != nil {

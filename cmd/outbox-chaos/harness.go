@@ -133,6 +133,10 @@ type result struct {
 	MassHolds, MaxHeldKeys, DuplicatesRefused, NoHandlerReleased int
 	RetryIsolated, Takeovers                                     int
 	Takeover                                                     time.Duration
+	// TopicsRecreated counts the recreations of the recreated topic
+	// (fRecreateTopic), RecreatedHandled the events recorded while it was
+	// gone or after it came back, handled exactly once.
+	TopicsRecreated, RecreatedHandled int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -144,13 +148,13 @@ func (r *result) summary() string {
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
-		"takeovers=%d takeover_max=%.1fs",
+		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.Chained, r.DuplicatePublications,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
-		r.Takeovers, r.Takeover.Seconds())
+		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -207,6 +211,9 @@ type harness struct {
 	failures                         []string           // violations seen during the run; guarded by mu
 	// xf are the facts of the extra scenarios (extras.go); guarded by mu.
 	xf extraFacts
+	// held closes when kills and stops may go on; nil when they may now
+	// (topic-recreated holds them: recreate.go). Guarded by mu.
+	held chan struct{}
 	// eventOutboxKeyed and eventOutboxKeyless count the event-outbox
 	// records produced (eventoutbox.go); guarded by mu.
 	eventOutboxKeyed, eventOutboxKeyless int
@@ -326,7 +333,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		return nil, err
 	}
 	defer raw.Close()
-	for _, t := range []string{topic, kafkaTopic(chainTopic())} {
+	for _, t := range []string{topic, kafkaTopic(chainTopic()), kafkaTopic(recreateTopic())} {
 		if _, err := kadm.NewClient(raw).CreateTopic(ctx, int32(cfg.partitions), -1, nil, t); err != nil {
 			return nil, fmt.Errorf("create topic %s: %w", t, err)
 		}
@@ -544,6 +551,7 @@ func (h *harness) runSchedule(ctx context.Context, acts []action) {
 
 // killSlot kills the replica of a slot, if it is live, and returns it.
 func (h *harness) killSlot(slot int) *replica {
+	h.waitChurn()
 	h.mu.Lock()
 	r := h.slots[slot]
 	if r != nil {
@@ -567,6 +575,7 @@ func (h *harness) killSlot(slot int) *replica {
 // stopSlot stops the replica of a slot gracefully, if it is live, and
 // returns it.
 func (h *harness) stopSlot(slot int) *replica {
+	h.waitChurn()
 	h.mu.Lock()
 	r := h.slots[slot]
 	if r != nil {
@@ -584,9 +593,18 @@ func (h *harness) stopSlot(slot int) *replica {
 
 func (h *harness) execute(ctx context.Context, a action) {
 	switch a.kind {
-	case actKill:
+	case actKill, actLeave:
+		if h.churnHeld() {
+			// The schedule must not wait: skipped.
+			h.logf("%s: skipped, a topic recreation holds kills and stops", a)
+			return
+		}
 		h.logf("%s", a)
-		h.killSlot(a.slot)
+		if a.kind == actKill {
+			h.killSlot(a.slot)
+		} else {
+			h.stopSlot(a.slot)
+		}
 	case actRestart, actJoin:
 		started, err := h.startIfDown(a.slot)
 		if started || err != nil {
@@ -595,9 +613,6 @@ func (h *harness) execute(ctx context.Context, a action) {
 		if err != nil {
 			h.logf("%s: start failed: %v", a, err)
 		}
-	case actLeave:
-		h.logf("%s", a)
-		h.stopSlot(a.slot)
 	case fOffsetRewind, fRogueProducer:
 		h.logf("%s", a)
 		// In the background: a replay waits for Kafka, the schedule must not.
@@ -605,7 +620,7 @@ func (h *harness) execute(ctx context.Context, a action) {
 			ok, err := h.replay(ctx, a)
 			h.account(a, ok, err, true)
 		})
-	case fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns:
+	case fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns, fRecreateTopic:
 		h.logf("%s", a)
 		h.bg.Go(func() { h.extra(ctx, a) })
 	case fKeylessHeld:
@@ -616,6 +631,14 @@ func (h *harness) execute(ctx context.Context, a action) {
 		h.account(a, ok, err, false)
 	case fSlowHandler, fOutage, fSmallMaxBytes, fKafkaDownStart, fPauseStorm:
 		h.logf("%s", a)
+		if a.kind == fKafkaDownStart && h.churnHeld() {
+			// Its stop waits for a topic recreation; the schedule must not.
+			h.bg.Go(func() {
+				ok, err := h.scenario(ctx, a)
+				h.account(a, ok, err, true)
+			})
+			return
+		}
 		ok, err := h.scenario(ctx, a)
 		h.account(a, ok, err, true)
 	default:

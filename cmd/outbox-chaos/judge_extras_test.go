@@ -231,3 +231,50 @@ func TestEventOutboxRecord(t *testing.T) { // not parallel: it sets the run's to
 	require.Equal(t, "chaos-x", bareTopic(r.Topic))
 	topicPrefix.Store(nil)
 }
+
+// TestJudgeRecreatedFailsWhatTheNewTopicLost: an event recorded after its
+// topic was created again that the consumer never handled (it resumed at
+// the old topic's offset, past it), one never published (the producer
+// still wrote to the old topic id), one handled twice, one left parked,
+// and an outbox document of no committed event each fail; the events
+// handled once after the recreation are counted.
+func TestJudgeRecreatedFailsWhatTheNewTopicLost(t *testing.T) {
+	t.Parallel()
+	topicName.Store(new("chaos-t"))
+	good := func() *recreateFacts {
+		return &recreateFacts{
+			Ledger: []recreatedEntry{
+				{ID: "a", Key: "r00", Seq: 1, Phase: phaseBefore},
+				{ID: "b", Key: "r00", Seq: 2, Phase: phaseGone},
+				{ID: "c", Key: "r01", Seq: 1, Phase: phaseAfter},
+			},
+			Effects: map[string]int{"a": 1, "b": 1, "c": 1},
+			Outbox:  map[string]outboxFact{"a": {Published: true}, "b": {Published: true}, "c": {Published: true}},
+			Final:   map[string]inboxState{"a": inboxHandled, "b": inboxHandled, "c": inboxHandled},
+		}
+	}
+	v := &verdict{}
+	require.Equal(t, recreateVerdict{HandledAfter: 2}, judgeRecreated(good(), v))
+	require.Empty(t, v.all())
+
+	for name, c := range map[string]struct {
+		spoil func(*recreateFacts)
+		kind  string
+	}{
+		"never handled":   {func(f *recreateFacts) { delete(f.Effects, "c") }, "recreate-lost"},
+		"never published": {func(f *recreateFacts) { f.Outbox["b"] = outboxFact{} }, "recreate-lost"},
+		"not in outbox":   {func(f *recreateFacts) { delete(f.Outbox, "c") }, "recreate-lost"},
+		"handled twice":   {func(f *recreateFacts) { f.Effects["c"] = 2 }, "double-effect"},
+		"left parked":     {func(f *recreateFacts) { f.Final["b"] = inboxParked }, "recreate-waiting"},
+		"marked failed":   {func(f *recreateFacts) { f.Outbox["a"] = outboxFact{Published: true, Failed: true} }, "recreate-failed"},
+		"leaked":          {func(f *recreateFacts) { f.Outbox["x"] = outboxFact{Published: true} }, "recreate-unknown"},
+		"unknown effect":  {func(f *recreateFacts) { f.Effects["x"] = 1 }, "recreate-unknown"},
+		"stuck":           {func(f *recreateFacts) { f.Stuck = []string{"recreation 0: 1 of 3 handled"} }, "recreate-stuck"},
+	} {
+		f := good()
+		c.spoil(f)
+		v := &verdict{}
+		judgeRecreated(f, v)
+		require.Equal(t, 1, v.count(c.kind), "%s: %v", name, v.all())
+	}
+}

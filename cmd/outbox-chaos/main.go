@@ -25,6 +25,7 @@
 //	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
+//	    topics_recreated=N recreated_handled=N
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -133,7 +134,12 @@
 // (-txn-lifetime 60s, MongoDB's default) it must stay under three quarters
 // of the lifetime, which fails a takeover that waits for the dead
 // replica's transactions to expire; slow-handler is left out with a
-// lifetime above 10 s).
+// lifetime above 10 s), and topic-recreated (a topic of its own deleted
+// under the running replicas once its events are handled, events recorded
+// while it is gone, then created again and more recorded: each must be
+// published to the new topic and handled once, in order per key:
+// topics_recreated, and recreated_handled the events recorded while it
+// was gone or after, handled; recreate.go).
 //
 // An operator goroutine acts on the outcome as an on-call engineer would
 // (operator.go): it purges parked poison events and keyed malformed

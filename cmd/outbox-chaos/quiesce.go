@@ -109,6 +109,11 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 		return settleState{}, err
 	}
 	effects := h.distinctEffects(ctx)
+	recreated, err := h.db.Collection(collRecreated).CountDocuments(ctx, bson.D{})
+	if err != nil {
+		return settleState{}, err
+	}
+	recreatedEffects := h.distinctEvents(ctx, collRecreatedEffects)
 	lags, err := h.lag(ctx)
 	if err != nil {
 		return settleState{}, err
@@ -131,11 +136,11 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 	h.inj.mu.Unlock()
 	malformedDone := h.rec.malformedSettled()
 	s := settleState{
-		settled: st.Pending == 0 && st.Failed == 0 && st.Held == 0 && effects >= handledKinds &&
+		settled: st.Pending == 0 && st.Failed == 0 && st.Held == 0 && effects >= handledKinds && recreatedEffects >= recreated &&
 			int64(done(schemaPoison)) >= poisons && malformedDone >= malformed && behind == 0,
-		progress: fmt.Sprintf("%d/%d/%d/%d/%d/%d/%d", st.Pending, st.Failed, st.Parked, effects, lagSum, changes, malformedDone),
-		summary: fmt.Sprintf("unpublished=%d failed=%d effects=%d of %d poisons parked/purged=%d of %d malformed parked/purged=%d of %d parked=%d held=%d partitions behind=%d (%d records)",
-			st.Pending, st.Failed, effects, handledKinds, done(schemaPoison), poisons, malformedDone, malformed, st.Parked, st.Held, behind, lagSum),
+		progress: fmt.Sprintf("%d/%d/%d/%d/%d/%d/%d/%d", st.Pending, st.Failed, st.Parked, effects, lagSum, changes, malformedDone, recreatedEffects),
+		summary: fmt.Sprintf("unpublished=%d failed=%d effects=%d of %d recreated topic's effects=%d of %d poisons parked/purged=%d of %d malformed parked/purged=%d of %d parked=%d held=%d partitions behind=%d (%d records)",
+			st.Pending, st.Failed, effects, handledKinds, recreatedEffects, recreated, done(schemaPoison), poisons, malformedDone, malformed, st.Parked, st.Held, behind, lagSum),
 	}
 	return s, nil
 }
@@ -283,7 +288,13 @@ func (h *harness) findAllLimit(ctx context.Context, coll string, filter bson.D, 
 
 // distinctEffects counts the events with at least one effect.
 func (h *harness) distinctEffects(ctx context.Context) int64 {
-	cur, err := h.db.Collection(collEffects).Aggregate(ctx, mongo.Pipeline{
+	return h.distinctEvents(ctx, collEffects)
+}
+
+// distinctEvents counts the distinct events of an effects collection (-1
+// when it cannot).
+func (h *harness) distinctEvents(ctx context.Context, coll string) int64 {
+	cur, err := h.db.Collection(coll).Aggregate(ctx, mongo.Pipeline{
 		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$event"}}}},
 		{{Key: "$count", Value: "n"}},
 	})

@@ -162,6 +162,9 @@ func (h *harness) rewindVictim(ctx context.Context, want int) (slot int, name st
 			}
 			if c, ok := m.Assigned.AsConsumer(); ok {
 				for _, t := range c.Topics {
+					if t.Topic == kafkaTopic(recreateTopic()) {
+						continue // deleted and created again meanwhile, maybe: see fRecreateTopic
+					}
 					for _, p := range t.Partitions {
 						if o, ok := committed.Lookup(t.Topic, p); ok && o.Err == nil && o.At > 0 {
 							owned[t.Topic] = append(owned[t.Topic], p)

@@ -82,7 +82,7 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		Brokers:               env.brokers,
 		KafkaOptions:          kafkaOpts,
 		Service:               env.service,
-		PublishTopics:         []string{chaosTopic(), chainTopic()},
+		PublishTopics:         []string{chaosTopic(), chainTopic(), recreateTopic()},
 		MaxAttempts:           6,
 		KeyConcurrency:        env.keyConcurrency,
 		TopicPrefix:           env.topicPrefix,

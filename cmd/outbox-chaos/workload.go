@@ -187,7 +187,9 @@ type workload struct {
 
 	attempted sync.Map // event id -> struct{}: every id any attempt generated
 	nextID    atomic.Int64
-	runID     string
+	// nextRecreated numbers the recreated topic's events (recreate.go).
+	nextRecreated atomic.Int64
+	runID         string
 
 	recorded    atomic.Int64 // transactions that returned nil
 	aborted     atomic.Int64 // transactions aborted on purpose
@@ -349,8 +351,15 @@ func (w *workload) prepare(ctx context.Context) error {
 			return fmt.Errorf("prepare %s: %w", c, err)
 		}
 	}
-	_, err := w.db.Collection(collEffects).Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "event", Value: 1}}})
-	return err
+	if err := prepareRecreated(ctx, w.db); err != nil {
+		return err
+	}
+	for _, c := range []string{collEffects, collRecreatedEffects} {
+		if _, err := w.db.Collection(c).Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "event", Value: 1}}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // transact runs one business transaction on client: the step events of
@@ -574,6 +583,19 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			return errTransient
 		}
 		return nil
+	})
+	if err != nil {
+		return err
+	}
+	recreatedApplied := db.Collection(collRecreatedApplied)
+	recreatedEffects := db.Collection(collRecreatedEffects)
+	err = outbox.Handle(client, func(ctx context.Context, e recreatedEvent, _ outbox.Metadata) error {
+		if _, err := advance(ctx, recreatedApplied, kindRecreated, e.ID, e.Key, e.Seq, bson.D{}); err != nil {
+			return err
+		}
+		_, err := recreatedEffects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "key", Value: e.Key}, {Key: "seq", Value: e.Seq},
+			{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}})
+		return err
 	})
 	if err != nil {
 		return err
