@@ -23,10 +23,10 @@ type inboxChange struct {
 	From, To  inboxState
 	Key       string // the document's partition key
 	Partition int32
-	Offset    int64  // the offset of the delivery that created the document
-	LastError string // after the change
-	Reason    string // the park reason after the change (e.g. "no_handler")
-	At        time.Time
+	Offset    int64     // the offset of the delivery that created the document
+	LastError string    // after the change
+	Reason    string    // the park reason after the change (e.g. "no_handler")
+	At        time.Time // when committed (the change event's wallTime), else when the stream delivered it
 }
 
 // inboxRecorder keeps the history of every inbox document's state, from a
@@ -144,7 +144,10 @@ func (r *inboxRecorder) failed(err error, failures int) {
 // streamEvent is the part of a change event the recorder reads.
 type streamEvent struct {
 	OperationType string `bson:"operationType"`
-	NS            struct {
+	// WallTime is when the change was committed (MongoDB 6.0 and the
+	// embedded server; absent before 6.0).
+	WallTime time.Time `bson:"wallTime"`
+	NS       struct {
 		Coll string `bson:"coll"`
 	} `bson:"ns"`
 	DocumentKey struct {
@@ -204,8 +207,16 @@ func (r *inboxRecorder) apply(raw bson.Raw) error {
 	f.ID = id
 	r.docs[id] = f
 	if to := f.state(); to != from {
+		// When it was committed, not when the stream delivered it: on a
+		// loaded machine the stream runs minutes behind a long run, and
+		// the times judged (takeover, retry isolation, deploys) are the
+		// framework's, not the recorder's.
+		at := ev.WallTime
+		if at.IsZero() {
+			at = time.Now()
+		}
 		r.changes = append(r.changes, inboxChange{ID: id, From: from, To: to, Key: f.PartitionKey, Partition: f.Partition,
-			Offset: f.Offset, LastError: f.LastError, Reason: f.ParkReason, At: time.Now()})
+			Offset: f.Offset, LastError: f.LastError, Reason: f.ParkReason, At: at})
 	}
 	return nil
 }
