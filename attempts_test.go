@@ -119,11 +119,14 @@ func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
 	cfg.HandleBatchSize = 1 // a rolled-back batch would run the handler once more
 	c := b.client(t, cfg)
 	ctx := context.Background()
-	// Two earlier attempts, as two owners that crashed while running the
-	// handler (noteAttempt) or noted a failure leave them.
+	// Two earlier attempts, as two owners that noted a failure leave them.
+	// (Runs that ended without a result, counted in attempts only, do not
+	// use up MaxAttempts: internal/consume's
+	// TestWorkerUnfinishedRunsDoNotUseUpFailures.)
 	env := b.keyed("moved", "m")
 	_, err := c.inbox.InsertOne(ctx, bson.D{{Key: "_id", Value: inboxIDOf(&env)}, {Key: "handled", Value: false},
-		{Key: "parked", Value: false}, {Key: "attempts", Value: int32(2)}, {Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "m"}})
+		{Key: "parked", Value: false}, {Key: "attempts", Value: int32(2)}, {Key: "failures", Value: int32(2)},
+		{Key: "partition", Value: int32(0)}, {Key: "partition_key", Value: "m"}})
 	require.NoError(t, err)
 	// And one whose earlier owners crashed MaxAttempts times: it is parked
 	// without running again.
@@ -162,6 +165,7 @@ func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
 		byKey[p.ID.IdempotencyKey] = p
 	}
 	require.EqualValues(t, 3, byKey["moved"].Attempts)
+	require.EqualValues(t, 3, byKey["moved"].Failures)
 	require.Contains(t, byKey["moved"].LastError, "still failing")
 	require.Contains(t, byKey["crasher"].LastError, ErrAttemptsExhausted.Error())
 }

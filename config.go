@@ -131,7 +131,11 @@ type Config struct {
 	InboxRetention time.Duration
 
 	// MaxAttempts is how many times a failing handler runs before its event
-	// is parked. Defaults to 10.
+	// is parked. Runs cut short (the process died or lost the partition
+	// while running the event) do not count against it, unless they keep
+	// coming: an event with more than MaxAttempts runs that ended without
+	// a result (a handler that kills its process) is parked with
+	// ErrAttemptsExhausted. Defaults to 10.
 	MaxAttempts int
 	// PoisonPolicy says what happens to the later events of a partition
 	// key once one of its events is parked by the consumer (its handler

@@ -275,7 +275,7 @@ func (h *consumeHost) Error(err error) { h.c.tel.setError(err) }
 func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
 	env := d.envelope()
 	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.unreadable()}
-	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts)}
+	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts), Failures: int(d.Failures)}
 	if dl.unreadable {
 		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, d.ID)
 	}

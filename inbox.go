@@ -21,7 +21,11 @@ type inboxDoc struct {
 	Parked    bool       `bson:"parked"`
 	ParkedAt  *time.Time `bson:"parked_at,omitempty"`
 	Attempts  int32      `bson:"attempts"`
-	LastError string     `bson:"last_error,omitempty"`
+	// Failures counts the runs whose handler failed; Attempts also counts
+	// the runs that ended without a result (the process died or lost the
+	// partition during them). Absent on documents of earlier versions.
+	Failures  int32  `bson:"failures,omitempty"`
+	LastError string `bson:"last_error,omitempty"`
 	// The delivery, kept so that parked events can be inspected and
 	// re-driven without Kafka.
 	Partition    int32     `bson:"partition"`

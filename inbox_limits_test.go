@@ -42,7 +42,7 @@ func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	tp := consume.TopicPartition{Topic: ordersTopic, Partition: 0}
 	e := h.Decode(rec)
 	require.NoError(t, e.Fault)
-	_, err := h.Park(ctx, tp, e, errors.New("too big to handle"), 1, "handler_error")
+	_, err := h.Park(ctx, tp, e, errors.New("too big to handle"), 1, 1, "handler_error")
 	require.NoError(t, err)
 
 	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})

@@ -200,28 +200,28 @@ func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *co
 	})
 }
 
-// Park parks a delivered event for cause with inc more attempts, and
-// returns the stored attempt count.
-func (h *consumeHost) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, reason string) (int, error) {
+// Park parks a delivered event for cause with inc more attempts and fails
+// more failures, and returns the stored counts.
+func (h *consumeHost) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc, fails int, reason string) (consume.Tally, error) {
 	d := deliveryOf(e)
 	extra := bson.D{{Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()}, {Key: "park_reason", Value: reason}}
 	if d.unreadable {
 		extra = append(extra, bson.E{Key: "unreadable", Value: true})
 	}
-	return h.c.noteDelivery(ctx, d, e.Offset, cause, inc, extra)
+	return h.c.noteDelivery(ctx, d, e.Offset, cause, inc, fails, extra)
 }
 
-// NoteFailure stores a failed attempt of a delivered event (not parked).
-func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int) (int, error) {
-	return h.c.noteDelivery(ctx, deliveryOf(e), e.Offset, cause, inc, nil)
+// NoteFailure stores a failed run of a delivered event (not parked).
+func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int) (consume.Tally, error) {
+	return h.c.noteDelivery(ctx, deliveryOf(e), e.Offset, cause, inc, 1, nil)
 }
 
 // noteDelivery writes a delivered event's failure in one transaction: inc
-// more attempts, the cause, the payload (for inspection and re-drive) and
-// the extra fields; the document is inserted when absent. It returns the
-// stored attempt count (earlier processes' attempts included), or
-// consume.ErrDone when the event is handled or parked.
-func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, cause error, inc int, extra bson.D) (int, error) {
+// more attempts, fails more failures, the cause, the payload (for
+// inspection and re-drive) and the extra fields; the document is inserted
+// when absent. It returns the stored counts (earlier processes' included),
+// or consume.ErrDone when the event is handled or parked.
+func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, cause error, inc, fails int, extra bson.D) (consume.Tally, error) {
 	now := time.Now().UTC()
 	msg := truncate(cause.Error(), 4096)
 	stored, note := storedPayload(d.payload)
@@ -236,15 +236,14 @@ func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, ca
 	if len(extra) == 0 {
 		onInsert = append(onInsert, bson.E{Key: "parked", Value: false})
 	}
-	var got struct {
-		Attempts int32 `bson:"attempts"`
-	}
+	var got tally
 	err := c.txOnce(ctx, func(tctx context.Context) error {
 		err := c.inbox.FindOneAndUpdate(tctx,
 			bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
-			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}, {Key: "$setOnInsert", Value: onInsert}},
+			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(fails)}}},
+				{Key: "$setOnInsert", Value: onInsert}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
-				SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
+				SetProjection(tallyProjection)).Decode(&got)
 		if mongo.IsDuplicateKeyError(err) {
 			return consume.ErrDone
 		}
@@ -252,12 +251,25 @@ func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, ca
 	})
 	if err != nil {
 		if errors.Is(err, consume.ErrDone) || errors.Is(err, consume.ErrLocked) {
-			return 0, err
+			return consume.Tally{}, err
 		}
-		return 0, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(&d.env), err)
+		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(&d.env), err)
 	}
-	return int(got.Attempts), nil
+	return got.tally(), nil
 }
+
+// tally is the part of an inbox document that counts runs.
+type tally struct {
+	Attempts int32 `bson:"attempts"`
+	Failures int32 `bson:"failures"`
+}
+
+func (t tally) tally() consume.Tally {
+	return consume.Tally{Attempts: int(t.Attempts), Failures: int(t.Failures)}
+}
+
+// tallyProjection reads a tally.
+var tallyProjection = bson.D{{Key: "attempts", Value: 1}, {Key: "failures", Value: 1}}
 
 // Lookup reads the inbox state of evs; with count it also counts one
 // attempt of each event not done, in the same transaction.
@@ -270,7 +282,7 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 	out := make([]consume.Stored, len(evs))
 	read := func(ctx context.Context) error {
 		cur, err := c.inbox.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
-			options.Find().SetProjection(bson.D{{Key: "handled", Value: 1}, {Key: "parked", Value: 1}, {Key: "attempts", Value: 1}}))
+			options.Find().SetProjection(bson.D{{Key: "handled", Value: 1}, {Key: "parked", Value: 1}, {Key: "attempts", Value: 1}, {Key: "failures", Value: 1}}))
 		if err != nil {
 			return err
 		}
@@ -279,6 +291,7 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 			Handled  bool    `bson:"handled"`
 			Parked   bool    `bson:"parked"`
 			Attempts int32   `bson:"attempts"`
+			Failures int32   `bson:"failures"`
 		}
 		if err := cur.All(ctx, &docs); err != nil {
 			return err
@@ -289,7 +302,7 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 		}
 		for i, e := range evs {
 			if j, ok := byID[inboxIDOf(&deliveryOf(e).env)]; ok {
-				out[i] = consume.Stored{Done: docs[j].Handled || docs[j].Parked, Attempts: int(docs[j].Attempts)}
+				out[i] = consume.Stored{Done: docs[j].Handled || docs[j].Parked, Attempts: int(docs[j].Attempts), Failures: int(docs[j].Failures)}
 			}
 		}
 		return nil
@@ -464,37 +477,37 @@ func (c *Client) parkHead(ctx context.Context, d *inboxDoc, why string, inc int,
 	return err
 }
 
+// parkHeadUpdate parks a sequence's head for good, with inc more attempts
+// and failures.
 func parkHeadUpdate(why string, inc int, reason string, unreadable bool) bson.D {
 	set := bson.D{{Key: "last_error", Value: truncate(why, 4096)}, {Key: "park_reason", Value: reason}, {Key: "parked_at", Value: time.Now().UTC()}}
 	if unreadable {
 		set = append(set, bson.E{Key: "unreadable", Value: true})
 	}
 	return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "held_by", Value: ""}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}}
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(inc)}}}}
 }
 
 // NoteReleaseFailure stores a failed attempt of a sequence's head, and
 // parks it for good with park.
-func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (int, error) {
+func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (consume.Tally, error) {
 	c := h.c
 	id := inboxIDOf(&deliveryOf(e).env)
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: "last_error", Value: truncate(cause.Error(), 4096)}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}}}}
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(inc)}}}}
 	if park {
 		update = parkHeadUpdate(cause.Error(), inc, reason, false)
 	}
-	var got struct {
-		Attempts int32 `bson:"attempts"`
-	}
+	var got tally
 	err := c.txOnce(ctx, func(tctx context.Context) error {
 		return c.inbox.FindOneAndUpdate(tctx, bson.D{{Key: "_id", Value: id}, {Key: "parked", Value: true}, {Key: "handled", Value: false}}, update,
-			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(bson.D{{Key: "attempts", Value: 1}})).Decode(&got)
+			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(tallyProjection)).Decode(&got)
 	})
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return 0, consume.ErrDone
+		return consume.Tally{}, consume.ErrDone
 	}
 	if err != nil {
-		return 0, fmt.Errorf("outbox: note failure of %s: %w", id, err)
+		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", id, err)
 	}
-	return int(got.Attempts), nil
+	return got.tally(), nil
 }

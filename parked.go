@@ -109,7 +109,7 @@ type parkedDoc struct {
 
 func (d *parkedDoc) event() ParkedEvent {
 	p := ParkedEvent{ID: d.Doc.ID, Partition: d.Doc.Partition, Offset: d.Doc.Offset, PartitionKey: d.Doc.PartitionKey,
-		Attempts: d.Doc.Attempts, LastError: d.Doc.LastError, Payload: d.Doc.Payload, OccurredAt: d.Doc.OccurredAt,
+		Attempts: d.Doc.Attempts, Failures: d.Doc.Failures, LastError: d.Doc.LastError, Payload: d.Doc.Payload, OccurredAt: d.Doc.OccurredAt,
 		State: ParkedStateParked, HeldBy: d.Doc.HeldBy, PayloadTruncated: d.Doc.PayloadTruncated}
 	if d.Doc.HeldBy != nil {
 		p.State = ParkedStateHeld
@@ -128,14 +128,18 @@ func (d *parkedDoc) event() ParkedEvent {
 // malformed, or (State ParkedStateHeld) it waits behind an earlier parked
 // event of its partition key (Config.PoisonPolicy HoldKey).
 type ParkedEvent struct {
-	ID           InboxID   `json:"id"`
-	Partition    int32     `json:"partition"`
-	Offset       int64     `json:"offset"`
-	PartitionKey string    `json:"partition_key"`
-	Attempts     int32     `json:"attempts"`
-	LastError    string    `json:"last_error"`
-	ParkedAt     time.Time `json:"parked_at"`
-	Payload      string    `json:"payload"`
+	ID           InboxID `json:"id"`
+	Partition    int32   `json:"partition"`
+	Offset       int64   `json:"offset"`
+	PartitionKey string  `json:"partition_key"`
+	// Attempts counts the event's runs: those whose handler failed
+	// (Failures) and those that ended without a result (the process died
+	// or lost the partition during them).
+	Attempts  int32     `json:"attempts"`
+	Failures  int32     `json:"failures"`
+	LastError string    `json:"last_error"`
+	ParkedAt  time.Time `json:"parked_at"`
+	Payload   string    `json:"payload"`
 	// OccurredAt is the event's occurred-at time, when it had one.
 	OccurredAt time.Time `json:"occurred_at,omitzero"`
 	// State is ParkedStateParked for an event parked on its own (the head

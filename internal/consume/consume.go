@@ -51,6 +51,12 @@ type Event struct {
 	// (the first events a worker handles after its assignment, which an
 	// earlier owner may have been running when it died).
 	Counted bool
+	// Failures counts the runs whose handler failed, as far as this
+	// process knows (stored ones of earlier owners included once read
+	// back): what MaxAttempts bounds. Attempts-Failures are the runs that
+	// ended without a result (counted before they ran, then the process
+	// died or lost the partition): churn, unless it keeps happening.
+	Failures int
 
 	// looked is set once the event's inbox state was read before a run.
 	looked bool
@@ -104,6 +110,15 @@ type Stored struct {
 	Done bool
 	// Attempts is the stored attempt count (after the count, with count).
 	Attempts int
+	// Failures is the stored count of failed runs.
+	Failures int
+}
+
+// Tally is an event's stored counts after a write: Attempts (every run
+// counted, see Event.Attempts) and Failures (the runs whose handler
+// failed).
+type Tally struct {
+	Attempts, Failures int
 }
 
 // Kind is the outcome of a handling transaction.
@@ -189,14 +204,15 @@ type Host interface {
 	// Hold adds e at the end of its key's sequence: ErrKeyFree when the key
 	// has none, ErrDone when e is handled or parked already.
 	Hold(ctx context.Context, tp TopicPartition, e *Event) error
-	// Park parks e for cause, with inc more attempts, and returns the
-	// stored attempt count; ErrDone when it is handled or parked already.
-	// reason is one of "handler_error", "handler_parked", "malformed",
-	// "no_handler".
-	Park(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, reason string) (int, error)
-	// NoteFailure stores inc more failed attempts of e (not parked) and
-	// the cause, and returns the stored attempt count; ErrDone.
-	NoteFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int) (int, error)
+	// Park parks e for cause, with inc more attempts and fails more
+	// failures, and returns the stored counts; ErrDone when it is handled
+	// or parked already. reason is one of "handler_error",
+	// "handler_parked", "malformed", "no_handler", "attempts_exhausted".
+	Park(ctx context.Context, tp TopicPartition, e *Event, cause error, inc, fails int, reason string) (Tally, error)
+	// NoteFailure stores a failed run of e (not parked), inc more
+	// attempts (0 when the run was counted before it ran) and the cause,
+	// and returns the stored counts; ErrDone.
+	NoteFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int) (Tally, error)
 	// Lookup reads the stored state of evs; with count it first counts one
 	// attempt of each that is not done.
 	Lookup(ctx context.Context, tp TopicPartition, evs []*Event, count bool) ([]Stored, error)
@@ -208,9 +224,9 @@ type Host interface {
 	// it ran (nil with Empty and HeadParked).
 	Release(ctx context.Context, tp TopicPartition, key string) (*Event, Result)
 	// NoteReleaseFailure stores a failed attempt of a sequence's head
-	// (inc more attempts); with park the head is parked for good (reason as
-	// Park). It returns the stored attempt count.
-	NoteReleaseFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, park bool, reason string) (int, error)
+	// (inc more attempts and failures); with park the head is parked for
+	// good (reason as Park). It returns the stored counts.
+	NoteReleaseFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, park bool, reason string) (Tally, error)
 	// Commit commits the partition's offset.
 	Commit(ctx context.Context, tp TopicPartition, offset int64, epoch int32) error
 	// Reap is called when a write met a lock: the host ends the sessions of

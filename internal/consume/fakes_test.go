@@ -39,6 +39,7 @@ type fakeDoc struct {
 	heldBy   string // the head the event was held behind; "" when not held
 	reason   string // park reason
 	attempts int
+	failures int
 	lastErr  string
 }
 
@@ -369,26 +370,27 @@ func (f *fakeHost) Hold(ctx context.Context, tp TopicPartition, e *Event) error 
 	return nil
 }
 
-func (f *fakeHost) Park(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, reason string) (int, error) {
-	return f.noteDelivery("park", tp, e, cause, inc, reason)
+func (f *fakeHost) Park(ctx context.Context, tp TopicPartition, e *Event, cause error, inc, fails int, reason string) (Tally, error) {
+	return f.noteDelivery("park", tp, e, cause, inc, fails, reason)
 }
 
-func (f *fakeHost) NoteFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int) (int, error) {
-	return f.noteDelivery("note", tp, e, cause, inc, "")
+func (f *fakeHost) NoteFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int) (Tally, error) {
+	return f.noteDelivery("note", tp, e, cause, inc, 1, "")
 }
 
 // noteDelivery stores a delivered event's failure, as the root package's
-// noteDelivery does: inc more attempts and the cause, parked for reason
-// when one is given; ErrDone when the event is handled or parked.
-func (f *fakeHost) noteDelivery(op string, tp TopicPartition, e *Event, cause error, inc int, reason string) (int, error) {
+// noteDelivery does: inc more attempts, fails more failures and the
+// cause, parked for reason when one is given; ErrDone when the event is
+// handled or parked.
+func (f *fakeHost) noteDelivery(op string, tp TopicPartition, e *Event, cause error, inc, fails int, reason string) (Tally, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failOp(op) {
-		return 0, errFakeInfra
+		return Tally{}, errFakeInfra
 	}
 	d := f.doc(tp, e)
 	if d.handled || d.parked {
-		return 0, ErrDone
+		return Tally{}, ErrDone
 	}
 	if reason != "" {
 		d.parked, d.reason = true, reason
@@ -396,9 +398,10 @@ func (f *fakeHost) noteDelivery(op string, tp TopicPartition, e *Event, cause er
 		f.noteFailures++
 	}
 	d.attempts += inc
+	d.failures += fails
 	d.lastErr = cause.Error()
 	f.note("%s %s [%s] %s +%d = %d", op, d.id, d.key, reason, inc, d.attempts)
-	return d.attempts, nil
+	return Tally{d.attempts, d.failures}, nil
 }
 
 func (f *fakeHost) Lookup(ctx context.Context, tp TopicPartition, evs []*Event, count bool) ([]Stored, error) {
@@ -420,7 +423,7 @@ func (f *fakeHost) Lookup(ctx context.Context, tp TopicPartition, evs []*Event, 
 	for i, e := range evs {
 		d := f.docs[idOf(e)]
 		if d != nil && (d.handled || d.parked) {
-			out[i] = Stored{Done: true, Attempts: d.attempts}
+			out[i] = Stored{Done: true, Attempts: d.attempts, Failures: d.failures}
 			continue
 		}
 		if count {
@@ -428,7 +431,7 @@ func (f *fakeHost) Lookup(ctx context.Context, tp TopicPartition, evs []*Event, 
 			d.attempts++
 		}
 		if d != nil {
-			out[i].Attempts = d.attempts
+			out[i].Attempts, out[i].Failures = d.attempts, d.failures
 		}
 	}
 	return out, nil
@@ -649,7 +652,7 @@ func (f *fakeHost) Release(ctx context.Context, tp TopicPartition, key string) (
 		f.mu.Unlock()
 		return nil, Result{Kind: HeadParked}
 	}
-	e := &Event{Offset: d.offset, Key: d.key, Data: d.id, Policy: f.policy, Attempts: d.attempts}
+	e := &Event{Offset: d.offset, Key: d.key, Data: d.id, Policy: f.policy, Attempts: d.attempts, Failures: d.failures}
 	marked := f.enter(tp, []string{key})
 	f.mu.Unlock()
 	defer f.exit(marked)
@@ -672,21 +675,22 @@ func (f *fakeHost) Release(ctx context.Context, tp TopicPartition, key string) (
 	return e, Result{Kind: Handled}
 }
 
-func (f *fakeHost) NoteReleaseFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, park bool, reason string) (int, error) {
+func (f *fakeHost) NoteReleaseFailure(ctx context.Context, tp TopicPartition, e *Event, cause error, inc int, park bool, reason string) (Tally, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.releaseFails = append(f.releaseFails, idOf(e))
 	d := f.docs[idOf(e)]
 	if d == nil || !d.parked || d.handled {
-		return 0, ErrDone
+		return Tally{}, ErrDone
 	}
 	d.attempts += inc
+	d.failures += inc
 	d.lastErr = cause.Error()
 	if park {
 		d.heldBy, d.reason = "", reason
 	}
 	f.note("release failure %s [%s] +%d = %d park=%v", d.id, d.key, inc, d.attempts, park)
-	return d.attempts, nil
+	return Tally{d.attempts, d.failures}, nil
 }
 
 func (f *fakeHost) Commit(ctx context.Context, tp TopicPartition, offset int64, epoch int32) error {
@@ -741,11 +745,12 @@ func (f *fakeHost) seedHandled(tp TopicPartition, id, key string, offset int64) 
 	f.put(&fakeDoc{id: id, tp: tp, key: key, offset: offset, handled: true})
 }
 
-// seedAttempts stores attempts of an event by an earlier owner.
-func (f *fakeHost) seedAttempts(tp TopicPartition, id, key string, offset int64, n int) {
+// seedAttempts stores attempts of an event by an earlier owner: n runs,
+// fails of them failed (the others ended without a result).
+func (f *fakeHost) seedAttempts(tp TopicPartition, id, key string, offset int64, n, fails int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.put(&fakeDoc{id: id, tp: tp, key: key, offset: offset, attempts: n})
+	f.put(&fakeDoc{id: id, tp: tp, key: key, offset: offset, attempts: n, failures: fails})
 }
 
 // setScript replaces the script of an event.

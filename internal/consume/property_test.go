@@ -85,7 +85,7 @@ func runRandomPartition(t *testing.T, slots int, seed uint64) {
 			// attempts only when it was counted first (a suspect unit) or
 			// once its failure is stored, so how many more runs fail
 			// before it parks depends on the units it fell into.
-			h.f.seedAttempts(h.tp, h.id(int64(i)), key, int64(i), 1+rng.IntN(testPolicy.MaxAttempts-1))
+			h.f.seedAttempts(h.tp, h.id(int64(i)), key, int64(i), 1+rng.IntN(testPolicy.MaxAttempts-1), 0)
 		}
 		evs[i] = ev{key, script}
 		switch {

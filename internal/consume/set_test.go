@@ -79,7 +79,7 @@ func TestReleaseKey(t *testing.T) {
 		e := f.Decode(fakeRecord(tp, int64(i), "a", id, scripts[i]))
 		e.Offset = int64(i)
 		if i == 0 {
-			_, err := f.Park(context.Background(), tp, e, errFakeHandler, 1, "handler_parked")
+			_, err := f.Park(context.Background(), tp, e, errFakeHandler, 1, 1, "handler_parked")
 			require.NoError(t, err)
 			continue
 		}

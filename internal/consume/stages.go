@@ -95,11 +95,11 @@ func (w *Worker) checkKey(ctx context.Context, e *Event, out *Outcome) bool {
 func (w *Worker) parkUnrunnable(ctx context.Context, e *Event, out *Outcome, r *unitResult) bool {
 	switch {
 	case e.Fault != nil:
-		w.park(ctx, e, out, r, e.Fault, 1, "malformed")
+		w.park(ctx, e, out, r, e.Fault, 1, 0, "malformed")
 	case e.NoHandler && w.cfg.SkipUnknown:
 		w.settled(e, out, SettledSkipped, "no_handler")
 	case e.NoHandler:
-		w.park(ctx, e, out, r, errNoHandler, 1, "no_handler")
+		w.park(ctx, e, out, r, errNoHandler, 1, 0, "no_handler")
 	default:
 		return false
 	}
@@ -228,11 +228,14 @@ func (w *Worker) lookup(ctx context.Context, evs []*Event, r *unitResult) bool {
 			w.lookups.Store(lookupCredits) // more redeliveries are likely
 			settledAny = true
 		case count:
-			e.Attempts, e.Counted = s.Attempts, true
-			if e.Attempts > e.Policy.MaxAttempts {
-				cause := fmt.Errorf("%w: attempt %d started after earlier attempts ended without a result (the process stopped or lost the partition during them)",
-					ErrAttemptsExhausted, e.Attempts)
-				w.park(ctx, e, out, r, cause, 0, "attempts_exhausted")
+			e.Attempts, e.Failures, e.Counted = s.Attempts, s.Failures, true
+			// Runs that ended without a result are churn (kills, lost
+			// partitions) unless they keep coming: a handler that kills
+			// its process would otherwise run for ever.
+			if unfinished := e.Attempts - e.Failures; unfinished > e.Policy.MaxAttempts {
+				cause := fmt.Errorf("%w: attempt %d started after %d earlier attempts ended without a result (the process stopped or lost the partition during them)",
+					ErrAttemptsExhausted, e.Attempts, unfinished-1)
+				w.park(ctx, e, out, r, cause, 0, 0, "attempts_exhausted")
 				settledAny = true
 			}
 		}
@@ -266,11 +269,14 @@ func (w *Worker) failure(ctx context.Context, e *Event, out *Outcome, r *unitRes
 	if parkNow {
 		reason = "handler_parked"
 	}
-	if parkNow || e.Attempts+inc >= e.Policy.MaxAttempts {
-		w.park(ctx, e, out, r, cause, inc, reason)
+	// MaxAttempts bounds the handler's failures: runs of earlier owners
+	// that ended without a result (the process died or lost the partition)
+	// do not use them up.
+	if parkNow || e.Failures+1 >= e.Policy.MaxAttempts {
+		w.park(ctx, e, out, r, cause, inc, 1, reason)
 		return
 	}
-	n, err := w.cfg.Host.NoteFailure(ctx, w.tp, e, cause, inc)
+	t, err := w.cfg.Host.NoteFailure(ctx, w.tp, e, cause, inc)
 	switch {
 	case errors.Is(err, ErrDone):
 		w.settled(e, out, SettledSkipped, "duplicate")
@@ -282,18 +288,19 @@ func (w *Worker) failure(ctx context.Context, e *Event, out *Outcome, r *unitRes
 		w.infraRetry(ctx, e, out, err)
 		return
 	}
-	e.Attempts, e.Counted = max(e.Attempts+inc, n), false
-	if e.Attempts >= e.Policy.MaxAttempts {
-		// Earlier owners of the partition used the other attempts.
-		w.park(ctx, e, out, r, cause, 0, reason)
+	e.Attempts, e.Failures, e.Counted = max(e.Attempts+inc, t.Attempts), max(e.Failures+1, t.Failures), false
+	if e.Failures >= e.Policy.MaxAttempts {
+		// Earlier owners of the partition saw the other failures.
+		w.park(ctx, e, out, r, cause, 0, 0, reason)
 		return
 	}
-	w.retryAt(e, out, "error", cause, time.Now().Add(e.Policy.Backoff.Delay(e.Attempts-1)))
+	w.retryAt(e, out, "error", cause, time.Now().Add(e.Policy.Backoff.Delay(e.Failures-1)))
 }
 
-// park parks e and holds its key.
-func (w *Worker) park(ctx context.Context, e *Event, out *Outcome, r *unitResult, cause error, inc int, reason string) {
-	n, err := w.cfg.Host.Park(ctx, w.tp, e, cause, inc, reason)
+// park parks e and holds its key, with inc more attempts and fails more
+// failures stored.
+func (w *Worker) park(ctx context.Context, e *Event, out *Outcome, r *unitResult, cause error, inc, fails int, reason string) {
+	t, err := w.cfg.Host.Park(ctx, w.tp, e, cause, inc, fails, reason)
 	switch {
 	case errors.Is(err, ErrDone):
 		w.settled(e, out, SettledSkipped, "duplicate")
@@ -303,7 +310,7 @@ func (w *Worker) park(ctx context.Context, e *Event, out *Outcome, r *unitResult
 		w.infraRetry(ctx, e, out, err)
 		return
 	}
-	e.Attempts = max(e.Attempts+inc, n)
+	e.Attempts, e.Failures = max(e.Attempts+inc, t.Attempts), max(e.Failures+fails, t.Failures)
 	if w.cfg.Hold && e.Key != "" {
 		w.setHeld(e.Key)
 	}
@@ -406,12 +413,12 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 		}
 	}
 	// A failed attempt of a released event counts as a delivered one's.
-	park := res.Park || e.Attempts+1 >= e.Policy.MaxAttempts
+	park := res.Park || e.Failures+1 >= e.Policy.MaxAttempts
 	reason := "handler_error"
 	if res.Park {
 		reason = "handler_parked"
 	}
-	n, err := host.NoteReleaseFailure(ctx, tp, e, res.Err, 1, park, reason)
+	t, err := host.NoteReleaseFailure(ctx, tp, e, res.Err, 1, park, reason)
 	switch {
 	case errors.Is(err, ErrDone):
 		return Handled, true, time.Time{}, nil // handled or purged meanwhile: go on
@@ -420,9 +427,9 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 		st.infra++
 		return Infra, true, now.Add(backoff.Delay(st.infra - 1)), err
 	}
-	e.Attempts = n
-	if !park && n >= e.Policy.MaxAttempts {
-		// Earlier runs used the other attempts.
+	e.Attempts, e.Failures = t.Attempts, t.Failures
+	if !park && t.Failures >= e.Policy.MaxAttempts {
+		// Earlier runs saw the other failures.
 		if _, err := host.NoteReleaseFailure(ctx, tp, e, res.Err, 0, true, reason); err != nil {
 			reapIfLocked(host, err)
 			st.infra++
@@ -434,7 +441,7 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 		obs.Settled(tp, e, SettledParked, reason)
 		return HeadParked, false, time.Time{}, res.Err
 	}
-	delay := e.Policy.Backoff.Delay(n - 1)
+	delay := e.Policy.Backoff.Delay(t.Failures - 1)
 	obs.Retry(tp, e, "error", res.Err, delay)
 	return Failed, true, now.Add(delay), res.Err
 }

@@ -73,8 +73,8 @@ func TestWorkerStaleHeldKeysReadKeepsALaterHold(t *testing.T) {
 func TestWorkerSuspectUnitsCountAttempts(t *testing.T) {
 	h := newHarness(t, 2, nil)
 	ids := []string{h.id(0), h.id(1)}
-	h.f.seedAttempts(h.tp, ids[0], "a", 0, 1)                      // one attempt by the earlier owner
-	h.f.seedAttempts(h.tp, ids[1], "b", 1, testPolicy.MaxAttempts) // all of them
+	h.f.seedAttempts(h.tp, ids[0], "a", 0, 1, 0)                      // one attempt by the earlier owner
+	h.f.seedAttempts(h.tp, ids[1], "b", 1, testPolicy.MaxAttempts, 0) // all of them, none with a result
 	all := h.enqueue(ev{"a", "ok"}, ev{"b", "ok"}, ev{"c", "ok"}, ev{"d", "ok"}, ev{"e", "ok"}, ev{"f", "ok"})
 	h.waitQuiet()
 
@@ -98,6 +98,38 @@ func TestWorkerSuspectUnitsCountAttempts(t *testing.T) {
 	require.ElementsMatch(t, append([]string{ids[0]}, all[2:]...), h.f.handledIDs(), "keys of their own: any order")
 }
 
+// Runs of earlier owners that ended without a result (counted before they
+// ran, then the process was killed or lost the partition) do not use up
+// the handler's failures: an event counted MaxAttempts-1 times by owners
+// that died, whose handler then fails once, is retried and handled, not
+// parked. (The 11-minute chaos run of seed 43 parked a step event whose
+// handler had failed once, transiently: the kills had counted its other
+// attempts.) Earlier owners' failures still count: seeded as failures, the
+// same event is parked after its failure here.
+func TestWorkerUnfinishedRunsDoNotUseUpFailures(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	id := h.id(0)
+	h.f.seedAttempts(h.tp, id, "a", 0, testPolicy.MaxAttempts-1, 0) // counted, never a result
+	h.enqueue(ev{"a", "fail:1"}, ev{"a", "ok"})
+	h.waitQuiet()
+	require.True(t, h.handled(id), "handled on its retry")
+	require.Equal(t, []int{testPolicy.MaxAttempts, testPolicy.MaxAttempts + 1}, h.f.attemptsSeen(id))
+	d := h.f.get(id)
+	require.False(t, d.parked)
+	require.Equal(t, 1, d.failures)
+	require.True(t, h.handled(h.id(1)))
+
+	h2 := newHarness(t, 1, nil)
+	id = h2.id(0)
+	h2.f.seedAttempts(h2.tp, id, "a", 0, testPolicy.MaxAttempts-1, testPolicy.MaxAttempts-1) // failed each time
+	h2.enqueue(ev{"a", "fail:1"}, ev{"a", "ok"})
+	h2.waitQuiet()
+	d = h2.f.get(id)
+	require.True(t, d.parked, "the earlier owners' failures and this one use them up")
+	require.Equal(t, "handler_error", d.reason)
+	require.Equal(t, testPolicy.MaxAttempts, d.failures)
+}
+
 // When the count of a suspect unit fails, the event still has its attempt
 // counted before it runs: the count fails with a lock exactly when the
 // earlier owner died in the middle of the event's transaction (its open
@@ -109,7 +141,7 @@ func TestWorkerSuspectCountRetriedAfterFailure(t *testing.T) {
 		t.Run(op, func(t *testing.T) {
 			h := newHarness(t, 1, nil)
 			id := h.id(0)
-			h.f.seedAttempts(h.tp, id, "a", 0, testPolicy.MaxAttempts) // the earlier owners died running it
+			h.f.seedAttempts(h.tp, id, "a", 0, testPolicy.MaxAttempts, 0) // the earlier owners died running it
 			h.f.mu.Lock()
 			h.f.failOps[op] = 2
 			h.f.mu.Unlock()
