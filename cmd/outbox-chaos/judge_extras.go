@@ -171,6 +171,25 @@ func (h *harness) checkExtras(ctx context.Context, res *result, or orderResult, 
 			h.cfg.txnLifetime)
 	}
 	res.Takeover = judgeTakeover(xf.takeovers, or.SettledAt, or.WaitedAt, bound, v)
+	for _, c := range xf.takeovers {
+		// Each case, for a long takeover to explain: when in the run, and
+		// how long its events took (parked or held ones waited for an
+		// operator; none settled means the lost check reports them).
+		var last time.Duration
+		settled, waited := 0, 0
+		for _, ref := range c.Events {
+			if w, ok := or.WaitedAt[ref]; ok && w.Before(or.SettledAt[ref]) {
+				waited++
+				continue
+			}
+			if at, ok := or.SettledAt[ref]; ok {
+				settled++
+				last = max(last, at.Sub(c.KilledAt))
+			}
+		}
+		h.logf("kill-open-txns: %s killed %.1fs into the run with %d transactions open: %d settled, the last %s after the kill; %d parked or held first",
+			c.Replica, c.KilledAt.Sub(h.began).Seconds(), len(c.Events), settled, last.Round(100*time.Millisecond), waited)
+	}
 	res.Takeovers = len(xf.takeovers)
 	if h.cfg.migrated {
 		f, err := h.migrationFacts(ctx)
