@@ -237,7 +237,8 @@ func (h *harness) recreateTopicNow(ctx context.Context, a action) (bool, error) 
 	// creates topics on produce would have created it: either way it
 	// exists afterwards.
 	if _, err := adm.CreateTopic(ctx, int32(h.cfg.partitions), -1, nil, topic); err != nil {
-		if _, lerr := adm.ListTopics(ctx, topic); lerr != nil {
+		td, lerr := adm.ListTopics(ctx, topic)
+		if d, ok := td[topic]; lerr != nil || !ok || d.Err != nil {
 			return false, fmt.Errorf("create %s again: %w", topic, err)
 		}
 	}
