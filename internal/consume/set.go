@@ -19,6 +19,10 @@ type Set struct {
 
 	mu      sync.Mutex
 	workers map[TopicPartition]*Worker
+	// stopping are the workers of revoked or lost partitions until they
+	// have stopped: a drain waits for the units in hand, and what they wait
+	// on must show (Waits) while the group's rebalance waits for them.
+	stopping map[*Worker]bool
 	// started counts the workers started; each worker keeps the count at
 	// its start (Worker.born), which Polled and EnqueuePolled compare.
 	started uint64
@@ -26,7 +30,7 @@ type Set struct {
 
 // NewSet returns an empty set whose workers run their handlers under work.
 func NewSet(cfg *Config, work context.Context) *Set {
-	return &Set{cfg: cfg, work: work, workers: map[TopicPartition]*Worker{}}
+	return &Set{cfg: cfg, work: work, workers: map[TopicPartition]*Worker{}, stopping: map[*Worker]bool{}}
 }
 
 // Assign starts the workers of newly assigned partitions (partitions it
@@ -61,6 +65,7 @@ func (s *Set) Close() {
 	for tp, w := range s.workers {
 		ws = append(ws, w)
 		delete(s.workers, tp)
+		s.stopping[w] = true
 	}
 	s.mu.Unlock()
 	s.stop(ws, false)
@@ -73,13 +78,15 @@ func (s *Set) remove(tps []TopicPartition) []*Worker {
 	for _, tp := range tps {
 		if w := s.workers[tp]; w != nil {
 			delete(s.workers, tp)
+			s.stopping[w] = true
 			ws = append(ws, w)
 		}
 	}
 	return ws
 }
 
-// stop stops workers side by side and waits for all of them.
+// stop stops workers side by side and waits for all of them; each leaves
+// stopping once it has stopped.
 func (s *Set) stop(ws []*Worker, lost bool) {
 	var wg sync.WaitGroup
 	for _, w := range ws {
@@ -89,6 +96,9 @@ func (s *Set) stop(ws []*Worker, lost bool) {
 			} else {
 				w.Stop()
 			}
+			s.mu.Lock()
+			delete(s.stopping, w)
+			s.mu.Unlock()
 		})
 	}
 	wg.Wait()
@@ -153,10 +163,17 @@ func (s *Set) Stats() map[TopicPartition]Stats {
 }
 
 // Waits returns the visible waits of every owned partition, oldest first.
+//
+// Workers of revoked and lost partitions count until they have stopped: a
+// revoke waits for the units in hand (up to the drain timeout), and the
+// group's rebalance waits for the revoke.
 func (s *Set) Waits() []Wait {
 	s.mu.Lock()
-	ws := make([]*Worker, 0, len(s.workers))
+	ws := make([]*Worker, 0, len(s.workers)+len(s.stopping))
 	for _, w := range s.workers {
+		ws = append(ws, w)
+	}
+	for w := range s.stopping {
 		ws = append(ws, w)
 	}
 	s.mu.Unlock()

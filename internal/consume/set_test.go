@@ -110,3 +110,41 @@ func TestReleaseKey(t *testing.T) {
 	require.Equal(t, maxInlineInfra+1, runs)
 	require.Empty(t, f.Violations())
 }
+
+// A revoke waits for the units in hand, and the group's rebalance waits for
+// the revoke: what such a unit waits on shows in Waits until its worker has
+// stopped. (Removed from the owned workers at once, a draining worker's
+// six-second handler showed in the log's "partition waiting" lines and in
+// no Status: a chaos probe of issue 31 item 2 found it.)
+func TestSetWaitsShowADrainingWorker(t *testing.T) {
+	h := newSetHarness(t, func(c *Config) { c.WaitVisible = time.Nanosecond })
+	p0 := TopicPartition{"orders", 0}
+	h.s.Assign([]TopicPartition{p0})
+	h.s.Enqueue(p0, []*kgo.Record{fakeRecord(p0, 0, "a", "slow", "block")})
+	select {
+	case <-h.f.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never started")
+	}
+	revoked := make(chan struct{})
+	go func() {
+		defer close(revoked)
+		h.s.Revoke([]TopicPartition{p0})
+	}()
+	waitFor(t, "the partition no longer owned", func() bool { return len(h.s.Owned()) == 0 })
+	waitFor(t, "the draining unit's wait", func() bool {
+		for _, w := range h.s.Waits() {
+			if w.Partition == p0 && w.What == "running" && w.Key == "a" {
+				return true
+			}
+		}
+		return false
+	})
+	h.f.unblock("slow")
+	select {
+	case <-revoked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the revoke never returned")
+	}
+	require.Empty(t, h.s.Waits(), "a stopped worker waits on nothing")
+}
