@@ -521,6 +521,18 @@ func (r *inboxRecorder) waitingOf(schema string, ids []string) int {
 	return n
 }
 
+// partitionOf is the partition a slow run's step event was delivered on,
+// from its inbox document.
+func (r *inboxRecorder) partitionOf(run slowRun) (topicPartition, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := r.docs[outbox.InboxID{Topic: chaosTopic(), ContentSchema: schemaStep, IdempotencyKey: run.ID}]
+	if f == nil {
+		return topicPartition{}, false
+	}
+	return topicPartition{chaosTopic(), f.Partition}, true
+}
+
 // waitingKeys counts the keys, among those match accepts, with an event
 // parked or held now.
 func (r *inboxRecorder) waitingKeys(match func(string) bool) int {

@@ -56,7 +56,10 @@ type config struct {
 	// producer); 0 disables them.
 	replayEvery time.Duration
 	txnLifetime time.Duration // the embedded MongoDB's transaction lifetime
-	sameKey     float64       // probability that a multi-event transaction uses one key
+	// slowFor is how long a slow handler's run lasts (-slow-for; at least
+	// the lifetime plus a second).
+	slowFor time.Duration
+	sameKey float64 // probability that a multi-event transaction uses one key
 	// keyConcurrency is Config.KeyConcurrency of every replica (0: 1).
 	keyConcurrency int
 	// topicPrefix is Config.TopicPrefix of every replica: the Kafka topics
@@ -137,6 +140,9 @@ type result struct {
 	// (fRecreateTopic), RecreatedHandled the events recorded while it was
 	// gone or after it came back, handled exactly once.
 	TopicsRecreated, RecreatedHandled int
+	// WaitsSeen counts the slow handler runs that showed as a "running"
+	// wait in their replica's Status (waitsvisible.go).
+	WaitsSeen int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -148,13 +154,13 @@ func (r *result) summary() string {
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
-		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d",
+		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.Chained, r.DuplicatePublications,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
-		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled)
+		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -211,6 +217,8 @@ type harness struct {
 	failures                         []string           // violations seen during the run; guarded by mu
 	// xf are the facts of the extra scenarios (extras.go); guarded by mu.
 	xf extraFacts
+	// polls are the replicas' Status polls (waitsvisible.go).
+	polls statusPoller
 	// held closes when kills and stops may go on; nil when they may now
 	// (topic-recreated holds them: recreate.go). Guarded by mu.
 	held chan struct{}
@@ -344,7 +352,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		keys[i] = fmt.Sprintf("k%05d", i)
 	}
 	h.work = &workload{db: h.db, keys: keys, transient: cfg.transient, poisonRatio: cfg.poison, abortRatio: cfg.abort,
-		sameKey: cfg.sameKey, runID: runID, slowFor: cfg.txnLifetime + time.Second, chainPct: cfg.chainPct,
+		sameKey: cfg.sameKey, runID: runID, slowFor: max(cfg.txnLifetime+time.Second, cfg.slowFor), chainPct: cfg.chainPct,
 		mass: massKeys(cfg.massKeys), iso: isoKeys(cfg.partitions)}
 	h.work.extraKeys = append(append(eventOutboxKeys(), h.work.mass...), h.work.iso...)
 	if cfg.migrated {
@@ -419,6 +427,15 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}()
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
 	defer stopLoad()
+	// The Status poller (waitsvisible.go), until the final check.
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	var pollWg sync.WaitGroup
+	pollWg.Go(func() { h.pollStatus(pollCtx, &h.polls) })
+	stopPolling := sync.OnceFunc(func() {
+		stopPoll()
+		pollWg.Wait()
+	})
+	defer stopPolling()
 	var wg sync.WaitGroup
 	wg.Go(func() { h.runSchedule(loadCtx, acts) })
 	h.runLoad(loadCtx, &wg)
@@ -460,6 +477,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}
 	stopOp()
 	opWg.Wait()
+	stopPolling()
 
 	res, err := h.check(ctx)
 	if err != nil {

@@ -170,6 +170,16 @@ func (h *harness) checkExtras(ctx context.Context, res *result, or orderResult, 
 		h.logf("kill-open-txns: with a transaction lifetime of %s takeover is measured, not judged: run with -txn-lifetime 60s to judge it",
 			h.cfg.txnLifetime)
 	}
+	h.work.slowMu.Lock()
+	slow := slices.Clone(h.work.slowLog)
+	h.work.slowMu.Unlock()
+	h.polls.mu.Lock()
+	vv := judgeWaitsVisible(slow, h.polls.samples, h.rec.partitionOf, v)
+	slowest := h.polls.slowest
+	h.polls.mu.Unlock()
+	res.WaitsSeen = vv.Seen
+	h.logf("waits visible: %d slow runs seen in Status, %d without a poll of their replica while they ran, %d of an unknown partition; slowest Status call %s",
+		vv.Seen, vv.Undecided, vv.Unknown, slowest.Round(time.Millisecond))
 	res.Takeover = judgeTakeover(xf.takeovers, or.SettledAt, or.WaitedAt, bound, v)
 	for _, c := range xf.takeovers {
 		// Each case, for a long takeover to explain: when in the run, and

@@ -278,3 +278,47 @@ func TestJudgeRecreatedFailsWhatTheNewTopicLost(t *testing.T) {
 		require.Equal(t, 1, v.count(c.kind), "%s: %v", name, v.all())
 	}
 }
+
+// TestJudgeWaitsVisibleFailsASlowRunStatusNeverShowed: issue 31 item 2: a
+// run that lasted six seconds while every poll of its replica's Status
+// past the visibility delay listed no wait on its partition fails; one
+// poll showing it passes; no poll at all is undecided; a run cut short is
+// not judged.
+func TestJudgeWaitsVisibleFailsASlowRunStatusNeverShowed(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
+	p := topicPartition{"chaos-t", 2}
+	tp := func(slowRun) (topicPartition, bool) { return p, true }
+	run := slowRun{Key: "k1", Replica: "r0.1", Start: t0, End: t0.Add(slowVisibleFor)}
+	polls := func(showAt ...time.Duration) map[string][]statusSample {
+		var out []statusSample
+		for d := time.Duration(0); d < slowVisibleFor; d += pollEvery {
+			s := statusSample{At: t0.Add(d), Running: map[topicPartition]bool{}}
+			for _, at := range showAt {
+				if at == d {
+					s.Running[p] = true
+				}
+			}
+			out = append(out, s)
+		}
+		return map[string][]statusSample{"r0.1": out}
+	}
+
+	v := &verdict{}
+	require.Equal(t, visibleVerdict{}, judgeWaitsVisible([]slowRun{run}, polls(), tp, v))
+	requireFails(t, v, "wait-invisible")
+
+	v = &verdict{}
+	require.Equal(t, visibleVerdict{Seen: 1}, judgeWaitsVisible([]slowRun{run}, polls(4*time.Second), tp, v))
+	require.Empty(t, v.all())
+
+	v = &verdict{}
+	require.Equal(t, visibleVerdict{Undecided: 1}, judgeWaitsVisible([]slowRun{run}, nil, tp, v))
+	require.Empty(t, v.all())
+
+	cut := run
+	cut.End = t0.Add(4 * time.Second)
+	v = &verdict{}
+	require.Equal(t, visibleVerdict{}, judgeWaitsVisible([]slowRun{cut}, polls(), tp, v))
+	require.Empty(t, v.all())
+}

@@ -13,7 +13,7 @@
 //	go run ./cmd/outbox-chaos [-duration 60s] [-replicas 3] [-rate 300] [-seed 1]
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
-//	    [-txn-lifetime 3s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
+//	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
 //	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //
@@ -25,7 +25,7 @@
 //	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
-//	    topics_recreated=N recreated_handled=N
+//	    topics_recreated=N recreated_handled=N waits_seen=N
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -91,7 +91,9 @@
 // Every -scenario-every on average comes a scenario, the kinds in turn (see
 // faults.go): slow-handler (the first handling attempt of a few step events
 // outlasts the embedded MongoDB's transaction lifetime, -txn-lifetime; it
-// must fail, count as an attempt and leave the next attempt to succeed),
+// must fail, count as an attempt and leave the next attempt to succeed;
+// with -slow-for 6s or more each run must also show as a "running" wait
+// in its replica's Status while it lasts: waits_seen, waitsvisible.go),
 // downstream-outage (a few keys' handlers fail for seconds, longer than the
 // retry budget, until one of their events is parked), small-max-message-bytes
 // (the topic's max.message.bytes drops to 4 KiB for seconds while
@@ -222,6 +224,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.queueRecords, "queue-records", 64, "consumer queue bound per partition in records: fetching pauses at it, so a small bound makes pause storms (0: the framework's 5000)")
 	fs.IntVar(&cfg.queueBytes, "queue-bytes", 1<<20, "consumer queue bound per partition in bytes (0: the framework's 8 MiB)")
 	fs.DurationVar(&cfg.txnLifetime, "txn-lifetime", 3*time.Second, "the embedded MongoDB's transaction lifetime (slow handlers outlast it)")
+	fs.DurationVar(&cfg.slowFor, "slow-for", 0, "how long a slow handler runs (at least -txn-lifetime plus 1s); 6s or more lets the check that Status shows the run judge it")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
 	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
 	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")

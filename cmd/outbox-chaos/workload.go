@@ -211,6 +211,10 @@ type workload struct {
 	slowIDs   sync.Map // event id -> struct{}
 	slowFor   time.Duration
 	slowRuns  atomic.Int64 // slow handler runs (each one beyond the lifetime)
+	// slowLog records each slow run: its key, replica and when it ran,
+	// for the check that a long run shows in Status (waitsvisible.go).
+	slowMu  sync.Mutex
+	slowLog []slowRun
 
 	// Downstream outages: while a key is down its step handler fails, so
 	// its events exhaust MaxAttempts and are parked.
@@ -551,7 +555,12 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			// fail (and count as one), the next one is fast. The handler
 			// honours its context, as handlers should.
 			w.slowRuns.Add(1)
-			if err := sleepCtx(ctx, w.slowFor); err != nil {
+			start := time.Now()
+			err := sleepCtx(ctx, w.slowFor)
+			w.slowMu.Lock()
+			w.slowLog = append(w.slowLog, slowRun{ID: e.ID, Key: e.Key, Replica: replica, Start: start, End: time.Now()})
+			w.slowMu.Unlock()
+			if err != nil {
 				return err
 			}
 		}
