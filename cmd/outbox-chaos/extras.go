@@ -415,7 +415,7 @@ func (h *harness) killOpenTxnsOnce(ctx context.Context, a action) (bool, error) 
 	}
 	h.mu.Unlock()
 	var at time.Time
-	if slot >= 0 && h.killSlot(slot) != nil {
+	if slot >= 0 && h.killSlotNow(slot) != nil {
 		at = time.Now()
 		h.bg.Go(func() {
 			if sleepCtx(context.WithoutCancel(ctx), time.Second) == nil {

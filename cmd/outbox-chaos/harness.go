@@ -567,9 +567,18 @@ func (h *harness) runSchedule(ctx context.Context, acts []action) {
 	}
 }
 
-// killSlot kills the replica of a slot, if it is live, and returns it.
+// killSlot kills the replica of a slot, if it is live, and returns it;
+// while a topic recreation holds kills, it waits for the hold to end.
 func (h *harness) killSlot(slot int) *replica {
 	h.waitChurn()
+	return h.killSlotNow(slot)
+}
+
+// killSlotNow is killSlot without waiting for a topic recreation's hold:
+// for a kill that must come at its moment (kill-open-txns, whose handlers
+// block until it comes). One replica killed does not hide the others'
+// recovery from a recreation.
+func (h *harness) killSlotNow(slot int) *replica {
 	h.mu.Lock()
 	r := h.slots[slot]
 	if r != nil {
