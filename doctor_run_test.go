@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/event-outbox/outbox/internal/syncbuf"
 )
 
 // TestRunReportsBreakingSettings: a service started on a compacted topic
@@ -18,7 +20,7 @@ func TestRunReportsBreakingSettings(t *testing.T) {
 	ctx := context.Background()
 	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", kadm.StringPtr("compact"))
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfg := b.config("run-doctor")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	o := newOtel(t, &cfg)

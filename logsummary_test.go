@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/event-outbox/outbox/internal/syncbuf"
 )
 
 // The periodic summary sums up what the counted instruments saw in the
@@ -15,7 +17,7 @@ import (
 // interval; the loop logs the last partial interval when Run stops.
 func TestLogSummary(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfg := validConfig(t)
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.ReplicaID = "orders-1"

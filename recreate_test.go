@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/syncbuf"
 )
 
 // Issue 31 item 3: a topic deleted and created again under a running
@@ -21,7 +23,7 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	b := setup(t)
 	b.cluster(t) // deletes and creates topics on the embedded cluster
 	cfg := consumerConfig(b, "recreate")
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c := b.client(t, cfg)
 	var calls atomic.Int64

@@ -18,6 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/syncbuf"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -121,7 +122,7 @@ func TestTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	close(killed)
 	stopA()
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfgB := cfg
 	cfgB.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	survivor := b.client(t, cfgB)
@@ -140,24 +141,6 @@ func TestTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	t.Logf("the survivor stopped in %s", time.Since(at).Round(100*time.Millisecond))
 }
 
-// syncBuffer is a bytes.Buffer for a logger written by several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Issue 31 item 2: an event that waits (here on its inbox entry, locked by
 // another session's open transaction) shows in Status.Waiting with what it
 // waits on and since when, and in the log once; other keys go on.
@@ -165,7 +148,7 @@ func TestWaitsShowInStatusAndLog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "waits")
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	c := b.client(t, cfg)
 	effects := b.db.Collection("effects")

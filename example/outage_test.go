@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,26 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/syncbuf"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
-
-// syncBuffer is a bytes.Buffer safe for the example's logger and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // freePort returns a local port nothing listens on (now).
 func freePort(t *testing.T) int {
@@ -74,7 +55,7 @@ func TestKafkaDownAtStart(t *testing.T) {
 		envMongoURI: mongoSrv.URI(),
 		envBrokers:  fmt.Sprintf("127.0.0.1:%d", kafkaPort),
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
