@@ -234,23 +234,12 @@ func (h *harness) massHold(ctx context.Context, a action) (bool, error) {
 	}
 	// Every key held at once: wait for it, for as long as holds progress
 	// (the consumers may be minutes behind on a loaded machine).
-	const patience = 90 * time.Second
-	deadline, last := time.Now().Add(patience), -1
-	for {
-		n := h.rec.waitingKeys(isMassKey)
-		if n >= recorded {
-			break
-		}
-		if n != last {
-			deadline, last = time.Now().Add(patience), n
-		}
-		if time.Now().After(deadline) {
-			h.logf("%s: only %d of %d keys held after %s without progress", a, n, recorded, patience)
-			break
-		}
-		if sleepCtx(ctx, 250*time.Millisecond) != nil {
-			break
-		}
+	n := 0
+	if waitProgress(ctx, 250*time.Millisecond, func() (bool, int64) {
+		n = h.rec.waitingKeys(isMassKey)
+		return n >= recorded, int64(n)
+	}) == waitStalled {
+		h.logf("%s: only %d of %d keys held after %s without progress", a, n, recorded, progressPatience)
 	}
 	held := h.rec.waitingKeys(isMassKey)
 	h.logf("%s: %d keys recorded, %d held at once; outage over, re-drives follow", a, recorded, held)
@@ -289,23 +278,15 @@ func (h *harness) noHandlerDeploy(ctx context.Context, a action) (bool, error) {
 	// event of their key), once the consumers get to them: wait for that,
 	// for as long as it progresses, then a while longer.
 	// (The consumers may be minutes behind on a loaded machine.)
-	const patience = 90 * time.Second
-	deadline, last := time.Now().Add(patience), -1
-	for {
-		n := h.rec.waitingOf(schemaNew, ids)
-		if n == len(ids) {
-			break
-		}
-		if n != last {
-			deadline, last = time.Now().Add(patience), n
-		}
-		if time.Now().After(deadline) {
-			h.logf("%s: only %d of %d events without handler parked or held after %s without progress", a, n, len(ids), patience)
-			break
-		}
-		if sleepCtx(ctx, 100*time.Millisecond) != nil {
-			return false, nil
-		}
+	n := 0
+	switch waitProgress(ctx, 100*time.Millisecond, func() (bool, int64) {
+		n = h.rec.waitingOf(schemaNew, ids)
+		return n == len(ids), int64(n)
+	}) {
+	case waitStalled:
+		h.logf("%s: only %d of %d events without handler parked or held after %s without progress", a, n, len(ids), progressPatience)
+	case waitCanceled:
+		return false, nil
 	}
 	if sleepCtx(ctx, a.d) != nil {
 		return false, nil

@@ -261,16 +261,14 @@ func (h *harness) recreateTopicNow(ctx context.Context, a action) (bool, error) 
 }
 
 // recreatePatience is how long the recreated topic's events may go
-// without progress (the consumers may be minutes behind on the load's
-// topics, never on this one, whose partitions are its own).
-const recreatePatience = 90 * time.Second
+// without progress.
+const recreatePatience = progressPatience
 
 // waitRecreatedHandled waits until every committed event of the recreated
 // topic is handled, for as long as their handling progresses, and returns
 // how many are and how many were committed.
 func (h *harness) waitRecreatedHandled(ctx context.Context) (got, want int64) {
-	deadline, last := time.Now().Add(recreatePatience), int64(-1)
-	for {
+	waitProgress(ctx, 100*time.Millisecond, func() (bool, int64) {
 		// The run's MongoDB faults hit the harness's reads too: a failed
 		// count is no progress.
 		n, err := h.db.Collection(collRecreated).CountDocuments(ctx, bson.D{})
@@ -278,14 +276,40 @@ func (h *harness) waitRecreatedHandled(ctx context.Context) (got, want int64) {
 			want = n
 		}
 		got = h.distinctEvents(ctx, collRecreatedEffects)
-		if err == nil && got >= want {
-			return got, want
+		return err == nil && got >= want, got
+	})
+	return max(got, 0), want
+}
+
+// progressPatience is how long a scenario waits for the consumers without
+// progress (they may be minutes behind on a loaded machine).
+const progressPatience = 90 * time.Second
+
+// How a waitProgress ended.
+const (
+	waitDone = iota
+	waitStalled
+	waitCanceled
+)
+
+// waitProgress calls look every `every` until it reports done (waitDone),
+// its progress figure stays the same for progressPatience (waitStalled),
+// or ctx ends (waitCanceled).
+func waitProgress(ctx context.Context, every time.Duration, look func() (done bool, progress int64)) int {
+	deadline, last := time.Now().Add(progressPatience), int64(-1)
+	for {
+		done, progress := look()
+		if done {
+			return waitDone
 		}
-		if got != last {
-			deadline, last = time.Now().Add(recreatePatience), got
+		if progress != last {
+			deadline, last = time.Now().Add(progressPatience), progress
 		}
-		if time.Now().After(deadline) || sleepCtx(ctx, 100*time.Millisecond) != nil {
-			return max(got, 0), want
+		if time.Now().After(deadline) {
+			return waitStalled
+		}
+		if sleepCtx(ctx, every) != nil {
+			return waitCanceled
 		}
 	}
 }
