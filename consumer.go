@@ -7,13 +7,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/event-outbox/outbox/internal/consume"
-	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
 
@@ -35,8 +32,9 @@ import (
 //     and stop the partition workers (consume.Set): a revoked partition's
 //     worker finishes its running transactions and commits before the
 //     callback returns; a lost one's is canceled and commits nothing.
-//   - The lag poller (lag.go) and the re-drive request loop (parked.go) are
-//     started and stopped by runConsumer.
+//   - The lag poller (lag.go), the recreation watcher (recreated.go) and
+//     the re-drive request loop (parked.go) are started and stopped by
+//     runConsumer.
 //
 // When Run's context ends, the poll loop, the lag poller and the re-drive
 // loop stop, every worker finishes its running transactions and commits
@@ -86,9 +84,9 @@ type consumer struct {
 	set *consume.Set
 	// errLog rate-limits the poll loop's repeated errors.
 	errLog *rateLog
-	// unknownSince is when each topic first answered UNKNOWN_TOPIC_ID in
-	// a row (see resubscribeRecreated). Owned by the poll loop.
-	unknownSince map[string]time.Time
+	// recreated watches the topics answering UNKNOWN_TOPIC_ID
+	// (recreated.go).
+	recreated *recreationWatch
 }
 
 // kafkaPauser pauses and resumes fetching with the Kafka topic of a bare
@@ -194,9 +192,11 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		_ = cl.LeaveGroupContext(forced)
 		cl.Close()
 	}()
-	// Deferred after the drain and Close above, so it stops before them: it
-	// uses the client.
+	// Deferred after the drain and Close above, so they stop before them:
+	// they use the client.
 	defer cons.startLagPoller(ctx, topics)()
+	cons.recreated = newRecreationWatch(cons)
+	defer cons.recreated.start(ctx, c.cfg.kafkaTopics(topics))()
 	for {
 		fetches := cl.PollRecords(ctx, maxQueue)
 		// At once: records of partitions assigned after this mark are from
@@ -206,7 +206,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(cons.fetchError)
-		cons.resubscribeRecreated(fetches)
+		cons.recreated.note(fetches)
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			// Past this point topics are bare (Config.TopicPrefix): the
 			// records' too, before anything reads them.
@@ -219,115 +219,6 @@ func (c *Client) runConsumer(ctx context.Context) error {
 				cons.set.EnqueuePolled(consume.TopicPartition{Topic: topic, Partition: p.Partition}, p.Records, mark)
 			}
 		})
-	}
-}
-
-// recreatedAfter is how long a subscribed topic answers UNKNOWN_TOPIC_ID
-// before the consumer takes it for deleted and created again.
-const recreatedAfter = 3 * time.Second
-
-// resubscribeRecreated re-subscribes the topics that were deleted and
-// created again. kgo keeps the topic id it first learnt and never adopts a
-// new one (a recreated topic answers UNKNOWN_TOPIC_ID for ever, by design:
-// franz-go issue 908); the way out is to purge the topic from the client
-// and add it again, which the consumer does once the error has lasted
-// recreatedAfter (Kafka answers it for a moment after a first creation
-// too). The partitions are revoked and assigned again; the new topic is
-// read from its start when its committed offsets are out of its range.
-func (cons *consumer) resubscribeRecreated(fetches kgo.Fetches) {
-	now := time.Now()
-	seen := map[string]bool{}
-	fetches.EachError(func(t string, _ int32, err error) {
-		if errors.Is(err, kerr.UnknownTopicID) {
-			seen[t] = true
-		}
-	})
-	if cons.unknownSince == nil {
-		cons.unknownSince = map[string]time.Time{}
-	}
-	for t, since := range cons.unknownSince {
-		if !seen[t] && now.Sub(since) > 2*recreatedAfter {
-			delete(cons.unknownSince, t) // recovered on its own
-		}
-	}
-	for t := range seen {
-		since, ok := cons.unknownSince[t]
-		if !ok {
-			cons.unknownSince[t] = now
-			continue
-		}
-		if now.Sub(since) < recreatedAfter {
-			continue
-		}
-		delete(cons.unknownSince, t)
-		cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", cons.c.cfg.bareTopic(t))
-		cons.resubscribe(t)
-	}
-}
-
-// resubscribe subscribes to a topic that was deleted and created again, from
-// the start of the new topic: the offsets the group committed belong to the
-// old one, and one inside the new topic's range would skip its first
-// records. The topic's workers stop without committing (their offsets are
-// the old topic's), the topic leaves the client, the group's offsets of the
-// topic are set to the new topic's start (Kafka does not check that a
-// committing member owns a partition), and the topic is added again. A
-// redelivery this causes is skipped by the inbox.
-func (cons *consumer) resubscribe(t string) {
-	bare := cons.c.cfg.bareTopic(t)
-	var owned []consume.TopicPartition
-	for _, tp := range cons.set.Owned() {
-		if tp.Topic == bare {
-			owned = append(owned, tp)
-		}
-	}
-	cons.set.Lose(owned)
-	cons.cl.PurgeTopicsFromClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := cons.commitTopicStart(ctx, t); err != nil {
-		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
-			"topic", bare, "err", err)
-		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
-	}
-	cons.cl.AddConsumeTopics(t)
-}
-
-// commitTopicStart commits the log start offsets of every partition of t
-// for the consumer's group, trying a few times (a rebalance may be under
-// way).
-func (cons *consumer) commitTopicStart(ctx context.Context, t string) error {
-	starts, err := kadm.NewClient(cons.cl).ListStartOffsets(ctx, t)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return fmt.Errorf("list start offsets: %w", err)
-	}
-	offsets := map[string]map[int32]kgo.EpochOffset{t: {}}
-	starts.Each(func(o kadm.ListedOffset) {
-		offsets[t][o.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o.Offset}
-	})
-	for attempt := 0; ; attempt++ {
-		var failed error
-		cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err == nil {
-				for _, rt := range resp.Topics {
-					for _, p := range rt.Partitions {
-						if p.ErrorCode != 0 {
-							err = kerrFor(p.ErrorCode)
-						}
-					}
-				}
-			}
-			failed = err
-		})
-		if failed == nil || attempt == 4 || ctx.Err() != nil {
-			return failed
-		}
-		if !retry.Sleep(ctx, nil, cons.c.cfg.backoff().Delay(attempt)) {
-			return ctx.Err()
-		}
 	}
 }
 

@@ -6,8 +6,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/syncbuf"
@@ -83,4 +85,112 @@ func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 	})
 	recs := b.kafkaEvents(t, ordersTopic, 1)
 	require.Len(t, recs, 1, "the new topic holds the new event")
+}
+
+// Issue 31 item 3, a partition of a recreated topic assigned to a replica
+// that never fetched it: the replica still holds the old topic id, its
+// offset fetch answers UNKNOWN_TOPIC_ID a few times, and kgo hands one
+// error to the poll and drops the partition from the assignment. The
+// consumer used to wait for the error to repeat, which it never does: the
+// partition was handled by nobody until the next rebalance (the chaos run's
+// recreate-stuck). It now asks the broker for the topic's id and
+// resubscribes when it is not the one its client uses.
+func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.cluster(t)
+	adm := b.kafka.Admin()
+	ctx := context.Background()
+	topic := b.kafkaTopic(ordersTopic)
+	recreate := func() {
+		t.Helper()
+		_, err := adm.DeleteTopics(ctx, topic)
+		require.NoError(t, err)
+		_, err = adm.CreateTopics(ctx, 1, 1, nil, topic)
+		require.NoError(t, err)
+	}
+	// One partition: one replica owns it, the other owns nothing of the
+	// topic and so never fetches it.
+	recreate()
+
+	var logs syncbuf.Buffer
+	var calls atomic.Int64
+	replicas := make([]*Client, 2)
+	stops := make([]func(), 2)
+	for i := range replicas {
+		cfg := consumerConfig(b, "recreate-takeover")
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
+		replicas[i] = b.client(t, cfg)
+		MustHandle(replicas[i], effectHandler(b, &calls))
+		stops[i] = start(t, replicas[i])
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	handled := func(n int64) func() bool {
+		return func() bool { return count(t, replicas[0].inbox, bson.D{{Key: "handled", Value: true}}) == n }
+	}
+	owner := func() int {
+		for i, c := range replicas {
+			st, _ := c.Status(ctx)
+			if len(st.Handling) > 0 {
+				return i
+			}
+		}
+		return -1
+	}
+	b.produce(t, b.envelope("before"), b.payload(t, "o-1", 0))
+	eventually(t, "handled before the recreation", handled(1))
+
+	// The owner's resubscription makes the group rebalance, and the
+	// partition may move to the replica that never fetched it (which is
+	// how the first version got stuck here).
+	recreate()
+	b.produce(t, b.envelope("after"), b.payload(t, "o-2", 1))
+	eventually(t, "the event recorded after the recreation handled", handled(2))
+
+	// The owner goes; the other replica takes the partition over (if it
+	// did not already: then it is the one that goes).
+	var last int
+	eventually(t, "an owner", func() bool { last = owner(); return last >= 0 })
+	stops[last]()
+	b.produce(t, b.envelope("taken over"), b.payload(t, "o-3", 2))
+	eventually(t, "the event handled by the replica that took the partition over", handled(3))
+}
+
+// decideRecreated's table: a recreation is taken from ids when they are
+// known, from the error's length when not, and a topic the broker does not
+// know is watched until it comes back.
+func TestDecideRecreated(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	old, newID := kadm.TopicID{1}, kadm.TopicID{2}
+	once := unknownTopic{first: now.Add(-time.Second), last: now.Add(-time.Second)}
+	withID := once
+	withID.clientID = old
+	lasting := unknownTopic{first: now.Add(-2 * recreatedAfter), last: now.Add(-100 * time.Millisecond)}
+	stopped := unknownTopic{first: now.Add(-3 * recreatedAfter), last: now.Add(-2 * recreatedAfter)}
+	for _, c := range []struct {
+		name     string
+		u        unknownTopic
+		known    kadm.TopicID
+		brokerID kadm.TopicID
+		exists   bool
+		want     recreateVerdict
+	}{
+		{"the error's id is not the broker's", withID, kadm.TopicID{}, newID, true, verdictRecreated},
+		{"a single error, the known id is not the broker's (kgo's offset fetch)", once, old, newID, true, verdictRecreated},
+		{"a single error, the same id (a topic being created)", once, newID, newID, true, verdictWait},
+		{"the error's id wins over the known one", withID, newID, old, true, verdictWait},
+		{"deleted, not created again yet", withID, old, kadm.TopicID{}, false, verdictWait},
+		{"deleted, and the errors stopped (a dropped partition)", stopped, old, kadm.TopicID{}, false, verdictWait},
+		{"no id known, the error lasted", lasting, kadm.TopicID{}, newID, true, verdictRecreated},
+		{"no id known, a single error", once, kadm.TopicID{}, newID, true, verdictWait},
+		{"no id known, the errors stopped", stopped, kadm.TopicID{}, newID, true, verdictRecovered},
+		{"the same id, the errors stopped", stopped, newID, newID, true, verdictRecovered},
+	} {
+		require.Equal(t, c.want, decideRecreated(c.u, c.known, c.brokerID, c.exists, now), c.name)
+	}
 }

@@ -1,0 +1,356 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/retry"
+)
+
+// Topics deleted and created again.
+//
+// kgo keeps the id it first learnt of a topic and never adopts a new one: a
+// topic deleted and created again answers UNKNOWN_TOPIC_ID to the client for
+// good (by design, franz-go issue 908). The way out is to purge the topic
+// from the client and add it again (resubscribe).
+//
+// The error reaches the poll loop in two shapes. A fetch of an owned
+// partition answers it on every fetch, for as long as it lasts. A partition
+// assigned after the recreation to a client that still holds the old id
+// answers it once: kgo's offset fetch retries it three times, then hands a
+// single error to the poll and drops the partition from the assignment, so
+// nothing fetches it until the next rebalance (seen in the chaos run: a
+// partition of the recreated topic handled by nobody for 90 s). So the
+// decision cannot wait for the error to repeat: the recreation watcher asks
+// the broker for the topic's id and compares it with the id the client
+// uses (the error's own, a fetch's, or the one listed when the consumer
+// started). A different id is a recreation; the same id is a topic still
+// being created, which clears on its own; a topic the broker does not know
+// is deleted and watched until it comes back.
+//
+// The watcher is one goroutine, started and stopped by runConsumer (before
+// the client closes). The poll loop only notes what it saw (note).
+
+const (
+	// recreatedAfter is how long a topic must answer UNKNOWN_TOPIC_ID
+	// before it is taken for created again when the id the client uses is
+	// not known.
+	recreatedAfter = 3 * time.Second
+	// recreateFirstCheck is how long after a topic's first
+	// UNKNOWN_TOPIC_ID the watcher asks the broker; recreateMaxCheck
+	// bounds the backoff of the later checks.
+	recreateFirstCheck = 500 * time.Millisecond
+	recreateMaxCheck   = 30 * time.Second
+	// recreateTimeout bounds each request of the watcher.
+	recreateTimeout = 10 * time.Second
+)
+
+// unknownTopic is what the poll loop saw of one topic answering
+// UNKNOWN_TOPIC_ID.
+type unknownTopic struct {
+	first, last time.Time
+	// clientID is the id the client sent, from the error's fetch (zero
+	// when the error was kgo's own, from its offset fetch).
+	clientID kadm.TopicID
+	due      time.Time
+	checks   int
+}
+
+// recreationWatch decides which topics were created again and resubscribes
+// them.
+type recreationWatch struct {
+	cons *consumer
+	wake chan struct{}
+
+	mu      sync.Mutex
+	pending map[string]*unknownTopic // by Kafka topic
+	// known is the id of each topic as the client uses it: listed when
+	// the consumer started, learnt from fetches, set by a resubscription.
+	known map[string]kadm.TopicID
+}
+
+func newRecreationWatch(cons *consumer) *recreationWatch {
+	return &recreationWatch{cons: cons, wake: make(chan struct{}, 1),
+		pending: map[string]*unknownTopic{}, known: map[string]kadm.TopicID{}}
+}
+
+// note records a poll's UNKNOWN_TOPIC_ID errors and the topic ids of its
+// fetches. Called by the poll loop.
+func (w *recreationWatch) note(fetches kgo.Fetches) {
+	now := time.Now()
+	woke := false
+	w.mu.Lock()
+	for _, f := range fetches {
+		for _, ft := range f.Topics {
+			for _, p := range ft.Partitions {
+				switch {
+				case errors.Is(p.Err, kerr.UnknownTopicID):
+					u := w.pending[ft.Topic]
+					if u == nil {
+						u = &unknownTopic{first: now, due: now.Add(recreateFirstCheck)}
+						w.pending[ft.Topic] = u
+						woke = true
+					}
+					u.last = now
+					if ft.TopicID != ([16]byte{}) {
+						u.clientID = kadm.TopicID(ft.TopicID)
+					}
+				case p.Err == nil && len(p.Records) > 0 && ft.TopicID != ([16]byte{}):
+					w.known[ft.Topic] = kadm.TopicID(ft.TopicID)
+				}
+			}
+		}
+	}
+	w.mu.Unlock()
+	if woke {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// start runs the watcher until ctx ends or stop is called; stop waits for
+// it to return.
+func (w *recreationWatch) start(ctx context.Context, kafkaTopics []string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.run(ctx, kafkaTopics)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+func (w *recreationWatch) run(ctx context.Context, kafkaTopics []string) {
+	w.learn(ctx, kafkaTopics)
+	for {
+		var timer *time.Timer
+		var fire <-chan time.Time
+		if next, ok := w.nextDue(); ok {
+			timer = time.NewTimer(time.Until(next))
+			fire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-w.wake:
+		case <-fire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		w.checkDue(ctx)
+	}
+}
+
+// learn lists the ids of the subscribed topics as the consumer starts: the
+// ids the client learns at the same moment. A topic the listing misses is
+// learnt from its first fetch.
+func (w *recreationWatch) learn(ctx context.Context, kafkaTopics []string) {
+	lctx, cancel := context.WithTimeout(ctx, recreateTimeout)
+	defer cancel()
+	details, err := kadm.NewClient(w.cons.cl).ListTopics(lctx, kafkaTopics...)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for t, d := range details {
+		if _, ok := w.known[t]; !ok && d.Err == nil && d.ID != (kadm.TopicID{}) {
+			w.known[t] = d.ID
+		}
+	}
+}
+
+func (w *recreationWatch) nextDue() (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var next time.Time
+	for _, u := range w.pending {
+		if next.IsZero() || u.due.Before(next) {
+			next = u.due
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// checkDue decides the topics whose check is due.
+func (w *recreationWatch) checkDue(ctx context.Context) {
+	now := time.Now()
+	var due []string
+	w.mu.Lock()
+	for t, u := range w.pending {
+		if !u.due.After(now) {
+			due = append(due, t)
+		}
+	}
+	w.mu.Unlock()
+	for _, t := range due {
+		if ctx.Err() != nil {
+			return
+		}
+		w.check(ctx, t)
+	}
+}
+
+// recreateVerdict is what a check decides of a topic.
+type recreateVerdict int
+
+const (
+	verdictWait      recreateVerdict = iota // look again later
+	verdictRecreated                        // resubscribe
+	verdictRecovered                        // forget it
+)
+
+// decide judges a topic from the broker's answer (id, or exists false) and
+// what the poll loop saw, at now. A pure function, for the tests.
+func decideRecreated(u unknownTopic, known kadm.TopicID, brokerID kadm.TopicID, exists bool, now time.Time) recreateVerdict {
+	if !exists {
+		// Deleted and not created again yet (or the broker cannot say):
+		// watched until it comes back, even if the errors stopped (a
+		// partition kgo dropped after its offset fetch fails once).
+		return verdictWait
+	}
+	clientID := u.clientID
+	if clientID == (kadm.TopicID{}) {
+		clientID = known
+	}
+	stillFailing := now.Sub(u.last) < recreatedAfter
+	switch {
+	case clientID != (kadm.TopicID{}) && clientID != brokerID:
+		return verdictRecreated
+	case clientID == (kadm.TopicID{}) && stillFailing && u.last.Sub(u.first) >= recreatedAfter:
+		// The client's id is not known: the error has lasted.
+		return verdictRecreated
+	case stillFailing:
+		// The same id (a topic being created), or not known yet.
+		return verdictWait
+	}
+	return verdictRecovered
+}
+
+func (w *recreationWatch) check(ctx context.Context, t string) {
+	brokerID, exists := w.brokerID(ctx, t)
+	if ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	u := w.pending[t]
+	if u == nil {
+		w.mu.Unlock()
+		return
+	}
+	verdict := decideRecreated(*u, w.known[t], brokerID, exists, time.Now())
+	switch verdict {
+	case verdictWait:
+		u.checks++
+		u.due = time.Now().Add(min(recreateFirstCheck<<min(u.checks, 10), recreateMaxCheck))
+	case verdictRecreated:
+		delete(w.pending, t)
+		w.known[t] = brokerID
+	case verdictRecovered:
+		delete(w.pending, t)
+	}
+	w.mu.Unlock()
+	if verdict == verdictRecreated {
+		w.cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", w.cons.c.cfg.bareTopic(t))
+		w.cons.resubscribe(t)
+	}
+}
+
+// brokerID asks the broker for a topic's id; exists is false when the
+// topic is not there or the broker cannot say.
+func (w *recreationWatch) brokerID(ctx context.Context, t string) (id kadm.TopicID, exists bool) {
+	lctx, cancel := context.WithTimeout(ctx, recreateTimeout)
+	defer cancel()
+	details, err := kadm.NewClient(w.cons.cl).ListTopics(lctx, t)
+	if err != nil {
+		return id, false
+	}
+	d, ok := details[t]
+	if !ok || d.Err != nil || d.ID == (kadm.TopicID{}) {
+		return id, false
+	}
+	return d.ID, true
+}
+
+// resubscribe subscribes to a topic that was deleted and created again, from
+// the start of the new topic: the offsets the group committed belong to the
+// old one, and one inside the new topic's range would skip its first
+// records. The topic's workers stop without committing (their offsets are
+// the old topic's), the topic leaves the client, the group's offsets of the
+// topic are set to the new topic's start (Kafka does not check that a
+// committing member owns a partition), and the topic is added again. A
+// redelivery this causes is skipped by the inbox.
+func (cons *consumer) resubscribe(t string) {
+	bare := cons.c.cfg.bareTopic(t)
+	var owned []consume.TopicPartition
+	for _, tp := range cons.set.Owned() {
+		if tp.Topic == bare {
+			owned = append(owned, tp)
+		}
+	}
+	cons.set.Lose(owned)
+	cons.cl.PurgeTopicsFromClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), recreateTimeout)
+	defer cancel()
+	if err := cons.commitTopicStart(ctx, t); err != nil {
+		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
+			"topic", bare, "err", err)
+		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
+	}
+	cons.cl.AddConsumeTopics(t)
+}
+
+// commitTopicStart commits the log start offsets of every partition of t
+// for the consumer's group, trying a few times (a rebalance may be under
+// way).
+func (cons *consumer) commitTopicStart(ctx context.Context, t string) error {
+	starts, err := kadm.NewClient(cons.cl).ListStartOffsets(ctx, t)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("list start offsets: %w", err)
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{t: {}}
+	starts.Each(func(o kadm.ListedOffset) {
+		offsets[t][o.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o.Offset}
+	})
+	for attempt := 0; ; attempt++ {
+		var failed error
+		cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			if err == nil {
+				for _, rt := range resp.Topics {
+					for _, p := range rt.Partitions {
+						if p.ErrorCode != 0 {
+							err = kerrFor(p.ErrorCode)
+						}
+					}
+				}
+			}
+			failed = err
+		})
+		if failed == nil || attempt == 4 || ctx.Err() != nil {
+			return failed
+		}
+		if !retry.Sleep(ctx, nil, cons.c.cfg.backoff().Delay(attempt)) {
+			return ctx.Err()
+		}
+	}
+}
