@@ -108,6 +108,9 @@ type PartitionStatus struct {
 	Committed int64 `json:"committed"`
 	// HeldKeys counts the partition keys held behind parked events.
 	HeldKeys int `json:"held_keys"`
+	// Paused is true while the partition's fetching is paused because it
+	// holds its bound of records or bytes not yet settled.
+	Paused bool `json:"paused"`
 }
 
 // Wait is something a handled partition has waited on for longer than a
@@ -293,7 +296,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 		for tp, ps := range stats {
 			st.Handling = append(st.Handling, TopicPartition{Topic: tp.Topic, Partition: tp.Partition})
 			st.Consumer = append(st.Consumer, PartitionStatus{Topic: tp.Topic, Partition: tp.Partition, InFlight: ps.InFlight,
-				Unsettled: ps.Unsettled, LowestUnsettled: ps.LowestUnsettled, Committed: ps.Committed, HeldKeys: ps.HeldKeys})
+				Unsettled: ps.Unsettled, LowestUnsettled: ps.LowestUnsettled, Committed: ps.Committed, HeldKeys: ps.HeldKeys, Paused: ps.Paused})
 		}
 		slices.SortFunc(st.Handling, func(a, b TopicPartition) int {
 			return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))

@@ -244,14 +244,16 @@ func (h *harness) handlersOf(ctx context.Context, tp topicPartition) string {
 			out = append(out, fmt.Sprintf("%s: status: %v", r.name, err))
 			continue
 		}
+		// Status names bare topics; tp names the Kafka topic (-topic-prefix).
+		bare := strings.TrimPrefix(tp.Topic, h.env.topicPrefix)
 		for _, p := range st.Consumer {
-			if p.Topic != tp.Topic || p.Partition != tp.Partition {
+			if p.Topic != bare || p.Partition != tp.Partition {
 				continue
 			}
-			w := fmt.Sprintf("%s: committed %d, lowest unsettled %d, unsettled %d, in flight %d, held keys %d",
-				r.name, p.Committed, p.LowestUnsettled, p.Unsettled, p.InFlight, p.HeldKeys)
+			w := fmt.Sprintf("%s: committed %d, lowest unsettled %d, unsettled %d, in flight %d, held keys %d, paused %t",
+				r.name, p.Committed, p.LowestUnsettled, p.Unsettled, p.InFlight, p.HeldKeys, p.Paused)
 			for _, wt := range st.Waiting {
-				if wt.Topic == tp.Topic && wt.Partition == tp.Partition {
+				if wt.Topic == bare && wt.Partition == tp.Partition {
 					w += fmt.Sprintf(", waits on %s at offset %d since %s (%s)", wt.What, wt.Offset, wt.Since.Format(tsFormat), wt.Detail)
 				}
 			}

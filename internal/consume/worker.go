@@ -124,6 +124,9 @@ type Stats struct {
 	Committed int64
 	// HeldKeys counts the keys this worker knows are held.
 	HeldKeys int
+	// Paused is whether the partition's fetching is paused (its bound of
+	// records or bytes is reached).
+	Paused bool
 }
 
 // NewWorker returns the worker of tp; Start starts it.
@@ -643,7 +646,10 @@ func armTimer(t *time.Timer, now time.Time, times ...time.Time) {
 }
 
 func (w *Worker) publishStats(s *sched, committed int64, running map[*Unit]time.Time) {
-	st := &Stats{Unsettled: s.pending, LowestUnsettled: -1, Committed: committed, HeldKeys: w.heldKeys()}
+	w.mu.Lock()
+	paused := w.paused
+	w.mu.Unlock()
+	st := &Stats{Unsettled: s.pending, LowestUnsettled: -1, Committed: committed, HeldKeys: w.heldKeys(), Paused: paused}
 	if len(s.window) > 0 {
 		st.LowestUnsettled = s.window[0].Offset
 	} else if s.last != nil {
