@@ -74,6 +74,9 @@ func TestChaosShort(t *testing.T) {
 	if os.Getenv("OUTBOX_TEST_DEBUG") != "" {
 		cfg.progress = os.Stderr
 	}
+	if d, err := time.ParseDuration(os.Getenv("OUTBOX_CHAOS_SLOW_FOR")); err == nil {
+		cfg.slowFor = d // -slow-for: slow runs that the waits-visible check judges
+	}
 	cfg.stacks = os.Getenv("OUTBOX_CHAOS_STACKS") // goroutine stacks once nothing progressed for 10 s
 	if path := os.Getenv("OUTBOX_CHAOS_LOG"); path != "" {
 		// The replicas' framework logs, at Info, for a failure to explain.

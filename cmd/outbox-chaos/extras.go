@@ -357,11 +357,13 @@ func (h *harness) retryIsolation(ctx context.Context, a action) (bool, error) {
 
 // killOpenTxns: see fKillOpenTxns. The victim is the first replica to
 // block a handling once armed (one that consumes); when it is stopped
-// meanwhile (a leave, a deploy), or nothing blocks in 3 s, it is tried
-// again, up to four times.
+// meanwhile (a leave, a deploy), or nothing blocks in killOpenTxnsWindow,
+// it is tried again, up to six times: on a loaded machine a short run's
+// handling can pause for seconds (rebalances, a topic recreation), and a
+// scenario that never runs fails TestChaosShort.
 func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	var err error
-	for range 4 {
+	for range 6 {
 		var ok bool
 		ok, err = h.killOpenTxnsOnce(ctx, a)
 		if ok || ctx.Err() != nil {
@@ -372,10 +374,14 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	return false, err
 }
 
+// killOpenTxnsWindow is how long one try of kill-open-txns waits for
+// handlings to block.
+const killOpenTxnsWindow = 5 * time.Second
+
 // killOpenTxnsOnce blocks handlings of one replica and kills it.
 func (h *harness) killOpenTxnsOnce(ctx context.Context, a action) (bool, error) {
 	h.work.armBlock(a.n)
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(killOpenTxnsWindow)
 	for h.work.blockedCount() < a.n && time.Now().Before(deadline) {
 		if sleepCtx(ctx, 50*time.Millisecond) != nil {
 			break
@@ -385,7 +391,7 @@ func (h *harness) killOpenTxnsOnce(ctx context.Context, a action) (bool, error) 
 	// blocked one is in ids, and dies with the replica.
 	name, ids := h.work.disarmBlock()
 	if len(ids) == 0 {
-		return false, fmt.Errorf("no handling blocked in 3 s")
+		return false, fmt.Errorf("no handling blocked in %s", killOpenTxnsWindow)
 	}
 	h.mu.Lock()
 	slot := -1
