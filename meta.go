@@ -20,7 +20,11 @@ import (
 //     metadata read (see ErrPartitionsUnknown);
 //   - {_id: "replica:<instance id>", kind: "replica", ..., last_seen}: the
 //     liveness record of a running Client (see replicas.go and
-//     Admin.Replicas).
+//     Admin.Replicas);
+//   - {_id: {recreated: <consumer group>, topic, id}, claimed_at, done_at,
+//     replica}: the reset of the group's offsets of a topic deleted and
+//     created again (id: the new topic's id, in hex) to its start, claimed
+//     by one replica and done once (see recreated.go).
 //
 // A collection of its own rather than reserved documents in the inbox and
 // outbox: every query on those collections (claims, parked and held lists,

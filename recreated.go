@@ -2,10 +2,15 @@ package outbox
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -269,7 +274,7 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 	w.mu.Unlock()
 	if verdict == verdictRecreated {
 		w.cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", w.cons.c.cfg.bareTopic(t))
-		w.cons.resubscribe(t)
+		w.cons.resubscribe(t, brokerID)
 	}
 }
 
@@ -289,15 +294,23 @@ func (w *recreationWatch) brokerID(ctx context.Context, t string) (id kadm.Topic
 	return d.ID, true
 }
 
-// resubscribe subscribes to a topic that was deleted and created again, from
-// the start of the new topic: the offsets the group committed belong to the
-// old one, and one inside the new topic's range would skip its first
-// records. The topic's workers stop without committing (their offsets are
-// the old topic's), the topic leaves the client, the group's offsets of the
-// topic are set to the new topic's start (Kafka does not check that a
-// committing member owns a partition), and the topic is added again. A
-// redelivery this causes is skipped by the inbox.
-func (cons *consumer) resubscribe(t string) {
+// resubscribe subscribes to a topic that was deleted and created again (its
+// new id is id), from the start of the new topic: the offsets the group
+// committed belong to the old one, and one inside the new topic's range
+// would skip its first records. The topic's workers stop without committing
+// (their offsets are the old topic's), the topic leaves the client, the
+// group's offsets of the topic are set to the new topic's start (Kafka does
+// not check that a committing member owns a partition), and the topic is
+// added again. A redelivery this causes is skipped by the inbox.
+//
+// The offsets are set once per recreation, by the first replica that
+// resubscribes (recordTopicReset): every replica that held the old id
+// resubscribes, some of them late (one assigned a partition of the topic
+// only later), and a late reset would rewind partitions that other
+// replicas already consume on the new topic, behind workers that have
+// nothing new to commit: their partitions would stay behind, settled, until
+// the next rebalance (the chaos short run's stalled partitions).
+func (cons *consumer) resubscribe(t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
 	var owned []consume.TopicPartition
 	for _, tp := range cons.set.Owned() {
@@ -307,14 +320,96 @@ func (cons *consumer) resubscribe(t string) {
 	}
 	cons.set.Lose(owned)
 	cons.cl.PurgeTopicsFromClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), recreateTimeout)
+	cons.resetTopicOnce(t, id)
+	cons.cl.AddConsumeTopics(t)
+}
+
+// resetTopicOnce sets the group's offsets of a recreated topic to its start
+// unless another replica did or is doing it. The replica that inserts the
+// topic's reset document (outbox_meta, one per consumer group, topic and
+// topic id) sets the offsets and marks the document done; the others wait
+// for done (at most resetWait) before they add the topic again, since
+// fetching the old offsets first would skip records. A claim that is not
+// done in time (its replica died, or failed and withdrew it) is taken over:
+// the offsets are set again, which redelivers what was consumed meanwhile
+// rather than skip anything.
+func (cons *consumer) resetTopicOnce(t string, id kadm.TopicID) {
+	bare := cons.c.cfg.bareTopic(t)
+	ctx, cancel := context.WithTimeout(context.Background(), resetWait+recreateTimeout)
 	defer cancel()
-	if err := cons.commitTopicStart(ctx, t); err != nil {
+	claimed, err := cons.claimTopicReset(ctx, t, id)
+	if err != nil {
+		cons.log.Warn("claiming the reset of a recreated topic's offsets failed; setting them", "topic", bare, "err", err)
+		claimed = true
+	}
+	if !claimed && cons.awaitTopicReset(ctx, t, id) {
+		return
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), recreateTimeout)
+	defer rcancel()
+	if err := cons.commitTopicStart(rctx, t); err != nil {
 		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
 			"topic", bare, "err", err)
 		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
+		// Withdrawn, so that the next replica to resubscribe tries.
+		_, _ = cons.c.meta.DeleteOne(rctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
+		return
 	}
-	cons.cl.AddConsumeTopics(t)
+	if _, err := cons.c.meta.UpdateOne(rctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "done_at", Value: time.Now().UTC()}, {Key: "replica", Value: cons.c.cfg.ReplicaID}}}},
+		options.UpdateOne().SetUpsert(true)); err != nil {
+		cons.log.Warn("recording that the group's offsets of a recreated topic were set to its start failed; a replica that resubscribes later sets them again (a redelivery)",
+			"topic", bare, "err", err)
+	}
+}
+
+// resetWait bounds how long a resubscribing replica waits for another
+// replica's reset of the topic's offsets.
+const resetWait = 20 * time.Second
+
+// topicResetID is the _id of the outbox_meta document of the reset of a
+// recreated topic's offsets for the consumer group.
+func (cons *consumer) topicResetID(t string, id kadm.TopicID) bson.D {
+	return bson.D{{Key: "recreated", Value: cons.c.cfg.ConsumerGroup}, {Key: "topic", Value: t}, {Key: "id", Value: hex.EncodeToString(id[:])}}
+}
+
+// claimTopicReset inserts the reset document of the topic of that id; it
+// reports whether this replica inserted it.
+func (cons *consumer) claimTopicReset(ctx context.Context, t string, id kadm.TopicID) (bool, error) {
+	res, err := cons.c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}},
+		bson.D{{Key: "$setOnInsert", Value: bson.D{
+			{Key: "claimed_at", Value: time.Now().UTC()},
+			{Key: "replica", Value: cons.c.cfg.ReplicaID},
+		}}},
+		options.UpdateOne().SetUpsert(true))
+	if mongo.IsDuplicateKeyError(err) {
+		return false, nil // inserted by another replica at the same moment
+	}
+	if err != nil {
+		return false, err
+	}
+	return res.UpsertedCount == 1, nil
+}
+
+// awaitTopicReset waits, at most resetWait, until the reset document of the
+// topic of that id is done; it reports whether it is.
+func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.TopicID) bool {
+	deadline := time.Now().Add(resetWait)
+	for attempt := 0; ; attempt++ {
+		var doc struct {
+			DoneAt *time.Time `bson:"done_at"`
+		}
+		err := cons.c.meta.FindOne(ctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}}).Decode(&doc)
+		if err == nil && doc.DoneAt != nil {
+			return true
+		}
+		if errors.Is(err, mongo.ErrNoDocuments) || time.Now().After(deadline) {
+			return false // withdrawn, or not done in time: set them here
+		}
+		if !retry.Sleep(ctx, nil, min(cons.c.cfg.backoff().Delay(attempt), time.Second)) {
+			return false
+		}
+	}
 }
 
 // commitTopicStart commits the log start offsets of every partition of t
