@@ -358,12 +358,16 @@ func (h *harness) retryIsolation(ctx context.Context, a action) (bool, error) {
 // killOpenTxns: see fKillOpenTxns. The victim is the first replica to
 // block a handling once armed (one that consumes); when it is stopped
 // meanwhile (a leave, a deploy), or nothing blocks in killOpenTxnsWindow,
-// it is tried again, up to six times: on a loaded machine a short run's
+// it is tried again, up to killOpenTxnsTries times. The tries may outlast
+// the load (a short run's load can end within the first window; the
+// backlog's handlings block as well): on a loaded machine a short run's
 // handling can pause for seconds (rebalances, a topic recreation), and a
 // scenario that never runs fails TestChaosShort.
 func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killOpenTxnsTries*(killOpenTxnsWindow+time.Second))
+	defer cancel()
 	var err error
-	for range 6 {
+	for range killOpenTxnsTries {
 		var ok bool
 		ok, err = h.killOpenTxnsOnce(ctx, a)
 		if ok || ctx.Err() != nil {
@@ -374,15 +378,29 @@ func (h *harness) killOpenTxns(ctx context.Context, a action) (bool, error) {
 	return false, err
 }
 
-// killOpenTxnsWindow is how long one try of kill-open-txns waits for
-// handlings to block.
-const killOpenTxnsWindow = 5 * time.Second
+const (
+	// killOpenTxnsWindow is how long one try of kill-open-txns waits for
+	// handlings to block; killOpenTxnsSettle how long after the first one
+	// it waits for more.
+	killOpenTxnsWindow = 5 * time.Second
+	killOpenTxnsSettle = time.Second
+	killOpenTxnsTries  = 6
+)
 
-// killOpenTxnsOnce blocks handlings of one replica and kills it.
+// killOpenTxnsOnce blocks handlings of one replica and kills it: once a.n
+// handlings block, or killOpenTxnsSettle after the first (the sooner the
+// kill, the less likely a scheduled leave stops the victim first).
 func (h *harness) killOpenTxnsOnce(ctx context.Context, a action) (bool, error) {
 	h.work.armBlock(a.n)
 	deadline := time.Now().Add(killOpenTxnsWindow)
-	for h.work.blockedCount() < a.n && time.Now().Before(deadline) {
+	var first time.Time
+	for n := h.work.blockedCount(); n < a.n && time.Now().Before(deadline); n = h.work.blockedCount() {
+		if n > 0 && first.IsZero() {
+			first = time.Now()
+		}
+		if !first.IsZero() && time.Since(first) >= killOpenTxnsSettle {
+			break
+		}
 		if sleepCtx(ctx, 50*time.Millisecond) != nil {
 			break
 		}

@@ -38,10 +38,11 @@ func (h *harness) replay(ctx context.Context, a action) (bool, error) {
 // offsets with its next commit, and would not read them before its next
 // assignment anyway; a killed one commits nothing more, and the group hands
 // its partitions on once its session expires, seconds later. The commit
-// names a member and the group's generation (see commitAsMember): Kafka
+// names the killed member and its generation (see commitAsMember): Kafka
 // refuses offset commits for a group with members from anyone else
 // (kadm's CommitOffsets names none, and is refused), and kfake does the
-// same.
+// same; and once the group has a new generation the partitions may have a
+// new owner that read the offsets, so the rewind is dropped then.
 func (h *harness) rewindOffsets(ctx context.Context, a action) (bool, error) {
 	// The group may be rebalancing (members hold no partitions then), or
 	// have committed nothing yet: look again for a while.
@@ -65,7 +66,19 @@ func (h *harness) rewindOffsets(ctx context.Context, a action) (bool, error) {
 		}
 	}
 	adm := kadm.NewClient(h.inj.raw)
-	r := h.killSlot(slot)
+	// The victim's identity in the group, read right before it dies: the
+	// rewind is committed in its name and generation only, which Kafka
+	// accepts while the group has not moved its partitions on. Once they
+	// are assigned again, a new owner may have read the offsets already:
+	// a rewind landing then would leave the partition behind, behind a
+	// worker that has nothing new to commit (no replica of a running
+	// service commits for partitions it does not own).
+	h.waitChurn()
+	member, gen, known := h.klog.consumerMember(h.env.service, []string{name})
+	if !known {
+		return false, fmt.Errorf("%s has no member identity in the group", name)
+	}
+	r := h.killSlotNow(slot)
 	if r == nil || r.name != name {
 		return false, fmt.Errorf("%s went away", name)
 	}
@@ -115,15 +128,16 @@ func (h *harness) rewindOffsets(ctx context.Context, a action) (bool, error) {
 	if len(req.Topics) == 0 {
 		return false, fmt.Errorf("nothing committed yet on %v", owned)
 	}
-	// Rebalances (the kill's own among them) refuse commits for a moment:
-	// retry until the killed member's session is about to expire.
+	// A rebalance under way refuses commits for a moment: retry until the
+	// killed member's session is about to expire. A new generation refuses
+	// them for good.
 	deadline := time.Now().Add(h.env.sessionTimeout - time.Second)
 	for {
-		err := h.commitAsMember(ctx, req, name)
+		err := h.commitAsMember(ctx, req, member, gen)
 		if err == nil {
 			break
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Now().After(deadline) || ctx.Err() != nil || errors.Is(err, kerr.IllegalGeneration) || errors.Is(err, kerr.UnknownMemberID) {
 			// The kill happened, the rewind did not: not counted.
 			return false, fmt.Errorf("rewind %v of %s: %w", owned, r.name, err)
 		}
@@ -194,26 +208,13 @@ func (h *harness) rewindVictim(ctx context.Context, want int) (slot int, name st
 	return -1, "", nil, nil
 }
 
-// errRetryCommit: the group refused the commit for now (rebalance, new
-// generation, no live member known).
+// errRetryCommit: the group refused the commit (a rebalance under way, for
+// now; a new generation or an unknown member, for good).
 var errRetryCommit = errors.New("commit refused for now")
 
-// commitAsMember sends req in the name of a member of the consumer group:
-// the killed replica's own member first (it stays in the group until its
-// session expires, and its client still knows its identity), else a live
-// one.
-func (h *harness) commitAsMember(ctx context.Context, req *kmsg.OffsetCommitRequest, killed string) error {
-	h.mu.Lock()
-	live := make([]string, 0, len(h.slots))
-	for _, r := range h.slots {
-		live = append(live, r.name)
-	}
-	h.mu.Unlock()
-	slices.Sort(live)
-	member, gen, ok := h.klog.consumerMember(h.env.service, append([]string{killed}, live...))
-	if !ok {
-		return errRetryCommit
-	}
+// commitAsMember sends req in the name of a member of the consumer group
+// and its generation.
+func (h *harness) commitAsMember(ctx context.Context, req *kmsg.OffsetCommitRequest, member string, gen int32) error {
 	req.MemberID, req.Generation = member, gen
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -72,6 +72,8 @@ func TestCommitAsMember(t *testing.T) {
 	rp.Partition, rp.Offset, rp.LeaderEpoch = 0, 3, -1
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
-	require.NoError(t, h.commitAsMember(ctx, req, "r1"))
+	m, gen, ok := h.klog.consumerMember("g", []string{"r1"})
+	require.True(t, ok)
+	require.NoError(t, h.commitAsMember(ctx, req, m, gen))
 	require.Equal(t, int64(3), committed())
 }
