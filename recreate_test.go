@@ -285,7 +285,7 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	require.NoError(t, err)
 	cons := replicas[0].tel.cons.Load()
 	require.NotNil(t, cons)
-	cons.resubscribe(topic, details[topic].ID)
+	cons.resubscribe(ctx, topic, details[topic].ID)
 	eventually(t, "the group's offsets at the new topic's ends after a late resubscription", caughtUp)
 	require.EqualValues(t, 4, calls.Load()-int64(strings.Count(logs.String(), "handling failed")), "nothing handled twice")
 }

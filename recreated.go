@@ -274,7 +274,7 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 	w.mu.Unlock()
 	if verdict == verdictRecreated {
 		w.cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", w.cons.c.cfg.bareTopic(t))
-		w.cons.resubscribe(t, brokerID)
+		w.cons.resubscribe(ctx, t, brokerID)
 	}
 }
 
@@ -310,7 +310,7 @@ func (w *recreationWatch) brokerID(ctx context.Context, t string) (id kadm.Topic
 // replicas already consume on the new topic, behind workers that have
 // nothing new to commit: their partitions would stay behind, settled, until
 // the next rebalance (the chaos short run's stalled partitions).
-func (cons *consumer) resubscribe(t string, id kadm.TopicID) {
+func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
 	var owned []consume.TopicPartition
 	for _, tp := range cons.set.Owned() {
@@ -319,8 +319,10 @@ func (cons *consumer) resubscribe(t string, id kadm.TopicID) {
 		}
 	}
 	cons.set.Lose(owned)
+	// Before the purge: this member's session is not in the rebalance the
+	// purge starts.
+	cons.resetTopicOnce(ctx, t, id)
 	cons.cl.PurgeTopicsFromClient(t)
-	cons.resetTopicOnce(t, id)
 	cons.cl.AddConsumeTopics(t)
 }
 
@@ -333,9 +335,9 @@ func (cons *consumer) resubscribe(t string, id kadm.TopicID) {
 // done in time (its replica died, or failed and withdrew it) is taken over:
 // the offsets are set again, which redelivers what was consumed meanwhile
 // rather than skip anything.
-func (cons *consumer) resetTopicOnce(t string, id kadm.TopicID) {
+func (cons *consumer) resetTopicOnce(ctx context.Context, t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
-	ctx, cancel := context.WithTimeout(context.Background(), resetWait+recreateTimeout)
+	ctx, cancel := context.WithTimeout(ctx, resetWait+recreateTimeout)
 	defer cancel()
 	claimed, err := cons.claimTopicReset(ctx, t, id)
 	if err != nil {
@@ -345,17 +347,21 @@ func (cons *consumer) resetTopicOnce(t string, id kadm.TopicID) {
 	if !claimed && cons.awaitTopicReset(ctx, t, id) {
 		return
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), recreateTimeout)
+	rctx, rcancel := context.WithTimeout(ctx, resetCommitBound)
 	defer rcancel()
-	if err := cons.commitTopicStart(rctx, t); err != nil {
+	err = cons.commitTopicStart(rctx, t, id)
+	// The document's writes outlive the commit's bound and a shutdown.
+	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), recreateTimeout)
+	defer mcancel()
+	if err != nil {
 		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
 			"topic", bare, "err", err)
 		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
 		// Withdrawn, so that the next replica to resubscribe tries.
-		_, _ = cons.c.meta.DeleteOne(rctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
+		_, _ = cons.c.meta.DeleteOne(mctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
 		return
 	}
-	if _, err := cons.c.meta.UpdateOne(rctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}},
+	if _, err := cons.c.meta.UpdateOne(mctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "done_at", Value: time.Now().UTC()}, {Key: "replica", Value: cons.c.cfg.ReplicaID}}}},
 		options.UpdateOne().SetUpsert(true)); err != nil {
 		cons.log.Warn("recording that the group's offsets of a recreated topic were set to its start failed; a replica that resubscribes later sets them again (a redelivery)",
@@ -363,9 +369,14 @@ func (cons *consumer) resetTopicOnce(t string, id kadm.TopicID) {
 	}
 }
 
-// resetWait bounds how long a resubscribing replica waits for another
-// replica's reset of the topic's offsets.
-const resetWait = 20 * time.Second
+const (
+	// resetCommitBound bounds the tries of the reset's commit (a group
+	// rebalancing refuses it until the rebalance ends); resetWait how long
+	// a resubscribing replica waits for another replica's reset, a little
+	// longer.
+	resetCommitBound = 20 * time.Second
+	resetWait        = resetCommitBound + 5*time.Second
+)
 
 // topicResetID is the _id of the outbox_meta document of the reset of a
 // recreated topic's offsets for the consumer group.
@@ -413,9 +424,13 @@ func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.Top
 }
 
 // commitTopicStart commits the log start offsets of every partition of t
-// for the consumer's group, trying a few times (a rebalance may be under
-// way).
-func (cons *consumer) commitTopicStart(ctx context.Context, t string) error {
+// (the topic of that id) for the consumer's group, until it is accepted or
+// ctx ends. It sends the commit itself, in the name of this member and its
+// current generation read at each try, naming the new topic's id: the
+// client's own commit path waits for a join in progress (the resubscription's
+// own rebalance, others' under load: a bounded try used to time out) and
+// names the id the client holds, the old one.
+func (cons *consumer) commitTopicStart(ctx context.Context, t string, id kadm.TopicID) error {
 	starts, err := kadm.NewClient(cons.cl).ListStartOffsets(ctx, t)
 	if err == nil {
 		err = starts.Error()
@@ -423,29 +438,46 @@ func (cons *consumer) commitTopicStart(ctx context.Context, t string) error {
 	if err != nil {
 		return fmt.Errorf("list start offsets: %w", err)
 	}
-	offsets := map[string]map[int32]kgo.EpochOffset{t: {}}
-	starts.Each(func(o kadm.ListedOffset) {
-		offsets[t][o.Partition] = kgo.EpochOffset{Epoch: -1, Offset: o.Offset}
-	})
 	for attempt := 0; ; attempt++ {
-		var failed error
-		cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err == nil {
-				for _, rt := range resp.Topics {
-					for _, p := range rt.Partitions {
-						if p.ErrorCode != 0 {
-							err = kerrFor(p.ErrorCode)
-						}
-					}
-				}
-			}
-			failed = err
-		})
-		if failed == nil || attempt == 4 || ctx.Err() != nil {
-			return failed
+		err := cons.commitTopicOffsets(ctx, t, id, starts)
+		if err == nil {
+			return nil
 		}
-		if !retry.Sleep(ctx, nil, cons.c.cfg.backoff().Delay(attempt)) {
-			return ctx.Err()
+		if !retry.Sleep(ctx, nil, min(cons.c.cfg.backoff().Delay(attempt), time.Second)) {
+			return fmt.Errorf("%w (last refusal: %w)", ctx.Err(), err)
 		}
 	}
+}
+
+// commitTopicOffsets sends one offset commit of the listed offsets of t.
+func (cons *consumer) commitTopicOffsets(ctx context.Context, t string, id kadm.TopicID, offsets kadm.ListedOffsets) error {
+	member, gen := cons.cl.GroupMetadata()
+	if member == "" || gen < 0 {
+		return errors.New("not a member of the group yet")
+	}
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = cons.c.cfg.ConsumerGroup
+	req.MemberID, req.Generation = member, gen
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic, rt.TopicID = t, id
+	offsets.Each(func(o kadm.ListedOffset) {
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition, rp.Offset, rp.LeaderEpoch = o.Partition, o.Offset, -1
+		rt.Partitions = append(rt.Partitions, rp)
+	})
+	req.Topics = append(req.Topics, rt)
+	cctx, cancel := context.WithTimeout(ctx, recreateTimeout)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, cons.cl)
+	if err != nil {
+		return err
+	}
+	for _, rt := range resp.Topics {
+		for _, p := range rt.Partitions {
+			if p.ErrorCode != 0 {
+				return fmt.Errorf("partition %d: %w", p.Partition, kerrFor(p.ErrorCode))
+			}
+		}
+	}
+	return nil
 }
