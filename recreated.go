@@ -405,10 +405,13 @@ func (cons *consumer) claimTopicReset(ctx context.Context, t string, id kadm.Top
 // awaitTopicReset waits, at most resetWait, until the reset document of the
 // topic of that id is done; it reports whether it is.
 func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.TopicID) bool {
-	deadline := time.Now().Add(resetWait)
+	start := time.Now()
+	deadline := start.Add(resetWait)
+	logged := false
 	for attempt := 0; ; attempt++ {
 		var doc struct {
-			DoneAt *time.Time `bson:"done_at"`
+			DoneAt  *time.Time `bson:"done_at"`
+			Replica string     `bson:"replica"`
 		}
 		err := cons.c.meta.FindOne(ctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}}).Decode(&doc)
 		if err == nil && doc.DoneAt != nil {
@@ -416,6 +419,11 @@ func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.Top
 		}
 		if errors.Is(err, mongo.ErrNoDocuments) || time.Now().After(deadline) {
 			return false // withdrawn, or not done in time: set them here
+		}
+		if !logged && time.Since(start) >= waitVisible {
+			logged = true
+			cons.log.Warn("waiting for another replica to set the group's offsets of a recreated topic to its start",
+				"topic", cons.c.cfg.bareTopic(t), "replica", doc.Replica, "for", time.Since(start).Round(time.Second), "at_most", resetWait)
 		}
 		if !retry.Sleep(ctx, nil, min(cons.c.cfg.backoff().Delay(attempt), time.Second)) {
 			return false
