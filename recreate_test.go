@@ -99,36 +99,13 @@ func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.cluster(t)
-	adm := b.kafka.Admin()
 	ctx := context.Background()
-	topic := b.kafkaTopic(ordersTopic)
-	recreate := func() {
-		t.Helper()
-		_, err := adm.DeleteTopics(ctx, topic)
-		require.NoError(t, err)
-		_, err = adm.CreateTopics(ctx, 1, 1, nil, topic)
-		require.NoError(t, err)
-	}
 	// One partition: one replica owns it, the other owns nothing of the
 	// topic and so never fetches it.
+	recreate := recreator(t, b, 1)
 	recreate()
-
-	var logs syncbuf.Buffer
 	var calls atomic.Int64
-	replicas := make([]*Client, 2)
-	stops := make([]func(), 2)
-	for i := range replicas {
-		cfg := consumerConfig(b, "recreate-takeover")
-		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
-		replicas[i] = b.client(t, cfg)
-		MustHandle(replicas[i], effectHandler(b, &calls))
-		stops[i] = start(t, replicas[i])
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(logs.String())
-		}
-	})
+	replicas, stops, _ := startRecreateReplicas(t, b, "recreate-takeover", &calls)
 	handled := func(n int64) func() bool {
 		return func() bool { return count(t, replicas[0].inbox, bson.D{{Key: "handled", Value: true}}) == n }
 	}
@@ -210,29 +187,10 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	adm := b.kafka.Admin()
 	ctx := context.Background()
 	topic := b.kafkaTopic(ordersTopic)
-	recreate := func() {
-		t.Helper()
-		_, err := adm.DeleteTopics(ctx, topic)
-		require.NoError(t, err)
-		_, err = adm.CreateTopics(ctx, 2, 1, nil, topic)
-		require.NoError(t, err)
-	}
-	recreate() // two partitions: one for each replica
-	var logs syncbuf.Buffer
+	recreate := recreator(t, b, 2) // two partitions: one for each replica
+	recreate()
 	var calls atomic.Int64
-	replicas := make([]*Client, 2)
-	for i := range replicas {
-		cfg := consumerConfig(b, "recreate-late")
-		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
-		replicas[i] = b.client(t, cfg)
-		MustHandle(replicas[i], effectHandler(b, &calls))
-		start(t, replicas[i])
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(logs.String())
-		}
-	})
+	replicas, _, logs := startRecreateReplicas(t, b, "recreate-late", &calls)
 	group := replicas[0].cfg.ConsumerGroup
 	produce := func(key string, partition int32, seq int) {
 		t.Helper()
@@ -288,4 +246,38 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	cons.resubscribe(ctx, topic, details[topic].ID)
 	eventually(t, "the group's offsets at the new topic's ends after a late resubscription", caughtUp)
 	require.EqualValues(t, 4, calls.Load()-int64(strings.Count(logs.String(), "handling failed")), "nothing handled twice")
+}
+
+// recreator returns a function that deletes the test's orders topic and
+// creates it again with n partitions.
+func recreator(t *testing.T, b *bundle, n int32) func() {
+	return func() {
+		t.Helper()
+		adm := b.kafka.Admin()
+		topic := b.kafkaTopic(ordersTopic)
+		_, err := adm.DeleteTopics(context.Background(), topic)
+		require.NoError(t, err)
+		_, err = adm.CreateTopics(context.Background(), n, 1, nil, topic)
+		require.NoError(t, err)
+	}
+}
+
+// startRecreateReplicas starts two consuming replicas of service whose
+// handler counts its calls; their logs are printed if the test fails.
+func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64) (replicas []*Client, stops []func(), logs *syncbuf.Buffer) {
+	logs = &syncbuf.Buffer{}
+	for i := range 2 {
+		cfg := consumerConfig(b, service)
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
+		c := b.client(t, cfg)
+		MustHandle(c, effectHandler(b, calls))
+		replicas = append(replicas, c)
+		stops = append(stops, start(t, c))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	return replicas, stops, logs
 }
