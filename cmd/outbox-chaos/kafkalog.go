@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -102,6 +103,16 @@ type kafkaLog struct {
 	recentNext    int
 	rogue         map[recordPos]bool // the rogue producer's records
 	rogueDoubt    map[doubtKey]int   // the rogue producer's failed records (maybe in the topic)
+	// fetched is how far each replica's consumer client fetched and
+	// polled each partition, for the report of a stalled partition.
+	fetched map[ownKey]*fetchMark
+}
+
+// fetchMark is the highest offset a replica's client buffered (fetched)
+// and handed to a poll for one partition, and when.
+type fetchMark struct {
+	Buffered, Polled     int64
+	BufferedAt, PolledAt time.Time
 }
 
 type ownKey struct {
@@ -114,7 +125,8 @@ const recentRecords = 8192
 
 func newKafkaLog() *kafkaLog {
 	return &kafkaLog{buffered: map[*kgo.Record]time.Time{}, open: map[ownKey]int{}, clients: map[string][]*kgo.Client{},
-		replicaOf: map[any]string{}, gone: map[string]time.Time{}, rogue: map[recordPos]bool{}, rogueDoubt: map[doubtKey]int{}}
+		replicaOf: map[any]string{}, gone: map[string]time.Time{}, rogue: map[recordPos]bool{}, rogueDoubt: map[doubtKey]int{},
+		fetched: map[ownKey]*fetchMark{}}
 }
 
 // install makes the log receive every publisher's ownership changes.
@@ -253,6 +265,16 @@ func (k replicaHooks) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
 	}
 }
 
+func (k replicaHooks) OnFetchRecordBuffered(r *kgo.Record) {
+	now := time.Now()
+	k.l.mu.Lock()
+	m := k.l.mark(k.replica, r)
+	if r.Offset >= m.Buffered {
+		m.Buffered, m.BufferedAt = r.Offset, now
+	}
+	k.l.mu.Unlock()
+}
+
 func (k replicaHooks) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	if !polled {
 		return
@@ -260,7 +282,36 @@ func (k replicaHooks) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
 	p := poll{Topic: bareTopic(r.Topic), ID: idOf(r), At: time.Now()}
 	k.l.mu.Lock()
 	k.l.polls = append(k.l.polls, p)
+	m := k.l.mark(k.replica, r)
+	if r.Offset >= m.Polled {
+		m.Polled, m.PolledAt = r.Offset, p.At
+	}
 	k.l.mu.Unlock()
+}
+
+// mark returns the fetch mark of r's partition in replica's client. Under
+// l.mu.
+func (l *kafkaLog) mark(replica string, r *kgo.Record) *fetchMark {
+	key := ownKey{replica, bareTopic(r.Topic), r.Partition}
+	m := l.fetched[key]
+	if m == nil {
+		m = &fetchMark{Buffered: -1, Polled: -1}
+		l.fetched[key] = m
+	}
+	return m
+}
+
+// fetchedBy describes how far replica's consumer client fetched and polled
+// a partition (bare topic).
+func (l *kafkaLog) fetchedBy(replica, topic string, partition int32) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.fetched[ownKey{replica, topic, partition}]
+	if m == nil {
+		return "its clients fetched nothing of it"
+	}
+	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s)",
+		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat))
 }
 
 // consumerMember returns the member id and generation of the consumer
