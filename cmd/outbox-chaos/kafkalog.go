@@ -301,17 +301,28 @@ func (l *kafkaLog) mark(replica string, r *kgo.Record) *fetchMark {
 	return m
 }
 
-// fetchedBy describes how far replica's consumer client fetched and polled
-// a partition (bare topic).
-func (l *kafkaLog) fetchedBy(replica, topic string, partition int32) string {
+// fetchedBy describes how far replica's clients fetched and polled a
+// partition (bare topic), and whether its client in group has it paused.
+func (l *kafkaLog) fetchedBy(replica, group, topic string, partition int32) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	paused := "not paused in its client"
+	for _, cl := range l.clients[replica] {
+		if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g != group {
+			continue
+		}
+		for t, ps := range cl.PauseFetchPartitions(nil) {
+			if bareTopic(t) == topic && slices.Contains(ps, partition) {
+				paused = "PAUSED in its client"
+			}
+		}
+	}
 	m := l.fetched[ownKey{replica, topic, partition}]
 	if m == nil {
-		return "its clients fetched nothing of it"
+		return "its clients fetched nothing of it, " + paused
 	}
-	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s)",
-		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat))
+	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s), %s",
+		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat), paused)
 }
 
 // consumerMember returns the member id and generation of the consumer

@@ -252,7 +252,7 @@ func (h *harness) handlersOf(ctx context.Context, tp topicPartition) string {
 			}
 			w := fmt.Sprintf("%s: committed %d, lowest unsettled %d, unsettled %d, in flight %d, held keys %d, paused %t, %s",
 				r.name, p.Committed, p.LowestUnsettled, p.Unsettled, p.InFlight, p.HeldKeys, p.Paused,
-				h.klog.fetchedBy(r.name, bare, tp.Partition))
+				h.klog.fetchedBy(r.name, h.env.service, bare, tp.Partition))
 			for _, wt := range st.Waiting {
 				if wt.Topic == bare && wt.Partition == tp.Partition {
 					w += fmt.Sprintf(", waits on %s at offset %d since %s (%s)", wt.What, wt.Offset, wt.Since.Format(tsFormat), wt.Detail)
