@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -75,6 +76,11 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		env.klog.hooks(name)}
 	if env.rebalanceTimeout > 0 {
 		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
+	}
+	if os.Getenv("OUTBOX_CHAOS_NO_FETCH_SESSIONS") != "" {
+		// An experiment: does a partition its owner stops fetching (issue
+		// 31 item 7) need incremental fetch sessions?
+		kafkaOpts = append(kafkaOpts, kgo.DisableFetchSessions())
 	}
 	client, err := outbox.New(outbox.Config{
 		Mongo:                 mc,
