@@ -36,8 +36,8 @@ import (
 //     the re-drive request loop (parked.go) are started and stopped by
 //     runConsumer.
 //
-// When Run's context ends, the poll loop, the lag poller and the re-drive
-// loop stop, every worker finishes its running transactions and commits
+// When Run's context ends, the poll loop, the lag poller, the recreation
+// watcher and the re-drive loop stop, every worker finishes its running transactions and commits
 // (bounded by Config.DrainTimeout), then the client leaves the group (waiting at
 // most leaveTimeout for the coordinator).
 
