@@ -52,7 +52,7 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 		return count(t, c.inbox, bson.D{{Key: "handled", Value: true}}) == 2
 	})
 	require.GreaterOrEqual(t, calls.Load(), int64(2), "a retried attempt counts again")
-	require.Contains(t, logs.String(), "topic deleted and created again")
+	require.Equal(t, 1, strings.Count(logs.String(), "topic deleted and created again"), "one resubscription: the old id's late errors start no second one")
 	require.LessOrEqual(t, strings.Count(logs.String(), "fetch error"), 3*2, "one line per partition and kind, then one per period")
 }
 
@@ -168,8 +168,14 @@ func TestDecideRecreated(t *testing.T) {
 		{"no id known, the errors stopped", stopped, kadm.TopicID{}, newID, true, verdictRecovered},
 		{"the same id, the errors stopped", stopped, newID, newID, true, verdictRecovered},
 	} {
-		require.Equal(t, c.want, decideRecreated(c.u, c.known, c.brokerID, c.exists, now), c.name)
+		require.Equal(t, c.want, decideRecreated(c.u, c.known, nil, c.brokerID, c.exists, now), c.name)
 	}
+	// After a resubscription the old id's fetches may still answer once:
+	// no second resubscription.
+	retired := map[kadm.TopicID]bool{old: true}
+	require.Equal(t, verdictRecovered, decideRecreated(stopped, newID, retired, newID, true, now), "a retired id's late error")
+	require.Equal(t, verdictWait, decideRecreated(withID, newID, retired, newID, true, now), "a retired id's error, still answering")
+	require.Equal(t, verdictRecreated, decideRecreated(withID, newID, nil, newID, true, now), "the same error before the resubscription")
 }
 
 // Issue 31 item 7, the recreated topic's part: every replica that held the

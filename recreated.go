@@ -81,11 +81,14 @@ type recreationWatch struct {
 	// known is the id of each topic as the client uses it: listed when
 	// the consumer started, learnt from fetches, set by a resubscription.
 	known map[string]kadm.TopicID
+	// retired are the ids each topic had before the client resubscribed:
+	// a late error of their fetches is no new recreation.
+	retired map[string]map[kadm.TopicID]bool
 }
 
 func newRecreationWatch(cons *consumer) *recreationWatch {
 	return &recreationWatch{cons: cons, wake: make(chan struct{}, 1),
-		pending: map[string]*unknownTopic{}, known: map[string]kadm.TopicID{}}
+		pending: map[string]*unknownTopic{}, known: map[string]kadm.TopicID{}, retired: map[string]map[kadm.TopicID]bool{}}
 }
 
 // note records a poll's UNKNOWN_TOPIC_ID errors and the topic ids of its
@@ -222,9 +225,15 @@ const (
 	verdictRecovered                        // forget it
 )
 
-// decide judges a topic from the broker's answer (id, or exists false) and
-// what the poll loop saw, at now. A pure function, for the tests.
-func decideRecreated(u unknownTopic, known kadm.TopicID, brokerID kadm.TopicID, exists bool, now time.Time) recreateVerdict {
+// decideRecreated judges a topic from the broker's answer (id, or exists
+// false), what the poll loop saw, the id the client is known to use and the
+// ids it left, at now. A pure function, for the tests.
+func decideRecreated(u unknownTopic, known kadm.TopicID, retired map[kadm.TopicID]bool, brokerID kadm.TopicID, exists bool, now time.Time) recreateVerdict {
+	if retired[u.clientID] {
+		// An error of the fetches of an id this client already left (noted
+		// before its purge): not a new recreation.
+		u.clientID = kadm.TopicID{}
+	}
 	if !exists {
 		// Deleted and not created again yet (or the broker cannot say):
 		// watched until it comes back, even if the errors stopped (a
@@ -260,13 +269,22 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 		w.mu.Unlock()
 		return
 	}
-	verdict := decideRecreated(*u, w.known[t], brokerID, exists, time.Now())
+	seen := *u
+	verdict := decideRecreated(seen, w.known[t], w.retired[t], brokerID, exists, time.Now())
 	switch verdict {
 	case verdictWait:
 		u.checks++
 		u.due = time.Now().Add(min(recreateFirstCheck<<min(u.checks, 10), recreateMaxCheck))
 	case verdictRecreated:
 		delete(w.pending, t)
+		if w.retired[t] == nil {
+			w.retired[t] = map[kadm.TopicID]bool{}
+		}
+		for _, old := range []kadm.TopicID{seen.clientID, w.known[t]} {
+			if old != (kadm.TopicID{}) && old != brokerID {
+				w.retired[t][old] = true
+			}
+		}
 		w.known[t] = brokerID
 	case verdictRecovered:
 		delete(w.pending, t)
@@ -275,6 +293,11 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 	if verdict == verdictRecreated {
 		w.cons.log.Warn("topic deleted and created again (UNKNOWN_TOPIC_ID); subscribing to the new topic from its start", "topic", w.cons.c.cfg.bareTopic(t))
 		w.cons.resubscribe(ctx, t, brokerID)
+		// Errors noted while it resubscribed came from the old id's
+		// fetches: judged afresh from the next one.
+		w.mu.Lock()
+		delete(w.pending, t)
+		w.mu.Unlock()
 	}
 }
 
