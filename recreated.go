@@ -327,7 +327,7 @@ func (w *recreationWatch) brokerID(ctx context.Context, t string) (id kadm.Topic
 // added again. A redelivery this causes is skipped by the inbox.
 //
 // The offsets are set once per recreation, by the first replica that
-// resubscribes (recordTopicReset): every replica that held the old id
+// resubscribes (resetTopicOnce): every replica that held the old id
 // resubscribes, some of them late (one assigned a partition of the topic
 // only later), and a late reset would rewind partitions that other
 // replicas already consume on the new topic, behind workers that have
@@ -377,9 +377,11 @@ func (cons *consumer) resetTopicOnce(ctx context.Context, t string, id kadm.Topi
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), recreateTimeout)
 	defer mcancel()
 	if err != nil {
-		cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
-			"topic", bare, "err", err)
-		cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
+		if ctx.Err() == nil { // not a shutdown
+			cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
+				"topic", bare, "err", err)
+			cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
+		}
 		// Withdrawn, so that the next replica to resubscribe tries.
 		_, _ = cons.c.meta.DeleteOne(mctx, bson.D{{Key: "_id", Value: cons.topicResetID(t, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
 		return
