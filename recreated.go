@@ -358,9 +358,9 @@ func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID
 // done in time (its replica died, or failed and withdrew it) is taken over:
 // the offsets are set again, which redelivers what was consumed meanwhile
 // rather than skip anything.
-func (cons *consumer) resetTopicOnce(ctx context.Context, t string, id kadm.TopicID) {
+func (cons *consumer) resetTopicOnce(parent context.Context, t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
-	ctx, cancel := context.WithTimeout(ctx, resetWait+recreateTimeout)
+	ctx, cancel := context.WithTimeout(parent, resetWait+recreateTimeout)
 	defer cancel()
 	claimed, err := cons.claimTopicReset(ctx, t, id)
 	if err != nil {
@@ -377,7 +377,7 @@ func (cons *consumer) resetTopicOnce(ctx context.Context, t string, id kadm.Topi
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), recreateTimeout)
 	defer mcancel()
 	if err != nil {
-		if ctx.Err() == nil { // not a shutdown
+		if parent.Err() == nil { // not a shutdown
 			cons.log.Warn("setting the group's offsets of a recreated topic to its start failed; records before the old offsets may be skipped",
 				"topic", bare, "err", err)
 			cons.c.tel.setError(fmt.Errorf("recreated topic %s: set offsets to its start: %w", bare, err))
