@@ -287,15 +287,22 @@ func (cons *consumer) commit(ctx context.Context, tp consume.TopicPartition, off
 	}
 	cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err == nil {
-			for _, t := range resp.Topics {
-				for _, p := range t.Partitions {
-					if p.ErrorCode != 0 {
-						err = fmt.Errorf("partition %d: %w", p.Partition, kerrFor(p.ErrorCode))
-					}
-				}
-			}
+			err = offsetCommitErr(resp)
 		}
 		failed = err
 	})
 	return failed
+}
+
+// offsetCommitErr is the first partition error of an offset commit's
+// response, or nil.
+func offsetCommitErr(resp *kmsg.OffsetCommitResponse) error {
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return fmt.Errorf("partition %d: %w", p.Partition, kerrFor(p.ErrorCode))
+			}
+		}
+	}
+	return nil
 }

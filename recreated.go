@@ -505,12 +505,5 @@ func (cons *consumer) commitTopicOffsets(ctx context.Context, t string, id kadm.
 	if err != nil {
 		return err
 	}
-	for _, rt := range resp.Topics {
-		for _, p := range rt.Partitions {
-			if p.ErrorCode != 0 {
-				return fmt.Errorf("partition %d: %w", p.Partition, kerrFor(p.ErrorCode))
-			}
-		}
-	}
-	return nil
+	return offsetCommitErr(resp)
 }
