@@ -175,12 +175,13 @@ func (w *Worker) overBound() bool {
 
 // adjustPause pauses fetching when the partition holds its bound (records
 // taken meanwhile may have filled it), and resumes it once the partition
-// is back under half its bound (half, so that it does not flap).
-func (w *Worker) adjustPause() {
+// is back under half its bound (half, so that it does not flap). It
+// returns whether fetching is paused.
+func (w *Worker) adjustPause() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		return
+		return w.paused
 	}
 	switch {
 	case !w.paused && w.overBound():
@@ -191,6 +192,7 @@ func (w *Worker) adjustPause() {
 		w.paused = false
 		w.cfg.Pauser.Resume(w.tp)
 	}
+	return w.paused
 }
 
 // close marks the worker closed and resumes its partition when paused:
@@ -526,8 +528,7 @@ func (w *Worker) loop() {
 		}
 		w.lookBack.Store(int64(s.lookahead()))
 		w.unsBytes.Store(int64(s.bytes))
-		w.adjustPause()
-		w.publishStats(s, committed, running)
+		w.publishStats(s, committed, running, w.adjustPause())
 
 		if stopping && len(running) == 0 && !committing && !loading {
 			if !lost {
@@ -645,10 +646,7 @@ func armTimer(t *time.Timer, now time.Time, times ...time.Time) {
 	t.Reset(d)
 }
 
-func (w *Worker) publishStats(s *sched, committed int64, running map[*Unit]time.Time) {
-	w.mu.Lock()
-	paused := w.paused
-	w.mu.Unlock()
+func (w *Worker) publishStats(s *sched, committed int64, running map[*Unit]time.Time, paused bool) {
 	st := &Stats{Unsettled: s.pending, LowestUnsettled: -1, Committed: committed, HeldKeys: w.heldKeys(), Paused: paused}
 	if len(s.window) > 0 {
 		st.LowestUnsettled = s.window[0].Offset
