@@ -306,3 +306,18 @@ func offsetCommitErr(resp *kmsg.OffsetCommitResponse) error {
 	}
 	return nil
 }
+
+// startStoppable runs run on a goroutine of its own until ctx ends or stop
+// is called; stop cancels run's context and waits for it to return.
+func startStoppable(ctx context.Context, run func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}

@@ -35,16 +35,7 @@ const (
 // startLagPoller starts the lag poller of the subscribed topics. It runs
 // until ctx ends or stop is called; stop waits for it to return.
 func (cons *consumer) startLagPoller(ctx context.Context, topics []string) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cons.pollLag(ctx, topics)
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+	return startStoppable(ctx, func(ctx context.Context) { cons.pollLag(ctx, topics) })
 }
 
 func (cons *consumer) pollLag(ctx context.Context, topics []string) {

@@ -130,16 +130,7 @@ func (w *recreationWatch) note(fetches kgo.Fetches) {
 // start runs the watcher until ctx ends or stop is called; stop waits for
 // it to return.
 func (w *recreationWatch) start(ctx context.Context, kafkaTopics []string) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.run(ctx, kafkaTopics)
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+	return startStoppable(ctx, func(ctx context.Context) { w.run(ctx, kafkaTopics) })
 }
 
 func (w *recreationWatch) run(ctx context.Context, kafkaTopics []string) {
