@@ -260,8 +260,7 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 		w.mu.Unlock()
 		return
 	}
-	seen := *u
-	verdict := decideRecreated(seen, w.known[t], w.retired[t], brokerID, exists, time.Now())
+	verdict := decideRecreated(*u, w.known[t], w.retired[t], brokerID, exists, time.Now())
 	switch verdict {
 	case verdictWait:
 		u.checks++
@@ -271,7 +270,7 @@ func (w *recreationWatch) check(ctx context.Context, t string) {
 		if w.retired[t] == nil {
 			w.retired[t] = map[kadm.TopicID]bool{}
 		}
-		for _, old := range []kadm.TopicID{seen.clientID, w.known[t]} {
+		for _, old := range []kadm.TopicID{u.clientID, w.known[t]} {
 			if old != (kadm.TopicID{}) && old != brokerID {
 				w.retired[t][old] = true
 			}
