@@ -39,6 +39,10 @@ type Client struct {
 	metadataEvery time.Duration                // period of Run's partition count refresh; tests shorten it
 	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
 	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
+	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery replace the
+	// fetch watch's period, quiet time and restart spacing when positive
+	// (fetchwatch.go); tests shorten them.
+	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
 
 	mu        sync.Mutex // guards handlers, running, started and startWait
 	handlers  map[handlerKey]*handler

@@ -195,6 +195,9 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	// Deferred after the drain and Close above, so they stop before them:
 	// they use the client.
 	defer cons.startLagPoller(ctx, topics)()
+	if !tuning.NoFetchWatch.Load() {
+		defer cons.startFetchWatch(ctx)()
+	}
 	cons.recreated = newRecreationWatch(cons)
 	defer cons.recreated.start(ctx, c.cfg.kafkaTopics(topics))()
 	for {

@@ -118,14 +118,18 @@ type PartitionStatus struct {
 type Wait struct {
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
-	// PartitionKey is the key of the event that waits.
+	// PartitionKey is the key of the event that waits (empty for "fetch").
 	PartitionKey string `json:"partition_key"`
-	// Offset is the event's offset; -1 for a release of held events.
+	// Offset is the event's offset; -1 for a release of held events; for
+	// "fetch", the offset the partition's fetching should go on from.
 	Offset int64 `json:"offset"`
 	// What it waits on: "retry" (its handler failed), "snooze",
 	// "conflict", "infra" (MongoDB failing), "locked" (its inbox entry held
 	// by another session's open transaction: a replica that died), "running"
-	// (a long transaction) or "release" (a release of held events failing).
+	// (a long transaction), "release" (a release of held events failing)
+	// or "fetch" (the partition has records its Kafka client has not
+	// fetched for a while: Detail says what the broker answered and how
+	// often the framework restarted the partition's fetching).
 	What string `json:"what"`
 	// Since is when the wait began.
 	Since time.Time `json:"since"`

@@ -49,7 +49,8 @@ import (
 //	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
 //	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
 //	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
-//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release}
+//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
+//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (fetchwatch.go) {topic, partition}
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 //
@@ -101,6 +102,7 @@ type telemetry struct {
 	recorded, published, publishFailed metric.Int64Counter
 	handled, skipped, retried, parked  metric.Int64Counter
 	rebalances, streamReopens          metric.Int64Counter
+	fetchRestarts                      metric.Int64Counter
 	publishDuration, handleDuration    metric.Float64Histogram
 	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
 	heldKeysG, heldEventsG, heldG      metric.Int64ObservableGauge
@@ -159,6 +161,7 @@ func newTelemetry(cfg *Config) *telemetry {
 	t.retried = counter("outbox.events.retried", "{event}", "Handler failures that are retried.")
 	t.parked = summed(counter("outbox.events.parked", "{event}", "Events parked after their last attempt, or malformed."), &t.sum.parked)
 	t.rebalances = counter("outbox.rebalances", "{change}", "Partition assignment changes of the framework's Kafka groups.")
+	t.fetchRestarts = counter("outbox.consumer.fetch_restarts", "{restart}", "Restarts of a handled partition's fetching that its Kafka client had stopped while the broker had records.")
 	t.publishDuration = hist("outbox.publish.duration", "Duration of one Kafka batch, from the first send to the last acknowledgement.")
 	t.handleDuration = hist("outbox.handle.duration", "Duration of one handling attempt, transaction included.")
 	t.pendingG = gauge("outbox.pending", "{event}", "Outbox events not yet published (failed ones excluded).")
@@ -297,6 +300,23 @@ func (t *telemetry) setLogStart(topic string, partition int32, lwm int64) {
 	t.hwmMu.Lock()
 	t.lwm[topicPartition{topic, partition}] = lwm
 	t.hwmMu.Unlock()
+}
+
+// fetchRestarted counts a restart of a partition's fetching.
+func (t *telemetry) fetchRestarted(tp consume.TopicPartition) {
+	t.fetchRestarts.Add(context.Background(), 1, metric.WithAttributes(attrTopic.String(tp.Topic),
+		attrPartition.String(strconv.Itoa(int(tp.Partition)))))
+}
+
+// partitionEnds returns a handled partition's high watermark (listed or
+// fetched) and log start offset (listed; 0 when not listed yet); ok is
+// false when no watermark is known.
+func (t *telemetry) partitionEnds(topic string, partition int32) (hwm, logStart int64, ok bool) {
+	t.hwmMu.Lock()
+	defer t.hwmMu.Unlock()
+	tp := topicPartition{topic, partition}
+	hwm, ok = t.hwm[tp]
+	return hwm, t.lwm[tp], ok
 }
 
 func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {

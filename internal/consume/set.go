@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -183,4 +184,43 @@ func (s *Set) Waits() []Wait {
 	}
 	slices.SortFunc(out, func(a, b Wait) int { return a.Since.Compare(b.Since) })
 	return out
+}
+
+// Fetching is what the poll loop handed a partition's worker, for the
+// watch of the partition's fetching (the root package's fetch watch).
+type Fetching struct {
+	// Next is the offset after the last record handed over; -1 before any.
+	Next int64
+	// Quiet is since when nothing was handed over: the last records, or
+	// the worker's start.
+	Quiet time.Time
+	// Paused is whether the worker paused the partition's fetching.
+	Paused bool
+}
+
+// Fetching returns the Fetching of each owned partition.
+func (s *Set) Fetching() map[TopicPartition]Fetching {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[TopicPartition]Fetching, len(s.workers))
+	for tp, w := range s.workers {
+		out[tp] = w.fetching()
+	}
+	return out
+}
+
+// SetFetchWait sets (nil: clears) the wait on fetching of an owned
+// partition, which Waits lists once it is older than Config.WaitVisible
+// and the worker logs as it logs its own. A partition not owned is left
+// alone.
+func (s *Set) SetFetchWait(tp TopicPartition, wt *Wait) {
+	s.mu.Lock()
+	w := s.workers[tp]
+	s.mu.Unlock()
+	if w == nil {
+		return
+	}
+	w.fetchMu.Lock()
+	w.fetchWait = wt
+	w.fetchMu.Unlock()
 }

@@ -29,7 +29,9 @@ type Wait struct {
 	// What the event waits on: "retry" (its handler failed), "snooze",
 	// "conflict", "infra" (MongoDB failing), "locked" (a document held
 	// by another session's open transaction), "running" (a transaction
-	// that runs long) or "release" (a release of held events that fails).
+	// that runs long), "release" (a release of held events that fails)
+	// or "fetch" (the partition has records past Offset that its Kafka
+	// client does not fetch; Key is empty).
 	What string
 	// Since is when the wait began.
 	Since time.Time
@@ -83,6 +85,11 @@ func (w *Worker) waits(s *sched, running map[*Unit]time.Time, now time.Time) []W
 		}
 	}
 	w.relMu.Unlock()
+	w.fetchMu.Lock()
+	if fw := w.fetchWait; fw != nil && visible(fw.Since) {
+		out = append(out, *fw)
+	}
+	w.fetchMu.Unlock()
 	slices.SortFunc(out, func(a, b Wait) int { return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Offset, b.Offset)) })
 	return out
 }

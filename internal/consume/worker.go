@@ -101,6 +101,18 @@ type Worker struct {
 	relWait map[string]*relState
 
 	stats atomic.Pointer[Stats]
+
+	// What the poll loop handed over, for the fetch watch (Set.Fetching):
+	// started is when the worker started, nextIn the offset after the last
+	// record enqueued (-1 before any), lastIn when records were last
+	// enqueued (unix ns, 0 before any).
+	started time.Time
+	nextIn  atomic.Int64
+	lastIn  atomic.Int64
+	// fetchWait is set by the fetch watch while the partition's fetching
+	// is stalled (Set.SetFetchWait); nil otherwise.
+	fetchMu   sync.Mutex
+	fetchWait *Wait
 }
 
 // relState is the free retries and the waiting of a key's release.
@@ -136,6 +148,8 @@ func NewWorker(tp TopicPartition, cfg *Config, work context.Context) *Worker {
 		reqs: make(chan chan []Wait), held: map[string]uint64{}, relWait: map[string]*relState{}}
 	w.stats.Store(&Stats{LowestUnsettled: -1, Committed: -1})
 	w.batchCap.Store(int32(max(cfg.BatchSize, 1)))
+	w.started = time.Now()
+	w.nextIn.Store(-1)
 	return w
 }
 
@@ -155,6 +169,12 @@ func (w *Worker) Enqueue(recs []*kgo.Record) {
 	w.inbound = append(w.inbound, recs...)
 	for _, r := range recs {
 		w.inBytes += len(r.Value)
+	}
+	if n := len(recs); n > 0 {
+		w.lastIn.Store(time.Now().UnixNano())
+		if next := recs[n-1].Offset + 1; next > w.nextIn.Load() {
+			w.nextIn.Store(next) // only Enqueue writes it, under w.mu
+		}
 	}
 	if !w.paused && w.overBound() {
 		w.paused = true
@@ -232,6 +252,18 @@ func (w *Worker) Lose() {
 		close(w.kill)
 	}
 	<-w.done
+}
+
+// fetching returns what the poll loop handed the worker.
+func (w *Worker) fetching() Fetching {
+	f := Fetching{Next: w.nextIn.Load(), Quiet: w.started}
+	if ns := w.lastIn.Load(); ns != 0 {
+		f.Quiet = time.Unix(0, ns)
+	}
+	w.mu.Lock()
+	f.Paused = w.paused
+	w.mu.Unlock()
+	return f
 }
 
 // Stats returns a snapshot of the worker.

@@ -40,3 +40,9 @@ func NotePublisherOwnership(owner any, change string, partitions map[string][]in
 // cmd/outbox-bench sets it to measure what the look-up saves after a
 // takeover. Read at each unit.
 var ConsumerNoDuplicateLookup atomic.Bool
+
+// NoFetchWatch turns the consumer's fetch watch off (the root package's
+// fetchwatch.go) when set: a partition its Kafka client stops fetching then
+// stays behind, unseen. The chaos harness sets it to show that its
+// kafka-fetch-forget fault needs the watch. Read when a consumer starts.
+var NoFetchWatch atomic.Bool

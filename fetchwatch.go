@@ -1,0 +1,301 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/retry"
+)
+
+// The fetch watch: a partition its Kafka client stops fetching.
+//
+// Looping the chaos run under load found owned partitions that their
+// replica's Kafka client (kgo, against kfake) stopped fetching: not paused,
+// no error, the group stable, records waiting at the broker, for over a
+// minute (once in about seventy runs). Nothing in the framework is waiting
+// then, so nothing else would show it: status lists the partition handled
+// with nothing waiting, and only the lag gauge grows.
+//
+// The watch looks, every fetchCheckEvery, at each owned partition whose
+// fetching the worker has not paused, that was handed no record for
+// fetchQuietFor, and whose high watermark (the lag poller's listing, or a
+// fetch's) is above the offset its worker expects next. It then asks the
+// partition's leader itself: one Fetch at that offset, read_committed, no
+// wait, no fetch session (probeFetch).
+//
+//   - Committed records there: the client is not fetching what the broker
+//     has. The partition shows a "fetch" wait (Status.Waiting, the worker's
+//     "partition waiting" log line, outbox.consumer.waiting), and the watch
+//     restarts the partition's fetching at that offset with kgo's
+//     SetOffsets, which stops the client's fetch session and sets the
+//     partition's cursor again, pending loads dropped: at most every
+//     fetchRestartEvery per partition, logged and counted
+//     (outbox.consumer.fetch_restarts). Nothing is skipped: the offset is
+//     the one after the last record the worker was handed; records handed
+//     again are dropped by the worker as already seen.
+//   - No committed record, but the last stable offset is below the
+//     watermark at or before that offset: an open Kafka transaction of some
+//     producer holds the partition. It shows as a "fetch" wait that says so;
+//     nothing restarts.
+//   - No committed record otherwise (transaction markers only): nothing is
+//     wrong; the watch does not ask again until the offset or the watermark
+//     moves.
+//   - The probe fails: a "fetch" wait with the error; nothing restarts.
+//
+// SetOffsets acts only on partitions the client fetches (its cursors in
+// use): a partition revoked meanwhile, or one the client never started
+// fetching because its offset load never finished, is left alone by it.
+// The second kind stays a visible wait, and its restarts show as counted
+// but without effect.
+//
+// The watch is one goroutine, started by runConsumer after the client and
+// stopped (canceled, then waited for) before the client closes.
+
+const (
+	fetchCheckEvery   = 5 * time.Second
+	fetchQuietFor     = 15 * time.Second
+	fetchRestartEvery = 30 * time.Second
+	fetchProbeTimeout = 10 * time.Second
+	// fetchProbeBytes bounds the probe's answer: the probe needs one
+	// committed record, the broker sends at least one batch whatever the
+	// bound.
+	fetchProbeBytes = 64 << 10
+)
+
+// fetchProbe is what the partition's leader answered.
+type fetchProbe struct {
+	err error
+	// first is the offset of the first committed record at or after the
+	// probed offset; -1 when there is none.
+	first int64
+	// lso and hwm are the leader's last stable offset and high watermark.
+	lso, hwm int64
+}
+
+// fetchState is the watch's memory of one owned partition.
+type fetchState struct {
+	quiet time.Time // the Fetching.Quiet this state is for
+	// clean is set when a probe found nothing to fetch at (at, hwm).
+	clean         bool
+	at, hwm       int64
+	restarts      int
+	lastRestartAt time.Time
+}
+
+// fetchVerdict is what the watch makes of a probe.
+type fetchVerdict struct {
+	wait    *consume.Wait // nil: nothing to show
+	restart bool
+	clean   bool // nothing to fetch: no need to ask again at this offset and watermark
+}
+
+// judgeFetch decides on a quiet partition whose watermark is above at,
+// from its leader's answer.
+// A partition is restarted at most every restartEvery.
+func judgeFetch(tp consume.TopicPartition, at int64, quiet time.Time, pr fetchProbe, st *fetchState, restartEvery time.Duration, now time.Time) fetchVerdict {
+	wait := &consume.Wait{Partition: tp, Offset: at, What: "fetch", Since: quiet}
+	idle := now.Sub(quiet).Round(time.Second)
+	switch {
+	case pr.err != nil:
+		wait.Detail = fmt.Sprintf("nothing fetched for %s with records past offset %d; asking the partition's leader failed: %v", idle, at, pr.err)
+		return fetchVerdict{wait: wait}
+	case pr.first >= 0:
+		restart := st.lastRestartAt.IsZero() || now.Sub(st.lastRestartAt) >= restartEvery
+		n := st.restarts
+		if restart {
+			n++
+		}
+		wait.Detail = fmt.Sprintf("the broker has records from offset %d; this replica's Kafka client fetched none for %s; fetching restarted %d times", pr.first, idle, n)
+		return fetchVerdict{wait: wait, restart: restart}
+	case pr.lso >= 0 && pr.lso < pr.hwm && pr.lso <= at:
+		wait.Detail = fmt.Sprintf("an open Kafka transaction: committed records end at offset %d, the high watermark is %d", pr.lso, pr.hwm)
+		return fetchVerdict{wait: wait}
+	default:
+		return fetchVerdict{clean: true}
+	}
+}
+
+// startFetchWatch starts the fetch watch; stop cancels it and waits for it.
+func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
+	return startStoppable(ctx, cons.watchFetching)
+}
+
+func (cons *consumer) watchFetching(ctx context.Context) {
+	states := map[consume.TopicPartition]*fetchState{}
+	every := fetchCheckEvery
+	if cons.c.fetchCheckEvery > 0 {
+		every = cons.c.fetchCheckEvery
+	}
+	for retry.Sleep(ctx, nil, every) {
+		cons.checkFetching(ctx, states, time.Now())
+	}
+}
+
+// checkFetching is one round of the watch.
+func (cons *consumer) checkFetching(ctx context.Context, states map[consume.TopicPartition]*fetchState, now time.Time) {
+	quietFor, restartEvery := fetchQuietFor, fetchRestartEvery
+	if cons.c.fetchQuietFor > 0 {
+		quietFor = cons.c.fetchQuietFor
+	}
+	if cons.c.fetchRestartEvery > 0 {
+		restartEvery = cons.c.fetchRestartEvery
+	}
+	fetching := cons.set.Fetching()
+	for tp := range states {
+		if _, ok := fetching[tp]; !ok {
+			delete(states, tp) // not owned any more: its worker and wait are gone
+		}
+	}
+	var committed map[string]map[int32]kgo.EpochOffset
+	for tp, f := range fetching {
+		st := states[tp]
+		if st == nil || !st.quiet.Equal(f.Quiet) {
+			st = &fetchState{quiet: f.Quiet} // records came: start over
+			states[tp] = st
+		}
+		at := f.Next
+		if at < 0 {
+			if committed == nil {
+				committed = cons.cl.CommittedOffsets()
+			}
+			at = -1
+			if eo, ok := committed[cons.c.cfg.kafkaTopic(tp.Topic)][tp.Partition]; ok {
+				at = eo.Offset
+			}
+		}
+		hwm, logStart, known := cons.c.tel.partitionEnds(tp.Topic, tp.Partition)
+		if at < 0 {
+			at = logStart
+		}
+		if f.Paused || now.Sub(f.Quiet) < quietFor || !known || hwm <= at || (st.clean && st.at == at && st.hwm == hwm) {
+			cons.set.SetFetchWait(tp, nil)
+			continue
+		}
+		pr := cons.probeFetch(ctx, tp, at)
+		if ctx.Err() != nil {
+			return
+		}
+		v := judgeFetch(tp, at, f.Quiet, pr, st, restartEvery, now)
+		st.clean, st.at, st.hwm = v.clean, at, hwm
+		cons.set.SetFetchWait(tp, v.wait)
+		if v.restart {
+			st.restarts++
+			st.lastRestartAt = now
+			cons.restartFetching(tp, at, v.wait.Detail)
+		}
+	}
+}
+
+// restartFetching sets the partition's fetch offset in the client again
+// (see the comment at the top of the file).
+func (cons *consumer) restartFetching(tp consume.TopicPartition, at int64, why string) {
+	cons.log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
+	cons.c.tel.fetchRestarted(tp)
+	topic := cons.c.cfg.kafkaTopic(tp.Topic)
+	cons.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		topic: {tp.Partition: {Epoch: restartEpoch(cons.cl, topic, tp.Partition, at), Offset: at}},
+	})
+}
+
+// restartEpoch is the leader epoch to restart a partition's fetching at
+// offset at with. SetOffsets skips a partition whose position in the client
+// (the last polled record's offset and epoch, or the last set) equals the
+// one given, so the epoch must differ from the position's: -1 (nothing to
+// validate), unless the position is already at -1 (an earlier restart),
+// then the partition's current leader epoch, which a fetch from the leader
+// validates as it is.
+func restartEpoch(cl *kgo.Client, topic string, partition int32, at int64) int32 {
+	pos, ok := cl.UncommittedOffsets()[topic][partition] // the position, when it moved past the commit
+	if !ok {
+		pos = cl.CommittedOffsets()[topic][partition]
+	}
+	if pos.Offset == at && pos.Epoch == -1 {
+		if _, epoch, err := cl.PartitionLeader(topic, partition); err == nil && epoch >= 0 {
+			return epoch
+		}
+	}
+	return -1
+}
+
+// probeFetch asks the partition's leader for its committed records from
+// offset at: one Fetch outside the client's fetch sessions.
+func (cons *consumer) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64) fetchProbe {
+	ctx, cancel := context.WithTimeout(ctx, fetchProbeTimeout)
+	defer cancel()
+	topic := cons.c.cfg.kafkaTopic(tp.Topic)
+	fail := func(err error) fetchProbe { return fetchProbe{err: err, first: -1, lso: -1, hwm: -1} }
+	// The topic's id, which Fetch v13 and later name topics by; the listing
+	// also names the leader.
+	details, err := kadm.NewClient(cons.cl).ListTopics(ctx, topic)
+	if err != nil {
+		return fail(err)
+	}
+	td, ok := details[topic]
+	if !ok || td.Err != nil {
+		return fail(fmt.Errorf("listing topic %s: %v", topic, td.Err))
+	}
+	pd, ok := td.Partitions[tp.Partition]
+	if !ok || pd.Err != nil {
+		return fail(fmt.Errorf("listing partition %s: %v", tp, pd.Err))
+	}
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID = -1
+	req.MaxWaitMillis = 0
+	req.MinBytes = 1
+	req.MaxBytes = fetchProbeBytes
+	req.IsolationLevel = 1 // read_committed, as the consumer reads
+	req.SessionID = 0
+	req.SessionEpoch = -1 // a full fetch, no session
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic, rt.TopicID = topic, [16]byte(td.ID)
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition = tp.Partition
+	rp.FetchOffset = at
+	rp.PartitionMaxBytes = fetchProbeBytes
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cons.cl.Broker(int(pd.Leader)))
+	if err != nil {
+		return fail(err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return fail(err)
+	}
+	for i := range resp.Topics {
+		t := &resp.Topics[i]
+		if t.Topic != topic && t.TopicID != [16]byte(td.ID) {
+			continue
+		}
+		for j := range t.Partitions {
+			p := &t.Partitions[j]
+			if p.Partition != tp.Partition {
+				continue
+			}
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return fail(err)
+			}
+			fp, _ := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+				Offset: at, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: tp.Partition,
+			}, p, kgo.DefaultDecompressor(), nil)
+			pr := fetchProbe{first: -1, lso: p.LastStableOffset, hwm: p.HighWatermark}
+			if fp.Err != nil {
+				pr.err = fp.Err
+			}
+			for _, r := range fp.Records {
+				if r.Offset >= at {
+					pr.first = r.Offset
+					break
+				}
+			}
+			return pr
+		}
+	}
+	return fail(fmt.Errorf("the leader's answer has no partition %s", tp))
+}

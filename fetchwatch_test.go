@@ -1,0 +1,183 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox/internal/consume"
+)
+
+// A partition its client believes it fetches while the broker does not
+// serve it (here: the broker's fetch session forgets it, and the client's
+// incremental fetches never name it again) shows as a "fetch" wait in
+// Status, and the fetch watch restarts its fetching: every record is
+// handled and committed. Without the watch the partition stays behind for
+// as long as the client lives. The broker forgets the partition in the
+// session the first restart begins too: the wait stays, and a second
+// restart follows.
+func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kc := b.cluster(t) // injects faults: skips against real brokers
+	cfg := consumerConfig(b, "fetchwatch")
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
+	c.tel.lagEvery = 50 * time.Millisecond
+	c.fetchCheckEvery = 50 * time.Millisecond
+	// As long as a wait takes to show: the wait shows when it is set.
+	c.fetchQuietFor = waitVisible
+	c.fetchRestartEvery = time.Second
+	var mu sync.Mutex
+	handled := map[int]bool{}
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.Run == b.run {
+			mu.Lock()
+			handled[e.Seq] = true
+			mu.Unlock()
+		}
+		return nil
+	})
+	start(t, c)
+
+	b.produceOrders(t, 0, 1)
+	eventually(t, "the first record committed", func() bool {
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 1
+	})
+
+	topic := b.kafkaTopic(ordersTopic)
+	details, err := kadm.NewClient(b.kafka.Client(t)).ListTopics(context.Background(), topic)
+	require.NoError(t, err)
+	id := [16]byte(details[topic].ID)
+	// The consumer's next incremental fetch tells the broker to forget
+	// partition 0 of its session: the client still counts it in and never
+	// names it again, so the broker never answers for it.
+	// The broker then leaves the partition out of the session the first
+	// restart begins (the client's full fetch that opens it): the client
+	// counts it in again, and the stall goes on.
+	var forgot atomic.Int32
+	strip := func(req *kmsg.FetchRequest) {
+		for i := range req.Topics {
+			rt := &req.Topics[i]
+			if rt.Topic == topic || rt.TopicID == id {
+				kept := rt.Partitions[:0]
+				for _, p := range rt.Partitions {
+					if p.Partition != 0 {
+						kept = append(kept, p)
+					}
+				}
+				rt.Partitions = kept
+			}
+		}
+	}
+	kc.ControlKey(int16(kmsg.Fetch), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		req := r.(*kmsg.FetchRequest)
+		switch {
+		case forgot.Load() == 0 && req.SessionID != 0 && req.SessionEpoch > 0:
+			strip(req)
+			ft := kmsg.NewFetchRequestForgottenTopic()
+			ft.Topic, ft.TopicID, ft.Partitions = topic, id, []int32{0}
+			req.ForgottenTopics = append(req.ForgottenTopics, ft)
+			forgot.Store(1)
+		case forgot.Load() == 1 && req.SessionEpoch == 0:
+			// A new session's opening fetch (the watch's probe asks for
+			// no session: epoch -1).
+			strip(req)
+			forgot.Store(2)
+			kc.DropControl()
+		}
+		return nil, nil, false
+	})
+	eventually(t, "the broker's session forgot the partition", func() bool { return forgot.Load() == 1 })
+
+	b.produceOrders(t, 1, 5)
+	var sawWait atomic.Bool
+	eventually(t, "every record handled and committed", func() bool {
+		st, err := c.Status(context.Background())
+		if err == nil {
+			for _, w := range st.Waiting {
+				if w.What == "fetch" && w.Topic == ordersTopic && w.Partition == 0 {
+					require.Equal(t, int64(1), w.Offset, "the wait names where fetching must go on")
+					require.Contains(t, w.Detail, "the broker has records from offset 1")
+					sawWait.Store(true)
+				}
+			}
+		}
+		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 6
+	})
+	require.Equal(t, int32(2), forgot.Load())
+	require.GreaterOrEqual(t, sumOf(o.collect(t)["outbox.consumer.fetch_restarts"], attrTopic.String(ordersTopic), attrPartition.String("0")), 2.0)
+	require.True(t, sawWait.Load(), "the stalled partition showed a fetch wait in Status")
+	mu.Lock()
+	defer mu.Unlock()
+	for seq := range 6 {
+		require.True(t, handled[seq], "order %d handled", seq)
+	}
+	eventually(t, "the wait cleared", func() bool {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, w := range st.Waiting {
+			if w.What == "fetch" {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestJudgeFetch(t *testing.T) {
+	tp := consume.TopicPartition{Topic: "orders", Partition: 3}
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	quiet := now.Add(-20 * time.Second)
+	for _, tc := range []struct {
+		name    string
+		pr      fetchProbe
+		st      fetchState
+		wait    string // a part of the wait's detail; "" for no wait
+		restart bool
+		clean   bool
+	}{
+		{name: "records the client does not fetch: restart", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
+			wait: "the broker has records from offset 10; this replica's Kafka client fetched none for 20s; fetching restarted 1 times", restart: true},
+		{name: "restarted a moment ago: wait, no second restart", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
+			st:   fetchState{restarts: 1, lastRestartAt: now.Add(-time.Second)},
+			wait: "fetching restarted 1 times"},
+		{name: "restarted long ago: restart again", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
+			st:   fetchState{restarts: 1, lastRestartAt: now.Add(-fetchRestartEvery)},
+			wait: "fetching restarted 2 times", restart: true},
+		{name: "records past a marker", pr: fetchProbe{first: 11, lso: 20, hwm: 20},
+			wait: "records from offset 11", restart: true},
+		{name: "an open transaction holds the partition", pr: fetchProbe{first: -1, lso: 10, hwm: 15},
+			wait: "an open Kafka transaction: committed records end at offset 10, the high watermark is 15"},
+		{name: "markers only: nothing to fetch", pr: fetchProbe{first: -1, lso: 12, hwm: 12}, clean: true},
+		{name: "the leader cannot be asked", pr: fetchProbe{err: errors.New("broker down"), first: -1, lso: -1, hwm: -1},
+			wait: "asking the partition's leader failed: broker down"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := tc.st
+			v := judgeFetch(tp, 10, quiet, tc.pr, &st, fetchRestartEvery, now)
+			require.Equal(t, tc.restart, v.restart)
+			require.Equal(t, tc.clean, v.clean)
+			if tc.wait == "" {
+				require.Nil(t, v.wait)
+				return
+			}
+			require.NotNil(t, v.wait)
+			require.Equal(t, "fetch", v.wait.What)
+			require.Equal(t, int64(10), v.wait.Offset)
+			require.Equal(t, quiet, v.wait.Since)
+			require.True(t, strings.Contains(v.wait.Detail, tc.wait), v.wait.Detail)
+		})
+	}
+}
