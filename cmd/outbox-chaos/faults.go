@@ -6,8 +6,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -45,6 +47,13 @@ const (
 	fKafkaFetchStall   actionKind = "kafka-fetch-stall"
 	fKafkaCommitError  actionKind = "kafka-offset-commit-error"
 	fKafkaHeartbeat    actionKind = "kafka-heartbeat-rebalance"
+	// kafka-fetch-forget: the broker leaves one partition of the main
+	// topic out of the next fetch session a consumer opens with it. The
+	// client counts the partition in its session and the broker never
+	// serves it: nothing fetches it (the stall the chaos loop found at
+	// stops 34 and 35) until the consumer's fetch watch restarts it. On a
+	// stream of its own (scheduleStorms).
+	fKafkaFetchForget actionKind = "kafka-fetch-forget"
 
 	// Bad records written straight to Kafka (any backend).
 	fMalformed actionKind = "malformed-record"
@@ -105,6 +114,9 @@ var (
 	scenarios = []actionKind{fOutage, fSlowHandler, fSmallMaxBytes, fKafkaDownStart, fPauseStorm}
 	replays   = []actionKind{fOffsetRewind, fRogueProducer}
 )
+
+// fetchForgetEvery spaces the kafka-fetch-forget faults.
+const fetchForgetEvery = time.Minute
 
 // action is one entry of the fault schedule.
 type action struct {
@@ -224,9 +236,75 @@ func scheduleStorms(seed uint64, duration time.Duration, replicas int, killEvery
 			acts = append(acts, a)
 		}
 	}
+	if kafkaOK && faultEvery > 0 {
+		// kafka-fetch-forget: from a fifth of the run, every
+		// fetchForgetEvery, none in the last fifth (the watch takes
+		// about 20 s to restart the partition). A stream of its own, so
+		// that the rest of a seed's schedule stays.
+		frng := rand.New(rand.NewPCG(seed, 0xf06e7))
+		for t := duration / 5; t < duration*8/10; t += fetchForgetEvery {
+			acts = append(acts, action{at: t + time.Duration(frng.Int64N(int64(time.Second))), kind: fKafkaFetchForget, pick: frng.Uint64()})
+		}
+	}
 	acts = append(acts, scheduleExtras(seed, duration, scenarioEvery)...)
 	slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
 	return acts
+}
+
+// fetchForget is one armed kafka-fetch-forget.
+type fetchForget struct {
+	fired     atomic.Bool // it left a partition out, or it was disarmed
+	done      chan struct{}
+	partition int32 // the partition left out, once done is closed
+}
+
+// forgetInFetchSession arms kafka-fetch-forget: the next fetch that opens
+// a session (epoch 0) and names partitions of the main topic loses one of
+// them (a.pick among those it names) before the broker reads it. Only the
+// partition's owner names it, and only when it opens a session: kgo then
+// counts the partition in, and its incremental fetches never name it
+// again. Armed until such a fetch comes or the faults are cleared.
+func (in *injector) forgetInFetchSession(ctx context.Context, a action) (*fetchForget, error) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	details, err := kadm.NewClient(in.raw).ListTopics(lctx, in.topic)
+	if err != nil {
+		return nil, fmt.Errorf("kafka-fetch-forget: listing %s: %w", in.topic, err)
+	}
+	id := [16]byte(details[in.topic].ID)
+	k := in.kafka
+	f := &fetchForget{done: make(chan struct{})}
+	in.mu.Lock()
+	in.forgets = append(in.forgets, f)
+	in.mu.Unlock()
+	k.ControlKey(int16(kmsg.Fetch), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		req := r.(*kmsg.FetchRequest)
+		if f.fired.Load() {
+			k.DropControl() // disarmed by clear
+			return nil, nil, false
+		}
+		if req.SessionEpoch != 0 {
+			return nil, nil, false // no session opened (the fetch watch's probe is one), or an incremental fetch
+		}
+		for i := range req.Topics {
+			rt := &req.Topics[i]
+			if (rt.Topic != in.topic && rt.TopicID != id) || len(rt.Partitions) == 0 {
+				continue
+			}
+			drop := int(a.pick % uint64(len(rt.Partitions)))
+			f.partition = rt.Partitions[drop].Partition
+			rt.Partitions = slices.Delete(rt.Partitions, drop, drop+1)
+			f.fired.Store(true)
+			close(f.done)
+			k.DropControl()
+			in.mu.Lock()
+			in.forgot = append(in.forgot, fmt.Sprintf("%s/%d", in.topic, f.partition))
+			in.mu.Unlock()
+			return nil, nil, false
+		}
+		return nil, nil, false
+	})
+	return f, nil
 }
 
 // injector applies faults to the embedded servers.
@@ -244,6 +322,10 @@ type injector struct {
 	partitionOf func(key string) int32
 	mu          sync.Mutex
 	handles     []*kfake.FaultHandle
+	// forgets are the armed kafka-fetch-forget faults (clear disarms
+	// them); forgot the partitions they left out of a fetch session.
+	forgets []*fetchForget
+	forgot  []string
 	// malformed counts the malformed records written (each must end
 	// parked); uncertain counts those whose write failed (they may or may
 	// not be in the topic).
@@ -293,6 +375,10 @@ func (in *injector) apply(ctx context.Context, a action) (bool, error) {
 	case fKafkaHeartbeat:
 		g := in.groups[a.pick%uint64(len(in.groups))]
 		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: g, Err: kerr.RebalanceInProgress, TopLevel: true, Count: 1}))
+	case fKafkaFetchForget:
+		if _, err := in.forgetInFetchSession(ctx, a); err != nil {
+			return true, err
+		}
 	case fKafkaProduceStall, fKafkaFetchStall:
 		key := kmsg.Produce
 		if a.kind == fKafkaFetchStall {
@@ -336,6 +422,10 @@ func (in *injector) clear() {
 	in.mu.Lock()
 	hs := in.handles
 	in.handles = nil
+	for _, f := range in.forgets {
+		f.fired.Store(true) // its control drops itself at the next fetch
+	}
+	in.forgets = nil
 	in.mu.Unlock()
 	for _, h := range hs {
 		h.Remove()
@@ -414,4 +504,43 @@ func (in *injector) produceMalformed(ctx context.Context, rec *kgo.Record) error
 	}
 	in.mu.Unlock()
 	return err
+}
+
+// forgetAtQuiescence runs kafka-fetch-forget once more where only the
+// consumer's fetch watch can help. Armed once the load is done, it fires in
+// the fetch session a member opens when an extra replica joins (the member
+// revokes partitions for the newcomer); no kill or rebalance follows that
+// would open another session naming the partition. A malformed record is
+// then written to that partition: it must be fetched and parked like any
+// other (the malformed check), and the partition caught up (the catch-up
+// check). With the watch off (OUTBOX_CHAOS_NO_FETCH_WATCH) neither
+// happens.
+func (h *harness) forgetAtQuiescence(ctx context.Context, cfg config) error {
+	f, err := h.inj.forgetInFetchSession(ctx, action{kind: fKafkaFetchForget, pick: cfg.seed})
+	if err != nil {
+		return err
+	}
+	// A slot of its own, after the two the schedule's joins use (both
+	// may be up when the load ends).
+	slot := cfg.replicas + 2
+	if _, err := h.startIfDown(slot); err != nil {
+		return err
+	}
+	select {
+	case <-f.done:
+	case <-time.After(20 * time.Second):
+		h.logf("kafka-fetch-forget at quiescence: no fetch session opened within 20s of the join")
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// pick: no workload key (bit 4 clear), bad JSON (pick%4 == 0), on the
+	// partition left out (bits 8 and up).
+	a := action{kind: fMalformed, pick: uint64(f.partition) << 8}
+	if err := h.inj.writeMalformed(ctx, a); err != nil {
+		return fmt.Errorf("kafka-fetch-forget at quiescence: %w", err)
+	}
+	h.logf("kafka-fetch-forget at quiescence: %s/%d left out of a fetch session when an extra replica joined; a malformed record written to it",
+		h.inj.topic, f.partition)
+	return nil
 }

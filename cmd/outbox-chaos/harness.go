@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -143,6 +144,9 @@ type result struct {
 	// WaitsSeen counts the slow handler runs that showed as a "running"
 	// wait in their replica's Status (waitsvisible.go).
 	WaitsSeen int
+	// FetchForgotten counts the partitions kafka-fetch-forget left out of
+	// a fetch session (each must be fetched again: the quiescence check).
+	FetchForgotten int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -154,13 +158,13 @@ func (r *result) summary() string {
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
-		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d",
+		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.Chained, r.DuplicatePublications,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
-		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen)
+		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -258,6 +262,12 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}
 	if cfg.txnLifetime <= 0 {
 		cfg.txnLifetime = 3 * time.Second
+	}
+	if os.Getenv("OUTBOX_CHAOS_NO_FETCH_WATCH") != "" {
+		// To show that kafka-fetch-forget needs the consumer's fetch
+		// watch: the run must then fail with a partition behind.
+		tuning.NoFetchWatch.Store(true)
+		defer tuning.NoFetchWatch.Store(false)
 	}
 	// The replicas run in this process: one bound for all of them, restored
 	// when the run ends.
@@ -458,6 +468,11 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 			return nil, err
 		}
 	}
+	if h.inj.kafka != nil && !cfg.skip[fKafkaFetchForget] {
+		if err := h.forgetAtQuiescence(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
 	h.logf("load done: %d transactions committed, %d aborted on purpose, %d failed; waiting for quiescence",
 		h.work.recorded.Load(), h.work.aborted.Load(), h.work.failedTx.Load())
 	dumped := false
@@ -493,6 +508,12 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	res.Rewound, res.RogueRecords = h.rewound, h.rogueRecords
 	h.mu.Unlock()
 	res.KeyConcurrency = h.env.keyConcurrency
+	h.inj.mu.Lock()
+	res.FetchForgotten = len(h.inj.forgot)
+	if len(h.inj.forgot) > 0 {
+		h.logf("kafka-fetch-forget: left out of a fetch session: %s", strings.Join(h.inj.forgot, ", "))
+	}
+	h.inj.mu.Unlock()
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
 	h.genMu.Unlock()

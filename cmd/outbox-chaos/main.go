@@ -25,7 +25,7 @@
 //	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
-//	    topics_recreated=N recreated_handled=N waits_seen=N
+//	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -71,7 +71,11 @@
 // errors (resumable, fatal, closed connections) and find errors through the
 // embedded server's fault API; Kafka produce and fetch errors and stalls,
 // offset-commit errors and heartbeat errors that force a rebalance through
-// kfake's fault hooks; malformed records written straight to the topic.
+// kfake's fault hooks; a partition left out of the next fetch session a
+// consumer opens (kafka-fetch-forget, on a stream of its own: its client
+// never fetches it again until the consumer's fetch watch restarts it;
+// fetch_forgotten counts them, and the catch-up check judges them);
+// malformed records written straight to the topic.
 // Half the malformed records carry a workload key: they take their place
 // in that key's sequence and hold its later events until purged. Against
 // real servers (-mongo-uri, -kafka-brokers) the server faults are skipped;
