@@ -43,6 +43,12 @@ type Client struct {
 	// fetch watch's period, quiet time and restart spacing when positive
 	// (fetchwatch.go); tests shorten them.
 	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
+	// resetWait replaces how long a resubscribing replica waits for another
+	// replica's reset of a recreated topic's offsets when positive, and
+	// resetHook, when set, crashes a reset at a step (recreated.go); crash
+	// tests set them.
+	resetWait time.Duration
+	resetHook func(ctx context.Context, step string) (crashed bool)
 
 	mu        sync.Mutex // guards handlers, running, started and startWait
 	handlers  map[handlerKey]*handler

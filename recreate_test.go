@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -286,4 +289,150 @@ func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomi
 		}
 	})
 	return replicas, stops, logs
+}
+
+// The reset of a recreated topic's offsets is three writes: the claim (an
+// outbox_meta document), the group's offsets, the claim marked done. A
+// replica that dies after the claim, or after setting the offsets but
+// before done, leaves a claim that is never done: the other replicas wait
+// for it (resetWait), then take the reset over and set the offsets again.
+// Each crash ends with the group's offsets at the new topic's ends, every
+// record of the new topic handled (none skipped, which fetching from the
+// old topic's offsets would do) and the claim done by the survivor.
+func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
+	t.Parallel()
+	for _, step := range []string{"claimed", "committed"} {
+		t.Run("crash after "+step, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.cluster(t)
+			adm := b.kafka.Admin()
+			ctx := context.Background()
+			topic := b.kafkaTopic(ordersTopic)
+			recreate := recreator(t, b, 2) // two partitions: one for each replica
+			recreate()
+
+			crashed := make(chan struct{})
+			var crashOnce sync.Once
+			var calls atomic.Int64
+			logs := &syncbuf.Buffer{}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(logs.String())
+				}
+			})
+			var replicas []*Client
+			var stops []func()
+			for i := range 2 {
+				cfg := consumerConfig(b, "reset-crash")
+				cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
+				c := b.client(t, cfg)
+				MustHandle(c, effectHandler(b, &calls))
+				c.resetWait = 2 * time.Second
+				if i == 0 {
+					// Dies at step: blocks there (nothing more is written)
+					// until the test stops it.
+					c.resetHook = func(ctx context.Context, at string) bool {
+						if at != step {
+							return false
+						}
+						crashOnce.Do(func() { close(crashed) })
+						<-ctx.Done()
+						return true
+					}
+				} else {
+					// Begins its reset once the other replica died.
+					c.resetHook = func(ctx context.Context, at string) bool {
+						if at == "begin" {
+							select {
+							case <-crashed:
+							case <-ctx.Done():
+							}
+						}
+						return false
+					}
+				}
+				replicas = append(replicas, c)
+				stops = append(stops, start(t, c))
+			}
+			group := replicas[0].cfg.ConsumerGroup
+			produce := func(partition int32, n int) {
+				t.Helper()
+				for i := range n {
+					key := fmt.Sprintf("p%d-%d-%d", partition, n, i)
+					env := b.envelope(key)
+					env.OccurredAt = time.Now()
+					rec := encodeRecord(&env, b.payload(t, key, i))
+					rec.Partition = partition
+					b.produceRaw(t, rec)
+				}
+			}
+			handled := func(n int64) func() bool {
+				return func() bool { return count(t, replicas[1].inbox, bson.D{{Key: "handled", Value: true}}) == n }
+			}
+			eventually(t, "each replica owns a partition", func() bool {
+				for _, c := range replicas {
+					if st, _ := c.Status(ctx); len(st.Handling) != 1 {
+						return false
+					}
+				}
+				return true
+			})
+			produce(0, 3)
+			produce(1, 3)
+			eventually(t, "handled before the recreation", handled(6))
+
+			// More records on the new topic than the old offsets (3): from
+			// those, the first three of each partition would be skipped.
+			recreate()
+			produce(0, 5)
+			produce(1, 5)
+			select {
+			case <-crashed:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the first replica never reached the step it dies at")
+			}
+			// Kafka dropped the old topic's offsets with it; a worker that
+			// commits late, by topic name, puts them back on the new topic
+			// (seen in the chaos runs). The dying replica does it here, in
+			// its own name: only a reset after it keeps the survivor from
+			// skipping the first three records of each partition.
+			details, err := adm.ListTopics(ctx, topic)
+			require.NoError(t, err)
+			id := details[topic].ID
+			cons := replicas[0].tel.cons.Load()
+			require.NotNil(t, cons)
+			require.NoError(t, cons.commitTopicOffsets(ctx, topic, id, kadm.ListedOffsets{topic: {
+				0: {Topic: topic, Partition: 0, Offset: 3}, 1: {Topic: topic, Partition: 1, Offset: 3},
+			}}))
+			stops[0]()
+
+			eventually(t, "every record of the new topic handled", handled(16))
+			eventually(t, "the group's offsets at the new topic's ends", func() bool {
+				ends, err := adm.ListEndOffsets(ctx, topic)
+				if err != nil {
+					return false
+				}
+				committed, err := adm.FetchOffsets(ctx, group)
+				if err != nil {
+					return false
+				}
+				ok := true
+				ends.Each(func(o kadm.ListedOffset) {
+					c, found := committed.Lookup(topic, o.Partition)
+					ok = ok && found && c.At == o.Offset
+				})
+				return ok
+			})
+			var doc struct {
+				DoneAt  *time.Time `bson:"done_at"`
+				Replica string     `bson:"replica"`
+			}
+			require.NoError(t, replicas[1].meta.FindOne(ctx, bson.D{{Key: "_id", Value: bson.D{
+				{Key: "recreated", Value: group}, {Key: "topic", Value: topic}, {Key: "id", Value: hex.EncodeToString(id[:])},
+			}}}).Decode(&doc))
+			require.NotNil(t, doc.DoneAt, "the claim is done")
+			require.Equal(t, replicas[1].cfg.ReplicaID, doc.Replica, "by the survivor")
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -350,12 +351,18 @@ func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID
 // rather than skip anything.
 func (cons *consumer) resetTopicOnce(parent context.Context, t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
-	ctx, cancel := context.WithTimeout(parent, resetWait+recreateTimeout)
+	ctx, cancel := context.WithTimeout(parent, cmp.Or(cons.c.resetWait, resetWait)+recreateTimeout)
 	defer cancel()
+	if cons.c.resetCrash(ctx, "begin") {
+		return
+	}
 	claimed, err := cons.claimTopicReset(ctx, t, id)
 	if err != nil {
 		cons.log.Warn("claiming the reset of a recreated topic's offsets failed; setting them", "topic", bare, "err", err)
 		claimed = true
+	}
+	if claimed && cons.c.resetCrash(ctx, "claimed") {
+		return
 	}
 	if !claimed && cons.awaitTopicReset(ctx, t, id) {
 		return
@@ -363,6 +370,9 @@ func (cons *consumer) resetTopicOnce(parent context.Context, t string, id kadm.T
 	rctx, rcancel := context.WithTimeout(ctx, resetCommitBound)
 	defer rcancel()
 	err = cons.commitTopicStart(rctx, t, id)
+	if err == nil && cons.c.resetCrash(ctx, "committed") {
+		return
+	}
 	// The document's writes outlive the commit's bound and a shutdown.
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), recreateTimeout)
 	defer mcancel()
@@ -393,6 +403,14 @@ const (
 	resetWait        = resetCommitBound + 5*time.Second
 )
 
+// resetCrash is the crash tests' hook in resetTopicOnce: at each step
+// ("begin", "claimed": the claim written, "committed": the offsets set,
+// done not written yet) it reports whether the replica dies there, leaving
+// what it wrote as a crash would. Always false outside tests.
+func (c *Client) resetCrash(ctx context.Context, step string) bool {
+	return c.resetHook != nil && c.resetHook(ctx, step)
+}
+
 // topicResetID is the _id of the outbox_meta document of the reset of a
 // recreated topic's offsets for the consumer group.
 func (cons *consumer) topicResetID(t string, id kadm.TopicID) bson.D {
@@ -421,7 +439,7 @@ func (cons *consumer) claimTopicReset(ctx context.Context, t string, id kadm.Top
 // topic of that id is done; it reports whether it is.
 func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.TopicID) bool {
 	start := time.Now()
-	deadline := start.Add(resetWait)
+	deadline := start.Add(cmp.Or(cons.c.resetWait, resetWait))
 	logged := false
 	for attempt := 0; ; attempt++ {
 		var doc struct {
@@ -438,7 +456,7 @@ func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.Top
 		if !logged && time.Since(start) >= waitVisible {
 			logged = true
 			cons.log.Warn("waiting for another replica to set the group's offsets of a recreated topic to its start",
-				"topic", cons.c.cfg.bareTopic(t), "replica", doc.Replica, "for", time.Since(start).Round(time.Second), "at_most", resetWait)
+				"topic", cons.c.cfg.bareTopic(t), "replica", doc.Replica, "for", time.Since(start).Round(time.Second), "at_most", deadline.Sub(start))
 		}
 		if !retry.Sleep(ctx, nil, min(cons.c.cfg.backoff().Delay(attempt), time.Second)) {
 			return false
