@@ -154,6 +154,11 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 		}
 	}
 	var committed map[string]map[int32]kgo.EpochOffset
+	// One listing of each topic per round; after a failed probe the
+	// round's other quiet partitions take its error instead of asking
+	// again (a broker down would cost a probe timeout each).
+	topics := map[string]kadm.TopicDetail{}
+	var roundErr error
 	for tp, f := range fetching {
 		st := states[tp]
 		if st == nil || !st.quiet.Equal(f.Quiet) {
@@ -178,9 +183,13 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 			cons.set.SetFetchWait(tp, nil)
 			continue
 		}
-		pr := cons.probeFetch(ctx, tp, at)
-		if ctx.Err() != nil {
-			return
+		pr := fetchProbe{err: roundErr, first: -1, lso: -1, hwm: -1}
+		if roundErr == nil {
+			pr = cons.probeFetch(ctx, tp, at, topics)
+			if ctx.Err() != nil {
+				return
+			}
+			roundErr = pr.err
 		}
 		v := judgeFetch(tp, at, f.Quiet, pr, st, restartEvery, now)
 		st.clean, st.at, st.hwm = v.clean, at, hwm
@@ -225,21 +234,28 @@ func restartEpoch(cl *kgo.Client, topic string, partition int32, at int64) int32
 }
 
 // probeFetch asks the partition's leader for its committed records from
-// offset at: one Fetch outside the client's fetch sessions.
-func (cons *consumer) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64) fetchProbe {
+// offset at: one Fetch outside the client's fetch sessions. topics caches
+// the round's topic listings.
+func (cons *consumer) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64, topics map[string]kadm.TopicDetail) fetchProbe {
 	ctx, cancel := context.WithTimeout(ctx, fetchProbeTimeout)
 	defer cancel()
 	topic := cons.c.cfg.kafkaTopic(tp.Topic)
 	fail := func(err error) fetchProbe { return fetchProbe{err: err, first: -1, lso: -1, hwm: -1} }
 	// The topic's id, which Fetch v13 and later name topics by; the listing
 	// also names the leader.
-	details, err := kadm.NewClient(cons.cl).ListTopics(ctx, topic)
-	if err != nil {
-		return fail(err)
+	td, ok := topics[topic]
+	if !ok {
+		details, err := kadm.NewClient(cons.cl).ListTopics(ctx, topic)
+		if err != nil {
+			return fail(err)
+		}
+		if td, ok = details[topic]; !ok {
+			return fail(fmt.Errorf("listing topic %s: not listed", topic))
+		}
+		topics[topic] = td
 	}
-	td, ok := details[topic]
-	if !ok || td.Err != nil {
-		return fail(fmt.Errorf("listing topic %s: %v", topic, td.Err))
+	if td.Err != nil {
+		return fail(fmt.Errorf("listing topic %s: %w", topic, td.Err))
 	}
 	pd, ok := td.Partitions[tp.Partition]
 	if !ok || pd.Err != nil {

@@ -211,8 +211,10 @@ func (s *Set) Fetching() map[TopicPartition]Fetching {
 
 // SetFetchWait sets (nil: clears) the wait on fetching of an owned
 // partition, which Waits lists once it is older than Config.WaitVisible
-// and the worker logs as it logs its own. A partition not owned is left
-// alone.
+// and the worker logs as it logs its own. Its Since must be the Quiet of
+// the partition's Fetching it was judged on: a wait set after records
+// came meanwhile is dropped (records clear the wait). A partition not
+// owned is left alone.
 func (s *Set) SetFetchWait(tp TopicPartition, wt *Wait) {
 	s.mu.Lock()
 	w := s.workers[tp]
@@ -221,6 +223,9 @@ func (s *Set) SetFetchWait(tp TopicPartition, wt *Wait) {
 		return
 	}
 	w.fetchMu.Lock()
+	defer w.fetchMu.Unlock()
+	if wt != nil && !wt.Since.Equal(w.quiet()) {
+		return
+	}
 	w.fetchWait = wt
-	w.fetchMu.Unlock()
 }

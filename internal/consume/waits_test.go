@@ -1,10 +1,12 @@
 package consume
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox/internal/retry"
 )
@@ -90,4 +92,46 @@ func TestWorkerWaitsWhileUnitsFail(t *testing.T) {
 		}
 		return running >= 20 && h.f.get(id).attempts >= 50
 	})
+}
+
+// The fetch watch's wait (Set.SetFetchWait) shows in Waits; records handed
+// to the partition clear it, and a wait judged on a quiet spell that
+// records ended meanwhile is dropped.
+func TestSetFetchWait(t *testing.T) {
+	h := newHarness(t, 1, func(c *Config) { c.WaitVisible = time.Nanosecond })
+	tp := TopicPartition{Topic: "fetched", Partition: 9}
+	s := NewSet(h.cfg, context.Background())
+	s.Assign([]TopicPartition{tp})
+	t.Cleanup(s.Close)
+	fetchWaits := func() []Wait {
+		var out []Wait
+		for _, w := range s.Waits() {
+			if w.What == "fetch" {
+				out = append(out, w)
+			}
+		}
+		return out
+	}
+
+	f := s.Fetching()[tp]
+	require.EqualValues(t, -1, f.Next, "nothing handed over yet")
+	require.False(t, f.Paused)
+	s.SetFetchWait(tp, &Wait{Partition: tp, What: "fetch", Offset: 0, Since: f.Quiet, Detail: "first"})
+	require.Len(t, fetchWaits(), 1)
+	s.SetFetchWait(tp, &Wait{Partition: tp, What: "fetch", Offset: 0, Since: f.Quiet.Add(-time.Second), Detail: "stale"})
+	require.Equal(t, "first", fetchWaits()[0].Detail, "a wait judged on another quiet spell is dropped")
+
+	recs := []*kgo.Record{fakeRecord(tp, 0, "a", "fetched@0", "ok"), fakeRecord(tp, 1, "b", "fetched@1", "ok")}
+	s.Enqueue(tp, recs)
+	require.Empty(t, fetchWaits(), "records clear the wait")
+	g := s.Fetching()[tp]
+	require.EqualValues(t, 2, g.Next)
+	require.True(t, g.Quiet.After(f.Quiet) || g.Quiet.Equal(f.Quiet))
+	s.SetFetchWait(tp, &Wait{Partition: tp, What: "fetch", Offset: 0, Since: f.Quiet})
+	if !g.Quiet.Equal(f.Quiet) {
+		require.Empty(t, fetchWaits(), "a wait judged before the records is dropped")
+	}
+	s.SetFetchWait(tp, nil)
+	require.Empty(t, fetchWaits())
+	s.SetFetchWait(TopicPartition{Topic: "other"}, &Wait{What: "fetch"}) // not owned: nothing happens
 }

@@ -175,6 +175,9 @@ func (w *Worker) Enqueue(recs []*kgo.Record) {
 		if next := recs[n-1].Offset + 1; next > w.nextIn.Load() {
 			w.nextIn.Store(next) // only Enqueue writes it, under w.mu
 		}
+		w.fetchMu.Lock()
+		w.fetchWait = nil // fetched again: the wait is over
+		w.fetchMu.Unlock()
 	}
 	if !w.paused && w.overBound() {
 		w.paused = true
@@ -256,14 +259,21 @@ func (w *Worker) Lose() {
 
 // fetching returns what the poll loop handed the worker.
 func (w *Worker) fetching() Fetching {
-	f := Fetching{Next: w.nextIn.Load(), Quiet: w.started}
-	if ns := w.lastIn.Load(); ns != 0 {
-		f.Quiet = time.Unix(0, ns)
-	}
+	f := Fetching{Next: w.nextIn.Load(), Quiet: w.quiet()}
 	w.mu.Lock()
 	f.Paused = w.paused
 	w.mu.Unlock()
 	return f
+}
+
+// quiet is since when the worker was handed nothing: its last records, or
+// its start. Atomics only: called under fetchMu, which Enqueue takes
+// under mu.
+func (w *Worker) quiet() time.Time {
+	if ns := w.lastIn.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return w.started
 }
 
 // Stats returns a snapshot of the worker.
