@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -87,6 +88,8 @@ type consumer struct {
 	// recreated watches the topics answering UNKNOWN_TOPIC_ID
 	// (recreated.go).
 	recreated *recreationWatch
+	// readdMu serializes readdTopic.
+	readdMu sync.Mutex
 }
 
 // kafkaPauser pauses and resumes fetching with the Kafka topic of a bare

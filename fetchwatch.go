@@ -37,9 +37,14 @@ import (
 //     SetOffsets, which stops the client's fetch session and sets the
 //     partition's cursor again, pending loads dropped: at most every
 //     fetchRestartEvery per partition, logged and counted
-//     (outbox.consumer.fetch_restarts). Nothing is skipped: the offset is
-//     the one after the last record the worker was handed; records handed
-//     again are dropped by the worker as already seen.
+//     (outbox.consumer.fetch_restarts, reason set_offsets). Nothing is
+//     skipped: the offset is the one after the last record the worker was
+//     handed; records handed again are dropped by the worker as already
+//     seen. When fetchRestartsBeforeReadd restarts did not help, the next
+//     one re-subscribes the partition's topic (readdTopic: the client's
+//     whole state of the topic dropped, the group rebalanced; reason
+//     resubscribe): the topic's partitions go on from the group's
+//     committed offsets, the inbox skipping what was handled.
 //   - No committed record, but the last stable offset is below the
 //     watermark at or before that offset: an open Kafka transaction of some
 //     producer holds the partition. It shows as a "fetch" wait that says so;
@@ -52,8 +57,7 @@ import (
 // SetOffsets acts only on partitions the client fetches (its cursors in
 // use): a partition revoked meanwhile, or one the client never started
 // fetching because its offset load never finished, is left alone by it.
-// The second kind stays a visible wait, and its restarts show as counted
-// but without effect.
+// The re-subscription covers the second kind.
 //
 // The watch is one goroutine, started by runConsumer after the client and
 // stopped (canceled, then waited for) before the client closes.
@@ -62,7 +66,10 @@ const (
 	fetchCheckEvery   = 5 * time.Second
 	fetchQuietFor     = 15 * time.Second
 	fetchRestartEvery = 30 * time.Second
-	fetchProbeTimeout = 10 * time.Second
+	// fetchRestartsBeforeReadd is how many restarts with SetOffsets a
+	// partition gets before the watch re-subscribes its topic.
+	fetchRestartsBeforeReadd = 2
+	fetchProbeTimeout        = 10 * time.Second
 	// fetchProbeBytes bounds the probe's answer: the probe needs one
 	// committed record, the broker sends at least one batch whatever the
 	// bound.
@@ -197,16 +204,28 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 		if v.restart {
 			st.restarts++
 			st.lastRestartAt = now
-			cons.restartFetching(tp, at, v.wait.Detail)
+			if st.restarts > fetchRestartsBeforeReadd {
+				cons.readdStalledTopic(tp, v.wait.Detail)
+			} else {
+				cons.restartFetching(tp, at, v.wait.Detail)
+			}
 		}
 	}
+}
+
+// readdStalledTopic re-subscribes the topic of a partition that restarts
+// did not get fetched again (see the comment at the top of the file).
+func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
+	cons.log.Warn("re-subscribing a topic: restarting its partition's fetching did not help", "partition", tp.String(), "why", why)
+	cons.c.tel.fetchRestarted(tp, "resubscribe")
+	cons.readdTopic(cons.c.cfg.kafkaTopic(tp.Topic), nil)
 }
 
 // restartFetching sets the partition's fetch offset in the client again
 // (see the comment at the top of the file).
 func (cons *consumer) restartFetching(tp consume.TopicPartition, at int64, why string) {
 	cons.log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
-	cons.c.tel.fetchRestarted(tp)
+	cons.c.tel.fetchRestarted(tp, "set_offsets")
 	topic := cons.c.cfg.kafkaTopic(tp.Topic)
 	cons.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
 		topic: {tp.Partition: {Epoch: restartEpoch(cons.cl, topic, tp.Partition, at), Offset: at}},

@@ -21,11 +21,28 @@ import (
 // incremental fetches never name it again) shows as a "fetch" wait in
 // Status, and the fetch watch restarts its fetching: every record is
 // handled and committed. Without the watch the partition stays behind for
-// as long as the client lives. The broker forgets the partition in the
-// session the first restart begins too: the wait stays, and a second
-// restart follows.
+// as long as the client lives. The broker also leaves the partition out
+// of the next sessions the client opens (the restarts open them): one, and
+// the wait stays until a second restart; two, and the restarts do not help
+// (fetchRestartsBeforeReadd): the watch re-subscribes the topic.
 func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		sessions    int32 // sessions the broker leaves the partition out of, after the first
+		resubscribe bool
+	}{
+		{name: "restarts", sessions: 1},
+		{name: "re-subscribes", sessions: fetchRestartsBeforeReadd, resubscribe: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testFetchWatch(t, tc.sessions, tc.resubscribe)
+		})
+	}
+}
+
+func testFetchWatch(t *testing.T, sessions int32, resubscribe bool) {
 	b := setup(t)
 	kc := b.cluster(t) // injects faults: skips against real brokers
 	cfg := consumerConfig(b, "fetchwatch")
@@ -60,8 +77,8 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 	// The consumer's next incremental fetch tells the broker to forget
 	// partition 0 of its session: the client still counts it in and never
 	// names it again, so the broker never answers for it.
-	// The broker then leaves the partition out of the session the first
-	// restart begins (the client's full fetch that opens it): the client
+	// The broker then leaves the partition out of the next sessions the
+	// restarts open (the client's full fetch that opens each): the client
 	// counts it in again, and the stall goes on.
 	var forgot atomic.Int32
 	strip := func(req *kmsg.FetchRequest) {
@@ -88,12 +105,13 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 			ft.Topic, ft.TopicID, ft.Partitions = topic, id, []int32{0}
 			req.ForgottenTopics = append(req.ForgottenTopics, ft)
 			forgot.Store(1)
-		case forgot.Load() == 1 && req.SessionEpoch == 0:
+		case forgot.Load() >= 1 && req.SessionEpoch == 0:
 			// A new session's opening fetch (the watch's probe asks for
 			// no session: epoch -1).
 			strip(req)
-			forgot.Store(2)
-			kc.DropControl()
+			if forgot.Add(1) == 1+sessions {
+				kc.DropControl()
+			}
 		}
 		return nil, nil, false
 	})
@@ -114,8 +132,15 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 		}
 		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 6
 	})
-	require.Equal(t, int32(2), forgot.Load())
-	require.GreaterOrEqual(t, sumOf(o.collect(t)["outbox.consumer.fetch_restarts"], attrTopic.String(ordersTopic), attrPartition.String("0")), 2.0)
+	require.Equal(t, 1+sessions, forgot.Load())
+	restarts := o.collect(t)["outbox.consumer.fetch_restarts"]
+	require.GreaterOrEqual(t, sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("set_offsets")), float64(min(sessions+1, fetchRestartsBeforeReadd)))
+	resubscribed := sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("resubscribe"))
+	if resubscribe {
+		require.GreaterOrEqual(t, resubscribed, 1.0, "the restarts did not help: the topic was re-subscribed")
+	} else {
+		require.Zero(t, resubscribed)
+	}
 	require.True(t, sawWait.Load(), "the stalled partition showed a fetch wait in Status")
 	mu.Lock()
 	defer mu.Unlock()

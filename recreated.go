@@ -325,6 +325,22 @@ func (w *recreationWatch) brokerID(ctx context.Context, t string) (id kadm.Topic
 // nothing new to commit: their partitions would stay behind, settled, until
 // the next rebalance (the chaos short run's stalled partitions).
 func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID) {
+	// Before the purge: this member's session is not in the rebalance the
+	// purge starts.
+	cons.readdTopic(t, func() { cons.resetTopicOnce(ctx, t, id) })
+}
+
+// readdTopic drops the client's whole state of the Kafka topic t and
+// subscribes it again: the workers of its owned partitions stop as lost
+// (without committing: another member may own them after the rebalance,
+// and redeliveries are skipped), before runs, then the client purges the
+// topic (its cursors, its partitions' fetch session entries and pending
+// offset loads) and adds it back, which rebalances the group. The
+// recreation watcher uses it to follow a recreated topic, the fetch watch
+// as its last resort; one at a time.
+func (cons *consumer) readdTopic(t string, before func()) {
+	cons.readdMu.Lock()
+	defer cons.readdMu.Unlock()
 	bare := cons.c.cfg.bareTopic(t)
 	var owned []consume.TopicPartition
 	for _, tp := range cons.set.Owned() {
@@ -333,9 +349,9 @@ func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID
 		}
 	}
 	cons.set.Lose(owned)
-	// Before the purge: this member's session is not in the rebalance the
-	// purge starts.
-	cons.resetTopicOnce(ctx, t, id)
+	if before != nil {
+		before()
+	}
 	cons.cl.PurgeTopicsFromClient(t)
 	cons.cl.AddConsumeTopics(t)
 }

@@ -50,7 +50,7 @@ import (
 //	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
 //	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
 //	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
-//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (fetchwatch.go) {topic, partition}
+//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (fetchwatch.go) {topic, partition, reason: set_offsets|resubscribe}
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 //
@@ -302,10 +302,11 @@ func (t *telemetry) setLogStart(topic string, partition int32, lwm int64) {
 	t.hwmMu.Unlock()
 }
 
-// fetchRestarted counts a restart of a partition's fetching.
-func (t *telemetry) fetchRestarted(tp consume.TopicPartition) {
+// fetchRestarted counts a restart of a partition's fetching, by how
+// (set_offsets, resubscribe).
+func (t *telemetry) fetchRestarted(tp consume.TopicPartition, how string) {
 	t.fetchRestarts.Add(context.Background(), 1, metric.WithAttributes(attrTopic.String(tp.Topic),
-		attrPartition.String(strconv.Itoa(int(tp.Partition)))))
+		attrPartition.String(strconv.Itoa(int(tp.Partition))), attrReason.String(how)))
 }
 
 // partitionEnds returns a handled partition's high watermark (listed or
