@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -26,9 +27,10 @@ import (
 // The watch looks, every fetchCheckEvery, at each owned partition whose
 // fetching the worker has not paused, that was handed no record for
 // fetchQuietFor, and whose high watermark (the lag poller's listing, or a
-// fetch's) is above the offset its worker expects next. It then asks the
-// partition's leader itself: one Fetch at that offset, read_committed, no
-// wait, no fetch session (probeFetch).
+// fetch's) is above the offset its worker expects next, or unknown because
+// the lag poller's listings stopped succeeding. It then asks the
+// partition's leader itself, through a Kafka client of its own: one Fetch at
+// that offset, read_committed, no wait, no fetch session (probeFetch).
 //
 //   - Committed records there: the client is not fetching what the broker
 //     has. The partition shows a "fetch" wait (Status.Waiting, the worker's
@@ -92,6 +94,7 @@ type fetchState struct {
 	// clean is set when a probe found nothing to fetch at (at, hwm).
 	clean         bool
 	at, hwm       int64
+	probedAt      time.Time
 	restarts      int
 	lastRestartAt time.Time
 }
@@ -135,18 +138,50 @@ func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
 }
 
 func (cons *consumer) watchFetching(ctx context.Context) {
-	states := map[consume.TopicPartition]*fetchState{}
+	w := &fetchWatch{cons: cons, states: map[consume.TopicPartition]*fetchState{}}
+	defer w.close()
 	every := fetchCheckEvery
 	if cons.c.fetchCheckEvery > 0 {
 		every = cons.c.fetchCheckEvery
 	}
 	for retry.Sleep(ctx, nil, every) {
-		cons.checkFetching(ctx, states, time.Now())
+		w.check(ctx, time.Now())
 	}
 }
 
-// checkFetching is one round of the watch.
-func (cons *consumer) checkFetching(ctx context.Context, states map[consume.TopicPartition]*fetchState, now time.Time) {
+// fetchWatch is the state of the watch's goroutine.
+type fetchWatch struct {
+	cons   *consumer
+	states map[consume.TopicPartition]*fetchState
+	// probe is the watch's own Kafka client (Config.Brokers and
+	// KafkaOptions, no group), made at the first probe and closed when the
+	// watch stops: a probe must not depend on the state of the client it
+	// checks (its connections, its metadata, its requests in flight).
+	probe *kgo.Client
+}
+
+func (w *fetchWatch) close() {
+	if w.probe != nil {
+		w.probe.Close()
+	}
+}
+
+// probeClient returns the watch's own client, made on first use.
+func (w *fetchWatch) probeClient() (*kgo.Client, error) {
+	if w.probe == nil {
+		c := w.cons.c
+		cl, err := kgo.NewClient(append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
+		if err != nil {
+			return nil, fmt.Errorf("create the fetch watch's Kafka client: %w", err)
+		}
+		w.probe = cl
+	}
+	return w.probe, nil
+}
+
+// check is one round of the watch.
+func (w *fetchWatch) check(ctx context.Context, now time.Time) {
+	cons := w.cons
 	quietFor, restartEvery := fetchQuietFor, fetchRestartEvery
 	if cons.c.fetchQuietFor > 0 {
 		quietFor = cons.c.fetchQuietFor
@@ -154,10 +189,18 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 	if cons.c.fetchRestartEvery > 0 {
 		restartEvery = cons.c.fetchRestartEvery
 	}
+	// The watermarks come from the lag poller's listings through the
+	// consumer's own client. When its listings stop succeeding (a client
+	// in trouble, which may be the very one that stopped fetching), the
+	// watermarks are stale: a quiet partition is then probed whatever its
+	// watermark says, the probe answering for it.
+	lagEvery := cmp.Or(cons.c.tel.lagEvery, lagPollInterval)
+	listed := cons.c.tel.lagListedAt.Load()
+	fresh := listed != 0 && now.Sub(time.Unix(0, listed)) <= 3*lagEvery
 	fetching := cons.set.Fetching()
-	for tp := range states {
+	for tp := range w.states {
 		if _, ok := fetching[tp]; !ok {
-			delete(states, tp) // not owned any more: its worker and wait are gone
+			delete(w.states, tp) // not owned any more: its worker and wait are gone
 		}
 	}
 	var committed map[string]map[int32]kgo.EpochOffset
@@ -167,10 +210,10 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 	topics := map[string]kadm.TopicDetail{}
 	var roundErr error
 	for tp, f := range fetching {
-		st := states[tp]
+		st := w.states[tp]
 		if st == nil || !st.quiet.Equal(f.Quiet) {
 			st = &fetchState{quiet: f.Quiet} // records came: start over
-			states[tp] = st
+			w.states[tp] = st
 		}
 		at := f.Next
 		if at < 0 {
@@ -186,20 +229,24 @@ func (cons *consumer) checkFetching(ctx context.Context, states map[consume.Topi
 		if at < 0 {
 			at = logStart
 		}
-		if f.Paused || now.Sub(f.Quiet) < quietFor || !known || hwm <= at || (st.clean && st.at == at && st.hwm == hwm) {
+		behind := (known && hwm > at) || !fresh
+		// Found clean: asked again once the offset or the watermark moves,
+		// or, while the watermarks are stale, every restartEvery.
+		cleanStill := st.clean && st.at == at && (fresh && st.hwm == hwm || !fresh && now.Sub(st.probedAt) < restartEvery)
+		if f.Paused || now.Sub(f.Quiet) < quietFor || !behind || cleanStill {
 			cons.set.SetFetchWait(tp, nil)
 			continue
 		}
 		pr := fetchProbe{err: roundErr, first: -1, lso: -1, hwm: -1}
 		if roundErr == nil {
-			pr = cons.probeFetch(ctx, tp, at, topics)
+			pr = w.probeFetch(ctx, tp, at, topics)
 			if ctx.Err() != nil {
 				return
 			}
 			roundErr = pr.err
 		}
 		v := judgeFetch(tp, at, f.Quiet, pr, st, restartEvery, now)
-		st.clean, st.at, st.hwm = v.clean, at, hwm
+		st.clean, st.at, st.hwm, st.probedAt = v.clean, at, hwm, now
 		cons.set.SetFetchWait(tp, v.wait)
 		if v.restart {
 			st.restarts++
@@ -255,16 +302,20 @@ func restartEpoch(cl *kgo.Client, topic string, partition int32, at int64) int32
 // probeFetch asks the partition's leader for its committed records from
 // offset at: one Fetch outside the client's fetch sessions. topics caches
 // the round's topic listings.
-func (cons *consumer) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64, topics map[string]kadm.TopicDetail) fetchProbe {
+func (w *fetchWatch) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64, topics map[string]kadm.TopicDetail) fetchProbe {
 	ctx, cancel := context.WithTimeout(ctx, fetchProbeTimeout)
 	defer cancel()
-	topic := cons.c.cfg.kafkaTopic(tp.Topic)
+	topic := w.cons.c.cfg.kafkaTopic(tp.Topic)
 	fail := func(err error) fetchProbe { return fetchProbe{err: err, first: -1, lso: -1, hwm: -1} }
+	cl, err := w.probeClient()
+	if err != nil {
+		return fail(err)
+	}
 	// The topic's id, which Fetch v13 and later name topics by; the listing
 	// also names the leader.
 	td, ok := topics[topic]
 	if !ok {
-		details, err := kadm.NewClient(cons.cl).ListTopics(ctx, topic)
+		details, err := kadm.NewClient(cl).ListTopics(ctx, topic)
 		if err != nil {
 			return fail(err)
 		}
@@ -296,7 +347,7 @@ func (cons *consumer) probeFetch(ctx context.Context, tp consume.TopicPartition,
 	rp.PartitionMaxBytes = fetchProbeBytes
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, cons.cl.Broker(int(pd.Leader)))
+	resp, err := req.RequestWith(ctx, cl.Broker(int(pd.Leader)))
 	if err != nil {
 		return fail(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/event-outbox/outbox/internal/consume"
@@ -31,18 +32,24 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 		name        string
 		sessions    int32 // sessions the broker leaves the partition out of, after the first
 		resubscribe bool
+		// noListings fails every ListOffsets of the consumer's lag poller:
+		// its watermark of the partition stays at the last fetch's, the
+		// stalled partition looks caught up, and only the staleness of the
+		// listings gets it probed.
+		noListings bool
 	}{
 		{name: "restarts", sessions: 1},
 		{name: "re-subscribes", sessions: fetchRestartsBeforeReadd, resubscribe: true},
+		{name: "listings fail", sessions: 1, noListings: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testFetchWatch(t, tc.sessions, tc.resubscribe)
+			testFetchWatch(t, tc.sessions, tc.resubscribe, tc.noListings)
 		})
 	}
 }
 
-func testFetchWatch(t *testing.T, sessions int32, resubscribe bool) {
+func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) {
 	b := setup(t)
 	kc := b.cluster(t) // injects faults: skips against real brokers
 	cfg := consumerConfig(b, "fetchwatch")
@@ -70,6 +77,24 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe bool) {
 		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 1
 	})
 
+	if noListings {
+		kc.ControlKey(int16(kmsg.ListOffsets), func(r kmsg.Request) (kmsg.Response, error, bool) {
+			kc.KeepControl()
+			req := r.(*kmsg.ListOffsetsRequest)
+			resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+			for _, rt := range req.Topics {
+				st := kmsg.NewListOffsetsResponseTopic()
+				st.Topic = rt.Topic
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewListOffsetsResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		})
+	}
 	topic := b.kafkaTopic(ordersTopic)
 	details, err := kadm.NewClient(b.kafka.Client(t)).ListTopics(context.Background(), topic)
 	require.NoError(t, err)

@@ -68,6 +68,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 			err = listed.Error()
 		}
 		if err == nil {
+			cons.c.tel.lagListedAt.Store(time.Now().UnixNano())
 			failures = 0
 			delay = every
 			continue

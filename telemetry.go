@@ -116,6 +116,7 @@ type telemetry struct {
 	hwm                                map[topicPartition]int64 // high watermarks listed or fetched by the consumer
 	lwm                                map[topicPartition]int64 // log start offsets listed by the consumer
 	lagEvery                           time.Duration            // period of the consumer's lag poller (0: lagPollInterval); tests shorten it
+	lagListedAt                        atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
 	errMu                              sync.Mutex
 	lastErr                            string
 	lastErrAt                          time.Time
