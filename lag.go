@@ -19,7 +19,9 @@ import (
 // poller lists the end offsets of the subscribed topics every
 // lagPollInterval with the consumer's own client, so a stalled partition
 // shows its lag growing as records are produced; fetches may raise the
-// watermark between two listings (telemetry.noteHighWatermark).
+// watermark between two listings (telemetry.noteHighWatermark). From the
+// third failed listing in a row it warns (rate-limited): the gauge is
+// stale.
 //
 // runConsumer starts the poller after creating the client and stops it
 // (cancels its context and waits for it) before closing the client. A failed
@@ -75,6 +77,13 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 		}
 		failures++
 		delay = retry.Backoff{Min: every, Max: lagPollMaxBackoff}.Delay(failures)
-		cons.log.Debug("listing end offsets for the lag gauge failed; retrying", "err", err, "failures", failures, "retry_in", delay)
+		if failures < 3 {
+			cons.log.Debug("listing end offsets for the lag gauge failed; retrying", "err", err, "failures", failures, "retry_in", delay)
+			continue
+		}
+		// Lasting: the lag gauge is stale, and the fetch watch probes
+		// quiet partitions without it (fetchwatch.go).
+		cons.errLog.warn(cons.log, "listing end offsets keeps failing: the consumer lag gauge is stale", "lag-listing",
+			"err", err, "failures", failures, "retry_in", delay)
 	}
 }
