@@ -253,9 +253,9 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 			st.lastRestartAt = now
 			if st.restarts > fetchRestartsBeforeReadd {
 				cons.readdStalledTopic(tp, v.wait.Detail)
-			} else {
-				cons.restartFetching(tp, at, v.wait.Detail)
+				return // the topic's partitions are lost: the next round sees the new assignment
 			}
+			cons.restartFetching(tp, at, v.wait.Detail)
 		}
 	}
 }
