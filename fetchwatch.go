@@ -246,6 +246,13 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 			roundErr = pr.err
 		}
 		v := judgeFetch(tp, at, f.Quiet, pr, st, restartEvery, now)
+		if v.clean && !(st.clean && st.at == at) {
+			// Once per offset: a partition behind its listed watermark
+			// with nothing to fetch is rare enough to say.
+			cons.log.Info("quiet partition: its leader has no committed record to fetch", "partition", tp.String(),
+				"offset", at, "listed_high_watermark", hwm, "listing_fresh", fresh,
+				"leader_high_watermark", pr.hwm, "leader_last_stable_offset", pr.lso)
+		}
 		st.clean, st.at, st.hwm, st.probedAt = v.clean, at, hwm, now
 		cons.set.SetFetchWait(tp, v.wait)
 		if v.restart {
