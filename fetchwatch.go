@@ -13,6 +13,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/tuning"
 )
 
 // The fetch watch: a partition its Kafka client stops fetching.
@@ -233,7 +234,20 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		// Found clean: asked again once the offset or the watermark moves,
 		// or, while the watermarks are stale, every restartEvery.
 		cleanStill := st.clean && st.at == at && (fresh && st.hwm == hwm || !fresh && now.Sub(st.probedAt) < restartEvery)
-		if f.Paused || now.Sub(f.Quiet) < quietFor || !behind || cleanStill {
+		trace := func(verdict string) {
+			tuning.NoteFetchWatch(cons.c, cons.c.cfg.kafkaTopic(tp.Topic), tp.Partition, verdict)
+		}
+		if skip := f.Paused || now.Sub(f.Quiet) < quietFor || !behind || cleanStill; skip {
+			switch {
+			case f.Paused:
+				trace("paused")
+			case now.Sub(f.Quiet) < quietFor:
+				trace("recent")
+			case !behind:
+				trace(fmt.Sprintf("caught up at %d (listed high watermark %d, known %t)", at, hwm, known))
+			default:
+				trace(fmt.Sprintf("clean at %d", at))
+			}
 			cons.set.SetFetchWait(tp, nil)
 			continue
 		}
@@ -246,6 +260,12 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 			roundErr = pr.err
 		}
 		v := judgeFetch(tp, at, f.Quiet, pr, st, restartEvery, now)
+		switch {
+		case v.wait != nil:
+			trace(fmt.Sprintf("wait at %d: %s (restart %t)", at, v.wait.Detail, v.restart))
+		default:
+			trace(fmt.Sprintf("probed clean at %d (leader high watermark %d, last stable offset %d)", at, pr.hwm, pr.lso))
+		}
 		if v.clean && !(st.clean && st.at == at) {
 			// Once per offset: a partition behind its listed watermark
 			// with nothing to fetch is rare enough to say.

@@ -106,6 +106,9 @@ type kafkaLog struct {
 	// fetched is how far each replica's consumer client fetched and
 	// polled each partition, for the report of a stalled partition.
 	fetched map[ownKey]*fetchMark
+	// watched is each fetch watch's last verdict on a partition it owns
+	// (tuning.FetchWatchTrace), with its time.
+	watched map[ownKey]string
 }
 
 // fetchMark is the highest offset a replica's client buffered (fetched)
@@ -126,17 +129,35 @@ const recentRecords = 8192
 func newKafkaLog() *kafkaLog {
 	return &kafkaLog{buffered: map[*kgo.Record]time.Time{}, open: map[ownKey]int{}, clients: map[string][]*kgo.Client{},
 		replicaOf: map[any]string{}, gone: map[string]time.Time{}, rogue: map[recordPos]bool{}, rogueDoubt: map[doubtKey]int{},
-		fetched: map[ownKey]*fetchMark{}}
+		fetched: map[ownKey]*fetchMark{}, watched: map[ownKey]string{}}
 }
 
-// install makes the log receive every publisher's ownership changes.
+// install makes the log receive every publisher's ownership changes and
+// every fetch watch verdict.
 func (l *kafkaLog) install() {
 	f := l.ownershipChanged
 	tuning.PublisherOwnership.Store(&f)
+	w := l.fetchWatched
+	tuning.FetchWatchTrace.Store(&w)
 }
 
 // uninstall undoes install.
-func (l *kafkaLog) uninstall() { tuning.PublisherOwnership.Store(nil) }
+func (l *kafkaLog) uninstall() {
+	tuning.PublisherOwnership.Store(nil)
+	tuning.FetchWatchTrace.Store(nil)
+}
+
+// fetchWatched keeps a fetch watch's last verdict on a partition.
+func (l *kafkaLog) fetchWatched(owner any, topic string, partition int32, verdict string) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	replica, ok := l.replicaOf[owner]
+	if !ok {
+		return
+	}
+	l.watched[ownKey{replica, bareTopic(topic), partition}] = fmt.Sprintf("%s (%s)", verdict, now.Format(tsFormat))
+}
 
 // register names the replica of an outbox client, before it runs.
 func (l *kafkaLog) register(client *outbox.Client, replica string) {
@@ -317,12 +338,16 @@ func (l *kafkaLog) fetchedBy(replica, group, topic string, partition int32) stri
 			}
 		}
 	}
+	watch := ", its fetch watch said nothing of it"
+	if v, ok := l.watched[ownKey{replica, topic, partition}]; ok {
+		watch = ", its fetch watch's last verdict: " + v
+	}
 	m := l.fetched[ownKey{replica, topic, partition}]
 	if m == nil {
-		return "its clients fetched nothing of it, " + paused
+		return "its clients fetched nothing of it, " + paused + watch
 	}
-	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s), %s",
-		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat), paused)
+	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s), %s%s",
+		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat), paused, watch)
 }
 
 // consumerMember returns the member id and generation of the consumer

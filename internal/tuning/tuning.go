@@ -46,3 +46,19 @@ var ConsumerNoDuplicateLookup atomic.Bool
 // stays behind, unseen. The chaos harness sets it to show that its
 // kafka-fetch-forget fault needs the watch. Read when a consumer starts.
 var NoFetchWatch atomic.Bool
+
+// FetchWatchTrace is a callback that, when set, the consumer's fetch watch
+// calls with its verdict on each owned partition at each round: the
+// *outbox.Client that runs it, the partition's Kafka topic and number, and
+// the verdict in words ("paused", "recent", "caught up at N", "clean at
+// N", "probe failed at N: ...", "restart at N", "re-subscribe at N"...).
+// The chaos harness keeps the last one per partition for its stall report.
+// Called on the watch's goroutine: it must return quickly.
+var FetchWatchTrace atomic.Pointer[func(owner any, topic string, partition int32, verdict string)]
+
+// NoteFetchWatch calls FetchWatchTrace when it is set.
+func NoteFetchWatch(owner any, topic string, partition int32, verdict string) {
+	if f := FetchWatchTrace.Load(); f != nil {
+		(*f)(owner, topic, partition, verdict)
+	}
+}
