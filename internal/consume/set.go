@@ -191,8 +191,8 @@ func (s *Set) Waits() []Wait {
 type Fetching struct {
 	// Next is the offset after the last record handed over; -1 before any.
 	Next int64
-	// Quiet is since when nothing was handed over: the last records, or
-	// the worker's start.
+	// Quiet is since when nothing new was handed over: the last records
+	// past Next's earlier value, or the worker's start.
 	Quiet time.Time
 	// Paused is whether the worker paused the partition's fetching.
 	Paused bool

@@ -133,5 +133,15 @@ func TestSetFetchWait(t *testing.T) {
 	}
 	s.SetFetchWait(tp, nil)
 	require.Empty(t, fetchWaits())
+
+	// The same records handed over again are not fetching: the partition
+	// stays quiet since the last new ones, and a wait judged on that stays.
+	s.Enqueue(tp, recs)
+	h2 := s.Fetching()[tp]
+	require.EqualValues(t, 2, h2.Next)
+	require.True(t, h2.Quiet.Equal(g.Quiet), "records handed again do not end a quiet spell")
+	s.SetFetchWait(tp, &Wait{Partition: tp, What: "fetch", Offset: 2, Since: g.Quiet, Detail: "again"})
+	s.Enqueue(tp, recs[:1])
+	require.Len(t, fetchWaits(), 1, "nor clear its wait")
 	s.SetFetchWait(TopicPartition{Topic: "other"}, &Wait{What: "fetch"}) // not owned: nothing happens
 }

@@ -170,11 +170,12 @@ func (w *Worker) Enqueue(recs []*kgo.Record) {
 	for _, r := range recs {
 		w.inBytes += len(r.Value)
 	}
-	if n := len(recs); n > 0 {
+	// Only records past those handed over before count as fetching: a
+	// client that hands the same records again and again (the scheduler
+	// drops them as seen) is not fetching the partition.
+	if n := len(recs); n > 0 && recs[n-1].Offset+1 > w.nextIn.Load() {
 		w.lastIn.Store(time.Now().UnixNano())
-		if next := recs[n-1].Offset + 1; next > w.nextIn.Load() {
-			w.nextIn.Store(next) // only Enqueue writes it, under w.mu
-		}
+		w.nextIn.Store(recs[n-1].Offset + 1) // only Enqueue writes it, under w.mu
 		w.fetchMu.Lock()
 		w.fetchWait = nil // fetched again: the wait is over
 		w.fetchMu.Unlock()
