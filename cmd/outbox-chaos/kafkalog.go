@@ -116,6 +116,10 @@ type kafkaLog struct {
 type fetchMark struct {
 	Buffered, Polled     int64
 	BufferedAt, PolledAt time.Time
+	// Last is the last record fetched, whatever its offset (a client
+	// fetching old records again shows here, not in Buffered).
+	Last   int64
+	LastAt time.Time
 }
 
 type ownKey struct {
@@ -293,6 +297,7 @@ func (k replicaHooks) OnFetchRecordBuffered(r *kgo.Record) {
 	if r.Offset >= m.Buffered {
 		m.Buffered, m.BufferedAt = r.Offset, now
 	}
+	m.Last, m.LastAt = r.Offset, now
 	k.l.mu.Unlock()
 }
 
@@ -346,8 +351,8 @@ func (l *kafkaLog) fetchedBy(replica, group, topic string, partition int32) stri
 	if m == nil {
 		return "its clients fetched nothing of it, " + paused + watch
 	}
-	return fmt.Sprintf("its clients fetched up to offset %d (%s) and polled up to %d (%s), %s%s",
-		m.Buffered, m.BufferedAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat), paused, watch)
+	return fmt.Sprintf("its clients fetched up to offset %d (%s), last offset %d (%s), and polled up to %d (%s), %s%s",
+		m.Buffered, m.BufferedAt.Format(tsFormat), m.Last, m.LastAt.Format(tsFormat), m.Polled, m.PolledAt.Format(tsFormat), paused, watch)
 }
 
 // consumerMember returns the member id and generation of the consumer
