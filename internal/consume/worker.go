@@ -104,8 +104,8 @@ type Worker struct {
 
 	// What the poll loop handed over, for the fetch watch (Set.Fetching):
 	// started is when the worker started, nextIn the offset after the last
-	// record enqueued (-1 before any), lastIn when records were last
-	// enqueued (unix ns, 0 before any).
+	// record enqueued (-1 before any), lastIn when records past nextIn
+	// were last enqueued (unix ns, 0 before any).
 	started time.Time
 	nextIn  atomic.Int64
 	lastIn  atomic.Int64
@@ -267,8 +267,8 @@ func (w *Worker) fetching() Fetching {
 	return f
 }
 
-// quiet is since when the worker was handed nothing: its last records, or
-// its start. Atomics only: called under fetchMu, which Enqueue takes
+// quiet is since when the worker was handed nothing new: its last records
+// past those it had, or its start. Atomics only: called under fetchMu, which Enqueue takes
 // under mu.
 func (w *Worker) quiet() time.Time {
 	if ns := w.lastIn.Load(); ns != 0 {
