@@ -108,7 +108,7 @@ func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
 	recreate := recreator(t, b, 1)
 	recreate()
 	var calls atomic.Int64
-	replicas, stops, _ := startRecreateReplicas(t, b, "recreate-takeover", &calls)
+	replicas, stops, _ := startRecreateReplicas(t, b, "recreate-takeover", &calls, nil)
 	handled := func(n int64) func() bool {
 		return func() bool { return count(t, replicas[0].inbox, bson.D{{Key: "handled", Value: true}}) == n }
 	}
@@ -199,50 +199,18 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	recreate := recreator(t, b, 2) // two partitions: one for each replica
 	recreate()
 	var calls atomic.Int64
-	replicas, _, logs := startRecreateReplicas(t, b, "recreate-late", &calls)
+	replicas, _, logs := startRecreateReplicas(t, b, "recreate-late", &calls, nil)
 	group := replicas[0].cfg.ConsumerGroup
-	produce := func(key string, partition int32, seq int) {
-		t.Helper()
-		env := b.envelope(key)
-		env.OccurredAt = time.Now()
-		rec := encodeRecord(&env, b.payload(t, key, seq))
-		rec.Partition = partition
-		b.produceRaw(t, rec)
-	}
-	handled := func(n int64) func() bool {
-		return func() bool { return count(t, replicas[0].inbox, bson.D{{Key: "handled", Value: true}}) == n }
-	}
-	caughtUp := func() bool {
-		ends, err := adm.ListEndOffsets(ctx, topic)
-		if err != nil {
-			return false
-		}
-		committed, err := adm.FetchOffsets(ctx, group)
-		if err != nil {
-			return false
-		}
-		ok := true
-		ends.Each(func(o kadm.ListedOffset) {
-			c, found := committed.Lookup(topic, o.Partition)
-			ok = ok && found && c.At == o.Offset
-		})
-		return ok
-	}
-	eventually(t, "each replica owns a partition", func() bool {
-		for _, c := range replicas {
-			if st, _ := c.Status(ctx); len(st.Handling) != 1 {
-				return false
-			}
-		}
-		return true
-	})
-	produce("o-1", 0, 0)
-	produce("o-2", 1, 0)
+	handled := func(n int64) func() bool { return handledIs(t, replicas[0], n) }
+	caughtUp := groupAtEnds(adm, group, topic)
+	eventually(t, "each replica owns a partition", eachOwnsOne(replicas))
+	produceTo(t, b, "o-1", 0, 0)
+	produceTo(t, b, "o-2", 1, 0)
 	eventually(t, "handled before the recreation", handled(2))
 
 	recreate()
-	produce("o-3", 0, 1)
-	produce("o-4", 1, 1)
+	produceTo(t, b, "o-3", 0, 1)
+	produceTo(t, b, "o-4", 1, 1)
 	eventually(t, "handled after the recreation", handled(4))
 	eventually(t, "the group's offsets at the new topic's ends", caughtUp)
 
@@ -272,14 +240,18 @@ func recreator(t *testing.T, b *bundle, n int32) func() {
 }
 
 // startRecreateReplicas starts two consuming replicas of service whose
-// handler counts its calls; their logs are printed if the test fails.
-func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64) (replicas []*Client, stops []func(), logs *syncbuf.Buffer) {
+// handler counts its calls; prepare, when not nil, adjusts each before it
+// starts. Their logs are printed if the test fails.
+func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64, prepare func(i int, c *Client)) (replicas []*Client, stops []func(), logs *syncbuf.Buffer) {
 	logs = &syncbuf.Buffer{}
 	for i := range 2 {
 		cfg := consumerConfig(b, service)
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
 		c := b.client(t, cfg)
 		MustHandle(c, effectHandler(b, calls))
+		if prepare != nil {
+			prepare(i, c)
+		}
 		replicas = append(replicas, c)
 		stops = append(stops, start(t, c))
 	}
@@ -289,6 +261,56 @@ func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomi
 		}
 	})
 	return replicas, stops, logs
+}
+
+// produceTo writes a framework record of orderPlaced with key and sequence
+// number seq to partition of the orders topic.
+func produceTo(t *testing.T, b *bundle, key string, partition int32, seq int) {
+	t.Helper()
+	env := b.envelope(key)
+	env.OccurredAt = time.Now()
+	rec := encodeRecord(&env, b.payload(t, key, seq))
+	rec.Partition = partition
+	b.produceRaw(t, rec)
+}
+
+// handledIs reports whether c's inbox holds n handled entries.
+func handledIs(t *testing.T, c *Client, n int64) func() bool {
+	return func() bool { return count(t, c.inbox, bson.D{{Key: "handled", Value: true}}) == n }
+}
+
+// eachOwnsOne reports whether each replica handles exactly one partition.
+func eachOwnsOne(replicas []*Client) func() bool {
+	return func() bool {
+		for _, c := range replicas {
+			if st, _ := c.Status(context.Background()); len(st.Handling) != 1 {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// groupAtEnds reports whether the group's committed offsets of every
+// partition of topic are at the partition's end.
+func groupAtEnds(adm *kadm.Client, group, topic string) func() bool {
+	return func() bool {
+		ctx := context.Background()
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err != nil {
+			return false
+		}
+		committed, err := adm.FetchOffsets(ctx, group)
+		if err != nil {
+			return false
+		}
+		ok := true
+		ends.Each(func(o kadm.ListedOffset) {
+			c, found := committed.Lookup(topic, o.Partition)
+			ok = ok && found && c.At == o.Offset
+		})
+		return ok
+	}
 }
 
 // The reset of a recreated topic's offsets is three writes: the claim (an
@@ -315,19 +337,7 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 			crashed := make(chan struct{})
 			var crashOnce sync.Once
 			var calls atomic.Int64
-			logs := &syncbuf.Buffer{}
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Log(logs.String())
-				}
-			})
-			var replicas []*Client
-			var stops []func()
-			for i := range 2 {
-				cfg := consumerConfig(b, "reset-crash")
-				cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
-				c := b.client(t, cfg)
-				MustHandle(c, effectHandler(b, &calls))
+			replicas, stops, _ := startRecreateReplicas(t, b, "reset-crash", &calls, func(i int, c *Client) {
 				c.resetWait = 2 * time.Second
 				if i == 0 {
 					// Dies at step: blocks there (nothing more is written)
@@ -352,32 +362,16 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 						return false
 					}
 				}
-				replicas = append(replicas, c)
-				stops = append(stops, start(t, c))
-			}
+			})
 			group := replicas[0].cfg.ConsumerGroup
 			produce := func(partition int32, n int) {
 				t.Helper()
 				for i := range n {
-					key := fmt.Sprintf("p%d-%d-%d", partition, n, i)
-					env := b.envelope(key)
-					env.OccurredAt = time.Now()
-					rec := encodeRecord(&env, b.payload(t, key, i))
-					rec.Partition = partition
-					b.produceRaw(t, rec)
+					produceTo(t, b, fmt.Sprintf("p%d-%d-%d", partition, n, i), partition, i)
 				}
 			}
-			handled := func(n int64) func() bool {
-				return func() bool { return count(t, replicas[1].inbox, bson.D{{Key: "handled", Value: true}}) == n }
-			}
-			eventually(t, "each replica owns a partition", func() bool {
-				for _, c := range replicas {
-					if st, _ := c.Status(ctx); len(st.Handling) != 1 {
-						return false
-					}
-				}
-				return true
-			})
+			handled := func(n int64) func() bool { return handledIs(t, replicas[1], n) }
+			eventually(t, "each replica owns a partition", eachOwnsOne(replicas))
 			produce(0, 3)
 			produce(1, 3)
 			eventually(t, "handled before the recreation", handled(6))
@@ -408,22 +402,7 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 			stops[0]()
 
 			eventually(t, "every record of the new topic handled", handled(16))
-			eventually(t, "the group's offsets at the new topic's ends", func() bool {
-				ends, err := adm.ListEndOffsets(ctx, topic)
-				if err != nil {
-					return false
-				}
-				committed, err := adm.FetchOffsets(ctx, group)
-				if err != nil {
-					return false
-				}
-				ok := true
-				ends.Each(func(o kadm.ListedOffset) {
-					c, found := committed.Lookup(topic, o.Partition)
-					ok = ok && found && c.At == o.Offset
-				})
-				return ok
-			})
+			eventually(t, "the group's offsets at the new topic's ends", groupAtEnds(adm, group, topic))
 			var doc struct {
 				DoneAt  *time.Time `bson:"done_at"`
 				Replica string     `bson:"replica"`
