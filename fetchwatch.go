@@ -237,17 +237,19 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		trace := func(verdict string) {
 			tuning.NoteFetchWatch(cons.c, cons.c.cfg.kafkaTopic(tp.Topic), tp.Partition, verdict)
 		}
-		if skip := f.Paused || now.Sub(f.Quiet) < quietFor || !behind || cleanStill; skip {
-			switch {
-			case f.Paused:
-				trace("paused")
-			case now.Sub(f.Quiet) < quietFor:
-				trace("recent")
-			case !behind:
-				trace(fmt.Sprintf("caught up at %d (listed high watermark %d, known %t)", at, hwm, known))
-			default:
-				trace(fmt.Sprintf("clean at %d", at))
-			}
+		skip := ""
+		switch {
+		case f.Paused:
+			skip = "paused"
+		case now.Sub(f.Quiet) < quietFor:
+			skip = "recent"
+		case !behind:
+			skip = fmt.Sprintf("caught up at %d (listed high watermark %d, known %t)", at, hwm, known)
+		case cleanStill:
+			skip = fmt.Sprintf("clean at %d", at)
+		}
+		if skip != "" {
+			trace(skip)
 			cons.set.SetFetchWait(tp, nil)
 			continue
 		}
