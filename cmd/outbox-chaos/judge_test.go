@@ -461,7 +461,24 @@ func TestWaitSettled(t *testing.T) {
 		return settleState{settled: looks > 100, progress: fmt.Sprint(looks / 5)}, nil
 	}, func(string, ...any) {}, nil)
 	require.True(t, ok)
-	require.Equal(t, 101, looks)
+	require.Equal(t, 102, looks, "settled is confirmed by a second look")
+
+	// A torn look: one look says settled (its reads straddled a commit),
+	// the next one sees the work that commit left.
+	clk = &fakeClock{now: time.Now()}
+	looks = 0
+	ok, _ = waitSettled(context.Background(), clk, time.Second, 10*time.Second, func(context.Context) (settleState, error) {
+		looks++
+		switch {
+		case looks == 3:
+			return settleState{settled: true, progress: "3"}, nil
+		case looks < 6:
+			return settleState{progress: fmt.Sprint(looks)}, nil
+		}
+		return settleState{settled: true, progress: "done"}, nil
+	}, func(string, ...any) {}, nil)
+	require.True(t, ok)
+	require.Equal(t, 7, looks, "the torn look at 3 is not taken for settled")
 
 	clk = &fakeClock{now: time.Now()}
 	looks = 0

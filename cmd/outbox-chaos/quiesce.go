@@ -44,8 +44,8 @@ func (realClock) Now() time.Time                                   { return time
 func (realClock) Sleep(ctx context.Context, d time.Duration) error { return sleepCtx(ctx, d) }
 
 // waitSettled looks every `every` (or thrice as long as a look took, when
-// longer) until look reports everything settled
-// (true), or until nothing progressed for stall (false, with the last
+// longer) until two looks in a row report everything settled with the
+// same progress (true), or until nothing progressed for stall (false, with the last
 // look). Errors of look count as no progress; logf hears the state every
 // few seconds, onIdle (when not nil) how long nothing progressed after
 // each look.
@@ -59,7 +59,12 @@ func waitSettled(ctx context.Context, clk clock, every, stall time.Duration, loo
 		st, err := look(ctx)
 		took := clk.Now().Sub(began)
 		if err == nil {
-			if st.settled {
+			// A look is several reads, not one snapshot: a handling that
+			// commits between them can make one look settled while work
+			// remains (the expected effects read before the commit, the
+			// effects after it; its follow-up not yet counted). Settled
+			// means two looks in a row settled with nothing moved between.
+			if st.settled && seen && last.settled && st.progress == last.progress {
 				logf("quiet: %s", st.summary)
 				return true, st
 			}
