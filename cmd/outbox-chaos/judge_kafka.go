@@ -251,7 +251,11 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 					return !t.After(ps[k].by.Buffered) && !roundMarkedBefore(e, t)
 				}
 				for _, t := range ends[e.Replica] {
-					explained = explained || cut(t)
+					// A kill or stop is noted before the replica is torn
+					// down, and its goroutines run on for a moment: what
+					// it publishes after the note is a dying replica's,
+					// which it may never mark.
+					explained = explained || cut(t) || !t.After(lo)
 				}
 				for _, t := range failures[failKey{e.Replica, e.Topic, e.Partition}] {
 					// The failed record may come before e in its batch.

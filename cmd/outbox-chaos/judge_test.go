@@ -310,6 +310,18 @@ func TestJudgeFencingExplainsDuplicates(t *testing.T) {
 	require.Empty(t, v.all())
 	require.Equal(t, 1, dups)
 
+	// r1 killed just before it handed the record to its producer: a
+	// replica's goroutines outlive the moment its kill is noted, and what
+	// it publishes then it never marks.
+	// Its group notices the loss later, after the next owner published.
+	f = newFencing().publish("r1", 0, "a", 3).publish("r2", 1, "a", 12)
+	f.f.Owned[0].To, f.f.Owned[0].Ended = f.at(13), "lost"
+	f.f.Gone["r1"] = f.at(2.99)
+	f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(2.99), Kind: "kill"})
+	dups, v = f.judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+
 	// Published again by the same owner, nothing in between.
 	dups, v = newFencing().publish("r1", 0, "a", 3).publish("r1", 1, "a", 6).judge()
 	requireFails(t, v, "duplicate-unexplained")
