@@ -221,7 +221,10 @@ func TestWorkerStopAndLose(t *testing.T) {
 			h := newHarness(t, 4, nil)
 			ids := h.enqueue(ev{"a", "block"}, ev{"b", "ok"})
 			require.Equal(t, ids[0], <-h.f.blocked)
-			waitFor(t, "b handled", func() bool { return h.handled(ids[1]) })
+			// Settled in the worker's loop, not only committed in the
+			// store: a result still on its way would let a's result
+			// arrive first, and the worker commit offset 1 before 2.
+			waitFor(t, "b settled", func() bool { return h.handled(ids[1]) && h.w.Stats().Unsettled == 1 })
 			stopped := make(chan struct{})
 			go func() {
 				if lose {
