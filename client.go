@@ -14,6 +14,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+
+	"github.com/event-outbox/outbox/internal/consume"
 )
 
 // Client is the framework's entry point in a service: it records events in
@@ -43,6 +45,9 @@ type Client struct {
 	// fetch watch's period, quiet time and restart spacing when positive
 	// (fetchwatch.go); tests shorten them.
 	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
+	// fetchRestartHook, when set, hears each restart of the fetch watch
+	// before it acts (reason set_offsets or resubscribe); tests set it.
+	fetchRestartHook func(tp consume.TopicPartition, reason string)
 	// resetWait replaces how long a resubscribing replica waits for another
 	// replica's reset of a recreated topic's offsets when positive, and
 	// resetHook, when set, crashes a reset at a step (recreated.go); crash

@@ -294,6 +294,9 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
 	cons.log.Warn("re-subscribing a topic: restarting its partition's fetching did not help", "partition", tp.String(), "why", why)
 	cons.c.tel.fetchRestarted(tp, "resubscribe")
+	if h := cons.c.fetchRestartHook; h != nil {
+		h(tp, "resubscribe")
+	}
 	cons.readdTopic(cons.c.cfg.kafkaTopic(tp.Topic), nil)
 }
 
@@ -302,6 +305,9 @@ func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
 func (cons *consumer) restartFetching(tp consume.TopicPartition, at int64, why string) {
 	cons.log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
 	cons.c.tel.fetchRestarted(tp, "set_offsets")
+	if h := cons.c.fetchRestartHook; h != nil {
+		h(tp, "set_offsets")
+	}
 	topic := cons.c.cfg.kafkaTopic(tp.Topic)
 	cons.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
 		topic: {tp.Partition: {Epoch: restartEpoch(cons.cl, topic, tp.Partition, at), Offset: at}},
