@@ -346,7 +346,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	l := h.klog
 	l.mu.Lock()
 	res.Redelivered = countRedelivered(l.polls, settledAt)
-	ff := &fencingFacts{Records: tr.records, Produced: l.produced, Owned: l.owned, Interruptions: l.interruptions,
+	ff := &fencingFacts{Records: tr.records, Produced: append(slices.Clone(l.produced), l.unfinished(time.Now())...), Owned: l.owned, Interruptions: l.interruptions,
 		Gone: maps.Clone(l.gone), Rogue: maps.Clone(l.rogue), RogueDoubt: maps.Clone(l.rogueDoubt), MarkedAt: markedAt}
 	l.mu.Unlock()
 

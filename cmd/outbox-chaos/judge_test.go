@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox"
 )
@@ -284,6 +285,24 @@ func TestJudgeFencingFailsARecordNoReplicaProduced(t *testing.T) {
 	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 5}, ID: "x"})
 	_, v := f.judge()
 	requireFails(t, v, "fence-unattributed")
+
+	// A produce whose promise never completed (its replica killed, its
+	// client abandoned) may have landed too.
+	l := newKafkaLog()
+	replicaHooks{l, "r1"}.OnProduceRecordBuffered(&kgo.Record{Topic: "t", Partition: 0,
+		Headers: []kgo.RecordHeader{{Key: outbox.HeaderIdempotencyKey, Value: []byte("x")}}})
+	gone := time.Now()
+	l.gone["r1"] = gone
+	inDoubt := l.unfinished(gone.Add(time.Minute))
+	require.Len(t, inDoubt, 1)
+	p := inDoubt[0]
+	require.Equal(t, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "x", Buffered: p.Buffered, Done: gone, Err: true}, p)
+	f = newFencing()
+	p.Buffered, p.Done = f.at(3), f.at(9) // while r1 owned the partition
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 5}, ID: "x"})
+	f.f.Produced = append(f.f.Produced, p)
+	_, v = f.judge()
+	require.Empty(t, v.all())
 
 	// A produce that failed on a replica may have landed (in doubt).
 	f = newFencing()

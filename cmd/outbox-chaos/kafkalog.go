@@ -90,7 +90,7 @@ type poll struct {
 // kafkaLog gathers the Kafka facts of a run. Safe for concurrent use.
 type kafkaLog struct {
 	mu            sync.Mutex
-	buffered      map[*kgo.Record]time.Time
+	buffered      map[*kgo.Record]pubRecord // handed to a producer, not yet completed
 	produced      []pubRecord
 	owned         []ownership
 	open          map[ownKey]int // index in owned of the open intervals
@@ -131,7 +131,7 @@ type ownKey struct {
 const recentRecords = 8192
 
 func newKafkaLog() *kafkaLog {
-	return &kafkaLog{buffered: map[*kgo.Record]time.Time{}, open: map[ownKey]int{}, clients: map[string][]*kgo.Client{},
+	return &kafkaLog{buffered: map[*kgo.Record]pubRecord{}, open: map[ownKey]int{}, clients: map[string][]*kgo.Client{},
 		replicaOf: map[any]string{}, gone: map[string]time.Time{}, rogue: map[recordPos]bool{}, rogueDoubt: map[doubtKey]int{},
 		fetched: map[ownKey]*fetchMark{}, watched: map[ownKey]string{}}
 }
@@ -245,6 +245,23 @@ func (l *kafkaLog) goneAt(replica string, t time.Time) {
 	}
 }
 
+// unfinished returns the produces no promise ever completed, as failed
+// ones (in doubt: they may be in the topic): a replica killed with records
+// in flight, its client abandoned, never hears how they went. They end
+// when the replica was gone, or at now. Under l.mu.
+func (l *kafkaLog) unfinished(now time.Time) []pubRecord {
+	var out []pubRecord
+	for _, p := range l.buffered {
+		p.Err, p.Done = true, now
+		if g, ok := l.gone[p.Replica]; ok && g.After(p.Buffered) {
+			p.Done = g
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b pubRecord) int { return a.Buffered.Compare(b.Buffered) })
+	return out
+}
+
 // hooks returns the kgo hooks of a replica's clients.
 func (l *kafkaLog) hooks(replica string) kgo.Opt { return kgo.WithHooks(replicaHooks{l, replica}) }
 
@@ -261,9 +278,10 @@ func (k replicaHooks) OnNewClient(cl *kgo.Client) {
 }
 
 func (k replicaHooks) OnProduceRecordBuffered(r *kgo.Record) {
-	now := time.Now()
+	// The publisher partitions its records itself: the partition is known.
+	p := pubRecord{Replica: k.replica, Topic: bareTopic(r.Topic), Partition: r.Partition, ID: idOf(r), Buffered: time.Now()}
 	k.l.mu.Lock()
-	k.l.buffered[r] = now
+	k.l.buffered[r] = p
 	k.l.mu.Unlock()
 }
 
@@ -273,7 +291,7 @@ func (k replicaHooks) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
 		Done: now, Err: err != nil}
 	k.l.mu.Lock()
 	defer k.l.mu.Unlock()
-	p.Buffered = k.l.buffered[r]
+	p.Buffered = k.l.buffered[r].Buffered
 	delete(k.l.buffered, r)
 	if p.Buffered.IsZero() {
 		p.Buffered = now
