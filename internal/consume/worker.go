@@ -249,12 +249,14 @@ func (w *Worker) Stop() {
 // Config.DrainTimeout) without committing; it returns when the loop has
 // returned.
 func (w *Worker) Lose() {
-	w.close()
+	// The loop hears of the loss before the worker shows closed: once
+	// closed shows, no commit starts.
 	select {
 	case <-w.kill:
 	default:
 		close(w.kill)
 	}
+	w.close()
 	<-w.done
 }
 
@@ -565,9 +567,17 @@ func (w *Worker) loop() {
 			load = loadAt
 		}
 		armTimer(timer, now, nextWake, commitAt, recheck, load)
-		// Commit what may be committed.
+		// Commit what may be committed. A Lose that came meanwhile wins
+		// over the results this iteration took: select picks at random
+		// among ready cases, and a lost partition commits nothing.
 		if off, epoch, ok := s.committable(); ok && !lost && !committing && off > committed && !now.Before(retryCommitAt) {
-			startCommit(off, epoch)
+			select {
+			case <-killCh:
+				stopping, lost, killCh = true, true, nil
+				drainTimer = time.After(w.cfg.DrainTimeout)
+			default:
+				startCommit(off, epoch)
+			}
 		}
 		w.lookBack.Store(int64(s.lookahead()))
 		w.unsBytes.Store(int64(s.bytes))
