@@ -293,21 +293,24 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 // did not get fetched again (see the comment at the top of the file).
 func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
 	cons.log.Warn("re-subscribing a topic: restarting its partition's fetching did not help", "partition", tp.String(), "why", why)
-	cons.c.tel.fetchRestarted(tp, "resubscribe")
-	if h := cons.c.fetchRestartHook; h != nil {
-		h(tp, "resubscribe")
-	}
+	cons.fetchRestarted(tp, "resubscribe")
 	cons.readdTopic(cons.c.cfg.kafkaTopic(tp.Topic), nil)
+}
+
+// fetchRestarted counts a restart of the watch (reason set_offsets or
+// resubscribe) and tells the test hook, before the restart acts.
+func (cons *consumer) fetchRestarted(tp consume.TopicPartition, reason string) {
+	cons.c.tel.fetchRestarted(tp, reason)
+	if h := cons.c.fetchRestartHook; h != nil {
+		h(tp, reason)
+	}
 }
 
 // restartFetching sets the partition's fetch offset in the client again
 // (see the comment at the top of the file).
 func (cons *consumer) restartFetching(tp consume.TopicPartition, at int64, why string) {
 	cons.log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
-	cons.c.tel.fetchRestarted(tp, "set_offsets")
-	if h := cons.c.fetchRestartHook; h != nil {
-		h(tp, "set_offsets")
-	}
+	cons.fetchRestarted(tp, "set_offsets")
 	topic := cons.c.cfg.kafkaTopic(tp.Topic)
 	cons.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
 		topic: {tp.Partition: {Epoch: restartEpoch(cons.cl, topic, tp.Partition, at), Offset: at}},

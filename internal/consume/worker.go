@@ -447,6 +447,11 @@ func (w *Worker) loop() {
 	)
 	defer timer.Stop()
 	defer tick.Stop()
+	// onLose is the loop's answer to Lose, wherever it hears of it.
+	onLose := func() {
+		stopping, lost, killCh = true, true, nil
+		drainTimer = time.After(w.cfg.DrainTimeout)
+	}
 
 	startUnit := func(u *Unit) {
 		running[u] = time.Now()
@@ -573,8 +578,7 @@ func (w *Worker) loop() {
 		if off, epoch, ok := s.committable(); ok && !lost && !committing && off > committed && !now.Before(retryCommitAt) {
 			select {
 			case <-killCh:
-				stopping, lost, killCh = true, true, nil
-				drainTimer = time.After(w.cfg.DrainTimeout)
+				onLose()
 			default:
 				startCommit(off, epoch)
 			}
@@ -641,8 +645,7 @@ func (w *Worker) loop() {
 			stopping, stopCh = true, nil
 			drainTimer = time.After(w.cfg.DrainTimeout)
 		case <-killCh:
-			stopping, lost, killCh = true, true, nil
-			drainTimer = time.After(w.cfg.DrainTimeout)
+			onLose()
 		case <-drainTimer:
 			cancelUnits()
 		case <-workDone:
