@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -63,7 +64,8 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 		// A listing may succeed for some partitions only: keep those.
 		listed.Each(func(o kadm.ListedOffset) {
 			if o.Err == nil {
-				cons.c.tel.setHighWatermark(cons.c.cfg.bareTopic(o.Topic), o.Partition, o.Offset)
+				end := tuning.ListedEnd(cons.c, o.Topic, o.Partition, o.Offset)
+				cons.c.tel.setHighWatermark(cons.c.cfg.bareTopic(o.Topic), o.Partition, end)
 			}
 		})
 		if err == nil {
