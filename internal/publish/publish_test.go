@@ -575,6 +575,61 @@ func TestSetOwnership(t *testing.T) {
 	mu.Unlock()
 }
 
+// Regression (cmd/outbox-chaos, fence-outside): the publisher closes its
+// set while the group's rebalance callbacks still run. A Revoke of a
+// partition whose worker Close was still stopping returned at once, and
+// the group gave the partition to another member while this one was
+// still producing its batch. Revoke now returns when that worker exited;
+// Lose kills it.
+func TestSetRevokeWaitsForAWorkerCloseIsStopping(t *testing.T) {
+	t.Parallel()
+	for _, lose := range []bool{false, true} {
+		store := &memStore{}
+		store.add(testTP, 3, "a", "b", "c") // one wave
+		block := make(chan struct{})
+		prod := &fakeProducer{block: block}
+		s := NewSet(func(tp TopicPartition) *Worker {
+			w, _ := newTestWorker(store, prod, validLease(), 10)
+			return w
+		})
+		s.Assign([]TopicPartition{testTP})
+		eventually(t, func() bool { prod.mu.Lock(); defer prod.mu.Unlock(); return prod.calls == 3 }, "batch not produced")
+		closed := make(chan struct{})
+		go func() { s.Close(); close(closed) }()
+		eventually(t, func() bool { return len(s.Owned()) == 0 }, "Close did not take the worker")
+		revoked := make(chan struct{})
+		go func() {
+			if lose {
+				s.Lose([]TopicPartition{testTP})
+			} else {
+				s.Revoke([]TopicPartition{testTP})
+			}
+			close(revoked)
+		}()
+		if lose {
+			<-revoked // killed: returns with the batch unresolved
+			<-closed
+			close(block)
+			p, _ := store.counts()
+			require.Zero(t, p, "a lost partition's batch was marked")
+			continue
+		}
+		select {
+		case <-revoked:
+			t.Fatal("Revoke returned while Close was still finishing the partition's batch")
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(block)
+		<-revoked
+		<-closed
+		p, _ := store.counts()
+		require.Equal(t, 3, p, "the batch was finished and marked")
+		s.mu.Lock()
+		require.Empty(t, s.stopping, "stopped workers are forgotten")
+		s.mu.Unlock()
+	}
+}
+
 func TestWatcherPipeline(t *testing.T) {
 	t.Parallel()
 	w := &Watcher{TopicField: "topic", PartitionField: "partition"}

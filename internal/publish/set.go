@@ -14,16 +14,25 @@ type Set struct {
 
 	mu      sync.Mutex
 	workers map[TopicPartition]*Worker
-	gen     uint64
-	changed chan struct{} // closed and replaced when the owned set changes
-	closed  bool
-	streams uint64 // last stream id given by Attach
+	// stopping are the workers removed from workers and not exited yet.
+	// A Revoke or Lose waits for the workers of its partitions that
+	// another call is stopping: Close runs on the publisher's goroutine
+	// while the group's rebalance callbacks still run, and a callback that
+	// returned while Close was still finishing the partition's batch would
+	// let the group hand the partition to another member with this one
+	// still producing to it (found by cmd/outbox-chaos, fence-outside).
+	stopping map[TopicPartition][]*Worker
+	gen      uint64
+	changed  chan struct{} // closed and replaced when the owned set changes
+	closed   bool
+	streams  uint64 // last stream id given by Attach
 }
 
 // NewSet returns an empty set; newWorker makes the worker of a newly
 // assigned partition (not started).
 func NewSet(newWorker func(TopicPartition) *Worker) *Set {
-	return &Set{newWorker: newWorker, workers: map[TopicPartition]*Worker{}, changed: make(chan struct{})}
+	return &Set{newWorker: newWorker, workers: map[TopicPartition]*Worker{}, stopping: map[TopicPartition][]*Worker{},
+		changed: make(chan struct{})}
 }
 
 func (s *Set) bump() {
@@ -55,29 +64,52 @@ func (s *Set) Assign(tps []TopicPartition) {
 	}
 }
 
+// remove takes the workers of tps out of the owned set into stopping and
+// returns them with the workers of tps that earlier calls are stopping.
 func (s *Set) remove(tps []TopicPartition) []*Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ws []*Worker
+	removed := false
 	for _, tp := range tps {
 		if w, ok := s.workers[tp]; ok {
 			delete(s.workers, tp)
-			ws = append(ws, w)
+			s.stopping[tp] = append(s.stopping[tp], w)
+			removed = true
 		}
+		ws = append(ws, s.stopping[tp]...)
 	}
-	if len(ws) > 0 {
+	if removed {
 		s.bump()
 	}
 	return ws
 }
 
-// Revoke stops the workers of tps gracefully, in parallel, and returns
-// when all have exited: no record is produced for them afterwards.
-func (s *Set) Revoke(tps []TopicPartition) { stopAll(s.remove(tps), (*Worker).Stop) }
+// stop stops the workers of tps with stop (Stop and Kill may be called
+// again on a worker another call is stopping: each returns once it
+// exited), in parallel, and returns when all have exited.
+func (s *Set) stop(tps []TopicPartition, stop func(*Worker)) {
+	ws := s.remove(tps)
+	stopAll(ws, stop)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range ws {
+		s.stopping[w.tp] = slices.DeleteFunc(s.stopping[w.tp], func(o *Worker) bool { return o == w })
+		if len(s.stopping[w.tp]) == 0 {
+			delete(s.stopping, w.tp)
+		}
+	}
+}
 
-// Lose stops the workers of tps at once (no mark of batches in flight) and
-// returns when all have exited.
-func (s *Set) Lose(tps []TopicPartition) { stopAll(s.remove(tps), (*Worker).Kill) }
+// Revoke stops the workers of tps gracefully, in parallel, and returns
+// when all have exited, also those another call (Close) was stopping: no
+// record is produced for them afterwards.
+func (s *Set) Revoke(tps []TopicPartition) { s.stop(tps, (*Worker).Stop) }
+
+// Lose stops the workers of tps at once (no mark of batches in flight;
+// one that Close is stopping gracefully is killed) and returns when all
+// have exited.
+func (s *Set) Lose(tps []TopicPartition) { s.stop(tps, (*Worker).Kill) }
 
 // Close stops every worker gracefully and refuses later assignments.
 func (s *Set) Close() {
