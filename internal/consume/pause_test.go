@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -310,4 +311,62 @@ func TestWorkerEnqueueAfterStopIsDropped(t *testing.T) {
 	h.w.mu.Lock()
 	defer h.w.mu.Unlock()
 	require.Empty(t, h.w.inbound)
+}
+
+// The consumer closes its set while the group's rebalance callbacks still
+// run. A Revoke or Lose of a partition whose worker Close is draining
+// returns only once that worker stopped (the group must not hand the
+// partition on while it still runs or commits); a Lose stops its commits.
+func TestSetRevokeWaitsForAWorkerCloseIsDraining(t *testing.T) {
+	for _, lose := range []bool{false, true} {
+		t.Run(map[bool]string{false: "revoke", true: "lose"}[lose], func(t *testing.T) {
+			h := newSetHarness(t, nil)
+			tp := TopicPartition{"orders", 1}
+			h.s.Assign([]TopicPartition{tp})
+			id := fmt.Sprintf("%s@%d", tp, 0)
+			h.s.Enqueue(tp, []*kgo.Record{fakeRecord(tp, 0, "a", id, "block")})
+			require.Equal(t, id, <-h.f.blocked)
+			closed := make(chan struct{})
+			go func() { h.s.Close(); close(closed) }()
+			waitFor(t, "Close took the worker", func() bool { return len(h.s.Owned()) == 0 })
+			revoked := make(chan struct{})
+			go func() {
+				if lose {
+					h.s.Lose([]TopicPartition{tp})
+				} else {
+					h.s.Revoke([]TopicPartition{tp})
+				}
+				close(revoked)
+			}()
+			if lose {
+				// Lose closes the worker's kill before it waits.
+				waitFor(t, "the loss heard", func() bool {
+					h.s.mu.Lock()
+					defer h.s.mu.Unlock()
+					for w := range h.s.stopping {
+						select {
+						case <-w.kill:
+							return true
+						default:
+						}
+					}
+					return false
+				})
+			}
+			select {
+			case <-revoked:
+				t.Fatal("returned while Close was still draining the partition's worker")
+			case <-time.After(50 * time.Millisecond):
+			}
+			h.f.unblock(id)
+			<-revoked
+			<-closed
+			require.True(t, h.f.get(id).handled, "the running unit finished")
+			if lose {
+				require.Empty(t, h.f.committed(tp), "a lost partition commits nothing")
+			} else {
+				require.Equal(t, []int64{1}, h.f.committed(tp))
+			}
+		})
+	}
 }

@@ -52,11 +52,14 @@ func (s *Set) Assign(tps []TopicPartition) {
 }
 
 // Revoke stops the workers of revoked partitions, each after its running
-// units and its last commit, and returns when all have stopped.
+// units and its last commit, and returns when all have stopped, also
+// those another call (Close) was stopping: the group must not hand a
+// partition on while its worker still runs or commits.
 func (s *Set) Revoke(tps []TopicPartition) { s.stop(s.remove(tps), false) }
 
-// Lose stops the workers of lost partitions at once, without committing,
-// and returns when all have stopped.
+// Lose stops the workers of lost partitions at once, without committing
+// (one that Close is draining stops committing too), and returns when all
+// have stopped.
 func (s *Set) Lose(tps []TopicPartition) { s.stop(s.remove(tps), true) }
 
 // Close stops every worker as Revoke does.
@@ -72,6 +75,8 @@ func (s *Set) Close() {
 	s.stop(ws, false)
 }
 
+// remove takes the workers of tps out of the owned set into stopping and
+// returns them with the workers of tps that earlier calls are stopping.
 func (s *Set) remove(tps []TopicPartition) []*Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -80,6 +85,10 @@ func (s *Set) remove(tps []TopicPartition) []*Worker {
 		if w := s.workers[tp]; w != nil {
 			delete(s.workers, tp)
 			s.stopping[w] = true
+		}
+	}
+	for w := range s.stopping {
+		if slices.Contains(tps, w.tp) {
 			ws = append(ws, w)
 		}
 	}

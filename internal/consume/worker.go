@@ -70,8 +70,11 @@ type Worker struct {
 	wake chan struct{} // capacity 1: records were enqueued
 	stop chan struct{} // closed by Stop
 	kill chan struct{} // closed by Lose
-	done chan struct{} // closed when the loop returns
-	reqs chan chan []Wait
+	// stopOnce and killOnce close stop and kill: Stop and Lose may run at
+	// once (a callback's Lose of a worker Close is stopping).
+	stopOnce, killOnce sync.Once
+	done               chan struct{} // closed when the loop returns
+	reqs               chan chan []Wait
 
 	// mu guards the fields below, and every pause or resume of tp is made
 	// with it held, together with the change of paused: so the client's
@@ -237,11 +240,7 @@ func (w *Worker) close() {
 // when the loop has returned.
 func (w *Worker) Stop() {
 	w.close()
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
+	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
 }
 
@@ -251,11 +250,7 @@ func (w *Worker) Stop() {
 func (w *Worker) Lose() {
 	// The loop hears of the loss before the worker shows closed: once
 	// closed shows, no commit starts.
-	select {
-	case <-w.kill:
-	default:
-		close(w.kill)
-	}
+	w.killOnce.Do(func() { close(w.kill) })
 	w.close()
 	<-w.done
 }
