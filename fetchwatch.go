@@ -29,13 +29,7 @@ import (
 // fetching the worker has not paused, that was handed no record for
 // fetchQuietFor, and whose high watermark (the lag poller's listing, or a
 // fetch's) is above the offset its worker expects next, or unknown because
-// the lag poller's listings stopped succeeding. A partition that
-// watermark shows caught up is confirmed by the watch's own listing of the
-// end offsets (through its own client, below; once per round): the
-// consumer's client can be as wrong about a partition's end as about its
-// fetching (a chaos run under load had it list a stalled partition's end at
-// the offset it stopped at, 237 records short of the broker's, while the
-// listings still succeeded). The watch then asks the
+// the lag poller's listings stopped succeeding. It then asks the
 // partition's leader itself, through a Kafka client of its own: one Fetch at
 // that offset, read_committed, no wait, no fetch session (probeFetch).
 //
@@ -99,13 +93,9 @@ type fetchProbe struct {
 type fetchState struct {
 	quiet time.Time // the Fetching.Quiet this state is for
 	// clean is set when a probe found nothing to fetch at (at, hwm).
-	clean    bool
-	at, hwm  int64
-	probedAt time.Time
-	// shortAt is the offset at which the consumer's client last listed
-	// the partition's end short of the watch's own listing (said once per
-	// offset); -1 before.
-	shortAt       int64
+	clean         bool
+	at, hwm       int64
+	probedAt      time.Time
 	restarts      int
 	lastRestartAt time.Time
 }
@@ -220,11 +210,10 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 	// again (a broker down would cost a probe timeout each).
 	topics := map[string]kadm.TopicDetail{}
 	var roundErr error
-	var ends *ownEnds // the watch's own listing, once per round when needed
 	for tp, f := range fetching {
 		st := w.states[tp]
 		if st == nil || !st.quiet.Equal(f.Quiet) {
-			st = &fetchState{quiet: f.Quiet, shortAt: -1} // records came: start over
+			st = &fetchState{quiet: f.Quiet} // records came: start over
 			w.states[tp] = st
 		}
 		at := f.Next
@@ -241,6 +230,10 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		if at < 0 {
 			at = logStart
 		}
+		behind := (known && hwm > at) || !fresh
+		// Found clean: asked again once the offset or the watermark moves,
+		// or, while the watermarks are stale, every restartEvery.
+		cleanStill := st.clean && st.at == at && (fresh && st.hwm == hwm || !fresh && now.Sub(st.probedAt) < restartEvery)
 		trace := func(verdict string) {
 			tuning.NoteFetchWatch(cons.c, cons.c.cfg.kafkaTopic(tp.Topic), tp.Partition, verdict)
 		}
@@ -250,35 +243,9 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 			skip = "paused"
 		case now.Sub(f.Quiet) < quietFor:
 			skip = "recent"
-		case fresh && !(known && hwm > at):
-			// Caught up by the consumer's client's listing. That client
-			// may be wrong about the partition as it is about its fetching
-			// (a stalled partition listed at the offset it stopped at while
-			// the broker's end moved on): the watch's own listing confirms.
-			if roundErr == nil {
-				ends = w.listEnds(ctx, fetching, ends)
-				if ctx.Err() != nil {
-					return
-				}
-			}
-			end, err := ends.end(cons.c.cfg.kafkaTopic(tp.Topic), tp.Partition, roundErr)
-			switch {
-			case err != nil:
-				skip = fmt.Sprintf("caught up at %d (listed high watermark %d, known %t; not confirmed by the watch's own listing: %v)", at, hwm, known, err)
-			case end <= at:
-				skip = fmt.Sprintf("caught up at %d (listed high watermark %d, known %t, %d by the watch's own listing)", at, hwm, known, end)
-			default:
-				if st.shortAt != at {
-					st.shortAt = at
-					cons.log.Info("quiet partition: this replica's Kafka client lists its end short of the broker's",
-						"partition", tp.String(), "offset", at, "listed_high_watermark", hwm, "known", known, "broker_high_watermark", end)
-				}
-				hwm = end
-			}
-		}
-		// Found clean: asked again once the offset or the watermark moves,
-		// or, while the watermarks are stale, every restartEvery.
-		if skip == "" && st.clean && st.at == at && (fresh && st.hwm == hwm || !fresh && now.Sub(st.probedAt) < restartEvery) {
+		case !behind:
+			skip = fmt.Sprintf("caught up at %d (listed high watermark %d, known %t)", at, hwm, known)
+		case cleanStill:
 			skip = fmt.Sprintf("clean at %d", at)
 		}
 		if skip != "" {
@@ -368,58 +335,6 @@ func restartEpoch(cl *kgo.Client, topic string, partition int32, at int64) int32
 		}
 	}
 	return -1
-}
-
-// ownEnds is the watch's own listing of the end offsets (high watermarks)
-// of the topics it watches, made at most once per round.
-type ownEnds struct {
-	listed kadm.ListedOffsets
-	err    error
-}
-
-// listEnds lists, through the watch's own client, the end offsets of the
-// topics of the fetched partitions, unless listed already this round.
-func (w *fetchWatch) listEnds(ctx context.Context, fetching map[consume.TopicPartition]consume.Fetching, ends *ownEnds) *ownEnds {
-	if ends != nil {
-		return ends
-	}
-	ends = &ownEnds{}
-	cl, err := w.probeClient()
-	if err != nil {
-		ends.err = err
-		return ends
-	}
-	seen := map[string]bool{}
-	var topics []string
-	for tp := range fetching {
-		if t := w.cons.c.cfg.kafkaTopic(tp.Topic); !seen[t] {
-			seen[t] = true
-			topics = append(topics, t)
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, fetchProbeTimeout)
-	defer cancel()
-	ends.listed, ends.err = kadm.NewClient(cl).ListEndOffsets(ctx, topics...)
-	return ends
-}
-
-// end is a partition's end offset in the listing, or why there is none.
-// roundErr, a failed probe of this round, stands for a listing not made.
-func (e *ownEnds) end(topic string, partition int32, roundErr error) (int64, error) {
-	if e == nil {
-		return -1, roundErr
-	}
-	o, ok := e.listed.Lookup(topic, partition)
-	switch {
-	case ok && o.Err == nil:
-		return o.Offset, nil
-	case ok:
-		return -1, o.Err
-	case e.err != nil:
-		return -1, e.err
-	default:
-		return -1, fmt.Errorf("partition %s/%d not listed", topic, partition)
-	}
 }
 
 // probeFetch asks the partition's leader for its committed records from

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/event-outbox/outbox/internal/retry"
-	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
@@ -64,8 +63,7 @@ func (cons *consumer) pollLag(ctx context.Context, topics []string) {
 		// A listing may succeed for some partitions only: keep those.
 		listed.Each(func(o kadm.ListedOffset) {
 			if o.Err == nil {
-				end := tuning.ListedEnd(cons.c, o.Topic, o.Partition, o.Offset)
-				cons.c.tel.setHighWatermark(cons.c.cfg.bareTopic(o.Topic), o.Partition, end)
+				cons.c.tel.setHighWatermark(cons.c.cfg.bareTopic(o.Topic), o.Partition, o.Offset)
 			}
 		})
 		if err == nil {

@@ -510,25 +510,6 @@ func (in *injector) produceMalformed(ctx context.Context, rec *kgo.Record) error
 	return err
 }
 
-// endOffset lists the end offset (high watermark) of a partition of the
-// main topic.
-func (in *injector) endOffset(ctx context.Context, partition int32) (int64, error) {
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	listed, err := kadm.NewClient(in.raw).ListEndOffsets(lctx, in.topic)
-	if err != nil {
-		return 0, fmt.Errorf("listing the end offsets of %s: %w", in.topic, err)
-	}
-	o, ok := listed.Lookup(in.topic, partition)
-	switch {
-	case !ok:
-		return 0, fmt.Errorf("listing the end offsets of %s: partition %d not listed", in.topic, partition)
-	case o.Err != nil:
-		return 0, fmt.Errorf("listing the end offset of %s/%d: %w", in.topic, partition, o.Err)
-	}
-	return o.Offset, nil
-}
-
 // forgetAtQuiescence runs kafka-fetch-forget once more where only the
 // consumer's fetch watch can help. Armed once the load is done, it fires in
 // the fetch session a member opens when an extra replica joins (the member
@@ -557,22 +538,13 @@ func (h *harness) forgetAtQuiescence(ctx context.Context, cfg config) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// kafka-listing-stale: the replicas' lag pollers list the partition's
-	// end where their clients stopped fetching it, so its owner's listing
-	// says caught up (before the malformed record, and as the publishers'
-	// backlog lands).
-	end, err := h.inj.endOffset(ctx, f.partition)
-	if err != nil {
-		return fmt.Errorf("kafka-listing-stale: %w", err)
-	}
-	h.klog.listStale(h.inj.topic, f.partition, end)
 	// pick: no workload key (bit 4 clear), bad JSON (pick%4 == 0), on the
 	// partition left out (bits 8 and up).
 	a := action{kind: fMalformed, pick: uint64(f.partition) << 8}
 	if err := h.inj.writeMalformed(ctx, a); err != nil {
 		return fmt.Errorf("kafka-fetch-forget at quiescence: %w", err)
 	}
-	h.logf("kafka-fetch-forget at quiescence: %s/%d left out of a fetch session when an extra replica joined; a malformed record written to it; its end listed where each replica's client stopped fetching it (kafka-listing-stale)",
+	h.logf("kafka-fetch-forget at quiescence: %s/%d left out of a fetch session when an extra replica joined; a malformed record written to it",
 		h.inj.topic, f.partition)
 	return nil
 }

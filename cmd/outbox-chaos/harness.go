@@ -514,9 +514,6 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		h.logf("kafka-fetch-forget: left out of a fetch session: %s", strings.Join(h.inj.forgot, ", "))
 	}
 	h.inj.mu.Unlock()
-	if n := h.klog.listingsLowered(); n > 0 {
-		h.logf("kafka-listing-stale: %d lag listings lowered to where the replica's client stopped fetching", n)
-	}
 	h.genMu.Lock()
 	res.Rebalances = len(h.gens)
 	h.genMu.Unlock()

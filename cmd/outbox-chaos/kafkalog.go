@@ -109,24 +109,6 @@ type kafkaLog struct {
 	// watched is each fetch watch's last verdict on a partition it owns
 	// (tuning.FetchWatchTrace), with its time.
 	watched map[ownKey]string
-	// stale is the partition whose end the consumers' lag pollers list
-	// short (kafka-listing-stale), nil until armed; lowered counts the
-	// listings it lowered.
-	stale   *staleListing
-	lowered int
-}
-
-// staleListing is an armed kafka-listing-stale: every replica's lag
-// poller lists the end of partition (Kafka topic) no further than where
-// its own clients stopped fetching it: the offset after the last record
-// they fetched of it, or the partition's end when the fault was armed
-// (end) if that is further. A consumer's client once listed a partition
-// it had stopped fetching at the offset where it stopped (stop 37's y-24):
-// the fetch watch must not take that for caught up.
-type staleListing struct {
-	topic     string
-	partition int32
-	end       int64
 }
 
 // fetchMark is the highest offset a replica's client buffered (fetched)
@@ -161,53 +143,12 @@ func (l *kafkaLog) install() {
 	tuning.PublisherOwnership.Store(&f)
 	w := l.fetchWatched
 	tuning.FetchWatchTrace.Store(&w)
-	e := l.listedEnd
-	tuning.LagListing.Store(&e)
 }
 
 // uninstall undoes install.
 func (l *kafkaLog) uninstall() {
 	tuning.PublisherOwnership.Store(nil)
 	tuning.FetchWatchTrace.Store(nil)
-	tuning.LagListing.Store(nil)
-}
-
-// listStale arms kafka-listing-stale for a partition (Kafka topic) whose
-// end is now end.
-func (l *kafkaLog) listStale(topic string, partition int32, end int64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stale = &staleListing{topic: topic, partition: partition, end: end}
-}
-
-// listedEnd is the end offset a replica's lag poller keeps for a partition
-// it listed at offset: see staleListing.
-func (l *kafkaLog) listedEnd(owner any, topic string, partition int32, offset int64) int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stale == nil || l.stale.topic != topic || l.stale.partition != partition {
-		return offset
-	}
-	replica, ok := l.replicaOf[owner]
-	if !ok {
-		return offset
-	}
-	stopped := l.stale.end
-	if m := l.fetched[ownKey{replica, bareTopic(topic), partition}]; m != nil {
-		stopped = max(stopped, m.Buffered+1)
-	}
-	if stopped >= offset {
-		return offset
-	}
-	l.lowered++
-	return stopped
-}
-
-// listingsLowered is how many listings kafka-listing-stale lowered.
-func (l *kafkaLog) listingsLowered() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lowered
 }
 
 // fetchWatched keeps a fetch watch's last verdict on a partition.

@@ -74,9 +74,7 @@
 // kfake's fault hooks; a partition left out of the next fetch session a
 // consumer opens (kafka-fetch-forget, on a stream of its own: its client
 // never fetches it again until the consumer's fetch watch restarts it;
-// fetch_forgotten counts them, and the catch-up check judges them; the
-// one at quiescence also has the lag pollers list the partition's end
-// where their clients stopped fetching it, kafka-listing-stale);
+// fetch_forgotten counts them, and the catch-up check judges them);
 // malformed records written straight to the topic.
 // Half the malformed records carry a workload key: they take their place
 // in that key's sequence and hold its later events until purged. Against

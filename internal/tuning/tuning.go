@@ -62,22 +62,3 @@ func NoteFetchWatch(owner any, topic string, partition int32, verdict string) {
 		(*f)(owner, topic, partition, verdict)
 	}
 }
-
-// LagListing is a callback that, when set, the consumer's lag poller calls
-// with each end offset it listed: the *outbox.Client that runs it, the
-// partition's Kafka topic and number, and the offset. The poller keeps
-// the offset it returns. The chaos harness makes it return a stale end for
-// the partition its last kafka-fetch-forget left out (a consumer's client
-// once listed a partition it had stopped fetching at the offset where it
-// stopped, while the broker's end moved on; the fetch watch must not take
-// that for caught up). Called on the poller's goroutine: it must return
-// quickly.
-var LagListing atomic.Pointer[func(owner any, topic string, partition int32, offset int64) int64]
-
-// ListedEnd passes a listed end offset through LagListing when it is set.
-func ListedEnd(owner any, topic string, partition int32, offset int64) int64 {
-	if f := LagListing.Load(); f != nil {
-		return (*f)(owner, topic, partition, offset)
-	}
-	return offset
-}
