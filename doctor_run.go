@@ -36,12 +36,13 @@ func (c *Client) checkAtStart(ctx context.Context) {
 		}
 		return
 	}
-	c.doctor.Store(&r)
 	for _, f := range r.Breaking() {
 		log.Warn("outbox: doctor: a setting breaks a guarantee: "+f.Problem,
 			"check", f.Check, "subject", f.Subject, "read", f.Read, "guarantee", f.Guarantee, "fix", f.Fix)
 	}
 	log.Info("outbox: " + r.Summary())
+	// Stored last: once Status shows the report, its log lines are written.
+	c.doctor.Store(&r)
 }
 
 // registerDoctorGauge reports the counts of the start check's findings by
