@@ -371,9 +371,10 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		v.fail("stalled", "consumer lag unknown: %v", err)
 	}
 	for _, tp := range slices.SortedFunc(maps.Keys(lags), compareTP) {
-		if lags[tp] > 0 {
+		if l := lags[tp]; l.Behind() > 0 {
 			res.StalledPartitions++
-			v.fail("stalled", "partition %s/%d stalled: the consumer group is %d records behind the end", tp.Topic, tp.Partition, lags[tp])
+			v.fail("stalled", "partition %s/%d stalled: the consumer group is %d records behind the end (group committed %d, end %d)",
+				tp.Topic, tp.Partition, l.Behind(), l.Committed, l.End)
 		}
 	}
 	if res.StalledPartitions > 0 {
@@ -467,9 +468,16 @@ func compareTP(a, b topicPartition) int {
 	return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 }
 
-// lag returns, per partition of the topics, how far the consumer group's
-// committed offset is behind the partition's end.
-func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
+// lagAt is a partition's end and the consumer group's committed offset
+// in it (0 when none).
+type lagAt struct{ End, Committed int64 }
+
+// Behind is how far the committed offset is behind the end.
+func (l lagAt) Behind() int64 { return max(0, l.End-l.Committed) }
+
+// lag returns, per partition of the topics, its end and the consumer
+// group's committed offset.
+func (h *harness) lag(ctx context.Context) (map[topicPartition]lagAt, error) {
 	adm := kadm.NewClient(h.inj.raw)
 	ends, err := adm.ListEndOffsets(ctx, h.topic, kafkaTopic(chainTopic()), kafkaTopic(recreateTopic()))
 	if err != nil {
@@ -479,7 +487,7 @@ func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("group offsets: %w", err)
 	}
-	lags := map[topicPartition]int64{}
+	lags := map[topicPartition]lagAt{}
 	var ferr error
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Err != nil {
@@ -490,7 +498,7 @@ func (h *harness) lag(ctx context.Context) (map[topicPartition]int64, error) {
 		if c, ok := offs.Lookup(o.Topic, o.Partition); ok && c.Err == nil && c.At > 0 {
 			at = c.At
 		}
-		lags[topicPartition{o.Topic, o.Partition}] = max(0, o.Offset-at)
+		lags[topicPartition{o.Topic, o.Partition}] = lagAt{End: o.Offset, Committed: at}
 	})
 	return lags, ferr
 }

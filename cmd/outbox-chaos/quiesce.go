@@ -125,9 +125,9 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 	}
 	behind, lagSum := 0, int64(0)
 	for _, l := range lags {
-		if l > 0 {
+		if l.Behind() > 0 {
 			behind++
-			lagSum += l
+			lagSum += l.Behind()
 		}
 	}
 	bySchema := h.rec.counts()
@@ -220,8 +220,8 @@ func (h *harness) unsettled(ctx context.Context) string {
 	if lags, err := h.lag(ctx); err == nil {
 		var s []string
 		for tp, l := range lags {
-			if l > 0 {
-				s = append(s, fmt.Sprintf("%s/%d: %d (%s)", tp.Topic, tp.Partition, l, h.handlersOf(ctx, tp)))
+			if l.Behind() > 0 {
+				s = append(s, fmt.Sprintf("%s/%d: %d (group committed %d, end %d; %s)", tp.Topic, tp.Partition, l.Behind(), l.Committed, l.End, h.handlersOf(ctx, tp)))
 			}
 		}
 		if len(s) > 0 {
