@@ -459,6 +459,19 @@ func TestWorkerRevokedLeaseCancelsBatch(t *testing.T) {
 	eventually(t, func() bool { p, _ := store.counts(); return p == 5 }, "not published after renewal")
 }
 
+// requireHeldUntil fails with msg if returned closes before release is
+// closed (checked for 50 ms), then closes release and waits for returned.
+func requireHeldUntil(t *testing.T, returned <-chan struct{}, release chan struct{}, msg string) {
+	t.Helper()
+	select {
+	case <-returned:
+		t.Fatal(msg)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-returned
+}
+
 func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 	t.Parallel()
 	for _, kill := range []bool{false, true} {
@@ -485,13 +498,7 @@ func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 			require.Zero(t, p, "killed worker marked")
 			continue
 		}
-		select {
-		case <-stopped:
-			t.Fatal("Stop returned before the batch in flight finished")
-		case <-time.After(20 * time.Millisecond):
-		}
-		close(block)
-		<-stopped
+		requireHeldUntil(t, stopped, block, "Stop returned before the batch in flight finished")
 		p, _ := store.counts()
 		require.Equal(t, 5, p, "gracefully stopped worker did not mark its batch")
 	}
@@ -614,13 +621,7 @@ func TestSetRevokeWaitsForAWorkerCloseIsStopping(t *testing.T) {
 			require.Zero(t, p, "a lost partition's batch was marked")
 			continue
 		}
-		select {
-		case <-revoked:
-			t.Fatal("Revoke returned while Close was still finishing the partition's batch")
-		case <-time.After(50 * time.Millisecond):
-		}
-		close(block)
-		<-revoked
+		requireHeldUntil(t, revoked, block, "Revoke returned while Close was still finishing the partition's batch")
 		<-closed
 		p, _ := store.counts()
 		require.Equal(t, 3, p, "the batch was finished and marked")

@@ -21,7 +21,7 @@ type Set struct {
 	// returned while Close was still finishing the partition's batch would
 	// let the group hand the partition to another member with this one
 	// still producing to it (found by cmd/outbox-chaos, fence-outside).
-	stopping map[TopicPartition][]*Worker
+	stopping map[*Worker]bool
 	gen      uint64
 	changed  chan struct{} // closed and replaced when the owned set changes
 	closed   bool
@@ -31,7 +31,7 @@ type Set struct {
 // NewSet returns an empty set; newWorker makes the worker of a newly
 // assigned partition (not started).
 func NewSet(newWorker func(TopicPartition) *Worker) *Set {
-	return &Set{newWorker: newWorker, workers: map[TopicPartition]*Worker{}, stopping: map[TopicPartition][]*Worker{},
+	return &Set{newWorker: newWorker, workers: map[TopicPartition]*Worker{}, stopping: map[*Worker]bool{},
 		changed: make(chan struct{})}
 }
 
@@ -69,18 +69,22 @@ func (s *Set) Assign(tps []TopicPartition) {
 func (s *Set) remove(tps []TopicPartition) []*Worker {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var ws []*Worker
 	removed := false
 	for _, tp := range tps {
 		if w, ok := s.workers[tp]; ok {
 			delete(s.workers, tp)
-			s.stopping[tp] = append(s.stopping[tp], w)
+			s.stopping[w] = true
 			removed = true
 		}
-		ws = append(ws, s.stopping[tp]...)
 	}
 	if removed {
 		s.bump()
+	}
+	var ws []*Worker
+	for w := range s.stopping {
+		if slices.Contains(tps, w.tp) {
+			ws = append(ws, w)
+		}
 	}
 	return ws
 }
@@ -94,10 +98,7 @@ func (s *Set) stop(tps []TopicPartition, stop func(*Worker)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, w := range ws {
-		s.stopping[w.tp] = slices.DeleteFunc(s.stopping[w.tp], func(o *Worker) bool { return o == w })
-		if len(s.stopping[w.tp]) == 0 {
-			delete(s.stopping, w.tp)
-		}
+		delete(s.stopping, w)
 	}
 }
 
