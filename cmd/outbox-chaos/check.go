@@ -564,15 +564,93 @@ type topicsRead struct {
 // event must come right after the first record of the event before it in
 // the key's order (places over every kind): publish-order.
 func (h *harness) readTopics(ctx context.Context, topics []string, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, v *verdict) (*topicsRead, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(h.env.brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	tr := &topicsRead{published: map[string]bool{}, first: map[string]int64{}, malformed: map[recordPos]bool{}, keyOf: map[recordPos]string{}}
+	lastPlace := map[seqKey]int64{} // the last place seen first published
+	err := readToEnd(ctx, h.env.brokers, topics, 5*time.Minute, func(r *kgo.Record) {
+		r.Topic = bareTopic(r.Topic) // the checks compare bare names
+		pos := recordPos{r.Topic, r.Partition, r.Offset}
+		id, schema := idOf(r), headerValue(r, outbox.HeaderContentSchema)
+		if schema == "" {
+			_, schema = bodyIdentity(r) // the Python library's records
+		}
+		rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r)}
+		noID := id == "" && headerValue(r, outbox.HeaderVersion) == "" // the Python library's, without idempotency_key
+		if noID || headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
+			rec.Malformed = true
+			tr.malformed[pos] = true
+			tr.keyOf[pos] = rec.Key
+			tr.records = append(tr.records, rec)
+			return
+		}
+		tr.records = append(tr.records, rec)
+		e := byID[id]
+		switch {
+		case e == nil && aborted[id]:
+			leaked[id] = true
+			v.fail("leaked", "leaked: record %s (id %q) of an aborted transaction", malformedRef(pos), id)
+			return
+		case e == nil:
+			v.fail("record-unknown", "record %s (id %q) is not a committed event", malformedRef(pos), id)
+			return
+		case e.Topic != r.Topic:
+			v.fail("record-mismatch", "record %s of event %s is on the wrong topic", malformedRef(pos), id)
+			return
+		}
+		ref := eventRef(e.Topic, e.ID)
+		if !tr.published[ref] {
+			tr.published[ref] = true
+			tr.first[ref] = r.Offset
+		}
+		if !recordMatches(schema, r.Value, e) {
+			v.fail("record-mismatch", "record %s does not match its ledger entry %+v", malformedRef(pos), *e)
+			return
+		}
+		k := seqKey{e.Topic, e.Key}
+		last := lastPlace[k]
+		switch {
+		case e.Place <= last:
+			// A duplicate publication: judged by judgeFencing.
+		case e.Place == last+1:
+			lastPlace[k] = e.Place
+		default:
+			tr.publishViolations++
+			v.fail("publish-order", "key %s on %s: %s %s (place %d) first published after place %d", e.Key, e.Topic, e.Kind, e.ID, e.Place, last)
+			lastPlace[k] = e.Place
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topics...)
+	return tr, nil
+}
+
+// readToEnd reads topics from their start to the ends they had when it
+// began, passing each record to fn, within timeout. Giving up, it names
+// each partition it did not read to the end, with the offsets it read
+// from and reached, the end it waited for and the partition's last fetch
+// error.
+//
+// Its client fetches without fetch sessions: each fetch names every
+// partition it wants, so a partition the broker leaves out of a session
+// (kafka-fetch-forget, should one be armed still) is asked for again by
+// the next fetch. The replicas' consumers recover such a partition by
+// their fetch watch; this reader has none, and the checks must not
+// depend on a fault meant for the replicas.
+func readToEnd(ctx context.Context, brokers, topics []string, timeout time.Duration, fn func(*kgo.Record)) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableFetchSessions())
 	if err != nil {
-		return nil, fmt.Errorf("end offsets: %w", err)
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("end offsets: %w", err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("start offsets: %w", err)
 	}
 	remaining := map[topicPartition]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
@@ -580,73 +658,50 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 			remaining[topicPartition{o.Topic, o.Partition}] = o.Offset
 		}
 	})
-	tr := &topicsRead{published: map[string]bool{}, first: map[string]int64{}, malformed: map[recordPos]bool{}, keyOf: map[recordPos]string{}}
-	lastPlace := map[seqKey]int64{} // the last place seen first published
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	reached := map[topicPartition]int64{} // the offset after the last record read
+	lastErr := map[topicPartition]error{}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for len(remaining) > 0 {
 		fs := cl.PollFetches(rctx)
 		if rctx.Err() != nil {
-			return nil, fmt.Errorf("reading the topics: %w (%d partitions not read to the end)", rctx.Err(), len(remaining))
+			return fmt.Errorf("reading the topics: %w (%d partitions not read to the end: %s)", rctx.Err(), len(remaining),
+				describeUnread(remaining, starts, reached, lastErr))
 		}
+		fs.EachError(func(t string, p int32, err error) { lastErr[topicPartition{t, p}] = err })
 		fs.EachRecord(func(r *kgo.Record) {
 			tp := topicPartition{r.Topic, r.Partition}
+			reached[tp] = r.Offset + 1
 			if end, ok := remaining[tp]; ok && r.Offset+1 >= end {
 				delete(remaining, tp)
 			}
-			r.Topic = bareTopic(r.Topic) // the checks compare bare names
-			pos := recordPos{r.Topic, r.Partition, r.Offset}
-			id, schema := idOf(r), headerValue(r, outbox.HeaderContentSchema)
-			if schema == "" {
-				_, schema = bodyIdentity(r) // the Python library's records
-			}
-			rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r)}
-			noID := id == "" && headerValue(r, outbox.HeaderVersion) == "" // the Python library's, without idempotency_key
-			if noID || headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
-				rec.Malformed = true
-				tr.malformed[pos] = true
-				tr.keyOf[pos] = rec.Key
-				tr.records = append(tr.records, rec)
-				return
-			}
-			tr.records = append(tr.records, rec)
-			e := byID[id]
-			switch {
-			case e == nil && aborted[id]:
-				leaked[id] = true
-				v.fail("leaked", "leaked: record %s (id %q) of an aborted transaction", malformedRef(pos), id)
-				return
-			case e == nil:
-				v.fail("record-unknown", "record %s (id %q) is not a committed event", malformedRef(pos), id)
-				return
-			case e.Topic != r.Topic:
-				v.fail("record-mismatch", "record %s of event %s is on the wrong topic", malformedRef(pos), id)
-				return
-			}
-			ref := eventRef(e.Topic, e.ID)
-			if !tr.published[ref] {
-				tr.published[ref] = true
-				tr.first[ref] = r.Offset
-			}
-			if !recordMatches(schema, r.Value, e) {
-				v.fail("record-mismatch", "record %s does not match its ledger entry %+v", malformedRef(pos), *e)
-				return
-			}
-			k := seqKey{e.Topic, e.Key}
-			last := lastPlace[k]
-			switch {
-			case e.Place <= last:
-				// A duplicate publication: judged by judgeFencing.
-			case e.Place == last+1:
-				lastPlace[k] = e.Place
-			default:
-				tr.publishViolations++
-				v.fail("publish-order", "key %s on %s: %s %s (place %d) first published after place %d", e.Key, e.Topic, e.Kind, e.ID, e.Place, last)
-				lastPlace[k] = e.Place
-			}
+			fn(r)
 		})
 	}
-	return tr, nil
+	return nil
+}
+
+// describeUnread names the partitions a reader did not read to the end:
+// per partition the offset it read from, the one it reached, the end it
+// waited for, and its last fetch error.
+func describeUnread(remaining map[topicPartition]int64, starts kadm.ListedOffsets, reached map[topicPartition]int64, lastErr map[topicPartition]error) string {
+	parts := make([]string, 0, len(remaining))
+	for _, tp := range slices.SortedFunc(maps.Keys(remaining), compareTP) {
+		from := "unknown"
+		if o, ok := starts.Lookup(tp.Topic, tp.Partition); ok && o.Err == nil {
+			from = fmt.Sprint(o.Offset)
+		}
+		at := "nothing read"
+		if n, ok := reached[tp]; ok {
+			at = fmt.Sprintf("reached %d", n)
+		}
+		d := fmt.Sprintf("%s/%d from %s, %s, end %d", tp.Topic, tp.Partition, from, at, remaining[tp])
+		if err := lastErr[tp]; err != nil {
+			d += fmt.Sprintf(", last fetch error: %v", err)
+		}
+		parts = append(parts, d)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // recordMatches reports whether a record's content schema and payload are
