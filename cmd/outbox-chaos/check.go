@@ -194,7 +194,8 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		effectCount[e.Event]++
 		chained[e.Event] = chained[e.Event] || e.Chained
 	}
-	res.DoubleEffects = judgeEffects(effectCount, byID, aborted, leaked, v)
+	er := judgeEffects(effectCount, byID, aborted, leaked, v)
+	res.DoubleEffects, res.DoubleHandled, res.UnknownEffects = er.Double, er.DoubleHandled, er.Unknown
 	for id, n := range effectCount {
 		if e := byID[id]; e != nil && (e.Kind == kindStep || e.Kind == kindNew) && n > 0 {
 			res.Handled++
@@ -335,7 +336,13 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	if err := h.checkExtras(ctx, res, or, byID, effectCount, v); err != nil {
 		return nil, err
 	}
-	judgeRedrives(redrives, final, v)
+	judgeRedrives(redrives, final, func(ref string) (int, bool) {
+		e := byRef(byID, ref)
+		if e == nil || !e.handledKind() {
+			return 0, false
+		}
+		return effectCount[e.ID], true
+	}, v)
 	settledAt := map[string]time.Time{}
 	for _, c := range changes {
 		ref := eventRef(c.ID.Topic, c.ID.IdempotencyKey)
@@ -351,11 +358,13 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	l.mu.Unlock()
 
 	// Fencing and duplicate publications.
-	res.DuplicatePublications = judgeFencing(ff, v)
+	fr := judgeFencing(ff, v)
+	res.DuplicatePublications, res.FenceViolations, res.UnexplainedDuplicates = fr.Duplicates, fr.Violations, fr.Unexplained
 
 	// Chained events.
 	res.Chained = judgeChains(&chainFacts{ChainTopic: chainTopic(), Ledger: ledger, Chains: func(id string) bool { return chained[id] }, Effects: effectCount,
-		Outbox: chainOutbox, Published: tr.published}, v)
+		Outbox: chainOutbox, Published: tr.published, Leaked: leaked}, v)
+	res.Leaked = len(leaked)
 
 	// Recording with Kafka down, and the run's other violations.
 	h.mu.Lock()
@@ -435,27 +444,34 @@ func oneToN(vs []int64, n int64) bool {
 	return true
 }
 
+// effectsResult is what judgeEffects counts: the effects beyond the first
+// of each event (Double), the events with more than one (DoubleHandled),
+// the effects of no committed event whose handler succeeds (Unknown).
+type effectsResult struct{ Double, DoubleHandled, Unknown int }
+
 // judgeEffects fails on an effect of anything but a committed event whose
-// handler succeeds (effect-unknown, or leaked for an aborted one) and
-// returns the double effects: the effects beyond the first of each event.
-func judgeEffects(effectCount map[string]int, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, v *verdict) int {
-	double := 0
+// handler succeeds (effect-unknown, or leaked for an aborted one) and on
+// an event with more than one effect (double-effect).
+func judgeEffects(effectCount map[string]int, byID map[string]*ledgerEntry, aborted, leaked map[string]bool, v *verdict) effectsResult {
+	var r effectsResult
 	for id, n := range effectCount {
 		e := byID[id]
 		switch {
 		case e != nil && e.handledKind():
 			if n > 1 {
-				double += n - 1
+				r.Double += n - 1
+				r.DoubleHandled++
 				v.fail("double-effect", "%s event %s (key %s place %d) has %d effects", e.Kind, id, e.Key, e.Place, n)
 			}
 		case aborted[id]:
 			leaked[id] = true
 			v.fail("leaked", "leaked: effect of %s, an event of an aborted transaction", id)
 		default:
+			r.Unknown++
 			v.fail("effect-unknown", "effect of %s, which is not a committed step event or follow-up", id)
 		}
 	}
-	return double
+	return r
 }
 
 // topicPartition names a partition.

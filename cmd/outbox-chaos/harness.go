@@ -147,6 +147,20 @@ type result struct {
 	// FetchForgotten counts the partitions kafka-fetch-forget left out of
 	// a fetch session (each must be fetched again: the quiescence check).
 	FetchForgotten int
+	// Doomed counts the handling transactions aborted at their commit
+	// (commitDoom): on the ordinary path, in releases of held keys, with
+	// the commit's result unknown, with a follow-up recorded.
+	Doomed doomCounts
+	// FenceViolations counts the records a replica produced for a
+	// partition outside its ownership, while another replica owned it, or
+	// that no replica produced; UnexplainedDuplicates the duplicate
+	// publications no kill, stop, revoke or failed produce explains.
+	FenceViolations, UnexplainedDuplicates int
+	// DoubleHandled counts the events with more than one effect (the
+	// deduplication's failures, event by event; DoubleEffects counts the
+	// effects beyond the first); UnknownEffects the effects of no
+	// committed event a handler succeeds on.
+	DoubleHandled, UnknownEffects int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -154,17 +168,19 @@ type result struct {
 // summary is the one line the command prints.
 func (r *result) summary() string {
 	return fmt.Sprintf("events=%d handled=%d lost=%d double_effects=%d order_violations=%d parked=%d held=%d redriven=%d "+
-		"redelivered=%d chained=%d duplicate_publications=%d "+
+		"redelivered=%d double_handled=%d unknown_effects=%d chained=%d duplicate_publications=%d unexplained_duplicates=%d fence_violations=%d "+
 		"stalled_partitions=%d leaked=%d kafka_record_failures=%d failed_innocent=%d kills=%d rebalances=%d faults=%d "+
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
-		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d",
+		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
+		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
-		r.Redelivered, r.Chained, r.DuplicatePublications,
+		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
-		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten)
+		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
+		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -208,6 +224,7 @@ type harness struct {
 	began     time.Time
 	op        *operator
 	klog      *kafkaLog      // the replicas' Kafka facts
+	doom      *commitDoom    // aborts handling transactions at their commit; nil with -skip
 	rec       *inboxRecorder // the inbox history
 
 	rewound, rogueRecords int // records replayed; guarded by mu
@@ -378,6 +395,10 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.env.keyConcurrency = max(1, cfg.keyConcurrency)
 	h.env.topicPrefix = cfg.topicPrefix
 	h.env.unique = cfg.migrated
+	if !cfg.skip[fCommitDoomed] {
+		h.doom = newCommitDoom(cfg.seed, admin, srv)
+		h.env.doom = h.doom
+	}
 	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
 	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
 		groups: []string{service, service + ".outbox-publisher"}, keys: keys,
@@ -446,6 +467,11 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		pollWg.Wait()
 	})
 	defer stopPolling()
+	if h.doom != nil {
+		// Through the quiescence too: the operator's last re-drives
+		// release held keys then. Disarmed before the final check.
+		h.doom.armed.Store(true)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { h.runSchedule(loadCtx, acts) })
 	h.runLoad(loadCtx, &wg)
@@ -493,6 +519,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	stopOp()
 	opWg.Wait()
 	stopPolling()
+	if h.doom != nil {
+		h.doom.armed.Store(false)
+	}
 
 	res, err := h.check(ctx)
 	if err != nil {
@@ -508,6 +537,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	res.Rewound, res.RogueRecords = h.rewound, h.rogueRecords
 	h.mu.Unlock()
 	res.KeyConcurrency = h.env.keyConcurrency
+	res.Doomed = h.doom.counts()
 	h.inj.mu.Lock()
 	res.FetchForgotten = len(h.inj.forgot)
 	if len(h.inj.forgot) > 0 {

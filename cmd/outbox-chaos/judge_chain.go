@@ -24,14 +24,27 @@ type chainFacts struct {
 	Outbox map[string][]outboxFact
 	// Published holds the eventRefs found in the topics.
 	Published map[string]bool
+	// Leaked receives the ids of the follow-ups that escaped an aborted
+	// handling transaction (nil: not collected).
+	Leaked map[string]bool
+}
+
+// leak notes an escaped follow-up.
+func (f *chainFacts) leak(id string) {
+	if f.Leaked != nil {
+		f.Leaked[id] = true
+	}
 }
 
 // judgeChains fails on:
 //
 //   - chain-missing: a handled step event that chains without exactly one
-//     follow-up in the ledger and the outbox (a second one is a second
-//     effect of the handling, or an aborted attempt's insert that
-//     escaped its transaction);
+//     follow-up in the ledger and the outbox;
+//   - leaked: a follow-up in the outbox more often than in the ledger (one
+//     committed with its handling, the others written by attempts whose
+//     transaction aborted: its ledger entry went with the transaction, the
+//     outbox document did not), or in the outbox of a step event that was
+//     not handled or does not chain, without a ledger entry;
 //   - chain-unpublished: a follow-up not marked published, or not in the
 //     chain topic;
 //   - chain-handled: a follow-up not handled exactly once;
@@ -64,17 +77,26 @@ func judgeChains(f *chainFacts, v *verdict) (chained int) {
 		lf, ob := follows[e.ID], f.Outbox[fid]
 		handled := f.Effects[e.ID] > 0
 		switch {
-		case !handled:
-			if len(lf) > 0 || len(ob) > 0 {
-				v.fail("chain-unexpected", "step event %s was not handled, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, len(lf), len(ob))
+		case !handled || !f.Chains(e.ID):
+			what := "was not handled"
+			if handled {
+				what = "did not chain"
 			}
-		case !f.Chains(e.ID):
-			if len(lf) > 0 || len(ob) > 0 {
-				v.fail("chain-unexpected", "step event %s did not chain, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, len(lf), len(ob))
+			switch {
+			case len(lf) == 0 && len(ob) > 0:
+				f.leak(fid)
+				v.fail("leaked", "leaked: follow-up %s of %s, which %s, is in the outbox %d times and not in the ledger: written outside an aborted handling transaction",
+					fid, e.ID, what, len(ob))
+			case len(lf) > 0 || len(ob) > 0:
+				v.fail("chain-unexpected", "step event %s %s, yet has %d follow-ups in the ledger and %d in the outbox", e.ID, what, len(lf), len(ob))
 			}
 		default:
 			expected[fid] = true
 			switch {
+			case len(lf) == 1 && len(ob) > 1:
+				f.leak(fid)
+				v.fail("leaked", "leaked: follow-up %s of %s is in the outbox %d times, in the ledger once: the others were written outside aborted handling transactions",
+					fid, e.ID, len(ob))
 			case len(lf) != 1 || len(ob) != 1:
 				v.fail("chain-missing", "step event %s handled: %d follow-ups in the ledger and %d in the outbox, want 1", e.ID, len(lf), len(ob))
 			case !ob[0].Published:

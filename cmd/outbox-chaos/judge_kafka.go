@@ -55,6 +55,16 @@ type publication struct {
 	by  *pubRecord
 }
 
+// fencingResult is what judgeFencing counts.
+type fencingResult struct {
+	// Duplicates counts the publications of events published before,
+	// Violations the records produced by no replica, outside their
+	// producer's ownership of the partition or while another replica
+	// owned it (each record once), Unexplained the duplicates no kill,
+	// stop, revoke or failed produce explains.
+	Duplicates, Violations, Unexplained int
+}
+
 // judgeFencing attributes every record of the topics (but the harness's
 // malformed and rogue ones) to the replica whose producer wrote it, and
 // fails on:
@@ -76,9 +86,10 @@ type publication struct {
 //     nothing of its round had been marked yet (the publisher was cut
 //     before it could mark the round).
 //
-// It returns the number of duplicate publications (every publication of an
-// event after its first).
-func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
+// It counts the duplicate publications (every publication of an event
+// after its first), the records produced against the fence and the
+// duplicate publications unexplained.
+func judgeFencing(f *fencingFacts, v *verdict) (res fencingResult) {
 	acked := map[recordPos]*pubRecord{}
 	failed := map[doubtKey][]*pubRecord{}
 	type failKey struct {
@@ -130,6 +141,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 				rogueDoubt[k]--
 				continue
 			default:
+				res.Violations++
 				v.fail("fence-unattributed", "record %s (event %s) was produced by no replica", malformedRef(r.recordPos), r.ID)
 				continue
 			}
@@ -139,7 +151,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			order = append(order, ref)
 		}
 		pubs[ref] = append(pubs[ref], publication{rec: r, by: by})
-		inside := false
+		inside, overlap := false, false
 		for _, o := range owners[ownKey{r.Topic, r.Partition}] {
 			if !o.From.After(by.Buffered) && (o.To.IsZero() || !by.Buffered.After(o.To)) {
 				if o.Replica == by.Replica {
@@ -151,6 +163,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 					end = g
 				}
 				if end.IsZero() || !by.Buffered.After(end) {
+					overlap = true
 					v.fail("fence-overlap", "record %s (event %s) produced by %s at %s while %s owned the partition (since %s)",
 						malformedRef(r.recordPos), r.ID, by.Replica, by.Buffered.Format(tsFormat), o.Replica, o.From.Format(tsFormat))
 				}
@@ -160,6 +173,9 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			v.fail("fence-outside", "record %s (event %s) produced by %s at %s outside its ownership of %s/%d (%s)",
 				malformedRef(r.recordPos), r.ID, by.Replica, by.Buffered.Format(tsFormat), r.Topic, r.Partition,
 				intervalsOf(owners[ownKey{r.Topic, r.Partition}], by.Replica))
+		}
+		if overlap || !inside {
+			res.Violations++
 		}
 	}
 	// Duplicates, and what explains each.
@@ -230,7 +246,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 	for _, ref := range order {
 		ps := pubs[ref]
 		for k := 1; k < len(ps); k++ {
-			duplicates++
+			res.Duplicates++
 			explained := false
 			for j := 0; j < k && !explained; j++ {
 				e := ps[j].by
@@ -266,6 +282,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 				}
 			}
 			if !explained {
+				res.Unexplained++
 				p, e := ps[k], ps[k-1].by
 				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication, nor before it marked that publication's round: %s (%s: interrupted at [%s], %s)",
 					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), window(e).Round(time.Millisecond), describePubs(ps[:k]),
@@ -273,7 +290,7 @@ func judgeFencing(f *fencingFacts, v *verdict) (duplicates int) {
 			}
 		}
 	}
-	return duplicates
+	return res
 }
 
 // tsFormat prints the times of FAIL lines.

@@ -253,13 +253,28 @@ type redriveFact struct {
 // handled: a Client.Redrive that returned nil must leave its event handled
 // at once, and every re-driven event must end handled (a re-drive that
 // fails parks it again, and the operator re-drives it until it succeeds).
-func judgeRedrives(redrives []redriveFact, final map[string]inboxState, v *verdict) {
+// Handled is judged by the inbox and by the handler's effect: effects
+// tells, for a re-driven event whose handler leaves one, how many it left
+// (ok false for the others: malformed records, poison events), and a
+// handled event must have exactly one (an inbox entry flipped to handled
+// without its handler running, or with it running twice, is no re-drive).
+func judgeRedrives(redrives []redriveFact, final map[string]inboxState, effects func(ref string) (n int, ok bool), v *verdict) {
+	judged := map[string]bool{}
 	for _, r := range redrives {
 		if r.How == "call" && r.After != inboxHandled {
 			v.fail("redrive", "Client.Redrive of %s returned nil, and the event was %s right after", r.Ref, r.After)
 		}
-		if s := final[r.Ref]; s != inboxHandled {
+		s := final[r.Ref]
+		if s != inboxHandled {
 			v.fail("redrive", "re-drive (%s) of %s ended %s, not handled", r.How, r.Ref, s)
+			continue
+		}
+		if judged[r.Ref] {
+			continue // one line per event, however often it was re-driven
+		}
+		judged[r.Ref] = true
+		if n, ok := effects(r.Ref); ok && n != 1 {
+			v.fail("redrive", "re-drive (%s) of %s ended handled with %d effects of its handler, want 1", r.How, r.Ref, n)
 		}
 	}
 }

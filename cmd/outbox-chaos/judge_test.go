@@ -179,15 +179,41 @@ func TestJudgeOrderFailsASettledEventParkedAgain(t *testing.T) {
 // TestJudgeRedrives: a re-drive must end handled.
 func TestJudgeRedrives(t *testing.T) {
 	t.Parallel()
+	once := func(string) (int, bool) { return 1, true }
 	v := &verdict{}
-	judgeRedrives([]redriveFact{{Ref: "a", How: "call", After: inboxParked}}, map[string]inboxState{"a": inboxHandled}, v)
+	judgeRedrives([]redriveFact{{Ref: "a", How: "call", After: inboxParked}}, map[string]inboxState{"a": inboxHandled}, once, v)
 	requireFails(t, v, "redrive")
 	v = &verdict{}
-	judgeRedrives([]redriveFact{{Ref: "a", How: "request"}}, map[string]inboxState{"a": inboxParked}, v)
+	judgeRedrives([]redriveFact{{Ref: "a", How: "request"}}, map[string]inboxState{"a": inboxParked}, once, v)
 	requireFails(t, v, "redrive")
 	v = &verdict{}
 	judgeRedrives([]redriveFact{{Ref: "a", How: "call", After: inboxHandled}, {Ref: "a", How: "request"}},
-		map[string]inboxState{"a": inboxHandled}, v)
+		map[string]inboxState{"a": inboxHandled}, once, v)
+	require.Empty(t, v.all())
+}
+
+// TestJudgeRedrivesByEffect: a re-drive that flips its event to handled
+// without running its handler (or runs it twice) fails as a re-drive,
+// not only as a lost event; events without an effect of their own
+// (malformed records, poison events) are judged by the inbox alone.
+func TestJudgeRedrivesByEffect(t *testing.T) {
+	t.Parallel()
+	effects := map[string]int{"t/a": 0, "t/b": 2, "t/c": 1}
+	of := func(ref string) (int, bool) {
+		n, ok := effects[ref]
+		return n, ok
+	}
+	final := map[string]inboxState{"t/a": inboxHandled, "t/b": inboxHandled, "t/c": inboxHandled, "t/m": inboxHandled}
+	v := &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "t/a", How: "call", After: inboxHandled}, {Ref: "t/a", How: "request"}}, final, of, v)
+	requireFails(t, v, "redrive")
+	require.Len(t, v.all(), 1, "one line per re-driven event")
+	require.Contains(t, v.all()[0], "re-drive (call) of t/a ended handled with 0 effects")
+	v = &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "t/b", How: "request"}}, final, of, v)
+	requireFails(t, v, "redrive")
+	v = &verdict{}
+	judgeRedrives([]redriveFact{{Ref: "t/c", How: "request"}, {Ref: "t/m", How: "request"}}, final, of, v)
 	require.Empty(t, v.all())
 }
 
@@ -196,10 +222,24 @@ func TestJudgeEffectsFailsADoubleEffect(t *testing.T) {
 	t.Parallel()
 	byID := map[string]*ledgerEntry{"a": {ID: "a", Kind: kindStep}, "f": {ID: "f", Kind: kindFollow}}
 	v := &verdict{}
-	require.Equal(t, 0, judgeEffects(map[string]int{"a": 1, "f": 1}, byID, nil, map[string]bool{}, v))
+	require.Equal(t, effectsResult{}, judgeEffects(map[string]int{"a": 1, "f": 1}, byID, nil, map[string]bool{}, v))
 	require.Empty(t, v.all())
-	require.Equal(t, 2, judgeEffects(map[string]int{"a": 2, "f": 2}, byID, nil, map[string]bool{}, v))
+	require.Equal(t, effectsResult{Double: 3, DoubleHandled: 2}, judgeEffects(map[string]int{"a": 2, "f": 3}, byID, nil, map[string]bool{}, v))
 	requireFails(t, v, "double-effect")
+}
+
+// TestJudgeEffectsCountsDedupFailures: the summary's dedup counters, from
+// a hand-made ledger: events handled more than once, and effects of no
+// committed event.
+func TestJudgeEffectsCountsDedupFailures(t *testing.T) {
+	t.Parallel()
+	byID := map[string]*ledgerEntry{"a": {ID: "a", Kind: kindStep}, "b": {ID: "b", Kind: kindStep}, "p": {ID: "p", Kind: kindPoison}}
+	v := &verdict{}
+	r := judgeEffects(map[string]int{"a": 4, "b": 1, "p": 1, "x": 1}, byID, nil, map[string]bool{}, v)
+	require.Equal(t, effectsResult{Double: 3, DoubleHandled: 1, Unknown: 2}, r)
+	res := &result{DoubleEffects: r.Double, DoubleHandled: r.DoubleHandled, UnknownEffects: r.Unknown}
+	require.Contains(t, res.summary(), " double_effects=3 ")
+	require.Contains(t, res.summary(), " double_handled=1 unknown_effects=2 ")
 }
 
 // TestCountRedelivered: only deliveries after the event was settled count.
@@ -243,7 +283,7 @@ func (f *fencing) publish(replica string, off int64, id string, s float64) *fenc
 
 func (f *fencing) judge() (int, *verdict) {
 	v := &verdict{}
-	return judgeFencing(&f.f, v), v
+	return judgeFencing(&f.f, v).Duplicates, v
 }
 
 // TestJudgeFencingPassesOwnedPublications.
@@ -260,6 +300,21 @@ func TestJudgeFencingFailsARecordAfterTheRevoke(t *testing.T) {
 	t.Parallel()
 	_, v := newFencing().publish("r1", 0, "a", 2).publish("r1", 1, "b", 10.5).judge()
 	requireFails(t, v, "fence-outside")
+}
+
+// TestJudgeFencingCountsAZombie: a zombie publisher (it goes on
+// publishing a partition after it lost it, publishing events again) shows
+// in the summary as fence violations and unexplained duplicates, not only
+// as duplicate publications.
+func TestJudgeFencingCountsAZombie(t *testing.T) {
+	t.Parallel()
+	f := newFencing().publish("r1", 0, "a", 2).publish("r2", 1, "b", 12).
+		publish("r1", 2, "c", 10.5).publish("r1", 3, "a", 13).publish("r1", 4, "b", 13.5)
+	v := &verdict{}
+	fr := judgeFencing(&f.f, v)
+	require.Equal(t, fencingResult{Duplicates: 2, Violations: 3, Unexplained: 1}, fr)
+	res := &result{DuplicatePublications: fr.Duplicates, FenceViolations: fr.Violations, UnexplainedDuplicates: fr.Unexplained}
+	require.Contains(t, res.summary(), " duplicate_publications=2 unexplained_duplicates=1 fence_violations=3 ")
 }
 
 // TestJudgeFencingFailsTwoOwnersAtOnce: a record produced while another
@@ -437,7 +492,7 @@ func TestJudgeChains(t *testing.T) {
 	f = chains()
 	f.Outbox[followID("s1")] = append(f.Outbox[followID("s1")], outboxFact{Published: true})
 	_, v = judgeChainsOf(f)
-	requireFails(t, v, "chain-missing") // an aborted attempt's follow-up escaped its transaction
+	requireFails(t, v, "leaked") // an aborted attempt's follow-up escaped its transaction
 
 	f = chains()
 	f.Outbox[followID("s1")][0].Published = false
@@ -462,12 +517,40 @@ func TestJudgeChains(t *testing.T) {
 	f = chains()
 	f.Outbox[followID("s2")] = []outboxFact{{Published: true}}
 	_, v = judgeChainsOf(f)
-	requireFails(t, v, "chain-unexpected") // s2 does not chain
+	requireFails(t, v, "leaked") // s2 does not chain: an aborted attempt's follow-up, without its ledger entry
 
 	f = chains()
 	f.Outbox[followID("s9")] = []outboxFact{{Published: true}}
 	_, v = judgeChainsOf(f)
 	requireFails(t, v, "chain-unexpected") // no such source
+}
+
+// TestJudgeChainsCountsEscapedFollowUps: a follow-up written outside its
+// handling transaction outlives the transaction's abort: its ledger entry
+// goes, its outbox document stays. Each such follow-up is counted in
+// leaked: beside the one its committed retry recorded, or alone when the
+// retry recorded none (the source's final handling did not chain, or it
+// was never handled).
+func TestJudgeChainsCountsEscapedFollowUps(t *testing.T) {
+	t.Parallel()
+	f := chains()
+	f.Leaked = map[string]bool{}
+	f.Outbox[followID("s1")] = append(f.Outbox[followID("s1")], outboxFact{Published: true}) // aborted, then committed
+	f.Outbox[followID("s2")] = []outboxFact{{Published: true}}                               // a slow attempt chained, the next did not
+	_, v := judgeChainsOf(f)
+	requireFails(t, v, "leaked")
+	require.Equal(t, map[string]bool{followID("s1"): true, followID("s2"): true}, f.Leaked)
+	require.Zero(t, v.count("chain-missing")+v.count("chain-unexpected"), "named as leaks: %v", v.all())
+
+	// A follow-up in the ledger of a step event that does not chain is
+	// no leak: it committed.
+	f = chains()
+	f.Leaked = map[string]bool{}
+	f.Ledger = append(f.Ledger, ledgerEntry{ID: followID("s2"), Topic: "c", Key: "k", Seq: 2, Place: 2, Kind: kindFollow, Source: "s2"})
+	f.Outbox[followID("s2")] = []outboxFact{{Published: true}}
+	_, v = judgeChainsOf(f)
+	requireFails(t, v, "chain-unexpected")
+	require.Empty(t, f.Leaked)
 }
 
 // fakeClock advances only when slept on.

@@ -20,20 +20,28 @@
 // It prints one summary line on stdout,
 //
 //	events=N handled=N lost=N double_effects=N order_violations=N parked=N held=N redriven=N
-//	    redelivered=N chained=N duplicate_publications=N
-//	    stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
+//	    redelivered=N double_handled=N unknown_effects=N chained=N duplicate_publications=N
+//	    unexplained_duplicates=N fence_violations=N stalled_partitions=N leaked=N kafka_record_failures=N failed_innocent=N kills=N rebalances=N faults=N
 //	    key_concurrency=N event_outbox_keyed=N event_outbox_keyless=N event_outbox_no_id=N keyless_behind_held=N
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
+//	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
 // history; redelivered the deliveries of events to a consumer after they
 // were handled or purged; chained the follow-ups handled once;
-// duplicate_publications the publications of events published before;
-// leaked the events of aborted transactions found in the outbox, the topics,
-// the inbox or the effects; stalled_partitions the partitions whose consumer
+// duplicate_publications the publications of events published before,
+// unexplained_duplicates those no kill, stop, revoke or failed produce
+// explains; fence_violations the records produced outside their producer's
+// ownership of the partition or by no replica; double_handled the events
+// with more than one effect, unknown_effects the effects of no committed
+// event; leaked the events of aborted transactions found in the outbox,
+// the topics, the inbox or the effects, and the follow-ups that escaped an
+// aborted handling transaction; commits_doomed the handling transactions
+// aborted at their commit (commitdoom.go), in releases of held keys, with
+// the commit's result unknown, with a follow-up recorded; stalled_partitions the partitions whose consumer
 // group offset had not reached the partition's end when the run ended), each
 // broken invariant on stderr (at most ten lines per kind) with the number of
 // scenarios and replays run of each kind, and exits 1 when any invariant
@@ -75,7 +83,11 @@
 // consumer opens (kafka-fetch-forget, on a stream of its own: its client
 // never fetches it again until the consumer's fetch watch restarts it;
 // fetch_forgotten counts them, and the catch-up check judges them);
-// malformed records written straight to the topic.
+// malformed records written straight to the topic; handling transactions
+// aborted after their handler returned, at their commit
+// (handling-commit-doomed, on the ordinary path and in releases of held
+// keys: whatever the handler wrote outside its transaction stays, and is
+// counted in leaked).
 // Half the malformed records carry a workload key: they take their place
 // in that key's sequence and hold its later events until purged. Against
 // real servers (-mongo-uri, -kafka-brokers) the server faults are skipped;

@@ -54,6 +54,8 @@ type replicaEnv struct {
 	topicPrefix string
 	// unique is the replicas' Config.UniqueIdempotencyKeys (-migrated).
 	unique bool
+	// doom aborts some handling transactions at their commit (nil: none).
+	doom *commitDoom
 }
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
@@ -63,11 +65,17 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 	if kafkaDown > 0 {
 		sw.kafkaDown(kafkaDown, blackHole)
 	}
+	// An application name of its own, so that a fail point can single
+	// out the replica's connections (commitDoom).
+	appName := env.appName + "-" + name
 	mopts := options.Client().ApplyURI(env.mongoURI).
 		SetDialer(sw).
-		SetAppName(env.appName).
+		SetAppName(appName).
 		SetServerSelectionTimeout(3 * time.Second).
 		SetConnectTimeout(3 * time.Second)
+	if m := env.doom.monitor(appName); m != nil {
+		mopts.SetMonitor(m)
+	}
 	mc, err := mongo.Connect(mopts)
 	if err != nil {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
