@@ -105,6 +105,9 @@ func TestChaosShort(t *testing.T) {
 	require.Positive(t, res.OutageRedriven, "the downstream outage parked nothing to re-drive")
 	require.Positive(t, res.Redelivered, "no event was delivered again after it was handled")
 	require.Positive(t, res.Chained, "no follow-up was handled")
+	require.Positive(t, res.Doomed.Ordinary, "no handling commit doomed on the ordinary path")
+	require.Positive(t, res.Doomed.Release, "no handling commit doomed in a release of a held key")
+	require.Positive(t, res.Doomed.Chained, "no doomed handling had recorded a follow-up")
 	require.Positive(t, res.TopicsRecreated, "no topic was deleted and created again")
 	require.Positive(t, res.RecreatedHandled, "no event recorded after a topic's recreation was handled")
 	// A replay may find nothing to do on a machine so loaded that the
