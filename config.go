@@ -404,8 +404,8 @@ func (c Config) validate() error {
 	if c.ConsumerGroup != "" && c.ConsumerGroup == c.PublisherGroup {
 		bad("PublisherGroup", "must differ from ConsumerGroup")
 	}
-	if len(c.ReplicaID) > maxNameLen || strings.IndexFunc(c.ReplicaID, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		bad("ReplicaID", fmt.Sprintf("must be printable and at most %d bytes", maxNameLen))
+	if why := replicaIDProblem(c.ReplicaID); why != "" {
+		bad("ReplicaID", why)
 	}
 	if _, err := c.Compression.codec(); err != nil {
 		bad("Compression", err.Error())
@@ -427,6 +427,15 @@ func (c Config) validate() error {
 	}
 	errs = append(errs, c.validateWire()...)
 	return errors.Join(errs...)
+}
+
+// replicaIDProblem says why id cannot be a Config.ReplicaID (it names the
+// process in logs, status and Kafka client ids), or "" when it can.
+func replicaIDProblem(id string) string {
+	if len(id) > maxNameLen || strings.IndexFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return fmt.Sprintf("must be printable and at most %d bytes", maxNameLen)
+	}
+	return ""
 }
 
 // defaultReplicaID is Config.ReplicaID's default: the host name and the
