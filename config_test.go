@@ -142,6 +142,12 @@ func TestRecordRefusals(t *testing.T) {
 	require.Equal(t, "testEvent.ID", verr.Field)
 	require.ErrorIs(t, Record(tctx, otherTopicEvent{}), ErrUnknownTopic)
 	require.ErrorIs(t, Record(tctx, nil), ErrInvalidEvent)
+	// A typed nil is refused as an untyped one, not dereferenced inside
+	// the caller's transaction.
+	var nilPtr *ptrEvent
+	require.ErrorIs(t, Record(tctx, nilPtr), ErrInvalidEvent)
+	var nilValue *testEvent // value methods: calling one dereferences
+	require.ErrorIs(t, Record(tctx, nilValue), ErrInvalidEvent)
 	require.Empty(t, tx.docs)
 
 	require.NoError(t, Record(tctx, testEvent{ID: "order-1", Amount: 3}, WithIdempotencyKey("fixed")))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -239,8 +240,22 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	return nil
 }
 
-func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+// isNil reports whether e is nil or holds a nil pointer, map, slice,
+// func, channel or interface: its methods (Topic, ContentSchema) would
+// dereference it, and its JSON is null, never an event.
+func isNil(e Event) bool {
 	if e == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(e); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+	if isNil(e) {
 		return nil, fmt.Errorf("%w: nil event", ErrInvalidEvent)
 	}
 	var o recordOptions
