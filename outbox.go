@@ -347,8 +347,9 @@ func (c *Client) checkSize(d *outboxDoc) error {
 const sizeSlack = 16 << 10
 
 // compressedSize estimates the size of a batch holding rec alone,
-// compressed with the codec of the publisher's producer (Config.KafkaOptions,
-// snappy by default): its header and its record's bytes compressed.
+// compressed with the codec of the publisher's producer (Config.Compression,
+// gzip by default, unless Config.KafkaOptions set a codec after it): its
+// header and its record's bytes compressed.
 func (c *Client) compressedSize(rec *kgo.Record) int {
 	comp := c.compressor()
 	raw := publish.RecordBatchBytes(rec)
