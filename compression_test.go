@@ -2,6 +2,9 @@ package outbox
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +62,30 @@ func TestCompressionRefusesUnknownCodec(t *testing.T) {
 	_, err := New(cfg)
 	require.ErrorIs(t, err, ErrConfig)
 	require.ErrorContains(t, err, `Compression unknown codec "brotli" (gzip, none, snappy, lz4 or zstd)`)
+}
+
+// TestDocsNameTheDefaultCodec: wherever the docs or the code's comments
+// say which codec is used by default, they name Config's default.
+func TestDocsNameTheDefaultCodec(t *testing.T) {
+	t.Parallel()
+	def := string(Config{}.withDefaults().Compression)
+	claim := regexp.MustCompile(`(?i)\b(snappy|lz4|zstd|gzip)\b[^.;\n]{0,40}\bby default\b|\b(snappy|lz4|zstd|gzip) unless\b`)
+	files, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	gos, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	files = append(append(files, "README.md"), gos...)
+	claims := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(name)
+		require.NoError(t, err)
+		for _, m := range claim.FindAllStringSubmatch(string(b), -1) {
+			claims++
+			require.Equal(t, def, strings.ToLower(m[1]+m[2]), "%s: %q", name, m[0])
+		}
+	}
+	require.NotZero(t, claims, "the pattern finds the docs' claims")
 }

@@ -24,11 +24,16 @@ type Config struct {
 	// Mongo is a connected MongoDB client; the deployment must be a replica
 	// set (transactions and change streams need one). Required.
 	Mongo *mongo.Client
-	// Database holds the outbox and inbox collections. Required.
+	// Database holds the outbox and inbox collections: a MongoDB database
+	// name (at most 63 bytes, none of /\. "$*<>:|? or NUL). Required.
 	Database string
-	// OutboxCollection is the outbox collection's name. Defaults to "outbox".
+	// OutboxCollection is the outbox collection's name: a MongoDB
+	// collection name (no '$' or NUL, not system.*), not "outbox_meta",
+	// which the framework keeps its metadata in. Defaults to "outbox".
 	OutboxCollection string
-	// InboxCollection is the inbox collection's name. Defaults to "inbox".
+	// InboxCollection is the inbox collection's name, under the same
+	// rules as OutboxCollection's and different from it. Defaults to
+	// "inbox".
 	InboxCollection string
 
 	// Brokers are the Kafka seed brokers. Required.
@@ -63,8 +68,10 @@ type Config struct {
 	PublisherGroup string
 	// PublishTopics lists the topics this service records events for. An
 	// event for any other topic is refused when it is recorded, so that no
-	// event can sit unpublished forever. Defaults to none (recording
-	// refused; a consume-only service).
+	// event can sit unpublished forever. Each, with TopicPrefix, must be a
+	// legal Kafka topic (letters, digits, '.', '_' and '-', at most 249
+	// bytes, neither "." nor ".."). Defaults to none (recording refused;
+	// a consume-only service).
 	PublishTopics []string
 	// TopicPrefix is prepended to every topic name at the Kafka boundary,
 	// so that several environments (or test runs) can share one Kafka
@@ -344,8 +351,8 @@ func (c Config) validate() error {
 	if c.Mongo == nil {
 		bad("Mongo", "is required")
 	}
-	if c.Database == "" {
-		bad("Database", "is required")
+	if err := checkMongoDatabase(c.Database); err != nil {
+		bad("Database", err.Error())
 	}
 	if len(c.Brokers) == 0 {
 		bad("Brokers", "is required")
@@ -353,7 +360,12 @@ func (c Config) validate() error {
 	if c.Service == "" {
 		bad("Service", "is required")
 	}
-	if c.OutboxCollection == c.InboxCollection {
+	if err := checkMongoCollection(c.Database, c.OutboxCollection); err != nil {
+		bad("OutboxCollection", err.Error())
+	}
+	if err := checkMongoCollection(c.Database, c.InboxCollection); err != nil {
+		bad("InboxCollection", err.Error())
+	} else if c.OutboxCollection == c.InboxCollection {
 		bad("InboxCollection", "must differ from OutboxCollection")
 	}
 	if c.OutboxRetention < time.Second {
@@ -404,8 +416,8 @@ func (c Config) validate() error {
 	if c.ConsumerGroup != "" && c.ConsumerGroup == c.PublisherGroup {
 		bad("PublisherGroup", "must differ from ConsumerGroup")
 	}
-	if len(c.ReplicaID) > maxNameLen || strings.IndexFunc(c.ReplicaID, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		bad("ReplicaID", fmt.Sprintf("must be printable and at most %d bytes", maxNameLen))
+	if why := replicaIDProblem(c.ReplicaID); why != "" {
+		bad("ReplicaID", why)
 	}
 	if _, err := c.Compression.codec(); err != nil {
 		bad("Compression", err.Error())
@@ -415,18 +427,24 @@ func (c Config) validate() error {
 	}
 	seen := map[string]bool{}
 	for _, t := range c.PublishTopics {
-		switch {
-		case checkName("topic", t) != nil:
-			bad("PublishTopics", fmt.Sprintf("has an invalid topic %q", t))
-		case len(c.TopicPrefix)+len(t) > maxNameLen:
-			bad("PublishTopics", fmt.Sprintf("has topic %q, longer than %d bytes with TopicPrefix", t, maxNameLen))
-		case seen[t]:
+		if seen[t] {
 			bad("PublishTopics", fmt.Sprintf("lists %q twice", t))
+		} else if err := checkKafkaTopic(c.TopicPrefix + t); err != nil {
+			bad("PublishTopics", fmt.Sprintf("has topic %q: %s", t, err))
 		}
 		seen[t] = true
 	}
 	errs = append(errs, c.validateWire()...)
 	return errors.Join(errs...)
+}
+
+// replicaIDProblem says why id cannot be a Config.ReplicaID (it names the
+// process in logs, status and Kafka client ids), or "" when it can.
+func replicaIDProblem(id string) string {
+	if len(id) > maxNameLen || strings.IndexFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return fmt.Sprintf("must be printable and at most %d bytes", maxNameLen)
+	}
+	return ""
 }
 
 // defaultReplicaID is Config.ReplicaID's default: the host name and the

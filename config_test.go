@@ -142,6 +142,12 @@ func TestRecordRefusals(t *testing.T) {
 	require.Equal(t, "testEvent.ID", verr.Field)
 	require.ErrorIs(t, Record(tctx, otherTopicEvent{}), ErrUnknownTopic)
 	require.ErrorIs(t, Record(tctx, nil), ErrInvalidEvent)
+	// A typed nil is refused as an untyped one, not dereferenced inside
+	// the caller's transaction.
+	var nilPtr *ptrEvent
+	require.ErrorIs(t, Record(tctx, nilPtr), ErrInvalidEvent)
+	var nilValue *testEvent // value methods: calling one dereferences
+	require.ErrorIs(t, Record(tctx, nilValue), ErrInvalidEvent)
 	require.Empty(t, tx.docs)
 
 	require.NoError(t, Record(tctx, testEvent{ID: "order-1", Amount: 3}, WithIdempotencyKey("fixed")))
@@ -153,3 +159,66 @@ func TestRecordRefusals(t *testing.T) {
 	require.GreaterOrEqual(t, doc.Partition, int32(0))
 	require.Less(t, doc.Partition, int32(6))
 }
+
+// Names the servers can never have are refused by New, naming the field:
+// topics by Kafka's rules (with TopicPrefix), the database and collections
+// by MongoDB's. A running service would otherwise fail every request that
+// uses them.
+func TestConfigRefusesIllegalNames(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		field  string
+		mutate func(*Config)
+	}{
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{"orders v2"} }},
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{"orders/v2"} }},
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{"."} }},
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{".."} }},
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{""} }},
+		{"PublishTopics", func(c *Config) { c.PublishTopics = []string{"commandes-é"} }},
+		{"PublishTopics", func(c *Config) { c.TopicPrefix, c.PublishTopics = ".", []string{"."} }},
+		{"Database", func(c *Config) { c.Database = "shop.eu" }},
+		{"Database", func(c *Config) { c.Database = "shop$" }},
+		{"Database", func(c *Config) { c.Database = "shop eu" }},
+		{"Database", func(c *Config) { c.Database = "shop/eu" }},
+		{"Database", func(c *Config) { c.Database = strings.Repeat("d", 64) }},
+		{"OutboxCollection", func(c *Config) { c.OutboxCollection = "outbox_meta" }},
+		{"OutboxCollection", func(c *Config) { c.OutboxCollection = "out$box" }},
+		{"OutboxCollection", func(c *Config) { c.OutboxCollection = "system.outbox" }},
+		{"InboxCollection", func(c *Config) { c.InboxCollection = "outbox_meta" }},
+		{"InboxCollection", func(c *Config) { c.InboxCollection = "in\x00box" }},
+		{"InboxCollection", func(c *Config) { c.InboxCollection = strings.Repeat("i", 255) }},
+	}
+	for _, tc := range cases {
+		cfg := validConfig(t)
+		tc.mutate(&cfg)
+		_, err := New(cfg)
+		require.ErrorIs(t, err, ErrConfig, "%s: %+v", tc.field, cfg.PublishTopics)
+		require.ErrorContains(t, err, tc.field)
+	}
+	for _, mutate := range []func(*Config){
+		func(c *Config) { c.PublishTopics = []string{"orders.v2", "orders_v2", "Orders-2", "..."} },
+		func(c *Config) { c.TopicPrefix, c.PublishTopics = "staging.", []string{"."} },
+		func(c *Config) { c.Database = "shop-eu_1" },
+		func(c *Config) { c.OutboxCollection, c.InboxCollection = "orders.outbox", "orders.inbox" },
+	} {
+		cfg := validConfig(t)
+		mutate(&cfg)
+		_, err := New(cfg)
+		require.NoError(t, err)
+	}
+
+	// A handled topic follows the same rules, at Handle.
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	err = Handle(c, func(context.Context, illegalTopicEvent, Metadata) error { return nil })
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorContains(t, err, `"orders v2"`)
+}
+
+// illegalTopicEvent's topic is not a legal Kafka topic.
+type illegalTopicEvent struct{}
+
+func (illegalTopicEvent) Topic() string         { return "orders v2" }
+func (illegalTopicEvent) ContentSchema() string { return "Illegal.v1" }
+func (illegalTopicEvent) PartitionKey() string  { return "" }

@@ -290,13 +290,16 @@ func fmtDuration(d time.Duration) string {
 		}
 		return fmt.Sprintf("%dd%dh", days, rest/time.Hour)
 	}
+	// time.Duration.String writes whole minutes as "2m0s" and whole hours
+	// as "1h0m0s": only a zero seconds field after minutes, and then a
+	// zero minutes field after hours, is dropped, never a digit of the
+	// seconds (10s stays "10s", 2m30s stays "2m30s").
 	s := d.Round(time.Second).String()
-	s = strings.TrimSuffix(s, "0s")
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
 	if strings.HasSuffix(s, "h0m") {
 		s = strings.TrimSuffix(s, "0m")
-	}
-	if s == "" {
-		return "0s"
 	}
 	return s
 }

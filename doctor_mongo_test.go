@@ -125,7 +125,8 @@ func TestDoctorTransactionLifetime(t *testing.T) {
 	for _, tc := range []struct {
 		timeout time.Duration
 		breaks  bool
-	}{{45 * time.Second, true}, {30 * time.Second, true}, {20 * time.Second, false}} {
+		read    string // literal: the formatter must not build the expectation
+	}{{45 * time.Second, true, "HandlerTimeout 45s"}, {30 * time.Second, true, "HandlerTimeout 30s"}, {20 * time.Second, false, ""}} {
 		cfg := b.config("lifetime")
 		cfg.HandlerTimeout = tc.timeout
 		c := b.client(t, cfg)
@@ -138,7 +139,8 @@ func TestDoctorTransactionLifetime(t *testing.T) {
 		}
 		require.NotNil(t, f, dump(r))
 		require.Equal(t, SeverityBreaks, f.Severity)
-		require.Contains(t, f.Read, "HandlerTimeout "+fmtDuration(tc.timeout))
+		require.Contains(t, f.Read, tc.read)
+		require.Contains(t, f.Fix, "lower Config.HandlerTimeout below 30s")
 	}
 }
 
@@ -178,6 +180,54 @@ func TestDoctorMongoJudges(t *testing.T) {
 	one(judgeInboxOwner("db", "inbox", stamp, "b", true), "mongo.inbox_owner", SeverityBreaks)
 	require.Empty(t, judgeInboxOwner("db", "inbox", stamp, "a", true))
 	one(judgeInboxOwner("db", "inbox", nil, "a", true), "mongo.inbox_owner", SeverityNote)
+}
+
+// TestDoctorDurationText pins the durations the findings print, as
+// literal text: an expectation built with the same formatter would agree
+// with any mistake it makes.
+func TestDoctorDurationText(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                 "0s",
+		400 * time.Millisecond:            "0s",
+		time.Second:                       "1s",
+		10 * time.Second:                  "10s",
+		30 * time.Second:                  "30s",
+		45 * time.Second:                  "45s",
+		time.Minute:                       "1m",
+		90 * time.Second:                  "1m30s",
+		2*time.Minute + 30*time.Second:    "2m30s",
+		10 * time.Minute:                  "10m",
+		time.Hour:                         "1h",
+		time.Hour + 30*time.Minute:        "1h30m",
+		10*time.Hour + 10*time.Second:     "10h0m10s",
+		20 * time.Hour:                    "20h",
+		24 * time.Hour:                    "1d",
+		3*24*time.Hour + 12*time.Hour:     "3d12h",
+		30 * 24 * time.Hour:               "30d",
+		-(2*time.Minute + 30*time.Second): "-2m30s",
+	} {
+		require.Equal(t, want, fmtDuration(d), "%v", d)
+	}
+
+	fs := judgeTransactionLifetime(30*time.Second, 30*time.Second)
+	require.Len(t, fs, 1)
+	require.Equal(t, "transactionLifetimeLimitSeconds 30, HandlerTimeout 30s", fs[0].Read)
+	require.Equal(t, "raise transactionLifetimeLimitSeconds above 30 (setParameter), or lower Config.HandlerTimeout below 30s", fs[0].Fix)
+
+	fs = judgeClock(10*time.Second, 2*time.Millisecond)
+	require.Len(t, fs, 1)
+	require.Equal(t, "the server's clock is 10s ahead of this service's (round trip 2ms)", fs[0].Read)
+
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	fs = judgeOplog(now.Add(-(2*time.Minute + 30*time.Second)), now, 20*time.Minute)
+	require.Len(t, fs, 1)
+	require.Equal(t, "oplog window 2m30s (first entry 2026-01-02T03:01:35Z, last 2026-01-02T03:04:05Z), expected outage 20m", fs[0].Read)
+
+	f := &topicFacts{configs: map[string]string{"retention.ms": "600000"}}
+	fs = judgeRetention("t", f, 40*time.Minute, 30*24*time.Hour)
+	require.Len(t, fs, 1)
+	require.Equal(t, "retention.ms=600000 (10m), expected outage 40m", fs[0].Read)
+	require.Equal(t, "set retention.ms to at least 2400000 (40m), or plan for shorter outages (ExpectedOutage, outboxctl -outage)", fs[0].Fix)
 }
 
 // TestDoctorKafkaJudges covers the Kafka judgements that kfake's single

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -42,15 +43,22 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var cfg Config
 	var errs []error
 	kc, err := kafkax.FromEnv(getenv)
-	if err != nil {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = append(errs, joined.Unwrap()...) // one ErrConfig per mistake
+	} else if err != nil {
 		errs = append(errs, err)
 	}
 	cfg.Brokers, cfg.KafkaOptions = kc.Brokers, kc.Options()
 	cfg.ReplicaID = strings.TrimSpace(getenv(EnvReplicaID))
+	if why := replicaIDProblem(cfg.ReplicaID); why != "" {
+		errs = append(errs, fmt.Errorf("%s %s", EnvReplicaID, why))
+	}
+	// The URI is parsed whatever the other variables hold, so that every
+	// mistake is reported at once.
 	uri := strings.TrimSpace(getenv(EnvMongoURI))
 	if uri == "" {
 		errs = append(errs, fmt.Errorf("%s is not set: want a replica set's connection string, e.g. mongodb://localhost:27017/?replicaSet=rs0", EnvMongoURI))
-	} else if len(errs) == 0 {
+	} else {
 		mc, err := mongo.Connect(options.Client().ApplyURI(uri))
 		if err != nil {
 			// The driver's message may quote the URI: redacted.
@@ -59,6 +67,11 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		cfg.Mongo = mc
 	}
 	if len(errs) > 0 {
+		if cfg.Mongo != nil {
+			// Connect started the client's monitors; nobody else will
+			// disconnect a client that is not returned.
+			_ = cfg.Mongo.Disconnect(context.Background())
+		}
 		for i, e := range errs {
 			errs[i] = fmt.Errorf("%w: %w", ErrConfig, e)
 		}

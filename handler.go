@@ -128,7 +128,9 @@ type handler struct {
 // Handle registers fn as the handler of events of type T (one handler per
 // topic and content schema). The consumer subscribes to the topics of all
 // registered handlers. Register before Run; registering while Run runs
-// returns ErrRunning.
+// returns ErrRunning. A topic that is not a legal Kafka topic with
+// Config.TopicPrefix (letters, digits, '.', '_' and '-', at most 249
+// bytes, neither "." nor "..") returns an error wrapping ErrInvalidEvent.
 func Handle[T Event](c *Client, fn HandlerFunc[T], opts ...HandleOption) error {
 	if fn == nil {
 		return fmt.Errorf("%w: nil handler function", ErrConfig)
@@ -157,8 +159,8 @@ func Handle[T Event](c *Client, fn HandlerFunc[T], opts ...HandleOption) error {
 	if err := checkName("content schema", key.schema); err != nil {
 		return err
 	}
-	if len(c.cfg.TopicPrefix)+len(key.topic) > maxNameLen {
-		return fmt.Errorf("%w: topic %q longer than %d bytes with TopicPrefix %q", ErrInvalidEvent, key.topic, maxNameLen, c.cfg.TopicPrefix)
+	if err := checkKafkaTopic(c.cfg.TopicPrefix + key.topic); err != nil {
+		return fmt.Errorf("%w: topic %q: %w", ErrInvalidEvent, key.topic, err)
 	}
 	h := &handler{
 		key: key,

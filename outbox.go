@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -239,8 +240,22 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	return nil
 }
 
-func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+// isNil reports whether e is nil or holds a nil pointer, map, slice,
+// func, channel or interface: its methods (Topic, ContentSchema) would
+// dereference it, and its JSON is null, never an event.
+func isNil(e Event) bool {
 	if e == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(e); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+	if isNil(e) {
 		return nil, fmt.Errorf("%w: nil event", ErrInvalidEvent)
 	}
 	var o recordOptions
@@ -332,8 +347,9 @@ func (c *Client) checkSize(d *outboxDoc) error {
 const sizeSlack = 16 << 10
 
 // compressedSize estimates the size of a batch holding rec alone,
-// compressed with the codec of the publisher's producer (Config.KafkaOptions,
-// snappy by default): its header and its record's bytes compressed.
+// compressed with the codec of the publisher's producer (Config.Compression,
+// gzip by default, unless Config.KafkaOptions set a codec after it): its
+// header and its record's bytes compressed.
 func (c *Client) compressedSize(rec *kgo.Record) int {
 	comp := c.compressor()
 	raw := publish.RecordBatchBytes(rec)

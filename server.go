@@ -63,13 +63,16 @@ type Server struct {
 	// HTTP serves the service's routes. Required. Run serves it on
 	// Listener, or listens on its Addr (":http" when empty), and wraps its
 	// Handler to answer ReadyPath and LivePath and to give each request's
-	// context its deadline.
+	// context its deadline. With a TLSConfig, Run serves HTTPS with its
+	// certificates (Certificates, GetCertificate or GetConfigForClient;
+	// without any, Run fails rather than serve in clear).
 	HTTP *http.Server
 	// Listener, when set, is served instead of listening on HTTP.Addr.
 	// Defaults to nil.
 	Listener net.Listener
 	// Clients are run (Client.Run) while the server runs, and ready
-	// (Client.Ready) before the server is. Defaults to none.
+	// (Client.Ready) before the server is; none nil, none twice. Defaults
+	// to none.
 	Clients []*Client
 	// ShutdownTimeout bounds the shutdown, from the signal to Run's
 	// return. Keep it below the orchestrator's grace period (Kubernetes:
@@ -138,10 +141,12 @@ func (s *Server) Ready() error {
 // ends, the HTTP server fails or a Client fails, then shuts down (see
 // Server) and returns nil after a clean shutdown, the first failure, or
 // an error naming what did not stop within ShutdownTimeout. It fails at
-// once when it cannot listen.
+// once when it cannot listen, or with errors wrapping ErrConfig when the
+// Server's fields are invalid (no HTTP, a nil Client, a TLSConfig without
+// a certificate).
 func (s *Server) Run(ctx context.Context) error {
-	if s.HTTP == nil {
-		return fmt.Errorf("%w: Server.HTTP is required", ErrConfig)
+	if err := s.check(); err != nil {
+		return err
 	}
 	log := cmp.Or(s.Logger, slog.Default())
 	grace := cmp.Or(s.ShutdownTimeout, defaultShutdownTimeout)
@@ -188,7 +193,12 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { clients.Wait(); close(clientsDone) }()
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- s.HTTP.Serve(ln) }()
+	if s.HTTP.TLSConfig != nil {
+		// The certificates are in TLSConfig (check made sure), so no files.
+		go func() { serveErr <- s.HTTP.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveErr <- s.HTTP.Serve(ln) }()
+	}
 	s.serving.Store(true)
 	log.InfoContext(ctx, "outbox: serving", "addr", ln.Addr().String(), "shutdown_timeout", grace.String())
 
@@ -228,6 +238,39 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	return cmp.Or(first, err)
+}
+
+// check reports every mistake in the Server's configuration, each
+// wrapping ErrConfig, before anything is served or run.
+func (s *Server) check() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	if s.HTTP == nil {
+		bad("Server.HTTP is required")
+	} else if tc := s.HTTP.TLSConfig; tc != nil && len(tc.Certificates) == 0 && tc.GetCertificate == nil && tc.GetConfigForClient == nil {
+		// Serving it without TLS would send in clear what the caller
+		// meant to encrypt; there are no certificate files to fall back on.
+		bad("Server.HTTP.TLSConfig has no certificate (Certificates, GetCertificate or GetConfigForClient)")
+	}
+	seen := map[*Client]bool{}
+	for i, c := range s.Clients {
+		switch {
+		case c == nil:
+			bad("Server.Clients[%d] is nil", i)
+		case seen[c]:
+			bad("Server.Clients[%d] is listed twice", i)
+		}
+		seen[c] = true
+	}
+	if s.ShutdownTimeout < 0 {
+		bad("Server.ShutdownTimeout must not be negative")
+	}
+	if s.ShutdownDelay < 0 {
+		bad("Server.ShutdownDelay must not be negative")
+	}
+	return errors.Join(errs...)
 }
 
 // shutdown turns readiness false, waits ShutdownDelay, then stops the HTTP

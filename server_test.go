@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -157,6 +159,59 @@ func TestServerShutdownIsBounded(t *testing.T) {
 func TestServerNeedsHTTP(t *testing.T) {
 	t.Parallel()
 	require.ErrorIs(t, (&Server{}).Run(context.Background()), ErrConfig)
+}
+
+// Bad Server configuration is an error naming the field before anything
+// is served, never a panic: a nil Client, one listed twice, a TLSConfig
+// that has no certificate (serving it in clear would drop the encryption
+// its caller asked for), negative durations.
+func TestServerConfigErrors(t *testing.T) {
+	t.Parallel()
+	c, err := New(validConfig(t))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a Server that passed its checks returns at once
+	err = Serve(ctx, &http.Server{}, nil)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "Server.Clients[0] is nil")
+	for field, s := range map[string]*Server{
+		"Server.Clients[1]":           {HTTP: &http.Server{}, Clients: []*Client{c, c}},
+		"Server.HTTP.TLSConfig":       {HTTP: &http.Server{TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}}},
+		"Server.ShutdownTimeout":      {HTTP: &http.Server{}, ShutdownTimeout: -time.Second},
+		"Server.ShutdownDelay":        {HTTP: &http.Server{}, ShutdownDelay: -time.Second},
+		"Server.Clients[0] is nil":    {HTTP: &http.Server{}, Clients: []*Client{nil, c}},
+		"Server.Clients[2] is listed": {HTTP: &http.Server{}, Clients: []*Client{c, nil, c}},
+	} {
+		err := s.Run(ctx)
+		require.ErrorIs(t, err, ErrConfig, field)
+		require.ErrorContains(t, err, field)
+	}
+	require.False(t, c.isRunning())
+}
+
+// An http.Server with a TLSConfig is served over TLS, not in clear.
+func TestServerServesTLS(t *testing.T) {
+	t.Parallel()
+	ts := httptest.NewTLSServer(http.NotFoundHandler())
+	cert := ts.TLS.Certificates
+	pool := ts.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	ts.Close()
+	srv := &Server{HTTP: &http.Server{TLSConfig: &tls.Config{Certificates: cert, MinVersion: tls.VersionTLS12}}}
+	url, stop := serve(t, srv)
+	url = "https" + strings.TrimPrefix(url, "http")
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "example.com", MinVersion: tls.VersionTLS12}}}
+	t.Cleanup(client.CloseIdleConnections)
+	resp, err := client.Get(url + "/livez")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NotNil(t, resp.TLS, "answered over TLS")
+	resp, err = http.Get("http" + strings.TrimPrefix(url, "https") + "/livez")
+	if err == nil {
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "a plain-HTTP request gets Go's TLS server's refusal")
+	}
+	require.NoError(t, stop())
 }
 
 // A topic that does not exist is named as such, with the two ways out,

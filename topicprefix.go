@@ -17,8 +17,7 @@ func checkTopicPrefix(prefix string) error {
 		return fmt.Errorf("is %d bytes, leaving no room for a topic within Kafka's %d", len(prefix), maxNameLen)
 	}
 	for _, r := range prefix {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
-		if !ok {
+		if !kafkaTopicRune(r) {
 			return fmt.Errorf("%q has %q: Kafka topics allow letters, digits, '.', '_' and '-' only", prefix, r)
 		}
 	}

@@ -213,6 +213,22 @@ flags:
 		return nil, usagef("no database: set -db or OUTBOX_DB")
 	case o.limit < 0:
 		return nil, usagef("-limit must not be negative")
+	case o.timeout <= 0:
+		return nil, usagef("-timeout must be positive")
+	case o.doc.outage < 0:
+		return nil, usagef("-outage must not be negative")
+	case o.doc.handlerTimeout < 0:
+		return nil, usagef("-handler-timeout must not be negative")
+	case strings.TrimSpace(o.outbox) == "":
+		return nil, usagef("-outbox must not be empty")
+	case strings.TrimSpace(o.inbox) == "":
+		return nil, usagef("-inbox must not be empty")
+	}
+	if _, err := o.parkedFilter(); err != nil {
+		return nil, err
+	}
+	if _, err := parsePartitions(o.partitions); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -368,6 +384,10 @@ func (o *cliOptions) parkedFilter() (outbox.ParkedFilter, error) {
 	f := outbox.ParkedFilter{Topic: o.topic, ContentSchema: o.schema, Limit: o.limit}
 	if o.before != "" {
 		if d, err := time.ParseDuration(o.before); err == nil {
+			if d < 0 {
+				// A time in the future would select every event.
+				return f, usagef("-before %q: a duration must not be negative", o.before)
+			}
 			f.ParkedBefore = time.Now().Add(-d)
 		} else if t, err := time.Parse(time.RFC3339, o.before); err == nil {
 			f.ParkedBefore = t

@@ -28,6 +28,9 @@ func parsePartitions(s string) (map[string]int, error) {
 		if !ok || topic == "" || err != nil || count < 1 {
 			return nil, usagef("-partitions %q: want topic=N with N at least 1", pair)
 		}
+		if _, dup := out[topic]; dup {
+			return nil, usagef("-partitions names topic %q twice", topic)
+		}
 		out[topic] = count
 	}
 	return out, nil
