@@ -38,6 +38,10 @@ var pom []byte
 // text names the missing command and [InstallHint].
 var ErrMissingTool = errors.New("apachekafka: missing tool")
 
+// ErrResolve reports that Maven could not fetch the jars (no network, no
+// Maven Central, or a release it does not serve).
+var ErrResolve = errors.New("apachekafka: resolving the jars failed")
+
 // markerName is the file written in the cache directory once every jar of
 // a resolution is in place; it lists the jars, one a line.
 const markerName = "complete"
@@ -165,7 +169,7 @@ func Resolve(ctx context.Context, cacheDir string, progress io.Writer) (string, 
 		}
 	}
 	if err := cmd.Wait(); err != nil {
-		return "", fmt.Errorf("apachekafka: mvn failed (%w); last output:\n%s", err, strings.Join(tail, "\n"))
+		return "", fmt.Errorf("%w: mvn: %v; last output:\n%s", ErrResolve, err, strings.Join(tail, "\n"))
 	}
 	entries, err := os.ReadDir(tmp)
 	if err != nil {
