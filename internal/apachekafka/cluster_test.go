@@ -104,14 +104,17 @@ func TestPomPinsVersions(t *testing.T) {
 	require.Equal(t, 2, strings.Count(s, "<version>"+Log4jVersion+"</version>"))
 }
 
-// docker-compose.yml runs the same Kafka release as the tests.
-func TestComposeUsesPinnedVersion(t *testing.T) {
-	data, err := os.ReadFile("../../docker-compose.yml")
-	require.NoError(t, err)
-	tags := regexp.MustCompile(`image: apache/kafka:(\S+)`).FindAllStringSubmatch(string(data), -1)
-	require.NotEmpty(t, tags)
-	for _, m := range tags {
-		require.Equal(t, Version, m[1])
+// docker-compose.yml and package kafkacontainer run the same Kafka release
+// as the tests.
+func TestImagesUsePinnedVersion(t *testing.T) {
+	for _, f := range []string{"../../docker-compose.yml", "../../kafkax/kafkatest/kafkacontainer/kafkacontainer.go"} {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		tags := regexp.MustCompile(`apache/kafka:([^"\s]+)`).FindAllStringSubmatch(string(data), -1)
+		require.NotEmpty(t, tags, f)
+		for _, m := range tags {
+			require.Equal(t, Version, m[1], f)
+		}
 	}
 }
 
