@@ -125,3 +125,13 @@ func TestClusterID(t *testing.T) {
 		require.False(t, strings.HasPrefix(id, "-"))
 	}
 }
+
+func TestDownloadedJar(t *testing.T) {
+	name, ok := downloadedJar("[INFO] Downloaded from central: https://repo.example/maven2/org/apache/kafka/kafka-server/4.4.0/kafka-server-4.4.0.jar (1.2 MB at 3.4 MB/s)")
+	require.True(t, ok)
+	require.Equal(t, "kafka-server-4.4.0.jar (1.2 MB)", name)
+	_, ok = downloadedJar("[INFO] Downloaded from central: https://repo.example/maven2/x/y/1/y-1.pom (2 kB at 1 kB/s)")
+	require.False(t, ok)
+	_, ok = downloadedJar("[INFO] Copying y-1.jar to lib")
+	require.False(t, ok)
+}

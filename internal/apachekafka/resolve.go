@@ -163,9 +163,9 @@ func Resolve(ctx context.Context, cacheDir string, progress io.Writer) (string, 
 		if len(tail) > 30 {
 			tail = tail[1:]
 		}
-		if _, after, ok := strings.Cut(line, "Downloaded from "); ok && strings.Contains(after, ".jar") {
+		if name, ok := downloadedJar(line); ok {
 			jars++
-			fmt.Fprintf(progress, "apachekafka: [%d] %s\n", jars, after)
+			fmt.Fprintf(progress, "apachekafka: [%d] %s\n", jars, name)
 		}
 	}
 	if err := cmd.Wait(); err != nil {
@@ -198,4 +198,23 @@ func Resolve(ctx context.Context, cacheDir string, progress io.Writer) (string, 
 	}
 	fmt.Fprintf(progress, "apachekafka: %d jars in %s\n", len(names), lib)
 	return lib, nil
+}
+
+// downloadedJar returns the file name and size of the jar of a Maven line
+// "Downloaded from <repo>: <url>/<name>.jar (<size> at <rate>)".
+func downloadedJar(line string) (string, bool) {
+	_, after, ok := strings.Cut(line, "Downloaded from ")
+	if !ok {
+		return "", false
+	}
+	_, url, _ := strings.Cut(after, ": ")
+	url, size, _ := strings.Cut(url, " (")
+	if !strings.HasSuffix(url, ".jar") {
+		return "", false
+	}
+	name := url[strings.LastIndex(url, "/")+1:]
+	if size, _, ok := strings.Cut(size, " at "); ok {
+		name += " (" + size + ")"
+	}
+	return name, true
 }
