@@ -62,6 +62,9 @@ type bundle struct {
 	// prefix is the test's Config.TopicPrefix: its Kafka topics are
 	// prefix+ordersTopic and prefix+paymentsTopic.
 	prefix string
+	// protocol is the Config.GroupProtocol of the test's configs
+	// (forEachGroupProtocol).
+	protocol GroupProtocol
 }
 
 func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
@@ -69,8 +72,9 @@ func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
 	m := mongotest.Start(t, mopts...)
 	run := kafkatest.UniqueName(t)
 	prefix := run + "."
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic))
-	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix}
+	proto := groupProtocolOf(t)
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic), kafkatest.ClusterOptions(kip848Settings...))
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix, protocol: proto}
 }
 
 // kafkaTopic is the test's Kafka topic of topic.
@@ -99,6 +103,7 @@ func (b *bundle) config(service string) Config {
 		SessionTimeout:    6 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		FenceMargin:       2 * time.Second,
+		GroupProtocol:     b.protocol,
 		Logger:            debugLogger,
 	}
 }
