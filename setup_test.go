@@ -69,11 +69,18 @@ type bundle struct {
 
 func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
 	t.Helper()
+	return setupWith(t, nil, mopts...)
+}
+
+// setupWith is setup with extra options of the Kafka backend.
+func setupWith(t *testing.T, kopts []kafkatest.Option, mopts ...mongotest.Option) *bundle {
+	t.Helper()
 	m := mongotest.Start(t, mopts...)
 	run := kafkatest.UniqueName(t)
 	prefix := run + "."
 	proto := groupProtocolOf(t)
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic), kafkatest.ClusterOptions(kip848Settings...))
+	kopts = append([]kafkatest.Option{kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic), kafkatest.ClusterOptions(kip848Settings...)}, kopts...)
+	k := kafkatest.Start(t, kopts...)
 	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix, protocol: proto}
 }
 
