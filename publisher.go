@@ -27,7 +27,12 @@ package outbox
 // lapses, so a member cut off from the group coordinator, or told that its
 // session ended, stops publishing before the group hands its partitions to
 // another member. The group's end (kafkax.SessionHook, OnPartitionsLost)
-// revokes the lease at once.
+// revokes the lease at once. Under Config.GroupConsumer (KIP-848) the
+// coordinator knows nothing of classic heartbeats, and a heartbeat of our
+// own would move the member's epoch behind kgo's back: the lease is
+// renewed instead by the group client's own ConsumerGroupHeartbeat answers
+// with error code 0 (kafkax.HeartbeatTap on its connections), for the
+// brokers' session timeout minus FenceMargin (consumerSession).
 //
 // Revocation stops a partition's worker after its batch in flight is
 // acknowledged and marked (bounded by the producer's delivery timeout);
