@@ -236,6 +236,20 @@ type Config struct {
 	// FenceMargin is the safety margin of the publisher's lease. Defaults
 	// to 3 s.
 	FenceMargin time.Duration
+	// GroupProtocol is the consumer-group protocol of both groups (the
+	// publisher's and the consumer's). GroupClassic, the default, is the
+	// protocol every Kafka version speaks: the clients assign partitions
+	// (cooperative-sticky), with SessionTimeout and HeartbeatInterval.
+	// GroupConsumer is Kafka 4's protocol (KIP-848): the broker assigns
+	// partitions, revocation is always incremental, and the session
+	// timeout and heartbeat interval are the broker's settings
+	// (group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms),
+	// so SessionTimeout and HeartbeatInterval no longer apply to the groups.
+	// It needs Kafka 4.0 or later (4.3 or later recommended: before 4.3 an
+	// offset commit can meet STALE_MEMBER_EPOCH); against a broker without
+	// it, the clients fall back to the classic protocol. See
+	// docs/guarantees.md.
+	GroupProtocol GroupProtocol
 
 	// ReplicaID names this process (one replica of the service) in its
 	// liveness record (Replica.Name, the console's partitions page),
@@ -266,6 +280,42 @@ type Config struct {
 	// published batch. Defaults to the global provider of
 	// go.opentelemetry.io/otel (a no-op until one is set).
 	TracerProvider trace.TracerProvider
+}
+
+// GroupProtocol is a consumer-group protocol (Config.GroupProtocol).
+type GroupProtocol int
+
+const (
+	// GroupClassic is Kafka's classic group protocol (JoinGroup, SyncGroup,
+	// Heartbeat): the clients assign the partitions. The default.
+	GroupClassic GroupProtocol = iota
+	// GroupConsumer is Kafka 4's consumer-group protocol (KIP-848,
+	// ConsumerGroupHeartbeat): the broker assigns the partitions.
+	GroupConsumer
+)
+
+// String returns the protocol's name as Kafka's group.protocol setting
+// spells it: "classic" or "consumer".
+func (p GroupProtocol) String() string {
+	switch p {
+	case GroupClassic:
+		return "classic"
+	case GroupConsumer:
+		return "consumer"
+	}
+	return fmt.Sprintf("GroupProtocol(%d)", int(p))
+}
+
+// groupOpts are the kgo options of Config.GroupProtocol for a group client.
+// kgo.ServerSideBalancer applies when the first balancer is sticky,
+// cooperative-sticky (sent as the broker's "uniform" assignor) or range,
+// and only against a broker that serves ConsumerGroupHeartbeat v1; kgo
+// falls back to the classic protocol otherwise.
+func (c *Config) groupOpts() []kgo.Opt {
+	if c.GroupProtocol == GroupConsumer {
+		return []kgo.Opt{kgo.ServerSideBalancer()}
+	}
+	return nil
 }
 
 // PoisonPolicy is what a poison event (parked by the consumer, or refused
@@ -376,6 +426,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		bad("MaxAttempts", "must be at least 1")
+	}
+	if c.GroupProtocol != GroupClassic && c.GroupProtocol != GroupConsumer {
+		bad("GroupProtocol", "must be GroupClassic or GroupConsumer")
 	}
 	if c.PoisonPolicy != HoldKey && c.PoisonPolicy != SkipEvent {
 		bad("PoisonPolicy", "must be HoldKey or SkipEvent")

@@ -167,6 +167,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(cons.revoked),
 		kgo.OnPartitionsLost(cons.lost),
 	)
+	opts = append(opts, c.cfg.groupOpts()...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("outbox: consumer: %w", err)

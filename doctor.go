@@ -194,6 +194,10 @@ type DoctorOptions struct {
 	// "snappy", "lz4", "zstd"), for the size and readability checks.
 	// Defaults to "gzip", Config.Compression's default.
 	ProducerCompression string
+	// GroupProtocol is Config.GroupProtocol, for the group protocol check
+	// (which also says whether the brokers serve Kafka 4's protocol).
+	// Defaults to GroupClassic.
+	GroupProtocol GroupProtocol
 	// Consumes says that the service handles events, so its inbox indexes
 	// are required. Defaults to true when ConsumeTopics is given or
 	// found, or the inbox collection exists.
@@ -277,6 +281,7 @@ func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
 		HandlerTimeout:      c.cfg.HandlerTimeout,
 		Consumes:            &consumes,
 		ProducerCompression: string(c.cfg.Compression),
+		GroupProtocol:       c.cfg.GroupProtocol,
 	})
 }
 

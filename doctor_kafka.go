@@ -12,7 +12,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/kafkax"
 )
 
 // The doctor's Kafka checks, per publish and consumed topic. Each judge*
@@ -80,6 +83,7 @@ func (f *topicFacts) subject() string {
 // kafka runs the Kafka checks.
 func (d *doctorRun) kafka(ctx context.Context) {
 	adm := d.opts.Kafka
+	d.groupProtocol(ctx)
 	db := d.a.outbox.Database()
 	meta := db.Collection(metaCollection)
 
@@ -131,6 +135,17 @@ func (d *doctorRun) kafka(ctx context.Context) {
 		}
 		for kt := range commits {
 			add(kt)
+		}
+		// A KIP-848 group's subscription is read with ConsumerGroupDescribe
+		// (DescribeGroups does not describe such a group).
+		if gs, err := adm.DescribeConsumerGroups(ctx, group); err == nil {
+			for _, g := range gs {
+				if g.Err == nil {
+					for _, t := range g.SubscribedTopics() {
+						add(t)
+					}
+				}
+			}
 		}
 		if gs, err := adm.DescribeGroups(ctx, group); err == nil {
 			for _, g := range gs {
@@ -583,4 +598,89 @@ func judgeExpiredUnread(subject, group string, committed, start map[int32]int64)
 		Problem:   fmt.Sprintf("%d records expired before the consumer group read them: their events were never handled", lost),
 		Guarantee: GuaranteeDelivery,
 		Fix:       "republish the lost events from their source (the producing service's outbox keeps published events for its OutboxRetention), and raise the topic's retention above the longest consumer outage"}}
+}
+
+// groupProtocol reports the group protocol the service asks for and
+// whether every broker serves Kafka 4's (ConsumerGroupHeartbeat v1, which
+// franz-go requires; it falls back to the classic protocol otherwise).
+func (d *doctorRun) groupProtocol(ctx context.Context) {
+	versions, err := d.opts.Kafka.ApiVersions(ctx)
+	if err != nil {
+		d.couldNot("kafka.group_protocol", "Kafka", "the brokers' API versions", err)
+		return
+	}
+	var with, without []int32
+	var errs []error
+	versions.Each(func(v kadm.BrokerApiVersions) {
+		if v.Err != nil {
+			errs = append(errs, fmt.Errorf("broker %d: %w", v.NodeID, v.Err))
+			return
+		}
+		if _, maxV, ok := v.KeyVersions(int16(kmsg.ConsumerGroupHeartbeat)); ok && maxV >= 1 {
+			with = append(with, v.NodeID)
+		} else {
+			without = append(without, v.NodeID)
+		}
+	})
+	if len(with)+len(without) == 0 {
+		d.couldNot("kafka.group_protocol", "Kafka", "the brokers' API versions", errors.Join(errs...))
+		return
+	}
+	slices.Sort(with)
+	slices.Sort(without)
+	var session time.Duration
+	if len(without) == 0 {
+		// Best effort: the brokers' setting, the shortest of which the
+		// publisher's lease uses (a group's own override aside).
+		if rcs, err := d.opts.Kafka.DescribeBrokerConfigs(ctx, with...); err == nil {
+			for _, rc := range rcs {
+				for _, c := range rc.Configs {
+					ms, err := strconv.ParseInt(c.MaybeValue(), 10, 64)
+					if c.Key == kafkax.BrokerConsumerSessionTimeout && err == nil && ms > 0 {
+						if v := time.Duration(ms) * time.Millisecond; session == 0 || v < session {
+							session = v
+						}
+					}
+				}
+			}
+		}
+	}
+	d.checks++
+	d.findings = append(d.findings, judgeGroupProtocol(d.opts.GroupProtocol, with, without, session)...)
+}
+
+// judgeGroupProtocol reports the group protocol in use: a note naming it
+// and the brokers' support for KIP-848, a risk when GroupConsumer is asked
+// of brokers that do not all serve it (franz-go then runs the classic
+// protocol, with Config.SessionTimeout rather than the broker's settings).
+// session is the brokers' KIP-848 session timeout when read, else 0.
+func judgeGroupProtocol(p GroupProtocol, with, without []int32, session time.Duration) []Finding {
+	support := fmt.Sprintf("brokers %v serve ConsumerGroupHeartbeat v1 (KIP-848)", with)
+	switch {
+	case len(with) == 0:
+		support = "no broker serves ConsumerGroupHeartbeat v1 (KIP-848 needs Kafka 4.0 or later)"
+	case len(without) > 0:
+		support += fmt.Sprintf(", brokers %v do not", without)
+	}
+	if session > 0 {
+		support += fmt.Sprintf("; their %s is %s", kafkax.BrokerConsumerSessionTimeout, fmtDuration(session))
+	}
+	read := "Config.GroupProtocol " + p.String() + "; " + support
+	if p == GroupConsumer && len(without) > 0 {
+		return []Finding{{Severity: SeverityRisk, Check: "kafka.group_protocol", Subject: "consumer groups",
+			Read:      read,
+			Problem:   "the groups do not run the protocol asked for: franz-go falls back to the classic protocol when the coordinator does not serve ConsumerGroupHeartbeat v1, so the classic rules apply (client-side assignment, Config.SessionTimeout and HeartbeatInterval), not the broker's group.consumer.* settings",
+			Guarantee: "-",
+			Fix:       "upgrade every broker to Kafka 4.0 or later (4.3 or later recommended), or set Config.GroupProtocol to GroupClassic"}}
+	}
+	f := Finding{Severity: SeverityNote, Check: "kafka.group_protocol", Subject: "consumer groups", Read: read, Guarantee: "-", Fix: "none needed"}
+	switch {
+	case p == GroupConsumer:
+		f.Problem = "none: the groups run Kafka 4's protocol (KIP-848); the brokers' group.consumer.session.timeout.ms and heartbeat interval apply, and the publisher's lease is that session timeout minus FenceMargin"
+	case len(with) > 0 && len(without) == 0:
+		f.Problem = "none: the groups run the classic protocol; the brokers also serve Kafka 4's (Config.GroupProtocol GroupConsumer, see docs/guarantees.md)"
+	default:
+		f.Problem = "none: the groups run the classic protocol"
+	}
+	return []Finding{f}
 }

@@ -27,7 +27,12 @@ package outbox
 // lapses, so a member cut off from the group coordinator, or told that its
 // session ended, stops publishing before the group hands its partitions to
 // another member. The group's end (kafkax.SessionHook, OnPartitionsLost)
-// revokes the lease at once.
+// revokes the lease at once. Under Config.GroupConsumer (KIP-848) the
+// coordinator knows nothing of classic heartbeats, and a heartbeat of our
+// own would move the member's epoch behind kgo's back: the lease is
+// renewed instead by the group client's own ConsumerGroupHeartbeat answers
+// with error code 0 (kafkax.HeartbeatTap on its connections), for the
+// brokers' session timeout minus FenceMargin (consumerSession).
 //
 // Revocation stops a partition's worker after its batch in flight is
 // acknowledged and marked (bounded by the producer's delivery timeout);
@@ -38,7 +43,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -249,6 +256,16 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		// An answer older than the lease is worthless.
 		Timeout: max(cfg.HeartbeatInterval, p.lease.TTL()/2),
 	}
+	// Under Config.GroupConsumer (KIP-848) the coordinator knows nothing
+	// of classic heartbeats: the group client's own ConsumerGroupHeartbeat
+	// answers renew the lease (kafkax.HeartbeatTap), for the session
+	// timeout the brokers apply (sess). The probe still runs until the
+	// first such answer, in case kgo fell back to the classic protocol.
+	var sess *consumerSession
+	if cfg.GroupProtocol == GroupConsumer {
+		sess = &consumerSession{margin: cfg.FenceMargin, lease: p.lease}
+		probe.Skip = sess.active.Load
+	}
 	probe.Init()
 	hook := &kafkax.SessionHook{
 		Ended: func(err error) {
@@ -267,8 +284,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.HeartbeatInterval(cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(rebalanceTimeout),
 		kgo.DisableAutoCommit(),
-		// The classic protocol, whatever KafkaOptions say: SessionProbe's
-		// heartbeats are classic heartbeats.
+		// Cooperative-sticky, whatever KafkaOptions say: incremental
+		// revocation under the classic protocol, and the broker's
+		// "uniform" assignor under Config.GroupConsumer.
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.WithHooks(hook),
 		c.groupHook(cfg.PublisherGroup),
@@ -302,7 +320,23 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			tuning.NotePublisherOwnership(c, "lost", m) // harness hook: the workers have stopped
 		}),
 	)
+	gopts = append(gopts, cfg.groupOpts()...)
 	gopts = append(gopts, o.groupOpts...)
+	if sess != nil {
+		// The tap wraps the connections of the dialer the options chose
+		// (the application's, kgo's TLS dialer or its default; read from
+		// the options that may set one, never the group's own, which
+		// would join the group); as kgo.Dialer excludes
+		// kgo.DialTLSConfig, the TLS setting, now inside the wrapped
+		// dialer, is cleared.
+		dopts := append(append([]kgo.Opt{}, cfg.KafkaOptions...), o.groupOpts...)
+		dial, err := kafkax.EffectiveDialer(dopts...)
+		if err != nil {
+			return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
+		}
+		tap := &kafkax.HeartbeatTap{Group: cfg.PublisherGroup, Dial: dial, Renewed: sess.renewed}
+		gopts = append(gopts, kgo.DialTLSConfig(nil), kgo.Dialer(tap.DialContext))
+	}
 	group, err = kgo.NewClient(gopts...)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka group client: %w", err)
@@ -341,6 +375,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		w.Run(bg)
 	})
 	wg.Go(func() { probe.Run(bg) })
+	if sess != nil {
+		wg.Go(func() { sess.follow(bg, group, cfg.PublisherGroup, cfg.backoff(), p.stats, log) })
+	}
 	wg.Go(func() { c.followTopics(bg, prods, group, sizeRefused) })
 
 	<-ctx.Done()
@@ -583,4 +620,81 @@ func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) 
 		return nil, fmt.Errorf("read failed events: %w", err)
 	}
 	return keys, nil
+}
+
+// consumerSessionRefresh is how often the publisher reads again the
+// session timeout the brokers apply to its KIP-848 group; a lowered
+// setting shortens the lease within about this.
+const consumerSessionRefresh = 30 * time.Second
+
+// consumerSession renews the publisher's lease from the heartbeats of a
+// KIP-848 group (Config.GroupConsumer), whose session timeout is the
+// brokers' group.consumer.session.timeout.ms (or the group's
+// consumer.session.timeout.ms), not Config.SessionTimeout.
+//
+// The rule: a heartbeat sent at sentAt and answered 0 keeps the lease until
+// sentAt + S - FenceMargin, where S is the shortest session timeout the
+// brokers report (kafkax.ConsumerGroupSessionTimeout). Until S is known no
+// heartbeat renews (publishing waits); when S is read lower than before,
+// the lease is revoked and the next heartbeat renews it for the new S.
+type consumerSession struct {
+	margin time.Duration
+	lease  *publish.Lease
+
+	ttl    atomic.Int64 // S - margin in nanoseconds; 0 until S is known
+	active atomic.Bool  // a heartbeat of the group was answered 0: the group runs KIP-848
+}
+
+// renewed is the kafkax.HeartbeatTap callback.
+func (s *consumerSession) renewed(sentAt time.Time, _ time.Duration) {
+	s.active.Store(true)
+	s.lease.RenewFor(sentAt, time.Duration(s.ttl.Load()))
+}
+
+// set records a session timeout read from the brokers. It returns an
+// error when FenceMargin leaves no lease.
+func (s *consumerSession) set(session time.Duration) error {
+	ttl := session - s.margin
+	if ttl <= 0 {
+		s.ttl.Store(0)
+		s.lease.Revoke()
+		return fmt.Errorf("FenceMargin %v is not shorter than the brokers' %s %v: no lease can be granted, publishing is paused", s.margin, kafkax.BrokerConsumerSessionTimeout, session)
+	}
+	if old := time.Duration(s.ttl.Swap(int64(ttl))); old > ttl {
+		s.lease.Revoke()
+	}
+	return nil
+}
+
+// follow reads the brokers' session timeout at once and every
+// consumerSessionRefresh, retrying failures with backoff, until ctx ends.
+func (s *consumerSession) follow(ctx context.Context, cl *kgo.Client, group string, b retry.Backoff, stats *publish.Stats, log *slog.Logger) {
+	failures := 0
+	for {
+		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
+		session, err := kafkax.ConsumerGroupSessionTimeout(rctx, cl, group)
+		cancel()
+		if err == nil {
+			err = s.set(session)
+		}
+		wait := consumerSessionRefresh
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			if failures == 1 || failures%20 == 0 {
+				log.Warn("publisher: reading the KIP-848 session timeout failed; the lease is not renewed until it is known", "error", err)
+			}
+			stats.SetError(fmt.Errorf("publisher group session timeout: %w", err))
+			if s.ttl.Load() == 0 {
+				wait = b.Delay(failures)
+			}
+		} else {
+			failures = 0
+		}
+		if !retry.Sleep(ctx, nil, wait) {
+			return
+		}
+	}
 }

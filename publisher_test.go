@@ -299,6 +299,13 @@ func splitEvenly(cs ...*Client) bool {
 
 func TestPublishersSplitPartitionsAndHandOver(t *testing.T) {
 	t.Parallel()
+	forEachGroupProtocol(t, func(t *testing.T) {
+		t.Parallel()
+		testPublishersSplitAndHandOver(t)
+	})
+}
+
+func testPublishersSplitAndHandOver(t *testing.T) {
 	b := setup(t)
 	cfg := pubConfig(b)
 	cfg.PublishBatchSize = 7 // many small batches: more interleaving
@@ -545,7 +552,10 @@ func TestPublisherFencesZombieMember(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testFencing(t, blackhole)
+			forEachGroupProtocol(t, func(t *testing.T) {
+				t.Parallel()
+				testFencing(t, blackhole)
+			})
 		})
 	}
 }

@@ -62,15 +62,26 @@ type bundle struct {
 	// prefix is the test's Config.TopicPrefix: its Kafka topics are
 	// prefix+ordersTopic and prefix+paymentsTopic.
 	prefix string
+	// protocol is the Config.GroupProtocol of the test's configs
+	// (forEachGroupProtocol).
+	protocol GroupProtocol
 }
 
 func setup(t *testing.T, mopts ...mongotest.Option) *bundle {
 	t.Helper()
+	return setupWith(t, nil, mopts...)
+}
+
+// setupWith is setup with extra options of the Kafka backend.
+func setupWith(t *testing.T, kopts []kafkatest.Option, mopts ...mongotest.Option) *bundle {
+	t.Helper()
 	m := mongotest.Start(t, mopts...)
 	run := kafkatest.UniqueName(t)
 	prefix := run + "."
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic))
-	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix}
+	proto := groupProtocolOf(t)
+	kopts = append([]kafkatest.Option{kafkatest.SeedTopics(3, prefix+ordersTopic, prefix+paymentsTopic), kafkatest.ClusterOptions(kip848Settings...)}, kopts...)
+	k := kafkatest.Start(t, kopts...)
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: run, prefix: prefix, protocol: proto}
 }
 
 // kafkaTopic is the test's Kafka topic of topic.
@@ -99,6 +110,7 @@ func (b *bundle) config(service string) Config {
 		SessionTimeout:    6 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		FenceMargin:       2 * time.Second,
+		GroupProtocol:     b.protocol,
 		Logger:            debugLogger,
 	}
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -155,18 +156,9 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 		self = l.rec.id
 	}
 	l.mu.Unlock()
-	described, err := kadm.NewClient(cons.cl).DescribeGroups(ctx, c.cfg.ConsumerGroup)
+	members, err := groupMembers(ctx, kadm.NewClient(cons.cl), c.cfg.ConsumerGroup, c.cfg.GroupProtocol)
 	if err != nil {
-		return fmt.Errorf("describe group %s: %w", c.cfg.ConsumerGroup, err)
-	}
-	members := map[string]bool{}
-	for _, g := range described {
-		if g.Err != nil {
-			return fmt.Errorf("describe group %s: %w", c.cfg.ConsumerGroup, g.Err)
-		}
-		for _, m := range g.Members {
-			members[m.MemberID] = true
-		}
+		return err
 	}
 	replicas, err := c.Admin().Replicas(ctx)
 	if err != nil {
@@ -196,4 +188,40 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 			"silent_for", r.Silence.Round(time.Second).String())
 	}
 	return nil
+}
+
+// groupMembers returns the member ids of a consumer group. A KIP-848
+// group's members (Config.GroupConsumer) are not classic members: Kafka
+// refuses DescribeGroups for such a group (GROUP_ID_NOT_FOUND, "not a
+// classic group"), so they are read with ConsumerGroupDescribe, and with
+// DescribeGroups when that fails (kgo fell back to the classic protocol).
+func groupMembers(ctx context.Context, adm *kadm.Client, group string, proto GroupProtocol) (map[string]bool, error) {
+	members := map[string]bool{}
+	if proto == GroupConsumer {
+		described, err := adm.DescribeConsumerGroups(ctx, group)
+		if err == nil {
+			for _, g := range described {
+				err = cmp.Or(err, g.Err)
+				for _, m := range g.Members {
+					members[m.MemberID] = true
+				}
+			}
+		}
+		if err == nil {
+			return members, nil
+		}
+	}
+	described, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("describe group %s: %w", group, err)
+	}
+	for _, g := range described {
+		if g.Err != nil {
+			return nil, fmt.Errorf("describe group %s: %w", group, g.Err)
+		}
+		for _, m := range g.Members {
+			members[m.MemberID] = true
+		}
+	}
+	return members, nil
 }

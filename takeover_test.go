@@ -64,6 +64,13 @@ func (n *cutNet) kill() {
 // replica record lists) and handles everything, each event once.
 func TestTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	t.Parallel()
+	forEachGroupProtocol(t, func(t *testing.T) {
+		t.Parallel()
+		testTakeoverEndsTheSessionsOfADeadReplica(t)
+	})
+}
+
+func testTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(10*time.Minute)))
 	if b.mongo.Real {
 		t.Skip("needs the embedded server's long transaction lifetime")

@@ -58,8 +58,8 @@ func (h *SessionHook) OnGroupManageError(err error) {
 //   - A transport error or a timeout proves nothing.
 //
 // The extra heartbeats are harmless to a classic group (the coordinator
-// only resets the member's session timer); the publisher pins its group to
-// the classic protocol. Run is the probe's goroutine; it returns when its
+// only resets the member's session timer). A KIP-848 group needs
+// HeartbeatTap instead (see Skip). Run is the probe's goroutine; it returns when its
 // context ends.
 type SessionProbe struct {
 	// Group is the consumer group. Required.
@@ -79,6 +79,11 @@ type SessionProbe struct {
 	Timeout time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// Skip, when set and true, skips the heartbeats: the group runs the
+	// KIP-848 protocol, whose members a classic heartbeat does not know
+	// (answered UNKNOWN_MEMBER_ID), and HeartbeatTap confirms the session
+	// instead. May be nil.
+	Skip func() bool
 
 	kick chan struct{}
 }
@@ -123,6 +128,9 @@ func (p *SessionProbe) Run(ctx context.Context) {
 // did not renew (no member yet, transport error, or the response's error),
 // or nil.
 func (p *SessionProbe) Probe(ctx context.Context) error {
+	if p.Skip != nil && p.Skip() {
+		return fmt.Errorf("group %q runs the consumer protocol (KIP-848): no classic heartbeat", p.Group)
+	}
 	member, gen := p.Member()
 	if member == "" || gen < 0 {
 		return fmt.Errorf("not a member of group %q yet", p.Group)

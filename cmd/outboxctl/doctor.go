@@ -40,10 +40,20 @@ var errBreaks = errors.New("a setting breaks a guarantee (see the findings above
 type doctorOptions struct {
 	group, publish, consume, prefix string
 	outage, handlerTimeout          time.Duration
+	groupProtocol                   string
 }
 
 func (o *cliOptions) doctor(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
+	var proto outbox.GroupProtocol
+	switch o.doc.groupProtocol {
+	case "", "classic":
+	case "consumer":
+		proto = outbox.GroupConsumer
+	default:
+		return usagef("-group-protocol %q: want classic or consumer", o.doc.groupProtocol)
+	}
 	opts := outbox.DoctorOptions{
+		GroupProtocol:  proto,
 		ConsumerGroup:  o.doc.group,
 		PublishTopics:  splitList(o.doc.publish),
 		ConsumeTopics:  splitList(o.doc.consume),

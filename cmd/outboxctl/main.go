@@ -167,6 +167,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.doc.prefix, "prefix", "", "doctor: the service's Config.TopicPrefix")
 	fs.DurationVar(&o.doc.outage, "outage", 0, "doctor: the longest outage the topics and the oplog must outlast (default 72h)")
 	fs.DurationVar(&o.doc.handlerTimeout, "handler-timeout", 0, "doctor: the service's Config.HandlerTimeout (default 45s)")
+	fs.StringVar(&o.doc.groupProtocol, "group-protocol", "classic", "doctor: the service's Config.GroupProtocol: classic or consumer (Kafka 4, KIP-848)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage:
   outboxctl [flags] migrate event-outbox -partitions topic=N,... -brokers host:port,...

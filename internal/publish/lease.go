@@ -43,10 +43,19 @@ func NewLease(ttl time.Duration, now func() time.Time) *Lease {
 func (l *Lease) TTL() time.Duration { return l.ttl }
 
 // Renew extends the lease to sentAt + TTL, unless it already lasts longer.
-func (l *Lease) Renew(sentAt time.Time) {
+func (l *Lease) Renew(sentAt time.Time) { l.RenewFor(sentAt, l.ttl) }
+
+// RenewFor extends the lease to sentAt + ttl, unless it already lasts
+// longer: a renewal whose session timeout is not TTL's (a KIP-848 group,
+// whose session timeout is the broker's). A ttl of zero or less renews
+// nothing.
+func (l *Lease) RenewFor(sentAt time.Time, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	exp := sentAt.Add(l.ttl)
+	exp := sentAt.Add(ttl)
 	if sentAt.Before(l.revokedAt) || !exp.After(l.expiry) {
 		return
 	}
