@@ -82,7 +82,7 @@ func TestTakeoverNeverEndsTheSessionsOfAStoppedReplica(t *testing.T) {
 		reps, err := a.Admin().Replicas(ctx)
 		require.NoError(t, err)
 		for _, r := range reps {
-			if r.ConsumerGroup == cfg.ConsumerGroup && !r.Stopped {
+			if r.ConsumerGroup == a.cfg.ConsumerGroup && !r.Stopped {
 				recorded = r.lsids
 			}
 		}
@@ -116,7 +116,7 @@ func TestTakeoverSparesTheSessionsOfALiveMongoClient(t *testing.T) {
 	meta := b.db.Collection(metaCollection)
 	silentRecord := func(id, pool string, lsid bson.Raw) {
 		_, err := meta.InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}, {Key: "kind", Value: replicaKind},
-			{Key: "service", Value: cfg.Service}, {Key: "consumer_group", Value: cfg.ConsumerGroup}, {Key: "state", Value: "running"},
+			{Key: "service", Value: survivor.cfg.Service}, {Key: "consumer_group", Value: survivor.cfg.ConsumerGroup}, {Key: "state", Value: "running"},
 			{Key: "consumer_member_id", Value: "gone-" + id}, {Key: "refresh_ms", Value: int64(1000)},
 			{Key: "last_seen", Value: time.Now().Add(-time.Minute)}, {Key: "session_pool", Value: pool},
 			{Key: "lsids", Value: bson.A{lsid}}})
