@@ -45,7 +45,7 @@ type inboxDoc struct {
 	// RedriveNotBefore is its next try at the latest.
 	RedriveDeferred  string     `bson:"redrive_deferred"`
 	RedriveNotBefore *time.Time `bson:"redrive_not_before"`
-	DiscardedAt        *time.Time      `bson:"discarded_at"`
+	DiscardedAt      *time.Time `bson:"discarded_at"`
 	// Unreadable marks a record parked because its envelope could not be
 	// read (the root package's redrive_unreadable.go).
 	Unreadable bool `bson:"unreadable"`
