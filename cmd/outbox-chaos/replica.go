@@ -54,7 +54,12 @@ type replicaEnv struct {
 	topicPrefix string
 	// unique is the replicas' Config.UniqueIdempotencyKeys (-migrated).
 	unique bool
+	// skipUnknown is the replicas' Config.SkipUnknownEvents (-skip-unknown).
+	skipUnknown bool
 }
+
+// chaosMaxAttempts is the replicas' Config.MaxAttempts.
+const chaosMaxAttempts = 6
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
 // unreachable for that long from the start (refused, or black-holed).
@@ -89,7 +94,8 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		KafkaOptions:          kafkaOpts,
 		Service:               env.service,
 		PublishTopics:         []string{chaosTopic(), chainTopic(), recreateTopic()},
-		MaxAttempts:           6,
+		MaxAttempts:           chaosMaxAttempts,
+		SkipUnknownEvents:     env.skipUnknown,
 		KeyConcurrency:        env.keyConcurrency,
 		TopicPrefix:           env.topicPrefix,
 		UniqueIdempotencyKeys: env.unique,
