@@ -93,6 +93,11 @@ type sessionLog struct {
 	reaping  bool
 	reapedAt time.Time
 	reapWG   sync.WaitGroup
+	// reapCtx bounds the reaps of the running Run: stop cancels it, so a
+	// stop never waits for a reap in flight (up to reapTimeout) on top of
+	// its drain, its group leave and its record's write; nil outside Run.
+	reapCtx    context.Context
+	reapCancel context.CancelFunc
 }
 
 // start and stop bracket a Run's replica record.
@@ -100,9 +105,17 @@ func (l *sessionLog) start(r *replica) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rec, l.known = r, map[string]bool{}
+	l.reapMu.Lock()
+	l.reapCtx, l.reapCancel = context.WithCancel(context.Background())
+	l.reapMu.Unlock()
 }
 
 func (l *sessionLog) stop() {
+	l.reapMu.Lock()
+	if l.reapCancel != nil {
+		l.reapCancel()
+	}
+	l.reapMu.Unlock()
 	l.reapWG.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -158,7 +171,11 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 	}
 	l.reaping, l.reapedAt = true, time.Now()
 	l.reapWG.Add(1)
+	rctx := l.reapCtx
 	l.reapMu.Unlock()
+	if rctx == nil {
+		rctx = context.Background()
+	}
 	go func() {
 		defer l.reapWG.Done()
 		defer func() {
@@ -166,9 +183,9 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 			l.reaping = false
 			l.reapMu.Unlock()
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+		ctx, cancel := context.WithTimeout(rctx, reapTimeout)
 		defer cancel()
-		if err := c.reap(ctx, cons); err != nil {
+		if err := c.reap(ctx, cons); err != nil && rctx.Err() == nil {
 			cons.errLog.warn(cons.log, "ending the sessions of dead replicas failed", "reap", "err", err)
 		}
 	}()
