@@ -121,6 +121,16 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		if err != nil {
 			return st, fmt.Errorf("outbox: count re-drive requests: %w", err)
 		}
+		if st.RedriveRequested > 0 {
+			st.RedriveDeferred, err = a.inbox.CountDocuments(ctx, bson.D{
+				{Key: "parked", Value: true},
+				{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
+				{Key: "redrive_deferred", Value: bson.D{{Key: "$exists", Value: true}}},
+			})
+			if err != nil {
+				return st, fmt.Errorf("outbox: count deferred re-drive requests: %w", err)
+			}
+		}
 		st.ParkedNoHandler, err = a.inbox.CountDocuments(ctx, bson.D{
 			{Key: "parked", Value: true},
 			{Key: "park_reason", Value: reasonNoHandler},

@@ -189,7 +189,10 @@ type Config struct {
 	KeyConcurrency int
 	// SkipUnknownEvents acknowledges and skips events that no registered
 	// handler accepts (topic and content schema), counted in
-	// outbox.events.skipped with reason no_handler. By default they are
+	// outbox.events.skipped with reason no_handler, wherever they meet
+	// their key: on arrival (also behind a parked event of the key), and
+	// in a release or a re-drive of the key (then marked handled, with
+	// skip_reason no_handler). By default they are
 	// kept instead: parked with reason no_handler, holding their key
 	// (HoldKey), and released by the first replica that has their handler,
 	// so that a producer may deploy a new event type or version before its

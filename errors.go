@@ -168,6 +168,33 @@ var ErrNoHandler = errors.New("outbox: no handler for the event")
 // events follow in order.
 var ErrHeld = errors.New("outbox: event is held behind a parked event of its key")
 
+// ErrRedriveDeferred is wrapped by the error Client.Redrive returns when
+// the re-drive could not run for a reason that is not the handler's: the
+// handler asked to run later (Snooze), a write met a conflict or a lock, or
+// MongoDB failed. Nothing was counted: the event stays parked as it was,
+// and an Admin.RequestRedrive request stays pending until it runs. See
+// RedriveDeferredError.
+var ErrRedriveDeferred = errors.New("outbox: re-drive deferred")
+
+// RedriveDeferredError is the error of a re-drive that did not run for a
+// reason that is not the handler's (see ErrRedriveDeferred).
+type RedriveDeferredError struct {
+	// Reason is "snoozed", "conflict", "locked" or "infra".
+	Reason string
+	// RetryAfter is when trying again makes sense: the handler's snooze,
+	// or a backoff.
+	RetryAfter time.Duration
+	// Err is what stopped the re-drive.
+	Err error
+}
+
+func (e *RedriveDeferredError) Error() string {
+	return fmt.Sprintf("outbox: re-drive deferred (%s, retry in %s): %v", e.Reason, e.RetryAfter.Round(time.Millisecond), e.Err)
+}
+
+// Unwrap returns ErrRedriveDeferred and the cause.
+func (e *RedriveDeferredError) Unwrap() []error { return []error{ErrRedriveDeferred, e.Err} }
+
 // ErrNotRedrivable is returned by Admin.RequestRedrive and Client.Redrive
 // for a parked record whose envelope could not be read (see
 // ParkedEvent.LastError): it has no reliable identity and can never be

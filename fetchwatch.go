@@ -284,7 +284,15 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 				cons.readdStalledTopic(tp, v.wait.Detail)
 				return // the topic's partitions are lost: the next round sees the new assignment
 			}
-			cons.restartFetching(tp, at, v.wait.Detail)
+			// The probe took up to fetchProbeTimeout: the partition may
+			// have been revoked and assigned back meanwhile, its new
+			// worker starting at the committed offset, below at. Setting
+			// at then would skip the records between, and the new worker
+			// would commit past records it never handled. Restart only the
+			// worker judged: a new one has a later Quiet (its start).
+			if cur := cons.set.Fetching()[tp]; cur.Quiet.Equal(f.Quiet) && cur.Next == f.Next {
+				cons.restartFetching(tp, at, v.wait.Detail)
+			}
 		}
 	}
 }

@@ -85,10 +85,19 @@ func isHeld(v bson.RawValue) bool { return v.Type != 0 && v.Type != bson.TypeNul
 
 // head is the consume.Head of a sequence's first document. A head is
 // releasable when it only waited (held), or was parked for want of a
-// handler that this process has.
+// handler that this process has or, with Config.SkipUnknownEvents, skips
+// (noHandlerReleasable).
 func (c *Client) head(d *headDoc) consume.Head {
 	return consume.Head{ID: d.ID.String(), Since: d.ParkedAt,
-		Releasable: d.held() || (d.ParkReason == reasonNoHandler && c.handlerFor(d.ID.Topic, d.ID.ContentSchema) != nil)}
+		Releasable: d.held() || (d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID))}
+}
+
+// noHandlerReleasable reports whether a head parked for want of a handler
+// may be released here: this process has its handler, or skips events
+// without one (Config.SkipUnknownEvents: such an event is skipped wherever
+// it meets its key, so a key it heads moves on).
+func (c *Client) noHandlerReleasable(id InboxID) bool {
+	return c.cfg.SkipUnknownEvents || c.handlerFor(id.Topic, id.ContentSchema) != nil
 }
 
 const reasonNoHandler = "no_handler"
@@ -408,10 +417,21 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 		return nil, consume.Result{Kind: consume.HeadParked, Err: fmt.Errorf("%w: %s is held behind %s", ErrHeld, *want, d.ID)}
 	}
 	held := d.HeldBy != nil
-	if !held && want == nil && !(d.ParkReason == reasonNoHandler && c.handlerFor(d.ID.Topic, d.ID.ContentSchema) != nil) {
+	if !held && want == nil && !(d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID)) {
 		return nil, consume.Result{Kind: consume.HeadParked}
 	}
 	e, err = c.storedDelivery(&d)
+	if err != nil && e.NoHandler && c.cfg.SkipUnknownEvents {
+		// No replica of the service takes it: it is skipped, as it would
+		// have been had it met a free key, and the key moves on.
+		if _, err := c.inbox.UpdateOne(t.ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}}, skipUpdate(reasonNoHandler)); err != nil {
+			return nil, infraResult(ctx, lockedOr(err))
+		}
+		if err := t.commit(actx); err != nil {
+			return nil, infraResult(ctx, err)
+		}
+		return e, consume.Result{Kind: consume.Skipped}
+	}
 	if err != nil && want != nil {
 		return e, consume.Result{Kind: consume.HeadParked, Err: err}
 	}
@@ -467,6 +487,18 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	c.tel.endHandle(sctx, span, &meta.Envelope, start, nil)
 	c.tel.committed(ctx, t.state)
 	return e, consume.Result{Kind: consume.Handled}
+}
+
+// skipUpdate takes a parked event off its key's sequence without running
+// it: handled (so a redelivery is skipped as a duplicate, and the inbox TTL
+// removes it), with skipped_at and skip_reason saying why.
+func skipUpdate(reason string) bson.D {
+	now := time.Now().UTC()
+	return bson.D{
+		{Key: "$set", Value: bson.D{{Key: "handled", Value: true}, {Key: "handled_at", Value: now}, {Key: "parked", Value: false},
+			{Key: "skipped_at", Value: now}, {Key: "skip_reason", Value: reason}}},
+		{Key: "$unset", Value: bson.D{{Key: "parked_at", Value: ""}, {Key: "held_by", Value: ""}, {Key: "redrive_requested_at", Value: ""}}},
+	}
 }
 
 // parkHead parks a sequence's head for good in the context's transaction:

@@ -27,9 +27,10 @@ import (
 //   - Admin.RequestRedrive marks it for re-drive (redrive_requested_at); a
 //     running consumer of the service that has the handler picks the
 //     request up within redriveInterval (a query on the parked documents
-//     only, served by the partial index inbox_parked), claims it with a
-//     conditional update so that exactly one replica runs it, and re-drives
-//     it as Client.Redrive does. This is how tools without handlers (cmd/
+//     only, served by the partial index inbox_parked), claims it for a
+//     lease with a conditional update so that one replica runs it, and
+//     re-drives it as Client.Redrive does. The request stays until the
+//     re-drive ran (see serveRedriveRequests). This is how tools without handlers (cmd/
 //     outboxctl) re-drive.
 //   - Admin.PurgeParked gives up on it: it is marked handled (discarded),
 //     so a redelivery of the same event is skipped as a duplicate, and the
@@ -105,6 +106,8 @@ func (f ParkedFilter) query() bson.D {
 type parkedDoc struct {
 	Doc                inboxDoc   `bson:",inline"` // exported: the codec skips unexported fields
 	RedriveRequestedAt *time.Time `bson:"redrive_requested_at,omitempty"`
+	RedriveDeferred    string     `bson:"redrive_deferred,omitempty"`
+	RedriveNotBefore   *time.Time `bson:"redrive_not_before,omitempty"`
 }
 
 func (d *parkedDoc) event() ParkedEvent {
@@ -119,6 +122,10 @@ func (d *parkedDoc) event() ParkedEvent {
 	}
 	if d.RedriveRequestedAt != nil {
 		p.RedriveRequestedAt = *d.RedriveRequestedAt
+		p.RedriveDeferred = d.RedriveDeferred
+		if d.RedriveDeferred != "" && d.RedriveNotBefore != nil {
+			p.RedriveNextTry = *d.RedriveNotBefore
+		}
 	}
 	return p
 }
@@ -156,6 +163,14 @@ type ParkedEvent struct {
 	// RedriveRequestedAt is when a re-drive was requested
 	// (Admin.RequestRedrive) and not yet served; zero when none is pending.
 	RedriveRequestedAt time.Time `json:"redrive_requested_at,omitzero"`
+	// RedriveDeferred says why the last try of a pending re-drive request
+	// could not run ("snoozed", "conflict", "locked" or "infra", then the
+	// error): a reason that is not the handler's failure, so nothing was
+	// counted and the request stays until it runs; "" when none.
+	RedriveDeferred string `json:"redrive_deferred,omitempty"`
+	// RedriveNextTry is when a deferred request is tried again (at the
+	// latest); zero unless RedriveDeferred is set.
+	RedriveNextTry time.Time `json:"redrive_next_try,omitzero"`
 }
 
 // States of a ParkedEvent.
@@ -181,7 +196,14 @@ const (
 // Redrive returns and the partition's consumer goes on with it within
 // seconds: every step is one transaction, so nothing is left half done. On
 // failure of the event itself it stays parked with the new error (and one
-// more attempt), which Redrive returns.
+// more attempt), which Redrive returns. When the event could not run for a
+// reason that is not its handler's failure (the handler snoozed, a write
+// conflict, a lock still held after a few tries and a request to end the
+// sessions of dead replicas, MongoDB failing), nothing is counted, the
+// event stays parked as it was, and the error is a *RedriveDeferredError
+// (ErrRedriveDeferred): try again later. With Config.SkipUnknownEvents, an
+// event no handler takes is skipped (marked handled, skip_reason
+// no_handler) and the events held behind it are released.
 //
 // Only the head of a key (its oldest parked event in the partition) can be
 // re-driven: another one returns ErrHeld. A held event that became the head
@@ -214,13 +236,16 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 		c.releaseKey(ctx, tp, key)
 		return nil
 	}
-	if c.handlerFor(id.Topic, id.ContentSchema) == nil {
+	if c.handlerFor(id.Topic, id.ContentSchema) == nil && !c.cfg.SkipUnknownEvents {
 		return fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
 	}
 	// The partition's consumer may be adding events behind the head
-	// meanwhile (a write conflict on the head): try again a few times.
+	// meanwhile (a write conflict on the head), or a replica that died left
+	// its transaction open on it (a lock, until its session is ended): try
+	// again a few times, asking for a reap.
 	e, res := c.releaseHead(ctx, tp, key, &id)
 	for tries := 1; res.Kind == consume.Locked && tries <= redriveLockedTries; tries++ {
+		c.host().Reap()
 		if !retry.Sleep(ctx, nil, c.cfg.backoff().Delay(tries-1)) {
 			break
 		}
@@ -233,6 +258,12 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 			c.releaseKey(ctx, tp, key)
 		}
 		return nil
+	case consume.Skipped:
+		c.tel.skipped.Add(ctx, 1, eventAttrs(&deliveryOf(e).env, attrReason.String(reasonNoHandler)))
+		if key != "" {
+			c.releaseKey(ctx, tp, key)
+		}
+		return nil
 	case consume.Empty:
 		return fmt.Errorf("%w: %+v", ErrNotParked, id)
 	case consume.HeadParked:
@@ -240,9 +271,19 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	case consume.Canceled:
 		return fmt.Errorf("outbox: redrive %s: %w", id, cmp.Or(ctx.Err(), res.Err))
 	case consume.Locked, consume.Infra:
-		return fmt.Errorf("outbox: redrive %s: %w", id, res.Err)
+		if res.Kind == consume.Locked {
+			c.host().Reap()
+		}
+		return &RedriveDeferredError{Reason: res.Kind.String(), RetryAfter: c.cfg.backoff().Delay(redriveLockedTries), Err: res.Err}
+	case consume.Snoozed:
+		// Not the handler's failure: the worker's own release does not
+		// count a snooze either.
+		return &RedriveDeferredError{Reason: res.Kind.String(), RetryAfter: res.Snooze, Err: res.Err}
+	case consume.Conflict:
+		return &RedriveDeferredError{Reason: res.Kind.String(), RetryAfter: c.cfg.backoff().Delay(0), Err: res.Err}
 	}
-	// The handler failed: the event stays parked with the new error.
+	// The handler failed (or its commit did): the event stays parked with
+	// the new error.
 	reason := "handler_error"
 	if res.Park {
 		reason = "handler_parked"
@@ -339,7 +380,11 @@ type headKey struct {
 // parked events f selects (Limit ignored): one replica that has the
 // event's handler runs it within a few seconds, as Client.Redrive does. An
 // event whose handler no replica has keeps its request (it shows in
-// StoreStatus.RedriveRequested). A held event (Config.PoisonPolicy
+// StoreStatus.RedriveRequested). A request whose re-drive could not run for
+// a reason that is not the handler's failure (it snoozed, a conflict, a
+// lock, MongoDB failing: see ErrRedriveDeferred) stays too, with the reason
+// (ParkedEvent.RedriveDeferred, StoreStatus.RedriveDeferred), and is tried
+// again until it runs. A held event (Config.PoisonPolicy
 // HoldKey) is re-driven after the event it is held behind, never alone: a
 // request for it alone is dropped when served. A malformed record whose
 // envelope could not be read can never be re-driven: when f names one, the
@@ -355,6 +400,7 @@ func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool)
 	f.headsOnly = len(f.IDs) == 0
 	return a.updateParked(ctx, f, dryRun, "request re-drive of", bson.D{
 		{Key: "$set", Value: bson.D{{Key: "redrive_requested_at", Value: time.Now().UTC()}}},
+		{Key: "$unset", Value: bson.D{{Key: "redrive_not_before", Value: ""}, {Key: "redrive_deferred", Value: ""}}},
 	})
 }
 
@@ -378,7 +424,8 @@ func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (i
 			{Key: "handled_at", Value: now},
 			{Key: "discarded_at", Value: now},
 		}},
-		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}, {Key: "held_by", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}, {Key: "redrive_not_before", Value: ""},
+			{Key: "redrive_deferred", Value: ""}, {Key: "held_by", Value: ""}}},
 	})
 }
 
@@ -433,14 +480,25 @@ func (c *Client) startRedriveRequests(ctx context.Context) (wait func()) {
 }
 
 // serveRedriveRequests re-drives the requested parked events this process
-// has handlers for. Each request is claimed first (its flag removed by a
-// conditional update), so one replica runs it; a replica that dies after
-// the claim leaves the event parked, never lost, and the operator asks
-// again.
+// has handlers for (or skips, Config.SkipUnknownEvents). A request stays
+// until its re-drive ran (the handler ran to a result, or the event was
+// skipped, handled or purged meanwhile): one that could not run for a
+// reason that is not the handler's (RedriveDeferredError) keeps its
+// request, with the reason (redrive_deferred) and the time of its next try
+// (redrive_not_before). A replica claims a request by setting
+// redrive_not_before a lease ahead (a conditional update), so that one
+// replica runs it; one that dies after the claim leaves the request to
+// another replica once the lease ends.
 func (c *Client) serveRedriveRequests(ctx context.Context) error {
+	now := time.Now().UTC()
+	due := bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: "redrive_not_before", Value: bson.D{{Key: "$exists", Value: false}}}},
+		bson.D{{Key: "redrive_not_before", Value: bson.D{{Key: "$lte", Value: now}}}},
+	}}
 	cur, err := c.inbox.Find(ctx, bson.D{
 		{Key: "parked", Value: true},
 		{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
+		due,
 	}, options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}}).SetLimit(100))
 	if err != nil {
 		return fmt.Errorf("outbox: find re-drive requests: %w", err)
@@ -454,12 +512,17 @@ func (c *Client) serveRedriveRequests(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if c.handlerFor(d.ID.Topic, d.ID.ContentSchema) == nil {
+		h := c.handlerFor(d.ID.Topic, d.ID.ContentSchema)
+		if h == nil && !c.cfg.SkipUnknownEvents {
 			continue // another replica or version of the service may have it
 		}
+		lease := redriveLease
+		if h != nil {
+			lease += h.timeout(c)
+		}
 		res, err := c.inbox.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *rr}},
-			bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}}}})
+			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *rr}, due},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "redrive_not_before", Value: time.Now().UTC().Add(lease)}}}})
 		if err != nil {
 			return fmt.Errorf("outbox: claim re-drive request: %w", err)
 		}
@@ -476,11 +539,22 @@ func (c *Client) serveRedriveRequests(ctx context.Context) error {
 			span.RecordError(err)
 		}
 		span.End()
+		c.settleRedriveRequest(ctx, d.ID, *rr, err)
+		var deferred *RedriveDeferredError
 		switch {
 		case err == nil:
 			c.cfg.Logger.Info("outbox: parked event re-driven", "id", d.ID.String())
-		case errors.Is(err, ErrNotParked), errors.Is(err, ErrHeld):
-			// Handled or purged meanwhile, or held: re-driven with its head.
+		case errors.Is(err, ErrNotParked), errors.Is(err, ErrHeld), ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			// Handled or purged meanwhile, or held: re-driven with its
+			// head; or stopping: the request stays for the next replica.
+		case errors.As(err, &deferred):
+			log := c.cfg.Logger.Info
+			if deferred.Reason == consume.Locked.String() || deferred.Reason == consume.Infra.String() {
+				log = c.cfg.Logger.Warn
+				c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))
+			}
+			log("outbox: re-drive could not run; the request stays and is tried again", "id", d.ID.String(),
+				"reason", deferred.Reason, "retry_in", deferred.RetryAfter.Round(time.Millisecond).String(), "err", deferred.Err)
 		default:
 			c.cfg.Logger.Warn("outbox: re-drive failed; event stays parked", "id", d.ID.String(), "err", err)
 			c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))
@@ -488,4 +562,40 @@ func (c *Client) serveRedriveRequests(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// redriveLease is how long a claimed re-drive request is left to the
+// replica that claimed it, beyond its handler's timeout, before another
+// replica may serve it.
+const redriveLease = time.Minute
+
+// settleRedriveRequest writes what a re-drive served from a request (the
+// request of requestedAt) left: after a deferral (RedriveDeferredError) the
+// request stays, with the reason and the time of its next try; when the
+// serving replica stops the request is left to another one at once;
+// otherwise (it ran) the request is done. A request made again meanwhile
+// (a new requestedAt) stays.
+func (c *Client) settleRedriveRequest(ctx context.Context, id InboxID, requestedAt time.Time, err error) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replicaWriteTimeout)
+	defer cancel()
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "redrive_requested_at", Value: requestedAt}}
+	var update bson.D
+	var deferred *RedriveDeferredError
+	switch {
+	case errors.As(err, &deferred):
+		update = bson.D{{Key: "$set", Value: bson.D{
+			{Key: "redrive_not_before", Value: time.Now().UTC().Add(deferred.RetryAfter)},
+			{Key: "redrive_deferred", Value: truncate(deferred.Reason+": "+deferred.Err.Error(), 1024)},
+		}}}
+	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		update = bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_not_before", Value: ""}}}}
+	default:
+		update = bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""},
+			{Key: "redrive_not_before", Value: ""}, {Key: "redrive_deferred", Value: ""}}}}
+	}
+	if _, err := c.inbox.UpdateOne(wctx, filter, update); err != nil {
+		// The claim's lease ends: the request is served again.
+		c.cfg.Logger.Warn("outbox: updating a re-drive request failed; it is served again when its claim ends",
+			"id", id.String(), "err", err)
+	}
 }

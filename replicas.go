@@ -11,7 +11,8 @@ package outbox
 //	{_id: "replica:<instance id>", kind: "replica", name, service, consumer_group,
 //	 publisher_group, consumer_member_id, consumer_generation,
 //	 publisher_member_id, publisher_generation, host, pid, started_at,
-//	 last_seen, refresh_ms, state: "running"|"stopped", stopped_at, stop_error}
+//	 last_seen, refresh_ms, state: "running"|"stopped", stopped_at, stop_error,
+//	 lsids, session_pool}
 //
 // Run's liveness goroutine (Client.keepAlive) writes it when Run starts and
 // refreshes it every refresh period with the member ids the group clients
@@ -42,6 +43,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 )
 
 // Replica liveness tuning that the Config does not expose.
@@ -127,8 +129,10 @@ type Replica struct {
 	Silence time.Duration `json:"-"`
 
 	// lsids are the sessions the replica's consumer ran transactions on
-	// (takeover.go).
+	// (takeover.go), and pool names the session pool they came from (the
+	// mongo.Client, see sessionPool).
 	lsids []bson.Raw
+	pool  string
 }
 
 // MarshalJSON writes the durations in seconds, as Status does
@@ -169,6 +173,7 @@ type replicaDoc struct {
 	StoppedAt           time.Time  `bson:"stopped_at"`
 	StopError           string     `bson:"stop_error"`
 	LSIDs               []bson.Raw `bson:"lsids"`
+	SessionPool         string     `bson:"session_pool"`
 }
 
 // Replicas returns the liveness records of the replicas that ran in the
@@ -185,7 +190,11 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 		return nil, fmt.Errorf("outbox: read MongoDB's clock: %w", err)
 	}
 	now := cmp.Or(hello.LocalTime, time.Now())
-	cur, err := db.Collection(metaCollection).Find(ctx, bson.D{{Key: "_id", Value: bson.D{
+	// From the primary whatever the client's read preference: a secondary's
+	// lag would look like silence, and a takeover (takeover.go) decides on
+	// silence.
+	meta := db.Collection(metaCollection, options.Collection().SetReadPreference(readpref.Primary()))
+	cur, err := meta.Find(ctx, bson.D{{Key: "_id", Value: bson.D{
 		{Key: "$gte", Value: replicaIDPrefix},
 		{Key: "$lt", Value: replicaIDEnd},
 	}}})
@@ -206,7 +215,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 			Host: d.Host, PID: d.PID, StartedAt: d.StartedAt, LastSeen: d.LastSeen,
 			RefreshInterval: time.Duration(d.RefreshMS) * time.Millisecond,
 			Stopped:         d.State == "stopped", StoppedAt: d.StoppedAt, StopError: d.StopError,
-			Silence: max(now.Sub(d.LastSeen), 0), lsids: d.LSIDs,
+			Silence: max(now.Sub(d.LastSeen), 0), lsids: d.LSIDs, pool: d.SessionPool,
 		})
 	}
 	slices.SortFunc(out, func(a, b Replica) int {
@@ -322,6 +331,7 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 		{Key: "pid", Value: r.pid},
 		{Key: "started_at", Value: r.started},
 		{Key: "refresh_ms", Value: r.interval.Milliseconds()},
+		{Key: "session_pool", Value: sessionPool(c.cfg.Mongo)},
 	}
 	if stopped {
 		state = "stopped"
@@ -340,10 +350,16 @@ func (r *replica) write(ctx context.Context, stopped bool, runErr error) error {
 		// already".
 		filter = append(filter, bson.E{Key: "state", Value: bson.D{{Key: "$ne", Value: "stopped"}}})
 	}
-	_, err := c.meta.UpdateOne(ctx, filter, bson.D{
-		{Key: "$set", Value: set},
-		{Key: "$currentDate", Value: now},
-	}, options.UpdateOne().SetUpsert(true))
+	update := bson.D{{Key: "$set", Value: set}, {Key: "$currentDate", Value: now}}
+	if stopped {
+		// A stopped Run has no transaction open: its consumer drained and
+		// its re-drives ended. The driver hands its pooled sessions to
+		// whatever uses the mongo.Client next (another Client, Transact
+		// calls, this Client run again), so their ids are no longer its
+		// own to end (takeover.go).
+		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: "lsids", Value: ""}}})
+	}
+	_, err := c.meta.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
 	if !stopped && mongo.IsDuplicateKeyError(err) {
 		return errReplicaStopped
 	}

@@ -184,6 +184,11 @@ type StoreStatus struct {
 	// RedriveRequested counts parked events waiting for a running consumer
 	// to re-drive them (see RequestRedrive).
 	RedriveRequested int64
+	// RedriveDeferred counts the re-drive requests (included in
+	// RedriveRequested) whose last try could not run for a reason that is
+	// not the handler's failure (ParkedEvent.RedriveDeferred says which):
+	// they are tried again until they run.
+	RedriveDeferred int64
 	// ParkedNoHandler counts the parked events no handler of the service
 	// accepted (included in Parked): a new event type or version a
 	// producer deployed before this service's handler. The first replica
@@ -261,6 +266,7 @@ type storeStatusJSON struct {
 	Parked           int64          `json:"parked"`
 	Held             int64          `json:"held"`
 	RedriveRequested int64          `json:"redrive_requested"`
+	RedriveDeferred  int64          `json:"redrive_deferred"`
 	ParkedNoHandler  int64          `json:"parked_no_handler"`
 	Unroutable       int64          `json:"unroutable,omitempty"`
 	Topics           []TopicBacklog `json:"topics"`
@@ -274,7 +280,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	}
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
 		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
-		RedriveRequested: s.RedriveRequested, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
+		RedriveRequested: s.RedriveRequested, RedriveDeferred: s.RedriveDeferred, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.

@@ -3,12 +3,16 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
@@ -25,12 +29,36 @@ import (
 //   - every consumer transaction runs in a session whose id the replica
 //     first records in its liveness record (replicas.go; the driver pools
 //     sessions, so the list settles at the replica's concurrency), and
-//   - a worker that meets a lock asks for a reap (at most every reapEvery):
-//     the replica reads the records of its consumer group and the group's
-//     members, and ends (killSessions) the recorded sessions of every
-//     replica that is no longer a member and has stopped refreshing its
-//     record, or that stopped. Ending a session aborts its transaction and
-//     frees its locks; the keys it held move on at the next retry.
+//   - a worker (or an operator's re-drive) that meets a lock asks for a
+//     reap (at most every reapEvery): the replica reads the records of its
+//     consumer group (from the primary) and the group's members, and ends
+//     (killSessions) the recorded sessions of every replica that is no
+//     longer a member and has stopped refreshing its record. Ending a
+//     session aborts its transaction and frees its locks; the keys it held
+//     move on at the next retry.
+//
+// The driver pools sessions per mongo.Client and hands a session one
+// Client used to whatever uses the mongo.Client next: another Client on it
+// (a service running two, say orders and payments), Transact calls, this
+// Client run again. So a session id is only ever ended while it cannot
+// belong to someone else:
+//
+//   - never for a stopped record: a graceful stop leaves no transaction
+//     open (the consumer drained, re-drives ended), and the stop's write
+//     clears the record's ids;
+//   - never while another record of the same session pool (session_pool:
+//     the mongo.Client, named at random per process) is refreshed: that
+//     mongo.Client lives, and its sessions may serve that record's Client
+//     now;
+//   - only the ids read are removed from the record ($pullAll), so an id
+//     recorded between the read and the kill is ended by a later reap.
+//
+// What remains: a process whose Run returned without marking its record
+// stopped (MongoDB unreachable for the stop's write) and that goes on
+// using the mongo.Client with no other Client running on it may see one of
+// its transactions aborted once by a reap; the abort is a
+// TransientTransactionError (NoSuchTransaction), which Transact retries
+// (the driver's WithTransaction).
 //
 // A member that left the group but lives on (a zombie) has lost its
 // partitions: aborting its transactions is what fencing wants. Its record's
@@ -66,6 +94,11 @@ type sessionLog struct {
 	reaping  bool
 	reapedAt time.Time
 	reapWG   sync.WaitGroup
+	// reapCtx bounds the reaps of the running Run: stop cancels it, so a
+	// stop never waits for a reap in flight (up to reapTimeout) on top of
+	// its drain, its group leave and its record's write; nil outside Run.
+	reapCtx    context.Context
+	reapCancel context.CancelFunc
 }
 
 // start and stop bracket a Run's replica record.
@@ -73,9 +106,17 @@ func (l *sessionLog) start(r *replica) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rec, l.known = r, map[string]bool{}
+	l.reapMu.Lock()
+	l.reapCtx, l.reapCancel = context.WithCancel(context.Background())
+	l.reapMu.Unlock()
 }
 
 func (l *sessionLog) stop() {
+	l.reapMu.Lock()
+	if l.reapCancel != nil {
+		l.reapCancel()
+	}
+	l.reapMu.Unlock()
 	l.reapWG.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -131,7 +172,11 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 	}
 	l.reaping, l.reapedAt = true, time.Now()
 	l.reapWG.Add(1)
+	rctx := l.reapCtx
 	l.reapMu.Unlock()
+	if rctx == nil {
+		rctx = context.Background()
+	}
 	go func() {
 		defer l.reapWG.Done()
 		defer func() {
@@ -139,13 +184,37 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 			l.reaping = false
 			l.reapMu.Unlock()
 		}()
-		ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+		ctx, cancel := context.WithTimeout(rctx, reapTimeout)
 		defer cancel()
-		if err := c.reap(ctx, cons); err != nil {
+		if err := c.reap(ctx, cons); err != nil && rctx.Err() == nil {
 			cons.errLog.warn(cons.log, "ending the sessions of dead replicas failed", "reap", "err", err)
 		}
 	}()
 }
+
+// sessionPools names the session pool of each mongo.Client of the process
+// (random, so unique across processes), without keeping the client alive.
+var sessionPools sync.Map // weak.Pointer[mongo.Client] -> string
+
+// sessionPool returns the name of m's session pool: the driver hands a
+// session that one Client used to anything else using m afterwards.
+func sessionPool(m *mongo.Client) string {
+	if m == nil {
+		return ""
+	}
+	k := weak.Make(m)
+	if v, ok := sessionPools.Load(k); ok {
+		return v.(string)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand doc)
+	v, _ := sessionPools.LoadOrStore(k, hex.EncodeToString(b[:]))
+	return v.(string)
+}
+
+// silent reports whether a running replica's record has not been refreshed
+// for two refresh periods (at least 2 s).
+func silent(r Replica) bool { return r.Silence > 2*max(r.RefreshInterval, time.Second) }
 
 // reap ends the sessions of the dead replicas of the consumer group.
 func (c *Client) reap(ctx context.Context, cons *consumer) error {
@@ -164,12 +233,25 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 	if err != nil {
 		return err
 	}
+	// A session pool (a mongo.Client) one of whose records is refreshed
+	// lives: its sessions serve that record's Client (another one sharing
+	// the mongo.Client, or this Client run again), whatever another record
+	// of the pool says.
+	live := map[string]bool{}
+	for _, r := range replicas {
+		if !r.Stopped && !silent(r) && r.pool != "" {
+			live[r.pool] = true
+		}
+	}
 	for _, r := range replicas {
 		if replicaIDPrefix+r.ID == self || r.ConsumerGroup != c.cfg.ConsumerGroup || len(r.lsids) == 0 {
 			continue
 		}
-		gone := r.Stopped || (!members[r.ConsumerMemberID] && r.Silence > 2*max(r.RefreshInterval, time.Second))
-		if !gone {
+		// A stopped record's sessions are never ended: a graceful stop
+		// leaves no transaction open, and the driver has handed its
+		// sessions out again (a stopped record lists none, unless a
+		// session was noted as it stopped).
+		if r.Stopped || members[r.ConsumerMemberID] || !silent(r) || live[r.pool] {
 			continue
 		}
 		lsids := make(bson.A, len(r.lsids))
@@ -179,8 +261,11 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 		if err := c.cfg.Mongo.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err(); err != nil {
 			return fmt.Errorf("end the sessions of replica %s: %w", r.ID, err)
 		}
+		// Only the ids ended: one recorded meanwhile (the record of a
+		// replica that was merely slow) stays, to be ended by a later reap
+		// if its replica is dead.
 		if _, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + r.ID}},
-			bson.D{{Key: "$unset", Value: bson.D{{Key: "lsids", Value: ""}}}}); err != nil {
+			bson.D{{Key: "$pullAll", Value: bson.D{{Key: "lsids", Value: lsids}}}}); err != nil {
 			return fmt.Errorf("update the record of replica %s: %w", r.ID, err)
 		}
 		cons.log.Info("ended the sessions of a replica that left the group with transactions open",

@@ -40,7 +40,12 @@ type inboxDoc struct {
 	TraceParent        string          `bson:"traceparent"`
 	Payload            string          `bson:"payload"`
 	RedriveRequestedAt *time.Time      `bson:"redrive_requested_at"`
-	DiscardedAt        *time.Time      `bson:"discarded_at"`
+	// RedriveDeferred says why the last try of the pending re-drive
+	// request could not run (outbox.ParkedEvent.RedriveDeferred);
+	// RedriveNotBefore is its next try at the latest.
+	RedriveDeferred  string     `bson:"redrive_deferred"`
+	RedriveNotBefore *time.Time `bson:"redrive_not_before"`
+	DiscardedAt      *time.Time `bson:"discarded_at"`
 	// Unreadable marks a record parked because its envelope could not be
 	// read (the root package's redrive_unreadable.go).
 	Unreadable bool `bson:"unreadable"`

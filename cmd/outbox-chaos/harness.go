@@ -29,26 +29,29 @@ import (
 
 // config is the harness's configuration (the command's flags).
 type config struct {
-	dupRatio   float64             // with migrated: probability that a transaction records an event again (0: 0.5%)
-	duration   time.Duration       // load and faults last this long
-	replicas   int                 // base replicas (extra ones join and leave)
-	rate       int                 // target step events per second
-	seed       uint64              // fault schedule seed
-	keys       int                 // partition keys
-	partitions int                 // Kafka partitions of the topic
-	killEvery  time.Duration       // mean time between kills; 0 disables kills
-	faultEvery time.Duration       // mean time between faults; 0 disables them
-	stall      time.Duration       // after the load, fail when nothing progressed for this long
-	stacks     string              // when set, the goroutine stacks are written there once nothing progressed for 10 s
-	chainPct   int                 // percent of step events whose handler records a follow-up
-	transient  int                 // percent of step events whose first attempt fails
-	poison     float64             // probability a transaction records a poison event
-	abort      float64             // probability a transaction aborts on purpose
-	mongoURI   string              // real MongoDB; "" starts the embedded server
-	brokers    string              // real Kafka; "" starts kfake
-	logger     *slog.Logger        // framework logs
-	progress   io.Writer           // progress lines; nil for none
-	skip       map[actionKind]bool // fault kinds left out of the schedule
+	// skipUnknown runs the replicas with Config.SkipUnknownEvents, and the
+	// operator writes events of a type no handler takes on held keys.
+	skipUnknown bool
+	dupRatio    float64             // with migrated: probability that a transaction records an event again (0: 0.5%)
+	duration    time.Duration       // load and faults last this long
+	replicas    int                 // base replicas (extra ones join and leave)
+	rate        int                 // target step events per second
+	seed        uint64              // fault schedule seed
+	keys        int                 // partition keys
+	partitions  int                 // Kafka partitions of the topic
+	killEvery   time.Duration       // mean time between kills; 0 disables kills
+	faultEvery  time.Duration       // mean time between faults; 0 disables them
+	stall       time.Duration       // after the load, fail when nothing progressed for this long
+	stacks      string              // when set, the goroutine stacks are written there once nothing progressed for 10 s
+	chainPct    int                 // percent of step events whose handler records a follow-up
+	transient   int                 // percent of step events whose first attempt fails
+	poison      float64             // probability a transaction records a poison event
+	abort       float64             // probability a transaction aborts on purpose
+	mongoURI    string              // real MongoDB; "" starts the embedded server
+	brokers     string              // real Kafka; "" starts kfake
+	logger      *slog.Logger        // framework logs
+	progress    io.Writer           // progress lines; nil for none
+	skip        map[actionKind]bool // fault kinds left out of the schedule
 	// scenarioEvery is the mean time between scenarios (slow handlers,
 	// downstream outages, small max.message.bytes windows, Kafka down at
 	// start, pause storms); 0 disables them.
@@ -393,6 +396,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		logger: cfg.logger, work: h.work, appName: "chaos-replica", klog: h.klog}
 	h.env.sessionTimeout, h.env.rebalanceTimeout = sessionTimeout, rebalanceTimeout
 	h.env.keyConcurrency = max(1, cfg.keyConcurrency)
+	h.env.skipUnknown = cfg.skipUnknown
 	h.env.topicPrefix = cfg.topicPrefix
 	h.env.unique = cfg.migrated
 	if !cfg.skip[fCommitDoomed] {

@@ -243,6 +243,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.slowFor, "slow-for", 0, "how long a slow handler runs (at least -txn-lifetime plus 1s); 6s or more lets the check that Status shows the run judge it")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
 	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
+	fs.BoolVar(&cfg.skipUnknown, "skip-unknown", false, "run the replicas with Config.SkipUnknownEvents; the operator writes events of a type no handler takes on keys held behind a parked event (they must be skipped, never hold the key)")
 	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
 	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
@@ -54,6 +55,8 @@ type operator struct {
 	// cancelled counts the Client.Redrive calls whose context was
 	// cancelled while they ran (mid-release).
 	cancelled int
+	// ignored counts the events of schemaIgnored written (-skip-unknown).
+	ignored int
 }
 
 const operatorEvery = 500 * time.Millisecond
@@ -112,6 +115,8 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 			held = append(held, p.PartitionKey)
 		}
 		switch {
+		case p.ID.ContentSchema == schemaIgnored:
+			o.h.logf("operator: %s, of a type the replicas skip, is parked and holds its key", p.ID)
 		case p.ID.ContentSchema == schemaNew:
 			// No handler yet: the replicas that have it release it
 			// (no-handler-deploy); nothing for the operator to do.
@@ -148,6 +153,11 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 	o.mu.Lock()
 	o.held = held
 	o.mu.Unlock()
+	if o.h.cfg.skipUnknown && len(held) > 0 {
+		if err := o.writeIgnored(ctx, held[o.rng.IntN(len(held))]); err != nil {
+			o.h.logf("operator: write an event of an ignored type: %v", err)
+		}
+	}
 	if len(purge) > 0 {
 		n, err := o.admin.PurgeParked(ctx, outbox.ParkedFilter{IDs: purge}, false)
 		if err != nil && !errors.Is(err, outbox.ErrNotParked) {
@@ -208,6 +218,31 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// schemaIgnored is the content schema no replica has a handler for
+// (-skip-unknown): the replicas skip its events.
+const schemaIgnored = "chaos.Ignored.v1"
+
+// writeIgnored writes an event of schemaIgnored straight to the topic on
+// key, held behind a parked event: under SkipUnknownEvents it must be
+// skipped on arrival and never hold the key (it is in no ledger: nothing
+// handles it).
+func (o *operator) writeIgnored(ctx context.Context, key string) error {
+	o.mu.Lock()
+	o.ignored++
+	id := fmt.Sprintf("ignored-%d", o.ignored)
+	o.mu.Unlock()
+	in := o.h.inj
+	rec := &kgo.Record{Topic: in.topic, Partition: in.partitionOf(key), Key: []byte(key), Value: []byte(`{}`), Headers: []kgo.RecordHeader{
+		{Key: outbox.HeaderVersion, Value: []byte(outbox.WireVersion)},
+		{Key: outbox.HeaderContentSchema, Value: []byte(schemaIgnored)},
+		{Key: outbox.HeaderIdempotencyKey, Value: []byte(id)},
+		{Key: outbox.HeaderOccurredAt, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+	}}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return in.raw.ProduceSync(pctx, rec).FirstErr()
 }
 
 // heldKey returns one of the load's keys held at the last look, chosen by

@@ -56,7 +56,12 @@ type replicaEnv struct {
 	unique bool
 	// doom aborts some handling transactions at their commit (nil: none).
 	doom *commitDoom
+	// skipUnknown is the replicas' Config.SkipUnknownEvents (-skip-unknown).
+	skipUnknown bool
 }
+
+// chaosMaxAttempts is the replicas' Config.MaxAttempts.
+const chaosMaxAttempts = 6
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
 // unreachable for that long from the start (refused, or black-holed).
@@ -97,7 +102,8 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		KafkaOptions:          kafkaOpts,
 		Service:               env.service,
 		PublishTopics:         []string{chaosTopic(), chainTopic(), recreateTopic()},
-		MaxAttempts:           6,
+		MaxAttempts:           chaosMaxAttempts,
+		SkipUnknownEvents:     env.skipUnknown,
 		KeyConcurrency:        env.keyConcurrency,
 		TopicPrefix:           env.topicPrefix,
 		UniqueIdempotencyKeys: env.unique,

@@ -170,8 +170,10 @@ const (
 
 // workload records events and handles them.
 type workload struct {
-	db   *mongo.Database
-	keys []string // the load's keys
+	// redriveSnoozed are the events whose re-drive snoozed once.
+	redriveSnoozed sync.Map
+	db             *mongo.Database
+	keys           []string // the load's keys
 	// extraKeys are the keys of the scenarios that need keys of their own
 	// (the event-outbox producer, mass holds, retry isolation): never the
 	// load's.
@@ -515,6 +517,14 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			return outbox.Park(errDownstream)
 		} else if down {
 			return errDownstream
+		}
+		// An attempt past MaxAttempts is a re-drive of a parked event (or
+		// the release of a head parked so): its first one snoozes, which
+		// must count nothing and leave an operator's request pending.
+		if meta.Attempt > chaosMaxAttempts {
+			if _, seen := w.redriveSnoozed.LoadOrStore(e.ID, true); !seen {
+				return outbox.Snooze(20 * time.Millisecond)
+			}
 		}
 		// A slow attempt records a follow-up, then outlives the transaction
 		// (below): the transaction must take the follow-up with it.

@@ -431,7 +431,7 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 	fmt.Fprintf(tw, "failed\t%d\theld keys %d, held events %d (under PoisonPolicy HoldKey)\n", st.Failed, st.OutboxHeldKeys, st.OutboxHeldEvents)
 	// As the console counts them: the parked heads, and the events held
 	// behind them (StoreStatus.Parked counts both).
-	fmt.Fprintf(tw, "parked\t%d\theld behind them %d, re-drive requested %d\n", st.Parked-st.Held, st.Held, st.RedriveRequested)
+	fmt.Fprintf(tw, "parked\t%d\theld behind them %d, re-drive requested %d (waiting to run again %d)\n", st.Parked-st.Held, st.Held, st.RedriveRequested, st.RedriveDeferred)
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")
@@ -468,6 +468,9 @@ func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.W
 		redrive := "-"
 		if !e.RedriveRequestedAt.IsZero() {
 			redrive = "requested"
+			if e.RedriveDeferred != "" {
+				redrive = "waiting (" + oneLine(e.RedriveDeferred, 60) + ")"
+			}
 		}
 		heldBy := "-"
 		if e.HeldBy != nil {

@@ -36,7 +36,8 @@ type Event struct {
 	Fault error
 	// NoHandler is set when no handler accepts the event: it is parked
 	// with reason "no handler" (holding its key), or skipped with
-	// Config.SkipUnknown.
+	// Config.SkipUnknown, even when its key is held (it would be skipped
+	// had the key been free, and nothing may wait for it).
 	NoHandler bool
 	// Policy is the retry policy of the event's handler.
 	Policy Policy
@@ -153,9 +154,13 @@ const (
 	// HeadParked: a release found the key's head parked for good
 	// (release only): it waits for an operator.
 	HeadParked
+	// Skipped: a release took the key's head off the sequence without
+	// running it, because no handler takes it and Config.SkipUnknown
+	// (release only): the next event is the head.
+	Skipped
 )
 
-var kindNames = [...]string{"handled", "duplicate", "failed", "snoozed", "conflict", "commit_failed", "locked", "infra", "canceled", "empty", "head_parked"}
+var kindNames = [...]string{"handled", "duplicate", "failed", "snoozed", "conflict", "commit_failed", "locked", "infra", "canceled", "empty", "head_parked", "skipped"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -221,7 +226,7 @@ type Host interface {
 	Handle(ctx context.Context, tp TopicPartition, evs []*Event) Result
 	// Release handles the head of key's sequence when it is releasable, in
 	// one transaction that takes it off the sequence. It returns the event
-	// it ran (nil with Empty and HeadParked).
+	// it ran or skipped (nil with Empty and HeadParked).
 	Release(ctx context.Context, tp TopicPartition, key string) (*Event, Result)
 	// NoteReleaseFailure stores a failed attempt of a sequence's head
 	// (inc more attempts and failures); with park the head is parked for

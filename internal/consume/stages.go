@@ -15,8 +15,10 @@ import (
 //
 //  1. decode (Worker.take): the host reads the record; a record it cannot
 //     handle comes with Fault or NoHandler.
-//  2. check the key (checkKey): an event whose key holds a sequence (a
-//     parked event of the key in the partition) joins the end of it.
+//  2. check the key (checkKey): an event without a handler is skipped
+//     first under Config.SkipUnknown (nothing may wait for a type no
+//     replica takes); an event whose key holds a sequence (a parked event
+//     of the key in the partition) joins the end of it.
 //  3. park what cannot run (parkUnrunnable): malformed records, events
 //     without a handler.
 //  4. look up (lookup): right after an assignment, or after duplicates
@@ -69,9 +71,14 @@ func (w *Worker) one(ctx context.Context, e *Event, out *Outcome, r *unitResult)
 	w.run(ctx, []*Event{e}, r)
 }
 
-// checkKey adds e to its key's sequence when the key holds one. It reports
-// true when e is settled or must wait (out says which).
+// checkKey skips e when no handler takes it and Config.SkipUnknown, else
+// adds e to its key's sequence when the key holds one. It reports true
+// when e is settled or must wait (out says which).
 func (w *Worker) checkKey(ctx context.Context, e *Event, out *Outcome) bool {
+	if e.NoHandler && w.cfg.SkipUnknown {
+		w.settled(e, out, SettledSkipped, "no_handler")
+		return true
+	}
 	if !w.cfg.Hold || e.Key == "" || !w.holding(e.Key) {
 		return false
 	}
@@ -96,8 +103,6 @@ func (w *Worker) parkUnrunnable(ctx context.Context, e *Event, out *Outcome, r *
 	switch {
 	case e.Fault != nil:
 		w.park(ctx, e, out, r, e.Fault, 1, 0, "malformed")
-	case e.NoHandler && w.cfg.SkipUnknown:
-		w.settled(e, out, SettledSkipped, "no_handler")
 	case e.NoHandler:
 		w.park(ctx, e, out, r, errNoHandler, 1, 0, "no_handler")
 	default:
@@ -350,7 +355,7 @@ func (w *Worker) release(ctx context.Context, key string) unitResult {
 	case Empty:
 		w.unhold(key)
 		w.dropRelState(key)
-	case Handled, HeadParked:
+	case Handled, HeadParked, Skipped:
 		w.dropRelState(key)
 	default:
 		w.saveRelState(key, st, more && at.After(time.Now()), err)
@@ -395,6 +400,10 @@ func releaseStep(ctx context.Context, host Host, obs Observer, backoff retry.Bac
 		*st = relState{}
 		obs.Released(tp, e)
 		return Handled, true, time.Time{}, nil
+	case Skipped:
+		*st = relState{}
+		obs.Settled(tp, e, SettledSkipped, "no_handler")
+		return Skipped, true, time.Time{}, nil
 	case Canceled:
 		return Canceled, true, time.Time{}, res.Err
 	case Locked, Infra:

@@ -27,7 +27,9 @@ type Config struct {
 	BatchSize int
 	// Hold is PoisonPolicy HoldKey: a parked event holds its key.
 	Hold bool
-	// SkipUnknown skips events without a handler instead of parking them.
+	// SkipUnknown skips events without a handler instead of parking them,
+	// wherever they meet their key: on arrival, held key or not, and as
+	// the head of a release (Host.Release returns Skipped).
 	SkipUnknown bool
 	// QueueRecords and QueueBytes bound a partition's look-ahead (records
 	// taken and not passed by the committable offset) and the payload bytes
