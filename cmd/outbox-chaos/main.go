@@ -236,6 +236,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
 	fs.StringVar(&cfg.brokers, "kafka-brokers", "", "real Kafka brokers, comma-separated (default: embedded kfake)")
+	fs.StringVar(&cfg.kafka, "kafka", "kfake", "kfake (embedded), or apache: a real Apache Kafka cluster the run starts (Java 17 and Maven) and breaks with broker faults")
+	fs.IntVar(&cfg.kafkaNodes, "kafka-nodes", 3, "with -kafka apache: the cluster's nodes (replication factor min(nodes, 3), min.insync.replicas=2 from three)")
+	fs.DurationVar(&cfg.brokerKillEvery, "broker-kill-every", 45*time.Second, "with -kafka apache: mean time between kill -9 of a broker (the one leading the most partitions, a partition's leader, the active controller, in turn), each restarted 2-10 s later (0: none)")
+	fs.DurationVar(&cfg.brokerPauseEvery, "broker-pause-every", 2*time.Minute, "with -kafka apache: mean time between a broker paused (SIGSTOP) past the session timeout and a topic refusing writes, in turn (0: none)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
 	verbose := fs.Bool("v", false, "progress lines and framework warnings on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -253,6 +257,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	case cfg.keyConcurrency < 1:
 		fmt.Fprintln(stderr, "outbox-chaos: -key-concurrency must be at least 1")
+		return 2
+	case cfg.kafka != "kfake" && cfg.kafka != kafkaApache:
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka must be kfake or apache")
+		return 2
+	case cfg.kafka == kafkaApache && cfg.brokers != "":
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka apache starts its own cluster: leave -kafka-brokers out")
+		return 2
+	case cfg.kafka == kafkaApache && cfg.kafkaNodes < 1:
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka-nodes must be at least 1")
 		return 2
 	}
 	cfg.skip = map[actionKind]bool{}
@@ -272,7 +285,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "outbox-chaos:", err)
 		return 2
 	}
-	fmt.Fprintln(stdout, res.summary())
+	fmt.Fprintln(stdout, res.summary()+res.Broker.summary())
 	fmt.Fprintln(stderr, "outbox-chaos: scenarios run:", res.scenarioLine())
 	for _, f := range res.Failures {
 		fmt.Fprintln(stderr, "FAIL:", f)
