@@ -16,6 +16,7 @@
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
 //	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
+//	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 2m]]
 //
 // It prints one summary line on stdout,
 //
@@ -26,6 +27,8 @@
 //	    redrives_cancelled=N mass_holds=N max_held_keys=N duplicates_refused=N
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
+//	    fetch_restarts=N fetch_resubscribes=N
+//	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N broker_faults_skipped=N]
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -80,6 +83,26 @@
 // in that key's sequence and hold its later events until purged. Against
 // real servers (-mongo-uri, -kafka-brokers) the server faults are skipped;
 // kills, rebalances, poison and malformed records, and replays remain.
+//
+// With -kafka apache the run starts a real Apache Kafka cluster of its own
+// (internal/apachekafka: -kafka-nodes nodes, three by default, each a
+// broker and a KRaft controller; replication factor 3 and
+// min.insync.replicas=2) instead of kfake, and breaks it (broker.go), one
+// fault at a time, each followed by a wait until every replica is in sync
+// again: kill -9 of the broker leading the most partitions, of a
+// partition's leader, and of the active controller, in turn, every
+// -broker-kill-every, each restarted 2-10 s later; and, every
+// -broker-pause-every, in turn, the consumer group's coordinator paused
+// (SIGSTOP) past the session timeout and the broker's controller session,
+// and the main topic refusing writes for seconds (its min.insync.replicas
+// above its replication factor: NOT_ENOUGH_REPLICAS). The summary line
+// then ends with kafka_nodes=N broker_kills=N controller_kills=N
+// broker_pauses=N broker_refusals=N broker_faults_skipped=N (a fault that
+// comes while the previous one is still in progress is skipped). Every run
+// also counts the consumer fetch watch's restarts (fetch_restarts=N
+// fetch_resubscribes=N, each logged with its partition under -v): on a
+// real broker, where kafka-fetch-forget cannot run, each is a partition
+// its Kafka client stopped fetching on its own.
 //
 // # Replays
 //
