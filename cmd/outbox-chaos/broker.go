@@ -153,7 +153,7 @@ func startApache(ctx context.Context, cfg config) (*apachekafka.Cluster, error) 
 	if progress == nil {
 		progress = discard{}
 	}
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute) // a loaded machine starts JVMs slowly
 	defer cancel()
 	c, err := apachekafka.Start(sctx, apachekafka.Options{Nodes: nodes, Progress: progress, HeapMB: 320, Props: map[string]string{
 		"offsets.topic.num.partitions":            "6",
@@ -189,7 +189,7 @@ func (h *harness) brokerFault(ctx context.Context, a action) {
 	bf.mark()
 	defer bf.mark()
 	h.logf("%s", a)
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 	defer cancel()
 	var err error
 	switch a.kind {
