@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -73,4 +74,20 @@ func TestRestartCounter(t *testing.T) {
 		"fetch watch re-subscription: replica=r1.2 partition=t/3"}, notes)
 	require.NotContains(t, out.String(), "restarting", "Warn is below the inner handler's level")
 	require.Contains(t, out.String(), "an error")
+}
+
+// TestKafkaFlags: -kafka takes kfake or apache, and apache starts its own
+// cluster, so -kafka-brokers is refused beside it: exit code 2, no run.
+func TestKafkaFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-kafka", "confluent"},
+		{"-kafka", "apache", "-kafka-brokers", "127.0.0.1:9092"},
+		{"-kafka", "apache", "-kafka-nodes", "0"},
+	} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(context.Background(), args, &out, &errOut), "%v", args)
+		require.Contains(t, errOut.String(), "-kafka", "%v", args)
+		require.Empty(t, out.String())
+	}
 }
