@@ -27,7 +27,8 @@ import (
 //
 // The watch looks, every fetchCheckEvery, at each owned partition whose
 // fetching the worker has not paused, that was handed no record for
-// fetchQuietFor, and whose high watermark (the lag poller's listing, or a
+// fetchQuietFor since it last fetched or resumed (the time a partition spends
+// paused is nobody's fetching), and whose high watermark (the lag poller's listing, or a
 // fetch's) is above the offset its worker expects next, or unknown because
 // the lag poller's listings stopped succeeding. It then asks the
 // partition's leader itself, through a Kafka client of its own: one Fetch at

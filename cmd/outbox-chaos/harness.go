@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/apachekafka"
 	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
@@ -80,6 +81,12 @@ type config struct {
 	// bound (internal/tuning) so fetches pause and resume partitions all
 	// the time; 0 keeps the framework's bound.
 	queueRecords, queueBytes int
+	// kafka is "apache" for a real Apache Kafka cluster the harness starts
+	// (kafkaNodes nodes) and breaks (brokerKillEvery, brokerPauseEvery:
+	// broker.go); else kfake, or -kafka-brokers.
+	kafka                             string
+	kafkaNodes                        int
+	brokerKillEvery, brokerPauseEvery time.Duration
 }
 
 // result is the outcome of a run.
@@ -164,6 +171,9 @@ type result struct {
 	// effects beyond the first); UnknownEffects the effects of no
 	// committed event a handler succeeds on.
 	DoubleHandled, UnknownEffects int
+	// Broker counts the broker faults and the fetch watch's restarts
+	// (broker.go).
+	Broker brokerCounts
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -255,6 +265,10 @@ type harness struct {
 	// syncs are the times rebalances of the consumer group completed
 	// (SyncGroup); guarded by genMu.
 	syncs []time.Time
+	// broker breaks the harness's Apache Kafka cluster, nil without one;
+	// restarts counts the fetch watch's restarts (broker.go).
+	broker   *brokerFaults
+	restarts *restarts
 }
 
 // maxFailLines caps the FAIL lines of each kind of violation.
@@ -312,6 +326,8 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	// run, removed when it ends.
 	h.klog.install()
 	defer h.klog.uninstall()
+	cfg.logger = h.countRestarts(cfg.logger)
+	h.cfg.logger = cfg.logger
 
 	// Servers.
 	mongoURI, brokers := cfg.mongoURI, splitList(cfg.brokers)
@@ -327,6 +343,16 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	}
 	sessionTimeout := 6 * time.Second
 	var rebalanceTimeout time.Duration // kgo's default (60 s) on real Kafka
+	if cfg.kafka == kafkaApache && len(brokers) == 0 {
+		c, err := startApache(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = c.Stop() }()
+		h.broker = &brokerFaults{cluster: c}
+		brokers = c.Brokers()
+		h.logf("Apache Kafka %s: %d nodes at %s", apachekafka.Version, len(brokers), strings.Join(brokers, ","))
+	}
 	if len(brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 		if err != nil {
@@ -448,6 +474,10 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 
 	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, cfg.replayEvery,
 		srv != nil, h.cluster != nil, cmp.Or(cfg.stormMiB, 10))
+	if h.broker != nil {
+		acts = append(acts, scheduleBrokerFaults(cfg.seed, cfg.duration, cfg.brokerKillEvery, cfg.brokerPauseEvery, sessionTimeout)...)
+		slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
+	}
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
 	h.logf("run %s started %s: %d replicas, %d keys, %d partitions, rate %d/s, %s, %d scheduled actions (seed %d)",
 		runID, h.began.Format(tsFormat), cfg.replicas, cfg.keys, cfg.partitions, cfg.rate, cfg.duration, len(acts), cfg.seed)
@@ -542,6 +572,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.mu.Unlock()
 	res.KeyConcurrency = h.env.keyConcurrency
 	res.Doomed = h.doom.counts()
+	res.Broker = h.brokerCounts()
 	h.inj.mu.Lock()
 	res.FetchForgotten = len(h.inj.forgot)
 	if len(h.inj.forgot) > 0 {
@@ -705,6 +736,8 @@ func (h *harness) execute(ctx context.Context, a action) {
 	case fMassHold, fNoHandler, fRetryIsolation, fKillOpenTxns, fRecreateTopic:
 		h.logf("%s", a)
 		h.bg.Go(func() { h.extra(ctx, a) })
+	case fBrokerKill, fBrokerKillPartLeader, fBrokerKillController, fBrokerPause, fBrokerRefuse:
+		h.bg.Go(func() { h.brokerFault(ctx, a) })
 	case fKeylessHeld:
 		ok, err := h.writeKeylessHeld(ctx, a)
 		if ok {

@@ -16,6 +16,7 @@
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
 //	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
+//	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 2m]]
 //
 // It prints one summary line on stdout,
 //
@@ -27,6 +28,8 @@
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
+//	    fetch_restarts=N fetch_resubscribes=N
+//	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N broker_faults_skipped=N]
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -92,6 +95,26 @@
 // in that key's sequence and hold its later events until purged. Against
 // real servers (-mongo-uri, -kafka-brokers) the server faults are skipped;
 // kills, rebalances, poison and malformed records, and replays remain.
+//
+// With -kafka apache the run starts a real Apache Kafka cluster of its own
+// (internal/apachekafka: -kafka-nodes nodes, three by default, each a
+// broker and a KRaft controller; replication factor 3 and
+// min.insync.replicas=2) instead of kfake, and breaks it (broker.go), one
+// fault at a time, each followed by a wait until every replica is in sync
+// again: kill -9 of the broker leading the most partitions, of a
+// partition's leader, and of the active controller, in turn, every
+// -broker-kill-every, each restarted 2-10 s later; and, every
+// -broker-pause-every, in turn, the consumer group's coordinator paused
+// (SIGSTOP) past the session timeout and the broker's controller session,
+// and the main topic refusing writes for seconds (its min.insync.replicas
+// above its replication factor: NOT_ENOUGH_REPLICAS). The summary line
+// then ends with kafka_nodes=N broker_kills=N controller_kills=N
+// broker_pauses=N broker_refusals=N broker_faults_skipped=N (a fault that
+// comes while the previous one is still in progress is skipped). Every run
+// also counts the consumer fetch watch's restarts (fetch_restarts=N
+// fetch_resubscribes=N, each logged with its partition under -v): on a
+// real broker, where kafka-fetch-forget cannot run, each is a partition
+// its Kafka client stopped fetching on its own.
 //
 // # Replays
 //
@@ -249,6 +272,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
 	fs.StringVar(&cfg.mongoURI, "mongo-uri", "", "real MongoDB replica set (default: embedded server)")
 	fs.StringVar(&cfg.brokers, "kafka-brokers", "", "real Kafka brokers, comma-separated (default: embedded kfake)")
+	fs.StringVar(&cfg.kafka, "kafka", "kfake", "kfake (embedded), or apache: a real Apache Kafka cluster the run starts (Java 17 and Maven) and breaks with broker faults")
+	fs.IntVar(&cfg.kafkaNodes, "kafka-nodes", 3, "with -kafka apache: the cluster's nodes (replication factor min(nodes, 3), min.insync.replicas=2 from three)")
+	fs.DurationVar(&cfg.brokerKillEvery, "broker-kill-every", 45*time.Second, "with -kafka apache: mean time between kill -9 of a broker (the one leading the most partitions, a partition's leader, the active controller, in turn), each restarted 2-10 s later (0: none)")
+	fs.DurationVar(&cfg.brokerPauseEvery, "broker-pause-every", 2*time.Minute, "with -kafka apache: mean time between a broker paused (SIGSTOP) past the session timeout and a topic refusing writes, in turn (0: none)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
 	verbose := fs.Bool("v", false, "progress lines and framework warnings on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -266,6 +293,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	case cfg.keyConcurrency < 1:
 		fmt.Fprintln(stderr, "outbox-chaos: -key-concurrency must be at least 1")
+		return 2
+	case cfg.kafka != "kfake" && cfg.kafka != kafkaApache:
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka must be kfake or apache")
+		return 2
+	case cfg.kafka == kafkaApache && cfg.brokers != "":
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka apache starts its own cluster: leave -kafka-brokers out")
+		return 2
+	case cfg.kafka == kafkaApache && cfg.kafkaNodes < 1:
+		fmt.Fprintln(stderr, "outbox-chaos: -kafka-nodes must be at least 1")
 		return 2
 	}
 	cfg.skip = map[actionKind]bool{}
@@ -285,7 +321,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "outbox-chaos:", err)
 		return 2
 	}
-	fmt.Fprintln(stdout, res.summary())
+	fmt.Fprintln(stdout, res.summary()+res.Broker.summary())
 	fmt.Fprintln(stderr, "outbox-chaos: scenarios run:", res.scenarioLine())
 	for _, f := range res.Failures {
 		fmt.Fprintln(stderr, "FAIL:", f)

@@ -370,3 +370,23 @@ func TestSetRevokeWaitsForAWorkerCloseIsDraining(t *testing.T) {
 		})
 	}
 }
+
+// The fetch watch's quiet clock (Fetching.Quiet) starts again when the
+// worker resumes its partition's fetching: a partition that was paused
+// (its queue full behind a slow or held worker) was fetched by nobody, so
+// the time it spent paused is no sign of a client that stopped fetching.
+// Counting it, the watch restarted partitions resumed a moment before,
+// long paused, before their client had a chance to fetch.
+func TestWorkerResumeRestartsTheQuietClock(t *testing.T) {
+	h := newHarness(t, 1, pauseConfig)
+	h.w.Enqueue([]*kgo.Record{bigRecord(h.tp, 0)}) // fills the bound alone: paused
+	handed := h.w.fetching().Quiet
+	require.False(t, drained(t, h.w, h.p, 1), "settled, the partition is resumed")
+	_, resumes := h.p.calls()
+	require.Equal(t, 1, resumes)
+	f := h.w.fetching()
+	require.False(t, f.Paused)
+	require.True(t, f.Quiet.After(handed), "quiet since the records were handed (%s), not since the resume after them (%s)",
+		handed.Format(time.RFC3339Nano), f.Quiet.Format(time.RFC3339Nano))
+	h.w.Stop()
+}

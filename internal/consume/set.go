@@ -200,8 +200,9 @@ func (s *Set) Waits() []Wait {
 type Fetching struct {
 	// Next is the offset after the last record handed over; -1 before any.
 	Next int64
-	// Quiet is since when nothing new was handed over: the last records
-	// past Next's earlier value, or the worker's start.
+	// Quiet is since when nothing new was handed over while fetching ran:
+	// the last records past Next's earlier value, the worker's start, or
+	// the last resume of the partition's fetching, whichever is latest.
 	Quiet time.Time
 	// Paused is whether the worker paused the partition's fetching.
 	Paused bool

@@ -110,10 +110,12 @@ type Worker struct {
 	// What the poll loop handed over, for the fetch watch (Set.Fetching):
 	// started is when the worker started, nextIn the offset after the last
 	// record enqueued (-1 before any), lastIn when records past nextIn
-	// were last enqueued (unix ns, 0 before any).
+	// were last enqueued, resumed when the worker last resumed the
+	// partition's fetching (unix ns, 0 before any).
 	started time.Time
 	nextIn  atomic.Int64
 	lastIn  atomic.Int64
+	resumed atomic.Int64
 	// fetchWait is set by the fetch watch while the partition's fetching
 	// is stalled (Set.SetFetchWait); nil otherwise.
 	fetchMu   sync.Mutex
@@ -220,6 +222,7 @@ func (w *Worker) adjustPause() bool {
 		2*(w.inBytes+int(w.unsBytes.Load())) < w.cfg.QueueBytes:
 		w.paused = false
 		w.cfg.Pauser.Resume(w.tp)
+		w.resumed.Store(time.Now().UnixNano())
 	}
 	return w.paused
 }
@@ -266,14 +269,23 @@ func (w *Worker) fetching() Fetching {
 	return f
 }
 
-// quiet is since when the worker was handed nothing new: its last records
-// past those it had, or its start. Atomics only: called under fetchMu, which Enqueue takes
-// under mu.
+// quiet is since when the worker was handed nothing new while its
+// partition's fetching ran: its last records past those it had, its start,
+// or the last resume of its fetching, whichever is latest. A paused
+// partition is fetched by nobody, so the time it spent paused is no sign of
+// a client that stopped fetching: counting it, a partition resumed after a
+// long pause (a slow or held worker with a full queue) would look stalled
+// at once, before its client had a chance to fetch. Atomics only: called
+// under fetchMu, which Enqueue takes under mu.
 func (w *Worker) quiet() time.Time {
+	q := w.started
 	if ns := w.lastIn.Load(); ns != 0 {
-		return time.Unix(0, ns)
+		q = time.Unix(0, ns)
 	}
-	return w.started
+	if ns := w.resumed.Load(); ns != 0 && time.Unix(0, ns).After(q) {
+		q = time.Unix(0, ns)
+	}
+	return q
 }
 
 // Stats returns a snapshot of the worker.
