@@ -1,0 +1,426 @@
+package outbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/kafkax/kafkatest"
+	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+// The live interop tests run the Python event-outbox library itself
+// (v0.4.0, installed by .ci/install-eventoutbox) as a service beside ours:
+// testdata/eventoutbox/service.py. The library knows no topic prefix, so
+// these tests use fixed topic names without Config.TopicPrefix (each run
+// tells its events apart by their "run" field, for shared real brokers),
+// and the library's services keep their documents in a database of their
+// own, as a separate service would.
+const (
+	pyLiveTopic = "eventoutbox-live-py" // the Python service publishes here
+	goLiveTopic = "eventoutbox-live-go" // our service publishes here
+)
+
+// pyLiveEvent is an event the Python service records: the library's Event
+// with the fields run and seq. Our handler's type reads partition_key from
+// the flat body too.
+type pyLiveEvent struct {
+	Run string `json:"run"`
+	Seq int    `json:"seq"`
+	Key int    `json:"partition_key"`
+}
+
+func (pyLiveEvent) Topic() string          { return pyLiveTopic }
+func (pyLiveEvent) ContentSchema() string  { return "PyLiveEvent" }
+func (e pyLiveEvent) PartitionKey() string { return itoa(e.Key) }
+
+// goLiveEvent is an event our service records for the Python service, in
+// the event-outbox format; its integer key becomes the body's partition_key.
+type goLiveEvent struct {
+	Run string `json:"run"`
+	Seq int    `json:"seq"`
+	Key int    `json:"key"`
+}
+
+func (goLiveEvent) Topic() string          { return goLiveTopic }
+func (goLiveEvent) ContentSchema() string  { return "GoLiveEvent" }
+func (e goLiveEvent) PartitionKey() string { return itoa(e.Key) }
+
+var eventOutboxSkipOnce sync.Once
+
+// eventOutboxPython returns the Python interpreter of the virtualenv that
+// .ci/install-eventoutbox fills (OUTBOX_EVENTOUTBOX_VENV, else
+// ~/.cache/outbox-eventoutbox/venv). Without it the test is skipped, and
+// the skip is printed on stderr even without -v, with the command that
+// installs the library.
+func eventOutboxPython(t *testing.T) string {
+	t.Helper()
+	venv := os.Getenv("OUTBOX_EVENTOUTBOX_VENV")
+	if venv == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			t.Skipf("event-outbox: no home directory (%v): set OUTBOX_EVENTOUTBOX_VENV", err)
+		}
+		venv = filepath.Join(home, ".cache", "outbox-eventoutbox", "venv")
+	}
+	py := filepath.Join(venv, "bin", "python")
+	err := exec.Command(py, "-c", "import event_outbox, aiokafka, motor").Run()
+	if err != nil {
+		msg := fmt.Sprintf("the Python event-outbox library is not installed in %s (%v): "+
+			"run `bash .ci/install-eventoutbox` (OUTBOX_EVENTOUTBOX_VENV names another virtualenv)", venv, err)
+		eventOutboxSkipOnce.Do(func() { fmt.Fprintln(os.Stderr, "SKIP live event-outbox tests:", msg) })
+		t.Skip(msg)
+	}
+	return py
+}
+
+// pyFact is one line the Python service prints.
+type pyFact struct {
+	Ready    bool      `json:"ready"`
+	Done     bool      `json:"done"`
+	Recorded *int      `json:"recorded"`
+	Handled  *pyHandle `json:"handled"`
+}
+
+type pyHandle struct {
+	Topic          string         `json:"topic"`
+	ContentSchema  string         `json:"content_schema"`
+	IdempotencyKey string         `json:"idempotency_key"`
+	PartitionKey   int            `json:"partition_key"`
+	Extra          map[string]any `json:"extra"`
+}
+
+// pyService is one process of testdata/eventoutbox/service.py.
+type pyService struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	exited chan struct{}
+	stderr *lockedBuffer
+
+	mu      sync.Mutex
+	ready   bool
+	done    bool
+	handled []pyHandle
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// pyConfig is the service's configuration (see service.py).
+type pyConfig struct {
+	MongoURI  string     `json:"mongo_uri"`
+	DB        string     `json:"db"`
+	Brokers   string     `json:"brokers"`
+	Group     string     `json:"group"`
+	Subscribe []string   `json:"subscribe"`
+	Outbox    string     `json:"outbox,omitempty"`
+	Inbox     string     `json:"inbox,omitempty"`
+	Publish   *pyPublish `json:"publish,omitempty"`
+}
+
+type pyPublish struct {
+	Start   int    `json:"start"`
+	End     int    `json:"end"`
+	Topic   string `json:"topic"`
+	Schema  string `json:"schema"`
+	Keys    int    `json:"keys"`
+	Run     string `json:"run"`
+	PauseMS int    `json:"pause_ms,omitempty"`
+}
+
+// startPy starts the Python service and waits until its relay and consumer
+// run. It is killed at the end of the test if it still runs.
+func startPy(t *testing.T, py string, cfg pyConfig) *pyService {
+	t.Helper()
+	arg, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	cmd := exec.Command(py, filepath.Join("testdata", "eventoutbox", "service.py"), string(arg))
+	s := &pyService{t: t, cmd: cmd, exited: make(chan struct{}), stderr: &lockedBuffer{}}
+	cmd.Stderr = s.stderr
+	s.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	go func() {
+		defer close(s.exited)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var f pyFact
+			if json.Unmarshal(sc.Bytes(), &f) != nil {
+				continue
+			}
+			s.mu.Lock()
+			s.ready = s.ready || f.Ready
+			s.done = s.done || f.Done
+			if f.Handled != nil {
+				s.handled = append(s.handled, *f.Handled)
+			}
+			s.mu.Unlock()
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() { s.kill() })
+	s.wait("ready", func() bool { return s.ready })
+	return s
+}
+
+// wait polls cond (under the service's lock) until it holds, failing the
+// test with the service's stderr when the service exits or a minute passes.
+func (s *pyService) wait(what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s.mu.Lock()
+		ok := cond()
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-s.exited:
+			s.t.Fatalf("python service exited before %s:\n%s", what, s.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("python service: timed out waiting for %s:\n%s", what, tail(s.stderr.String(), 4000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// handledFacts returns what the service's handler reported.
+func (s *pyService) handledFacts() []pyHandle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]pyHandle(nil), s.handled...)
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (s *pyService) kill() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.exited
+}
+
+// stop closes the service's stdin, which makes it leave its group and
+// exit; it is killed if it has not within 30 s.
+func (s *pyService) stop() {
+	s.t.Helper()
+	_ = s.stdin.Close()
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		s.t.Errorf("python service did not stop within 30s of closing stdin:\n%s", tail(s.stderr.String(), 4000))
+		s.kill()
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// liveSetup starts MongoDB and Kafka for a live interop test: topics
+// without prefix (see above), 3 partitions each; transactions that a
+// killed process leaves open are aborted after 5 s on the embedded server
+// (the library never ends a dead replica's sessions, so it waits for
+// transactionLifetimeLimitSeconds).
+func liveSetup(t *testing.T) *bundle {
+	t.Helper()
+	m := mongotest.Start(t, mongotest.ServerOptions(mongofake.TransactionLifetime(5*time.Second)))
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, pyLiveTopic, goLiveTopic))
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: kafkatest.UniqueName(t)}
+}
+
+func (b *bundle) pyConfig(group string, subscribe ...string) pyConfig {
+	return pyConfig{
+		MongoURI: b.mongo.URI, DB: b.db.Name() + "_py", Brokers: strings.Join(b.kafka.Seeds, ","),
+		Group: group + "-" + b.run, Subscribe: subscribe,
+	}
+}
+
+// liveGoConfig is our service's configuration for the live tests.
+func (b *bundle) liveGoConfig(service string) Config {
+	cfg := b.config(service)
+	cfg.TopicPrefix = ""
+	cfg.PublishTopics = nil
+	return cfg
+}
+
+// pyOutbox is the Python service's outbox collection.
+func (b *bundle) pyDB() *mongo.Database { return b.mongo.Client.Database(b.db.Name() + "_py") }
+
+// maxRecordedSeq returns the largest seq of the Python service's outbox
+// documents of this run: what a killed service had committed.
+func (b *bundle) maxRecordedSeq(t *testing.T) int {
+	t.Helper()
+	cur, err := b.pyDB().Collection("transactional-outbox").Find(context.Background(),
+		bson.D{{Key: "payload.run", Value: b.run}})
+	require.NoError(t, err)
+	var docs []struct {
+		Payload struct {
+			Seq int `bson:"seq"`
+		} `bson:"payload"`
+	}
+	require.NoError(t, cur.All(context.Background(), &docs))
+	top := -1
+	for _, d := range docs {
+		top = max(top, d.Payload.Seq)
+	}
+	return top
+}
+
+// TestEventOutboxLivePythonPublishesGoHandles: a Python service built on
+// the library records events in motor transactions and publishes them with
+// the library's own relay (keyless records, partition_key % partitions);
+// our consumer handles each exactly once, in per-key order, under the
+// inbox _id the library writes. The Python service is killed with SIGKILL
+// mid-stream and restarted: nothing is lost and nothing handled twice.
+func TestEventOutboxLivePythonPublishesGoHandles(t *testing.T) {
+	t.Parallel()
+	py := eventOutboxPython(t)
+	b := liveSetup(t)
+	const total, keys = 150, 5
+
+	c := b.client(t, b.liveGoConfig("consumer"))
+	effects := b.db.Collection("effects")
+	var mu sync.Mutex
+	lastSeq := map[string]int{}
+	var outOfOrder []string
+	MustHandle(c, func(ctx context.Context, e pyLiveEvent, m Metadata) error {
+		if e.Run != b.run {
+			return nil
+		}
+		mu.Lock()
+		if last, ok := lastSeq[m.PartitionKey]; ok && e.Seq <= last {
+			outOfOrder = append(outOfOrder, fmt.Sprintf("key %s: seq %d after %d", m.PartitionKey, e.Seq, last))
+		}
+		lastSeq[m.PartitionKey] = max(lastSeq[m.PartitionKey], e.Seq)
+		mu.Unlock()
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}, {Key: "seq", Value: e.Seq},
+			{Key: "partition_key", Value: m.PartitionKey}})
+		return err
+	})
+	start(t, c)
+
+	cfg := b.pyConfig("py-publisher", pyLiveTopic)
+	cfg.Publish = &pyPublish{Start: 0, End: total, Topic: pyLiveTopic, Schema: "PyLiveEvent", Keys: keys, Run: b.run, PauseMS: 5}
+	first := startPy(t, py, cfg)
+	eventually(t, "a third of the events recorded", func() bool { return b.maxRecordedSeq(t) >= total/3 })
+	first.kill()
+	recorded := b.maxRecordedSeq(t)
+	t.Logf("killed the Python service after it recorded %d of %d events", recorded+1, total)
+	cfg.Publish.Start = recorded + 1
+	second := startPy(t, py, cfg)
+	second.wait("every event recorded", func() bool { return second.done })
+
+	deadline := time.Now().Add(90 * time.Second)
+	for count(t, effects, bson.D{}) < total && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.EqualValues(t, total, count(t, effects, bson.D{}), "events handled; python stderr:\n%s", tail(second.stderr.String(), 3000))
+	// Every record the library published is consumed and committed, so a
+	// late duplicate would have been seen.
+	published := b.waitAllCommitted(t, c.cfg.ConsumerGroup, pyLiveTopic)
+	second.stop()
+
+	cur, err := b.pyDB().Collection("transactional-outbox").Find(context.Background(), bson.D{{Key: "payload.run", Value: b.run}})
+	require.NoError(t, err)
+	var docs []struct {
+		Published bool `bson:"published"`
+		Payload   struct {
+			Topic          string `bson:"topic"`
+			ContentSchema  string `bson:"content_schema"`
+			IdempotencyKey string `bson:"idempotency_key"`
+			PartitionKey   int    `bson:"partition_key"`
+			Seq            int    `bson:"seq"`
+		} `bson:"payload"`
+	}
+	require.NoError(t, cur.All(context.Background(), &docs))
+	require.Len(t, docs, total, "one outbox document per event")
+	seqs := map[int]bool{}
+	for _, d := range docs {
+		require.True(t, d.Published, "seq %d published by the library", d.Payload.Seq)
+		seqs[d.Payload.Seq] = true
+		id := bson.D{{Key: "topic", Value: d.Payload.Topic}, {Key: "content_schema", Value: d.Payload.ContentSchema},
+			{Key: "idempotency_key", Value: d.Payload.IdempotencyKey}}
+		require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "_id", Value: id}, {Key: "handled", Value: true}}),
+			"our inbox holds the library's _id %v", id)
+		require.EqualValues(t, 1, count(t, effects, bson.D{{Key: "key", Value: d.Payload.IdempotencyKey},
+			{Key: "partition_key", Value: itoa(d.Payload.PartitionKey)}}), "seq %d handled once, under its body's partition_key", d.Payload.Seq)
+	}
+	require.Len(t, seqs, total, "every seq recorded once")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, outOfOrder)
+	t.Logf("events %d, records the library published %d (duplicates %d), handled once each, out of order 0",
+		total, published, published-total)
+}
+
+// waitAllCommitted waits until group has committed the end offset of every
+// partition of topic, and returns the number of records in the topic.
+func (b *bundle) waitAllCommitted(t *testing.T, group, topic string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var total int64
+	eventually(t, "every record of "+topic+" committed by "+group, func() bool {
+		ends, err := b.kafka.Admin().ListEndOffsets(ctx, topic)
+		if err != nil {
+			return false
+		}
+		offs, err := b.kafka.Admin().FetchOffsets(ctx, group)
+		if err != nil {
+			return false
+		}
+		total = 0
+		ok := true
+		ends.Each(func(o kadm.ListedOffset) {
+			total += o.Offset
+			c, found := offs.Lookup(topic, o.Partition)
+			if o.Offset > 0 && (!found || c.At < o.Offset) {
+				ok = false
+			}
+		})
+		return ok
+	})
+	return total
+}
