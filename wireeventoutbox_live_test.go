@@ -424,3 +424,100 @@ func (b *bundle) waitAllCommitted(t *testing.T, group, topic string) int64 {
 	})
 	return total
 }
+
+// TestEventOutboxLiveGoPublishesPythonHandles: our publisher writes events
+// in the event-outbox format; the library's own consumer (run by
+// run_event_handler) handles each once, in per-key order, and writes the
+// inbox documents it expects. Rewinding its group's offsets to the start
+// redelivers every record: a no-op on its side.
+func TestEventOutboxLiveGoPublishesPythonHandles(t *testing.T) {
+	t.Parallel()
+	py := eventOutboxPython(t)
+	b := liveSetup(t)
+	const total, keys = 60, 4
+
+	cfg := b.liveGoConfig("producer")
+	cfg.PublishTopics = []string{goLiveTopic}
+	cfg.WireFormats = map[string]Format{goLiveTopic: FormatEventOutbox}
+	cfg.EventOutboxPartitioning = []string{goLiveTopic}
+	producer := b.client(t, cfg)
+	ctx := context.Background()
+	for seq := range total {
+		require.NoError(t, producer.Transact(ctx, func(ctx context.Context) error {
+			return Record(ctx, goLiveEvent{Run: b.run, Seq: seq, Key: seq % keys})
+		}))
+	}
+	start(t, producer)
+
+	pcfg := b.pyConfig("py-consumer", goLiveTopic)
+	mine := func(hs []pyHandle) []pyHandle {
+		var out []pyHandle
+		for _, h := range hs {
+			if h.Extra["run"] == b.run {
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	svc := startPy(t, py, pcfg)
+	svc.wait("every event handled", func() bool { return len(mine(svc.handled)) >= total })
+	b.waitAllCommitted(t, pcfg.Group, goLiveTopic)
+	svc.stop()
+
+	handled := mine(svc.handledFacts())
+	require.Len(t, handled, total, "handled once each")
+	lastSeq := map[int]int{}
+	keysSeen := map[string]bool{}
+	for _, h := range handled {
+		seq := int(h.Extra["seq"].(float64))
+		require.Equal(t, seq%keys, h.PartitionKey, "the body's partition_key is our partition key")
+		require.EqualValues(t, seq%keys, h.Extra["key"])
+		require.Equal(t, goLiveTopic, h.Topic)
+		require.Equal(t, "GoLiveEvent", h.ContentSchema)
+		if last, ok := lastSeq[h.PartitionKey]; ok {
+			require.Greater(t, seq, last, "key %d in order", h.PartitionKey)
+		}
+		lastSeq[h.PartitionKey] = seq
+		require.False(t, keysSeen[h.IdempotencyKey], "%s handled once", h.IdempotencyKey)
+		keysSeen[h.IdempotencyKey] = true
+	}
+	// The library's inbox documents, as it writes them: its _id, handled
+	// with a handled_at, and nothing else.
+	inbox := b.pyDB().Collection("transactional-inbox")
+	var ours []struct {
+		ID string `bson:"idempotency_key"`
+	}
+	cur, err := producer.outbox.Find(ctx, bson.D{})
+	require.NoError(t, err)
+	require.NoError(t, cur.All(ctx, &ours))
+	require.Len(t, ours, total)
+	for _, o := range ours {
+		require.True(t, keysSeen[o.ID], "event %s handled by the library", o.ID)
+		var doc bson.D
+		require.NoError(t, inbox.FindOne(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "topic", Value: goLiveTopic},
+			{Key: "content_schema", Value: "GoLiveEvent"}, {Key: "idempotency_key", Value: o.ID}}}}).Decode(&doc))
+		require.Len(t, doc, 3, "%v", doc)
+		require.Equal(t, "handled", doc[1].Key)
+		require.Equal(t, true, doc[1].Value)
+		require.Equal(t, "handled_at", doc[2].Key)
+	}
+
+	// Rewind the library's group to the start: every record is delivered
+	// again, and its inbox makes each a no-op.
+	rewind := kadm.Offsets{}
+	for p := range int32(3) {
+		rewind.Add(kadm.Offset{Topic: goLiveTopic, Partition: p, At: 0, LeaderEpoch: -1})
+	}
+	resp, err := b.kafka.Admin().CommitOffsets(ctx, pcfg.Group, rewind)
+	require.NoError(t, err)
+	require.NoError(t, resp.Error())
+	again := startPy(t, py, pcfg)
+	b.waitAllCommitted(t, pcfg.Group, goLiveTopic)
+	again.stop()
+	require.Empty(t, mine(again.handledFacts()), "a redelivery is a no-op for the library")
+	require.GreaterOrEqual(t, strings.Count(again.stderr.String(), "Skipped already handled event"), total,
+		"the library saw every record again and skipped it")
+	n, err := b.pyDB().Collection("py_handled").CountDocuments(ctx, bson.D{{Key: "extra.run", Value: b.run}})
+	require.NoError(t, err)
+	require.EqualValues(t, total, n, "the handler's effects, once each")
+}

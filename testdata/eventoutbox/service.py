@@ -19,6 +19,7 @@ it with SIGKILL knows what was committed before the kill:
 
 import asyncio
 import json
+import logging
 import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -99,4 +100,8 @@ async def main(cfg):
 
 
 if __name__ == "__main__":
+    # The library logs at INFO what it skips ("Skipped already handled
+    # event"): the tests read it on stderr.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("event_outbox").setLevel(logging.INFO)
     asyncio.run(main(json.loads(sys.argv[1])))
