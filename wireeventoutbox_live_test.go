@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
@@ -163,6 +164,14 @@ type pyPublish struct {
 // run. It is killed at the end of the test if it still runs.
 func startPy(t *testing.T, py string, cfg pyConfig) *pyService {
 	t.Helper()
+	s := launchPy(t, py, cfg)
+	s.wait("ready", func() bool { return s.ready })
+	return s
+}
+
+// launchPy starts the Python service (see startPy) without waiting.
+func launchPy(t *testing.T, py string, cfg pyConfig) *pyService {
+	t.Helper()
 	arg, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	cmd := exec.Command(py, filepath.Join("testdata", "eventoutbox", "service.py"), string(arg))
@@ -193,7 +202,6 @@ func startPy(t *testing.T, py string, cfg pyConfig) *pyService {
 		_ = cmd.Wait()
 	}()
 	t.Cleanup(func() { s.kill() })
-	s.wait("ready", func() bool { return s.ready })
 	return s
 }
 
@@ -520,4 +528,51 @@ func TestEventOutboxLiveGoPublishesPythonHandles(t *testing.T) {
 	n, err := b.pyDB().Collection("py_handled").CountDocuments(ctx, bson.D{{Key: "extra.run", Value: b.run}})
 	require.NoError(t, err)
 	require.EqualValues(t, total, n, "the handler's effects, once each")
+}
+
+// TestEventOutboxLiveMixedGroupRefused: a Go replica joining the consumer
+// group of running Python replicas is refused by the broker (aiokafka
+// offers "roundrobin", we "cooperative-sticky"): Run returns that at once
+// with the supported order of steps, rather than idling in the group. The
+// other way round, the broker refuses the Python replica while Go holds the
+// group: aiokafka's consumer.start() raises InconsistentGroupProtocolError.
+func TestEventOutboxLiveMixedGroupRefused(t *testing.T) {
+	t.Parallel()
+	py := eventOutboxPython(t)
+	b := liveSetup(t)
+	pcfg := b.pyConfig("mixed", goLiveTopic)
+	svc := startPy(t, py, pcfg)
+	eventually(t, "the Python replica holds the group", func() bool {
+		gs, err := b.kafka.Admin().DescribeGroups(context.Background(), pcfg.Group)
+		return err == nil && gs[pcfg.Group].State == "Stable"
+	})
+	cfg := b.liveGoConfig("mixed")
+	cfg.ConsumerGroup = pcfg.Group
+	c := b.client(t, cfg)
+	MustHandle(c, func(context.Context, goLiveEvent, Metadata) error { return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := c.Run(ctx)
+	require.ErrorIs(t, err, ErrKafkaGroup)
+	require.ErrorIs(t, err, kerr.InconsistentGroupProtocol)
+	require.ErrorContains(t, err, "stop every member of the other client")
+	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
+	svc.stop()
+
+	// Go first: the Python replica is the one refused.
+	g := b.client(t, cfg)
+	MustHandle(g, func(context.Context, goLiveEvent, Metadata) error { return nil })
+	start(t, g)
+	eventually(t, "the Go replica holds the group", func() bool {
+		gs, err := b.kafka.Admin().DescribeGroups(context.Background(), pcfg.Group)
+		return err == nil && gs[pcfg.Group].State == "Stable"
+	})
+	late := launchPy(t, py, pcfg)
+	select {
+	case <-late.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("the Python replica still runs in a group that Go holds:\n%s", tail(late.stderr.String(), 3000))
+	}
+	require.Contains(t, late.stderr.String(), "InconsistentGroupProtocolError", "aiokafka's consumer.start() fails")
+	require.False(t, late.ready)
 }
