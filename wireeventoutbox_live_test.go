@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 	"github.com/event-outbox/outbox/mongox/mongofake"
@@ -339,7 +341,8 @@ func TestEventOutboxLivePythonPublishesGoHandles(t *testing.T) {
 			return nil
 		}
 		mu.Lock()
-		if last, ok := lastSeq[m.PartitionKey]; ok && e.Seq <= last {
+		// A retried attempt (a commit that failed) sees its own seq again.
+		if last, ok := lastSeq[m.PartitionKey]; ok && e.Seq < last {
 			outOfOrder = append(outOfOrder, fmt.Sprintf("key %s: seq %d after %d", m.PartitionKey, e.Seq, last))
 		}
 		lastSeq[m.PartitionKey] = max(lastSeq[m.PartitionKey], e.Seq)
@@ -575,4 +578,229 @@ func TestEventOutboxLiveMixedGroupRefused(t *testing.T) {
 	}
 	require.Contains(t, late.stderr.String(), "InconsistentGroupProtocolError", "aiokafka's consumer.start() fails")
 	require.False(t, late.ready)
+}
+
+// svcEvent is what the migrated service records where its Python replicas
+// recorded the library's Event with run, seq and partition_key: the same
+// topic, content schema and body (the integer key becomes partition_key).
+type svcEvent struct {
+	Run string `json:"run"`
+	Seq int    `json:"seq"`
+	Key int    `json:"-"`
+}
+
+func (svcEvent) Topic() string          { return pyLiveTopic }
+func (svcEvent) ContentSchema() string  { return "PyLiveEvent" }
+func (e svcEvent) PartitionKey() string { return itoa(e.Key) }
+
+// maxStreamSeq returns the largest seq that the Python service recorded
+// for stream (its events' run field), or -1.
+func (b *bundle) maxStreamSeq(t *testing.T, stream string) int {
+	t.Helper()
+	var doc struct {
+		Payload struct {
+			Seq int `bson:"seq"`
+		} `bson:"payload"`
+	}
+	err := b.pyDB().Collection("transactional-outbox").FindOne(context.Background(), bson.D{{Key: "payload.run", Value: stream}},
+		options.FindOne().SetSort(bson.D{{Key: "payload.seq", Value: -1}})).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return -1
+	}
+	require.NoError(t, err)
+	return doc.Payload.Seq
+}
+
+// TestEventOutboxLiveMigrationInPlace measures the supported migration of
+// a Python event-outbox service with two replicas to this framework, under
+// load: the service consumes a feed (our upstream service publishes in the
+// event-outbox format) and publishes two streams of events (one per
+// replica) that our downstream service consumes. One Python replica is
+// killed with SIGKILL, the other stopped; the collections are migrated in
+// place (Admin.MigrateEventOutbox, what `outboxctl migrate event-outbox`
+// runs); two Go replicas take over the database, collections, topics and
+// consumer group and continue both streams while the feed goes on. Nothing
+// is lost, nothing handled twice, nothing out of order, on either side.
+func TestEventOutboxLiveMigrationInPlace(t *testing.T) {
+	t.Parallel()
+	py := eventOutboxPython(t)
+	b := liveSetup(t)
+	ctx := context.Background()
+	const keys, goEvents = 5, 40
+	streams := []string{b.run + "-A", b.run + "-B"}
+
+	// Downstream: handles both streams, whoever publishes them.
+	down := b.client(t, b.liveGoConfig("downstream"))
+	effects := b.db.Collection("effects")
+	var mu sync.Mutex
+	last := map[string]int{}
+	var outOfOrder []string
+	MustHandle(down, func(ctx context.Context, e pyLiveEvent, m Metadata) error {
+		if !strings.HasPrefix(e.Run, b.run) {
+			return nil
+		}
+		mu.Lock()
+		k := e.Run + "/" + m.PartitionKey
+		// A retried attempt (a commit that failed) sees its own seq again.
+		if l, ok := last[k]; ok && e.Seq < l {
+			outOfOrder = append(outOfOrder, fmt.Sprintf("%s: seq %d after %d", k, e.Seq, l))
+		}
+		last[k] = max(last[k], e.Seq)
+		mu.Unlock()
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "stream", Value: e.Run}, {Key: "seq", Value: e.Seq}, {Key: "key", Value: m.IdempotencyKey}})
+		return err
+	})
+	start(t, down)
+
+	// Upstream: a feed the service consumes, recorded all along.
+	ucfg := b.liveGoConfig("upstream")
+	ucfg.PublishTopics = []string{goLiveTopic}
+	ucfg.WireFormats = map[string]Format{goLiveTopic: FormatEventOutbox}
+	ucfg.EventOutboxPartitioning = []string{goLiveTopic}
+	up := b.client(t, ucfg)
+	start(t, up)
+	stopFeed := make(chan struct{})
+	feedDone := make(chan int)
+	go func() {
+		seq := 0
+		defer func() { feedDone <- seq }()
+		for {
+			select {
+			case <-stopFeed:
+				return
+			case <-time.After(30 * time.Millisecond):
+			}
+			if up.Transact(ctx, func(ctx context.Context) error {
+				return Record(ctx, goLiveEvent{Run: b.run, Seq: seq, Key: seq % 4})
+			}) == nil {
+				seq++
+			}
+		}
+	}()
+	var fed int
+	defer func() {
+		if stopFeed != nil {
+			close(stopFeed)
+			<-feedDone
+		}
+	}()
+
+	// The Python service: two replicas in one group, each recording a
+	// stream. The library's relay publishes only to partitions its
+	// consumer is assigned, so the service subscribes to its own topic too.
+	pcfg := b.pyConfig("svc", goLiveTopic, pyLiveTopic)
+	replicas := make([]*pyService, 2)
+	for i, s := range streams {
+		c := pcfg
+		c.Publish = &pyPublish{Start: 0, End: 1 << 30, Topic: pyLiveTopic, Schema: "PyLiveEvent", Keys: keys, Run: s, PauseMS: 20}
+		replicas[i] = startPy(t, py, c)
+	}
+	eventually(t, "both replicas recording", func() bool { return b.maxStreamSeq(t, streams[0]) >= 30 && b.maxStreamSeq(t, streams[1]) >= 30 })
+	replicas[0].kill()
+	replicas[1].stop()
+	pyRecorded := []int{b.maxStreamSeq(t, streams[0]) + 1, b.maxStreamSeq(t, streams[1]) + 1}
+
+	// Migrate in place. The killed replica's relay transaction (an outbox
+	// document marked published, its record perhaps sent) stays open until
+	// the server's transactionLifetimeLimitSeconds: the conversion meets
+	// its write lock until then, and is run again.
+	admin := NewAdmin(b.pyDB(), "transactional-outbox", "transactional-inbox")
+	var rep EventOutboxMigration
+	var attempts int
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		attempts++
+		var err error
+		rep, err = admin.MigrateEventOutbox(ctx, map[string]int{pyLiveTopic: 3, goLiveTopic: 3}, false)
+		if err == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "migration: %v", err)
+		t.Logf("migration attempt %d: %v", attempts, err)
+		time.Sleep(500 * time.Millisecond)
+	}
+	require.Empty(t, rep.Refused)
+
+	// Two Go replicas of the service take over and continue both streams.
+	scfg := b.liveGoConfig("svc")
+	scfg.Database = b.pyDB().Name()
+	scfg.OutboxCollection, scfg.InboxCollection = "transactional-outbox", "transactional-inbox"
+	scfg.ConsumerGroup = pcfg.Group
+	scfg.PublishTopics = []string{pyLiveTopic}
+	scfg.WireFormats = map[string]Format{pyLiveTopic: FormatEventOutbox}
+	scfg.EventOutboxPartitioning = []string{pyLiveTopic}
+	handledColl := b.pyDB().Collection("py_handled")
+	goReplicas := make([]*Client, 2)
+	for i := range goReplicas {
+		goReplicas[i] = b.client(t, scfg)
+		MustHandle(goReplicas[i], func(ctx context.Context, e goLiveEvent, m Metadata) error {
+			_, err := handledColl.InsertOne(ctx, bson.D{{Key: "topic", Value: goLiveTopic}, {Key: "content_schema", Value: "GoLiveEvent"},
+				{Key: "idempotency_key", Value: m.IdempotencyKey}, {Key: "extra", Value: bson.D{{Key: "run", Value: e.Run}, {Key: "seq", Value: e.Seq}}},
+				{Key: "impl", Value: "go"}})
+			return err
+		})
+		start(t, goReplicas[i])
+	}
+	var wg sync.WaitGroup
+	for i, s := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := pyRecorded[i]; seq < pyRecorded[i]+goEvents; seq++ {
+				err := goReplicas[i].Transact(ctx, func(ctx context.Context) error {
+					return Record(ctx, svcEvent{Run: s, Seq: seq, Key: seq % keys})
+				})
+				if err != nil {
+					t.Errorf("record %s/%d: %v", s, seq, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopFeed)
+	fed = <-feedDone
+	stopFeed = nil
+
+	want := pyRecorded[0] + pyRecorded[1] + 2*goEvents
+	eventually(t, "every event of both streams handled downstream", func() bool {
+		n, _ := effects.EstimatedDocumentCount(ctx)
+		return int(n) >= want
+	})
+	b.waitAllCommitted(t, down.cfg.ConsumerGroup, pyLiveTopic)
+	b.waitAllCommitted(t, pcfg.Group, goLiveTopic)
+
+	// Downstream: each event of each stream once.
+	lostDown, doubleDown := 0, 0
+	for i, s := range streams {
+		for seq := range pyRecorded[i] + goEvents {
+			switch n := count(t, effects, bson.D{{Key: "stream", Value: s}, {Key: "seq", Value: seq}}); {
+			case n == 0:
+				lostDown++
+			case n > 1:
+				doubleDown += int(n - 1)
+			}
+		}
+	}
+	// The service: each event of the feed once, by Python or Go.
+	lostFeed, doubleFeed := 0, 0
+	for seq := range fed {
+		switch n := count(t, handledColl, bson.D{{Key: "extra.run", Value: b.run}, {Key: "extra.seq", Value: seq}}); {
+		case n == 0:
+			lostFeed++
+		case n > 1:
+			doubleFeed += int(n - 1)
+		}
+	}
+	byGo := count(t, handledColl, bson.D{{Key: "extra.run", Value: b.run}, {Key: "impl", Value: "go"}})
+	mu.Lock()
+	disorder := len(outOfOrder)
+	mu.Unlock()
+	t.Logf("migration: streams %d events (Python %d+%d, Go %d+%d), feed %d events (Python %d, Go %d); "+
+		"1 SIGKILL; migration converted %v in %d attempt(s); lost %d/%d, handled twice %d/%d, out of order %d",
+		want, pyRecorded[0], pyRecorded[1], goEvents, goEvents, fed, int64(fed)-byGo, byGo,
+		rep.Converted, attempts, lostDown, lostFeed, doubleDown, doubleFeed, disorder)
+	require.Zero(t, lostDown+lostFeed, "lost")
+	require.Zero(t, doubleDown+doubleFeed, "handled twice")
+	require.Empty(t, outOfOrder)
 }

@@ -73,9 +73,13 @@ async def main(cfg):
     try:
         async with outbox.run_event_handler(handler):
             emit(ready=True)
+            # Run until the test closes stdin (or kills the process).
+            closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
             pub = cfg.get("publish")
             if pub:
                 for seq in range(pub["start"], pub["end"]):
+                    if closed.done():
+                        break
                     async with await mongo.start_session() as session:
                         async with session.start_transaction():
                             async with outbox.event_listener(session) as listener:
@@ -91,9 +95,9 @@ async def main(cfg):
                     emit(recorded=seq)
                     if pub.get("pause_ms"):
                         await asyncio.sleep(pub["pause_ms"] / 1000)
-                emit(done=True)
-            # Run until the test closes stdin (or kills the process).
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+                else:
+                    emit(done=True)
+            await closed
     finally:
         await consumer.stop()
         await producer.stop()
