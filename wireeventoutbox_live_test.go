@@ -721,6 +721,13 @@ func TestEventOutboxLiveMigrationInPlace(t *testing.T) {
 	}
 	require.Empty(t, rep.Refused)
 
+	// The killed replica stays a member of the group until its session
+	// times out; a Go replica joining before that is refused
+	// (INCONSISTENT_GROUP_PROTOCOL), so the operator waits for an empty group.
+	eventually(t, "the Python replicas out of the group", func() bool {
+		gs, err := b.kafka.Admin().DescribeGroups(ctx, pcfg.Group)
+		return err == nil && len(gs[pcfg.Group].Members) == 0
+	})
 	// Two Go replicas of the service take over and continue both streams.
 	scfg := b.liveGoConfig("svc")
 	scfg.Database = b.pyDB().Name()
