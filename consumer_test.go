@@ -411,3 +411,32 @@ func TestConsumerBatchesAndFallsBack(t *testing.T) {
 	}
 	require.Less(t, len(txs), n, "some events committed in a shared transaction")
 }
+
+// TestRunRefusesAGroupOfAnotherAssignor: a group whose members offer only
+// another assignor (aiokafka's default "roundrobin", as a Python
+// event-outbox service's consumer) makes the broker refuse our joiner with
+// INCONSISTENT_GROUP_PROTOCOL; Run returns that with an explanation
+// instead of running without ever being assigned a partition.
+func TestRunRefusesAGroupOfAnotherAssignor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := consumerConfig(b, "pay")
+	cfg.ConsumerGroup = "pay-" + b.run
+	// The other member joins (and heartbeats) on its own once created.
+	_ = b.kafka.Client(t, kgo.ConsumerGroup(cfg.ConsumerGroup), kgo.ConsumeTopics(b.kafkaTopic(ordersTopic)),
+		kgo.Balancers(kgo.RoundRobinBalancer()), kgo.DisableAutoCommit())
+	eventually(t, "the other member joined", func() bool {
+		gs, err := b.kafka.Admin().DescribeGroups(context.Background(), cfg.ConsumerGroup)
+		return err == nil && gs[cfg.ConsumerGroup].State == "Stable"
+	})
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	MustHandle(c, effectHandler(b, &calls))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := c.Run(ctx)
+	require.ErrorIs(t, err, ErrKafkaGroup)
+	require.ErrorIs(t, err, kerr.InconsistentGroupProtocol)
+	require.ErrorContains(t, err, "roundrobin")
+	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
+}

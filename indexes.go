@@ -142,9 +142,16 @@ func (c *Client) inboxIndexes() []indexSpec {
 // changed retention updates the TTL of whichever index it is, in place
 // (collMod). Several replicas may call it at once. An index that cannot be
 // reconciled returns an error wrapping ErrIndexConflict, an inbox of another
-// group one wrapping ErrInboxOwned; Run returns both instead of retrying.
+// group one wrapping ErrInboxOwned, an outbox collection that a Python
+// event-outbox service still uses or that was not migrated from one (its
+// "idempotency" index, its unpublished events) one wrapping
+// ErrEventOutboxNotMigrated, before anything changes; Run returns these
+// instead of retrying.
 // Run calls EnsureIndexes on start.
 func (c *Client) EnsureIndexes(ctx context.Context) error {
+	if err := c.checkNotLibraryOutbox(ctx); err != nil {
+		return err
+	}
 	if err := ensureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
 		return err
 	}

@@ -229,7 +229,7 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 		name string
 		keys bson.D
 	}{
-		{a.outbox, "idempotency", bson.D{{Key: "payload.topic", Value: int32(1)}, {Key: "payload.content_schema", Value: int32(1)}, {Key: "payload.idempotency_key", Value: int32(1)}}},
+		{a.outbox, "idempotency", libraryIdempotencyKeys},
 		{a.outbox, "expiration", bson.D{{Key: "published_at", Value: int32(1)}}},
 		{a.inbox, "expiration", bson.D{{Key: "handled_at", Value: int32(1)}}},
 	}

@@ -164,3 +164,61 @@ func TestMigrateEventOutboxRefusesDocumentsWithoutKey(t *testing.T) {
 	require.Empty(t, rep.Converted)
 	require.EqualValues(t, 1, count(t, b.db.Collection(libOutbox), bson.D{{Key: "topic", Value: bson.D{{Key: "$exists", Value: false}}}}), "left alone")
 }
+
+// TestRunRefusesTheLibraryOutbox: a client on the collections of a Python
+// event-outbox service that was not migrated, or that a Python replica
+// still uses, is refused at start, naming the cause, before it changes
+// anything; once migrated it starts. And a library index created while the
+// client runs (a Python replica started later) fails recording with the
+// same error, not with ErrDuplicateEvent.
+func TestRunRefusesTheLibraryOutbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	seedLibraryDatabase(t, b.db)
+	ctx := context.Background()
+	cfg := b.config("payments")
+	cfg.OutboxCollection, cfg.InboxCollection = libOutbox, libInbox
+	cfg.PublishTopics = []string{paymentsTopic}
+	cfg.WireFormats = map[string]Format{paymentsTopic: FormatEventOutbox}
+	cfg.EventOutboxPartitioning = []string{paymentsTopic}
+	c := b.client(t, cfg)
+	outboxColl := b.db.Collection(libOutbox)
+
+	runCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := c.Run(runCtx)
+	require.ErrorIs(t, err, ErrEventOutboxNotMigrated)
+	require.ErrorContains(t, err, `index "idempotency"`)
+	require.NoError(t, runCtx.Err(), "refused at once")
+	specs, err := outboxColl.Indexes().ListSpecifications(ctx)
+	require.NoError(t, err)
+	require.Len(t, specs, 3, "nothing created: _id, idempotency, expiration")
+
+	require.NoError(t, outboxColl.Indexes().DropOne(ctx, "idempotency"))
+	err = c.EnsureIndexes(ctx)
+	require.ErrorIs(t, err, ErrEventOutboxNotMigrated, "the library's unpublished events")
+	require.ErrorContains(t, err, "unpublished events in the library's form")
+
+	_, err = c.Admin().MigrateEventOutbox(ctx, map[string]int{paymentsTopic: 3}, false)
+	require.NoError(t, err)
+	require.NoError(t, c.EnsureIndexes(ctx))
+
+	// A Python replica starts after us and creates its index again (it can
+	// while the outbox holds at most one document in our form: two index
+	// as the same {null, null, null}).
+	_, err = outboxColl.DeleteMany(ctx, bson.D{})
+	require.NoError(t, err)
+	_, err = outboxColl.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: libraryIdempotencyKeys,
+		Options: options.Index().SetName("idempotency").SetUnique(true)})
+	require.NoError(t, err)
+	err = c.Transact(ctx, func(ctx context.Context) error {
+		for i := range 2 {
+			if err := Record(ctx, paymentRequested{OrderID: "o-" + itoa(i), Account: i, Amount: 1}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, ErrEventOutboxNotMigrated)
+	require.NotErrorIs(t, err, ErrDuplicateEvent)
+}

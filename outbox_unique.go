@@ -2,14 +2,21 @@ package outbox
 
 import (
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
 // flushError wraps the error of the outbox insert of n events: a duplicate
-// key error can only come from the idempotency index (the _id is new).
+// key error can only come from an idempotency index (the _id is new):
+// ours, or the Python event-outbox library's, which a Python replica
+// created after this client started (it indexes every one of our documents
+// as {null, null, null}; see ErrEventOutboxNotMigrated).
 func flushError(n int, err error) error {
+	if mongo.IsDuplicateKeyError(err) && strings.Contains(err.Error(), " index: idempotency dup key") {
+		return fmt.Errorf("%w: insert %d events: %w", ErrEventOutboxNotMigrated, n, err)
+	}
 	if mongo.IsDuplicateKeyError(err) {
 		return fmt.Errorf("%w (Config.UniqueIdempotencyKeys): insert %d events: %w", ErrDuplicateEvent, n, err)
 	}

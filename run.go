@@ -19,8 +19,9 @@ import (
 //
 // On start it creates the indexes and checks that the inbox collection
 // belongs to Config.ConsumerGroup (EnsureIndexes, retried with backoff while
-// MongoDB is unreachable; an index conflict or an inbox of another group
-// ends Run with an error wrapping ErrIndexConflict or ErrInboxOwned). The
+// MongoDB is unreachable; an index conflict, an inbox of another group or
+// an outbox a Python event-outbox service still uses ends Run with an error
+// wrapping ErrIndexConflict, ErrInboxOwned or ErrEventOutboxNotMigrated). The
 // publisher runs when Config.PublishTopics is not empty, together with a
 // goroutine that keeps the topics' partition counts current for recording
 // (loaded from MongoDB, read from Kafka every minute, persisted; see
@@ -63,7 +64,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrIndexConflict) || errors.Is(err, ErrInboxOwned) {
+		if errors.Is(err, ErrIndexConflict) || errors.Is(err, ErrInboxOwned) || errors.Is(err, ErrEventOutboxNotMigrated) {
 			// Retrying cannot fix these: the error says what to change.
 			return err
 		}

@@ -15,12 +15,13 @@ import (
 
 // pythonEventModel is a pydantic 2 model equivalent to the Event model of
 // the Python event-outbox library (v0.4.0, event_outbox/outbox.py at
-// commit cee2b7c): the same fields, types, defaults and extra="allow". The
-// library itself cannot be installed here (it pulls in aiokafka and motor
-// from PyPI), so the test script declares the model; its consumer does
-// exactly Event.model_validate_json(record.value) and builds the inbox _id
-// from model_dump(mode="json", include={topic, content_schema,
-// idempotency_key}).
+// commit cee2b7c): the same fields, types, defaults and extra="allow". It
+// is a fast unit test that needs only python3 with pydantic 2; the live
+// tests beside it (wireeventoutbox_live_test.go) run the library itself,
+// relay and consumer, once .ci/install-eventoutbox has installed it. Its
+// consumer does exactly Event.model_validate_json(record.value) and builds
+// the inbox _id from model_dump(mode="json", include={topic,
+// content_schema, idempotency_key}).
 const pythonEventModel = `
 import base64, json, sys, uuid
 from datetime import UTC, datetime
