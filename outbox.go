@@ -139,6 +139,9 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 	// Partition counts are learnt now, never inside the transaction:
 	// Record only reads them from memory (see partitions.go).
 	c.topics.prepare(ctx)
+	if err := c.ensureUniqueIndex(ctx); err != nil {
+		return nil, err
+	}
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)
