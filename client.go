@@ -41,6 +41,7 @@ type Client struct {
 	metadataEvery time.Duration                // period of Run's partition count refresh; tests shorten it
 	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
 	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
+	uniqueIndex   atomic.Bool                  // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
 	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery replace the
 	// fetch watch's period, quiet time and restart spacing when positive
 	// (fetchwatch.go); tests shorten them.

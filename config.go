@@ -123,8 +123,11 @@ type Config struct {
 	// content schema and idempotency key, as the Python library does:
 	// recording an event a second time with the same idempotency key fails
 	// (ErrDuplicateEvent) instead of publishing it twice, as long as the
-	// first one is kept (OutboxRetention after it was published). Defaults
-	// to false.
+	// first one is kept (OutboxRetention after it was published). The
+	// index is made by Client.EnsureIndexes (and Run); a transaction
+	// (Client.Transact, or a handler's) before that makes it first, and
+	// fails instead of recording while it cannot: duplicates are never
+	// accepted for want of the index. Defaults to false.
 	UniqueIdempotencyKeys bool
 
 	// OutboxRetention is how long published outbox documents are kept before

@@ -56,6 +56,14 @@ var ErrKafkaGroup = errors.New("outbox: Kafka group error")
 // transaction could be published for a change that never commits.
 var ErrNoTransaction = errors.New("outbox: Record needs the context of Client.Transact or of a handler")
 
+// ErrForeignTransaction is returned by Client.Transact when its context
+// carries the transaction of another Client (from that Client's Transact
+// or handler): joining it would record the events into the other Client's
+// outbox, under its PublishTopics, not into this one's. The error names
+// both Clients. Record the events in a transaction of this Client instead
+// (for example after the other one commits).
+var ErrForeignTransaction = errors.New("outbox: the context carries the transaction of another Client")
+
 // ErrUnknownTopic is returned by Record for an event whose topic is not in
 // Config.PublishTopics: no publisher would ever publish it.
 var ErrUnknownTopic = errors.New("outbox: topic is not in Config.PublishTopics")

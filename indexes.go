@@ -155,6 +155,7 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := ensureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
 		return err
 	}
+	c.uniqueIndex.Store(c.cfg.UniqueIdempotencyKeys)
 	if err := ensureIndexes(ctx, c.meta, metaIndexes()...); err != nil {
 		return err
 	}

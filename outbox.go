@@ -80,6 +80,11 @@ type txState struct {
 	counts map[string]int64 // events inserted by flush, by topic (metrics)
 }
 
+// describe names c in errors: its service and outbox collection.
+func (c *Client) describe() string {
+	return fmt.Sprintf("the Client of service %q (outbox %s.%s)", c.cfg.Service, c.outbox.Database().Name(), c.outbox.Name())
+}
+
 func txFrom(ctx context.Context) *txState {
 	tx, _ := ctx.Value(txKey{}).(*txState)
 	return tx
@@ -96,8 +101,13 @@ func txFrom(ctx context.Context) *txState {
 // did not commit are discarded. fn must return the errors of the operations
 // it runs; a non-nil error aborts the transaction and is returned as is.
 //
-// Called with the context of a handler or of another Transact, it joins that
-// transaction instead of starting one.
+// Called with the context of a handler or of another Transact of the same
+// Client, it joins that transaction instead of starting one. Called with
+// the context of another Client's handler or Transact, it returns an error
+// wrapping ErrForeignTransaction and runs nothing: Record writes through
+// the Client that opened the transaction of its context, so joining would
+// put this Client's events into the other's outbox. Two Clients may share
+// one mongo.Client; each records in transactions of its own.
 //
 // Transact never calls Kafka inside the transaction. Before starting it, it
 // makes sure the partition counts of Config.PublishTopics are known: from
@@ -106,7 +116,11 @@ func txFrom(ctx context.Context) *txState {
 // When none of these works (first start while Kafka is down), Record fails
 // at once with ErrPartitionsUnknown.
 func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) error) error {
-	if txFrom(ctx) != nil {
+	if tx := txFrom(ctx); tx != nil {
+		if tx.client != c {
+			return fmt.Errorf("%w: Transact of %s called with a transaction of %s",
+				ErrForeignTransaction, c.describe(), tx.client.describe())
+		}
 		return fn(ctx)
 	}
 	last, err := c.inTransaction(ctx, fn, nil)
@@ -125,6 +139,9 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 	// Partition counts are learnt now, never inside the transaction:
 	// Record only reads them from memory (see partitions.go).
 	c.topics.prepare(ctx)
+	if err := c.ensureUniqueIndex(ctx); err != nil {
+		return nil, err
+	}
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)
@@ -219,7 +236,10 @@ func (tx *txState) flush(ctx context.Context) error {
 var traceContext = propagation.TraceContext{}
 
 // Record records an event in the transaction of ctx, which must come from
-// Client.Transact or from a handler (else ErrNoTransaction). The event is
+// Client.Transact or from a handler (else ErrNoTransaction). The event goes
+// into the outbox of the Client whose Transact or handler made ctx, and
+// must be one of that Client's Config.PublishTopics (Client.Transact
+// refuses to join another Client's transaction, see ErrForeignTransaction). The event is
 // validated now: an invalid event returns an error that wraps
 // ErrInvalidEvent (a *ValidationError names the field), and the caller
 // returning it aborts the transaction. The trace context of ctx, if any, is

@@ -140,3 +140,47 @@ func TestTransactRetriedAttemptKeepsOnlyLastEvents(t *testing.T) {
 	require.NoError(t, counter.FindOne(ctx, bson.D{}).Decode(&doc))
 	require.EqualValues(t, 2, doc["n"])
 }
+
+// Transact of one Client called with the transaction of another (its
+// Transact, or its handler's context) is refused, naming both: Record
+// would put the event into the other Client's outbox. Nesting within one
+// Client joins, and two Clients sharing a mongo.Client each record their
+// own events.
+func TestTransactRefusesAnotherClientsTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfgA, cfgB := b.config("a"), b.config("b")
+	cfgA.OutboxCollection, cfgB.OutboxCollection = "outbox_a", "outbox_b"
+	a, c := b.client(t, cfgA), b.client(t, cfgB)
+	ctx := context.Background()
+	record := func(ctx context.Context) error { return Record(ctx, orderPlaced{Run: b.run, OrderID: "o-1"}) }
+
+	var inner error
+	err := c.Transact(ctx, func(ctx context.Context) error {
+		inner = a.Transact(ctx, record)
+		return nil
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, inner, ErrForeignTransaction)
+	require.ErrorContains(t, inner, cfgA.Service)
+	require.ErrorContains(t, inner, cfgB.Service)
+	require.ErrorContains(t, inner, "outbox_a")
+	require.ErrorContains(t, inner, "outbox_b")
+	// A handler's transaction (the consumer's) is refused the same way.
+	inner = nil
+	require.NoError(t, c.txOnce(ctx, func(ctx context.Context) error {
+		inner = a.Transact(ctx, record)
+		return nil
+	}))
+	require.ErrorIs(t, inner, ErrForeignTransaction)
+	require.Zero(t, count(t, a.outbox, bson.D{}))
+	require.Zero(t, count(t, c.outbox, bson.D{}))
+
+	// The same Client nested joins; each Client records its own.
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		return c.Transact(ctx, record)
+	}))
+	require.NoError(t, a.Transact(ctx, record))
+	require.EqualValues(t, 1, count(t, c.outbox, bson.D{}))
+	require.EqualValues(t, 1, count(t, a.outbox, bson.D{}))
+}

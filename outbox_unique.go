@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -21,6 +23,30 @@ func flushError(n int, err error) error {
 		return fmt.Errorf("%w (Config.UniqueIdempotencyKeys): insert %d events: %w", ErrDuplicateEvent, n, err)
 	}
 	return fmt.Errorf("outbox: insert %d events: %w", n, err)
+}
+
+// uniqueIndexTimeout bounds the creation of the unique index by the first
+// transaction that needs it.
+const uniqueIndexTimeout = 10 * time.Second
+
+// ensureUniqueIndex makes sure, before a transaction that may record
+// events, that the unique index of Config.UniqueIdempotencyKeys exists:
+// without it a duplicate would be accepted under a promise of uniqueness.
+// EnsureIndexes (and so Run) leaves it known to exist; a transaction
+// before that creates it (bounded by uniqueIndexTimeout and ctx), and
+// while it cannot be created the transaction fails instead of recording.
+func (c *Client) ensureUniqueIndex(ctx context.Context) error {
+	if !c.cfg.UniqueIdempotencyKeys || c.uniqueIndex.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, uniqueIndexTimeout)
+	defer cancel()
+	if err := ensureIndexes(ctx, c.outbox, outboxIdempotencySpec()); err != nil {
+		return fmt.Errorf("outbox: Config.UniqueIdempotencyKeys: the unique index %s of %s is not known to exist and could not be made (Client.EnsureIndexes makes it), so nothing is recorded: %w",
+			indexOutboxIdempotency, c.outbox.Name(), err)
+	}
+	c.uniqueIndex.Store(true)
+	return nil
 }
 
 // indexOutboxIdempotency is the name of the unique index of

@@ -40,6 +40,9 @@ func (c *Client) beginTx(ctx context.Context) (*tx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := c.ensureUniqueIndex(ctx); err != nil {
+		return nil, err
+	}
 	sess, err := c.cfg.Mongo.StartSession()
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)

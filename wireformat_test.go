@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // paymentRequested is an event of a topic shared with Python event-outbox
@@ -513,4 +515,36 @@ func FuzzEventOutboxRoundTrip(f *testing.F) {
 		require.Equal(t, key, got.IdempotencyKey)
 		require.True(t, env.OccurredAt.Equal(got.OccurredAt), "%v != %v", env.OccurredAt, got.OccurredAt)
 	})
+}
+
+// TestUniqueIdempotencyKeysBeforeEnsureIndexes: recording before
+// EnsureIndexes or Run still refuses a duplicate: the first transaction
+// makes the index, and one that cannot make it records nothing.
+func TestUniqueIdempotencyKeysBeforeEnsureIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("orders")
+	cfg.UniqueIdempotencyKeys = true
+	c := b.client(t, cfg)
+	ctx := context.Background()
+	record := func(c *Client) error {
+		return c.Transact(ctx, func(ctx context.Context) error {
+			return Record(ctx, orderPlaced{Run: b.run, OrderID: "o-1"}, WithIdempotencyKey("k-1"))
+		})
+	}
+	require.NoError(t, record(c))
+	require.ErrorIs(t, record(c), ErrDuplicateEvent)
+	require.EqualValues(t, 1, count(t, c.outbox, bson.D{}))
+
+	// An index that cannot be made (a conflicting one under its name):
+	// nothing is recorded, and the error says why.
+	cfg.OutboxCollection = "outbox_conflict"
+	d := b.client(t, cfg)
+	_, err := d.outbox.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "topic", Value: 1}},
+		Options: options.Index().SetName(indexOutboxIdempotency)})
+	require.NoError(t, err)
+	err = record(d)
+	require.ErrorIs(t, err, ErrIndexConflict)
+	require.ErrorContains(t, err, "UniqueIdempotencyKeys")
+	require.Zero(t, count(t, d.outbox, bson.D{}))
 }

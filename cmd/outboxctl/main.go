@@ -61,7 +61,10 @@
 // keys and events, and a retry or a discard releases them, in order.
 //
 // Exit status: 0 success, 1 failure (MongoDB unreachable, event not
-// parked...), 2 usage error. The connection string never appears in the
+// parked...), 2 usage error. A change naming several ids changes those
+// that match and names each id that matched nothing on stderr; any such id
+// makes the exit status 1, so a script never takes a partial change for a
+// whole one. The connection string never appears in the
 // output: a mistake in it is named (the invalid option, or "user name or
 // password is malformed"), not quoted.
 package main
@@ -505,12 +508,28 @@ func (o *cliOptions) parkedChange(ctx context.Context, admin *outbox.Admin, w io
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	var n int64
+	change := admin.PurgeParked
 	if action == "redrive" {
-		n, err = admin.RequestRedrive(ctx, f, o.dryRun)
-	} else {
-		n, err = admin.PurgeParked(ctx, f, o.dryRun)
+		change = admin.RequestRedrive
 	}
+	missing, err := o.unmatched(raw, func(i int) (int64, error) {
+		one := f
+		one.IDs = f.IDs[i : i+1]
+		n, err := change(ctx, one, true)
+		if errors.Is(err, outbox.ErrNotParked) {
+			return 0, nil
+		}
+		return n, err
+	})
+	if err != nil {
+		return err
+	}
+	if len(missing) == len(raw) && len(raw) > 0 {
+		// Nothing to change: the error of the change itself says so.
+		_, err := change(ctx, f, o.dryRun)
+		return err
+	}
+	n, err := change(ctx, f, o.dryRun)
 	if err != nil {
 		return err
 	}
@@ -524,7 +543,39 @@ func (o *cliOptions) parkedChange(ctx context.Context, admin *outbox.Admin, w io
 			"purge":   "dry run: would purge %d parked event(s)",
 		}[action]
 	}
-	return o.report(w, "parked "+action, n, what)
+	if err := o.report(w, "parked "+action, n, what); err != nil {
+		return err
+	}
+	return o.missing("parked "+action, "no parked event with id", missing)
+}
+
+// unmatched returns the ids (in the order given) for which count(i), the
+// dry run of the change for ids[i] alone, matches nothing. They are found
+// before the change: after it, a purged or retried event no longer matches.
+func (o *cliOptions) unmatched(ids []string, count func(i int) (int64, error)) ([]string, error) {
+	var missing []string
+	for i, id := range ids {
+		n, err := count(i)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
+
+// missing names each id of a change that matched nothing on stderr, one a
+// line, and returns the failure that gives exit status 1; nil when none.
+func (o *cliOptions) missing(command, what string, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	for _, id := range ids {
+		fmt.Fprintf(o.stderr, "outboxctl: %s: %s %s\n", command, what, id)
+	}
+	return fmt.Errorf("%s: %d of the ids given matched nothing", command, len(ids))
 }
 
 func (o *cliOptions) failedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
@@ -554,17 +605,27 @@ func (o *cliOptions) failedChange(ctx context.Context, admin *outbox.Admin, w io
 	if action == "discard" {
 		change, what = admin.DiscardFailed, "discarded %d failed event(s): the events their keys held are published, in order"
 	}
-	n, err := change(ctx, outbox.FailedFilter{Topic: o.topic}, ids, o.dryRun)
+	f := outbox.FailedFilter{Topic: o.topic}
+	missing, err := o.unmatched(ids, func(i int) (int64, error) {
+		return change(ctx, f, ids[i:i+1], true)
+	})
 	if err != nil {
 		return err
 	}
-	if n == 0 && len(ids) > 0 {
+	if len(missing) == len(ids) && len(ids) > 0 {
 		return fmt.Errorf("no failed outbox event with id %s", strings.Join(ids, ", "))
+	}
+	n, err := change(ctx, f, ids, o.dryRun)
+	if err != nil {
+		return err
 	}
 	if o.dryRun {
 		what = "dry run: would " + action + " %d failed event(s)"
 	}
-	return o.report(w, "outbox failed "+action, n, what)
+	if err := o.report(w, "outbox failed "+action, n, what); err != nil {
+		return err
+	}
+	return o.missing("outbox failed "+action, "no failed outbox event with id", missing)
 }
 
 // report prints the outcome of a change.

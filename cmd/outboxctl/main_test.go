@@ -405,3 +405,51 @@ func TestParkedRedriveRefusesUnreadable(t *testing.T) {
 	require.Contains(t, out, "requested re-drive of 2 parked event(s)")
 	require.EqualValues(t, 2, c.count("inbox", requested))
 }
+
+// A change naming several ids, some of which match nothing, changes the
+// others, names each id that matched nothing on stderr and exits 1: a
+// script must not take a partial change for a whole one.
+func TestChangeWithUnmatchedIDsFails(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	parked := bson.D{{Key: "parked", Value: true}}
+
+	code, out, errOut := c.run("-dry-run", "parked", "purge", "orders/Evt.v1/k-1", "orders/Evt.v1/nope")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, "would purge 1")
+	require.Contains(t, errOut, "no parked event with id orders/Evt.v1/nope")
+	require.EqualValues(t, 2, c.count("inbox", parked))
+
+	code, out, errOut = c.run("parked", "redrive", "orders/Evt.v1/gone", "orders/Evt.v1/k-1", "payments/Evt.v1/nope")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, "requested re-drive of 1")
+	require.Contains(t, errOut, "no parked event with id orders/Evt.v1/gone\n")
+	require.Contains(t, errOut, "no parked event with id payments/Evt.v1/nope\n")
+	require.EqualValues(t, 1, c.count("inbox", requested))
+
+	code, out, errOut = c.run("parked", "purge", "orders/Evt.v1/k-1", "orders/Evt.v1/nope")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, "purged 1")
+	require.Contains(t, errOut, "no parked event with id orders/Evt.v1/nope")
+	require.NotContains(t, errOut, "k-1")
+	require.EqualValues(t, 1, c.count("inbox", parked))
+
+	failed := bson.D{{Key: "failed", Value: true}}
+	var ev struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	require.NoError(t, c.db.Collection("outbox").FindOne(context.Background(), failed).Decode(&ev))
+	unknown := bson.NewObjectID().Hex()
+	for _, action := range []string{"retry", "discard"} {
+		code, _, errOut = c.run("-dry-run", "outbox", "failed", action, ev.ID.Hex(), unknown)
+		require.Equal(t, exitFailure, code, errOut)
+		require.Contains(t, errOut, "no failed outbox event with id "+unknown)
+		require.NotContains(t, errOut, ev.ID.Hex())
+	}
+	code, out, errOut = c.run("outbox", "failed", "retry", unknown, ev.ID.Hex())
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, "retrying 1")
+	require.Contains(t, errOut, "no failed outbox event with id "+unknown)
+	require.Zero(t, c.count("outbox", failed))
+}
