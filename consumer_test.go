@@ -105,7 +105,7 @@ func TestConsumerRetriesFailedCommit(t *testing.T) {
 		}
 		return nil
 	})
-	b.cluster(t).Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: c.cfg.ConsumerGroup, Count: 1})
+	b.cluster(t, "fail one offset commit of the group").Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: c.cfg.ConsumerGroup, Count: 1})
 	start(t, c)
 	b.produce(t, b.envelope("c1"), b.payload(t, "c1", 1))
 	eventually(t, "c1 handled", func() bool { return handled.Load() == 1 })

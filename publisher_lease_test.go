@@ -17,7 +17,7 @@ import (
 func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t) // injects faults: skips against real brokers
+	b.cluster(t, "fail the publisher group's heartbeats on demand")
 	cfg := pubConfig(b)
 	c := b.client(t, cfg)
 	runPub(t, c, publisherOptions{})
@@ -27,7 +27,7 @@ func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	})
 
 	var code atomic.Int32 // 0: let heartbeats through
-	cl := b.cluster(t)
+	cl := b.cluster(t, "fail the publisher group's heartbeats on demand")
 	cl.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		cl.KeepControl()
 		hb := req.(*kmsg.HeartbeatRequest)
