@@ -104,14 +104,17 @@ func TestPomPinsVersions(t *testing.T) {
 	require.Equal(t, 2, strings.Count(s, "<version>"+Log4jVersion+"</version>"))
 }
 
-// docker-compose.yml runs the same Kafka release as the tests.
-func TestComposeUsesPinnedVersion(t *testing.T) {
-	data, err := os.ReadFile("../../docker-compose.yml")
-	require.NoError(t, err)
-	tags := regexp.MustCompile(`image: apache/kafka:(\S+)`).FindAllStringSubmatch(string(data), -1)
-	require.NotEmpty(t, tags)
-	for _, m := range tags {
-		require.Equal(t, Version, m[1])
+// docker-compose.yml and package kafkacontainer run the same Kafka release
+// as the tests.
+func TestImagesUsePinnedVersion(t *testing.T) {
+	for _, f := range []string{"../../docker-compose.yml", "../../kafkax/kafkatest/kafkacontainer/kafkacontainer.go"} {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		tags := regexp.MustCompile(`apache/kafka:([^"\s]+)`).FindAllStringSubmatch(string(data), -1)
+		require.NotEmpty(t, tags, f)
+		for _, m := range tags {
+			require.Equal(t, Version, m[1], f)
+		}
 	}
 }
 
@@ -121,4 +124,14 @@ func TestClusterID(t *testing.T) {
 		require.Len(t, id, 22)
 		require.False(t, strings.HasPrefix(id, "-"))
 	}
+}
+
+func TestDownloadedJar(t *testing.T) {
+	name, ok := downloadedJar("[INFO] Downloaded from central: https://repo.example/maven2/org/apache/kafka/kafka-server/4.4.0/kafka-server-4.4.0.jar (1.2 MB at 3.4 MB/s)")
+	require.True(t, ok)
+	require.Equal(t, "kafka-server-4.4.0.jar (1.2 MB)", name)
+	_, ok = downloadedJar("[INFO] Downloaded from central: https://repo.example/maven2/x/y/1/y-1.pom (2 kB at 1 kB/s)")
+	require.False(t, ok)
+	_, ok = downloadedJar("[INFO] Copying y-1.jar to lib")
+	require.False(t, ok)
 }

@@ -38,6 +38,10 @@ var pom []byte
 // text names the missing command and [InstallHint].
 var ErrMissingTool = errors.New("apachekafka: missing tool")
 
+// ErrResolve reports that Maven could not fetch the jars (no network, no
+// Maven Central, or a release it does not serve).
+var ErrResolve = errors.New("apachekafka: resolving the jars failed")
+
 // markerName is the file written in the cache directory once every jar of
 // a resolution is in place; it lists the jars, one a line.
 const markerName = "complete"
@@ -159,13 +163,13 @@ func Resolve(ctx context.Context, cacheDir string, progress io.Writer) (string, 
 		if len(tail) > 30 {
 			tail = tail[1:]
 		}
-		if _, after, ok := strings.Cut(line, "Downloaded from "); ok && strings.Contains(after, ".jar") {
+		if name, ok := downloadedJar(line); ok {
 			jars++
-			fmt.Fprintf(progress, "apachekafka: [%d] %s\n", jars, after)
+			fmt.Fprintf(progress, "apachekafka: [%d] %s\n", jars, name)
 		}
 	}
 	if err := cmd.Wait(); err != nil {
-		return "", fmt.Errorf("apachekafka: mvn failed (%w); last output:\n%s", err, strings.Join(tail, "\n"))
+		return "", fmt.Errorf("%w: mvn: %v; last output:\n%s", ErrResolve, err, strings.Join(tail, "\n"))
 	}
 	entries, err := os.ReadDir(tmp)
 	if err != nil {
@@ -194,4 +198,23 @@ func Resolve(ctx context.Context, cacheDir string, progress io.Writer) (string, 
 	}
 	fmt.Fprintf(progress, "apachekafka: %d jars in %s\n", len(names), lib)
 	return lib, nil
+}
+
+// downloadedJar returns the file name and size of the jar of a Maven line
+// "Downloaded from <repo>: <url>/<name>.jar (<size> at <rate>)".
+func downloadedJar(line string) (string, bool) {
+	_, after, ok := strings.Cut(line, "Downloaded from ")
+	if !ok {
+		return "", false
+	}
+	_, url, _ := strings.Cut(after, ": ")
+	url, size, _ := strings.Cut(url, " (")
+	if !strings.HasSuffix(url, ".jar") {
+		return "", false
+	}
+	name := url[strings.LastIndex(url, "/")+1:]
+	if size, _, ok := strings.Cut(size, " at "); ok {
+		name += " (" + size + ")"
+	}
+	return name, true
 }

@@ -25,6 +25,18 @@
 // brokers are given, use package kafkacontainer (a module of its own, so that
 // testcontainers-go is required only by the tests that import it).
 //
+// # Apache Kafka brokers of a test's own
+//
+// [StartApache] starts real Apache Kafka ([ApacheVersion], KRaft mode) for
+// one test: one JVM per node ([NumBrokers]) on free ports of 127.0.0.1,
+// killed in t.Cleanup. It needs Java 17+, and Maven for the first start on
+// a machine, which fetches the jars into ~/.cache/outbox-kafka; without
+// them it skips the test saying what to install (or fails it when
+// OUTBOX_TEST_APACHE_REQUIRED is set). Its Env controls the nodes by index:
+// [Env.Kill] (SIGKILL), [Env.Pause] (SIGSTOP), [Env.Resume], [Env.Restart],
+// and names the leader of a partition ([Env.PartitionLeader]) and the
+// active controller ([Env.Controller]).
+//
 // # Usage
 //
 //	func TestHandler(t *testing.T) {

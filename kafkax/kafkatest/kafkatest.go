@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/event-outbox/outbox/internal/apachekafka"
 )
 
 // EnvBrokers is the environment variable naming real Kafka brokers
@@ -36,7 +38,8 @@ type Env struct {
 	// (ControlKey, SleepControl, Fault). It is nil against real brokers.
 	Cluster *kfake.Cluster
 
-	admin *kadm.Client
+	admin  *kadm.Client
+	apache *apachekafka.Cluster // from StartApache, else nil
 }
 
 // Option configures [Start].
@@ -53,8 +56,9 @@ type seedTopic struct {
 	topics     []string
 }
 
-// NumBrokers sets the number of brokers of the embedded cluster. It is
-// ignored against real brokers. Defaults to 1.
+// NumBrokers sets the number of brokers of the embedded cluster, or of the
+// Apache Kafka cluster of [StartApache]. It is ignored against the brokers
+// of OUTBOX_TEST_KAFKA_BROKERS. Defaults to 1.
 func NumBrokers(n int) Option {
 	return func(c *config) { c.numBrokers = n }
 }

@@ -17,7 +17,7 @@ import (
 // OUTBOX_TEST_KAFKA_BROKERS is unset and a Docker engine answers: one
 // Kafka node in KRaft mode, broker and controller, the image of the
 // development stack (docker-compose.yml).
-const ContainerImage = "apache/kafka:3.9.1"
+const ContainerImage = "apache/kafka:4.4.0"
 
 // dockerCheckTimeout bounds the Docker engine health check.
 const dockerCheckTimeout = 3 * time.Second
