@@ -18,7 +18,7 @@ import (
 func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t) // injects faults: skips against real brokers
+	b.cluster(t, "fail one heartbeat while the member stays valid")
 	cfg := consumerConfig(b, "lost")
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)
@@ -55,7 +55,7 @@ func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	// The group's next heartbeat fails: kgo ends the session and calls
 	// OnPartitionsLost while the worker is in the handler. The member and
 	// its generation stay valid at the broker, so a commit would succeed.
-	b.cluster(t).ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+	b.cluster(t, "fail one heartbeat while the member stays valid").ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		resp := r.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
 		resp.ErrorCode = kerr.IllegalGeneration.Code
 		return resp, nil, true

@@ -105,7 +105,7 @@ func TestConsumerRetriesFailedCommit(t *testing.T) {
 		}
 		return nil
 	})
-	b.cluster(t).Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: c.cfg.ConsumerGroup, Count: 1})
+	b.cluster(t, "fail one offset commit of the group").Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: c.cfg.ConsumerGroup, Count: 1})
 	start(t, c)
 	b.produce(t, b.envelope("c1"), b.payload(t, "c1", 1))
 	eventually(t, "c1 handled", func() bool { return handled.Load() == 1 })
@@ -336,10 +336,11 @@ func TestRunStopsOnFatalGroupError(t *testing.T) {
 	b := setup(t)
 	cfg := consumerConfig(b, "pay")
 	// Brokers refuse session timeouts under group.min.session.timeout.ms
-	// (6 s by default, kfake included): retrying cannot help.
-	cfg.SessionTimeout = time.Second
-	cfg.HeartbeatInterval = 100 * time.Millisecond
-	cfg.FenceMargin = 500 * time.Millisecond
+	// (6 s by default, kfake included; test brokers lower it): retrying
+	// cannot help. Half the broker's own minimum is refused by any broker.
+	cfg.SessionTimeout = b.minSessionTimeout(t) / 2
+	cfg.HeartbeatInterval = cfg.SessionTimeout / 10
+	cfg.FenceMargin = cfg.SessionTimeout / 2
 	c := b.client(t, cfg)
 	var calls atomic.Int64
 	MustHandle(c, effectHandler(b, &calls))
@@ -349,6 +350,30 @@ func TestRunStopsOnFatalGroupError(t *testing.T) {
 	require.ErrorIs(t, err, ErrKafkaGroup)
 	require.ErrorIs(t, err, kerr.InvalidSessionTimeout)
 	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
+}
+
+// minSessionTimeout returns the broker's group.min.session.timeout.ms.
+func (b *bundle) minSessionTimeout(t *testing.T) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	adm := b.kafka.Admin()
+	brokers, err := adm.ListBrokers(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, brokers)
+	configs, err := adm.DescribeBrokerConfigs(ctx, brokers[0].NodeID)
+	require.NoError(t, err)
+	for _, rc := range configs {
+		for _, c := range rc.Configs {
+			if c.Key == "group.min.session.timeout.ms" {
+				ms, err := strconv.Atoi(c.MaybeValue())
+				require.NoError(t, err, "group.min.session.timeout.ms")
+				return time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	t.Fatal("the broker does not report group.min.session.timeout.ms")
+	return 0
 }
 
 func TestConsumerBatchesAndFallsBack(t *testing.T) {

@@ -51,7 +51,7 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 
 func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) {
 	b := setup(t)
-	kc := b.cluster(t) // injects faults: skips against real brokers
+	kc := b.cluster(t, "leave a partition out of the fetch responses")
 	cfg := consumerConfig(b, "fetchwatch")
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)

@@ -29,7 +29,7 @@ func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 // OnPartitionsLost anyway).
 func testLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	b := setup(t)
-	b.cluster(t) // injects faults: skips against real brokers
+	b.cluster(t, "fail the publisher group's heartbeats on demand")
 	cfg := pubConfig(b)
 	c := b.client(t, cfg)
 	runPub(t, c, publisherOptions{})
@@ -39,7 +39,7 @@ func testLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	})
 
 	var code atomic.Int32 // 0: let heartbeats through
-	cl := b.cluster(t)
+	cl := b.cluster(t, "fail the publisher group's heartbeats on demand")
 	if b.protocol == GroupConsumer {
 		cl.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
 			cl.KeepControl()

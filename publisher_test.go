@@ -372,13 +372,18 @@ func TestPublisherKafkaOutageAndRecovery(t *testing.T) {
 
 			dialer := &cuttableDialer{}
 			var outage *kfake.FaultHandle
+			heal := func() {}
 			if mode == "refused" {
-				outage = b.cluster(t).Fault(kfake.Fault{
+				// Kafka 4 takes min(min.insync.replicas, replication
+				// factor) as the minimum in sync, so no topic setting makes
+				// a healthy broker refuse.
+				outage = b.cluster(t, "refuse every produce with NOT_ENOUGH_REPLICAS").Fault(kfake.Fault{
 					Keys:  []kmsg.Key{kmsg.Produce},
 					Topic: b.kafkaTopic(ordersTopic),
 					Err:   kerr.NotEnoughReplicas,
 					Count: -1,
 				})
+				heal = outage.Remove
 			}
 			runPub(t, c, publisherOptions{producerOpts: []kgo.Opt{kgo.Dialer(dialer.dial)}})
 			eventually(t, "owns all", func() bool { return len(c.publisherStatus().Owned) == 3 })
@@ -395,9 +400,7 @@ func TestPublisherKafkaOutageAndRecovery(t *testing.T) {
 			t.Logf("status during outage: %+v", c.publisherStatus())
 
 			healed := time.Now()
-			if outage != nil {
-				outage.Remove()
-			}
+			heal()
 			dialer.setCut(false)
 			eventually(t, "published after recovery", func() bool { return b.published(t, cfg) == 20 })
 			t.Logf("published %v after Kafka came back", time.Since(healed))

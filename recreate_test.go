@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/syncbuf"
@@ -26,7 +28,6 @@ import (
 func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t) // deletes and creates topics on the embedded cluster
 	cfg := consumerConfig(b, "recreate")
 	var logs syncbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -37,12 +38,7 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	b.produce(t, b.envelope("before"), b.payload(t, "o-1", 0))
 	eventually(t, "handled", func() bool { return calls.Load() == 1 })
 
-	adm := b.kafka.Admin()
-	ctx := context.Background()
-	_, err := adm.DeleteTopics(ctx, b.kafkaTopic(ordersTopic))
-	require.NoError(t, err)
-	_, err = adm.CreateTopics(ctx, 3, 1, nil, b.kafkaTopic(ordersTopic))
-	require.NoError(t, err)
+	recreator(t, b, 3)()
 	b.produce(t, b.envelope("after"), b.payload(t, "o-2", 1))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -64,7 +60,6 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t)
 	cfg := b.config("recreate-pub")
 	cfg.PublishTopics = []string{ordersTopic}
 	c := b.client(t, cfg)
@@ -77,11 +72,7 @@ func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 	}
 	record("before")
 	eventually(t, "published", func() bool { return count(t, c.outbox, bson.D{{Key: "published", Value: true}}) == 1 })
-	adm := b.kafka.Admin()
-	_, err := adm.DeleteTopics(ctx, b.kafkaTopic(ordersTopic))
-	require.NoError(t, err)
-	_, err = adm.CreateTopics(ctx, 3, 1, nil, b.kafkaTopic(ordersTopic))
-	require.NoError(t, err)
+	recreator(t, b, 3)()
 	record("after")
 	eventually(t, "the event recorded after the recreation published", func() bool {
 		return count(t, c.outbox, bson.D{{Key: "published", Value: true}}) == 2
@@ -101,7 +92,6 @@ func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t)
 	ctx := context.Background()
 	// One partition: one replica owns it, the other owns nothing of the
 	// topic and so never fetches it.
@@ -192,7 +182,6 @@ func TestDecideRecreated(t *testing.T) {
 func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.cluster(t)
 	adm := b.kafka.Admin()
 	ctx := context.Background()
 	topic := b.kafkaTopic(ordersTopic)
@@ -226,16 +215,38 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 }
 
 // recreator returns a function that deletes the test's orders topic and
-// creates it again with n partitions.
+// creates it again with n partitions, each with a leader when it returns.
+// A real broker deletes a topic in the background and refuses to create
+// it again (TOPIC_ALREADY_EXISTS) until the deletion is done: the creation
+// is retried until the broker accepts it.
 func recreator(t *testing.T, b *bundle, n int32) func() {
 	return func() {
 		t.Helper()
 		adm := b.kafka.Admin()
 		topic := b.kafkaTopic(ordersTopic)
-		_, err := adm.DeleteTopics(context.Background(), topic)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		deleted, err := adm.DeleteTopic(ctx, topic)
+		if err == nil {
+			err = deleted.Err
+		}
 		require.NoError(t, err)
-		_, err = adm.CreateTopics(context.Background(), n, 1, nil, topic)
-		require.NoError(t, err)
+		for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+			created, err := adm.CreateTopic(ctx, n, -1, nil, topic)
+			if err == nil {
+				err = created.Err
+			}
+			if !errors.Is(err, kerr.TopicAlreadyExists) {
+				require.NoError(t, err)
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("topic %q still being deleted: %v", topic, ctx.Err())
+			case <-time.After(backoff):
+			}
+		}
+		b.kafka.CreateTopic(t, n, topic) // waits for the partitions' leaders
 	}
 }
 
@@ -327,7 +338,6 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 		t.Run("crash after "+step, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			b.cluster(t)
 			adm := b.kafka.Admin()
 			ctx := context.Background()
 			topic := b.kafkaTopic(ordersTopic)

@@ -124,7 +124,7 @@ func TestKafkaSASLPasswordNeverShown(t *testing.T) {
 	k := kafkatest.Start(t, kafkatest.ClusterOptions(kfake.SeedTopics(3, ordersTopic),
 		kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", good)))
 	if k.Cluster == nil {
-		t.Skip("needs the embedded Kafka cluster with SASL")
+		t.Skip("needs the embedded kfake cluster with SASL PLAIN and a superuser: the real test broker has no SASL listener")
 	}
 	db := m.DB(t)
 	for i, pass := range []string{wrong, good} {

@@ -88,11 +88,12 @@ func setupWith(t *testing.T, kopts []kafkatest.Option, mopts ...mongotest.Option
 func (b *bundle) kafkaTopic(topic string) string { return b.prefix + topic }
 
 // cluster returns the test's embedded kfake cluster, for fault injection,
-// and skips the test against real brokers.
-func (b *bundle) cluster(t *testing.T) *kfake.Cluster {
+// and skips the test against real brokers, saying which fault (fault) a
+// real broker cannot be made to cause.
+func (b *bundle) cluster(t *testing.T, fault string) *kfake.Cluster {
 	t.Helper()
 	if b.kafka.Cluster == nil {
-		t.Skip("injects Kafka faults: needs the embedded kfake cluster (unset OUTBOX_TEST_KAFKA_BROKERS)")
+		t.Skipf("needs the embedded kfake cluster (unset OUTBOX_TEST_KAFKA_BROKERS) to %s: a real broker has no such control", fault)
 	}
 	return b.kafka.Cluster
 }

@@ -55,8 +55,8 @@ func TestBrowser(t *testing.T) {
 	// The service publishes and handles orders, only publishes payments
 	// and only handles refunds.
 	b := setup(t, true, func(cfg *outbox.Config) { cfg.PublishTopics = append(cfg.PublishTopics, paymentsTopic) })
-	b.kafka.CreateTopic(t, 2, paymentsTopic)
-	b.kafka.CreateTopic(t, 2, refundsTopic)
+	b.kafka.CreateTopic(t, 2, b.kafkaTopic(paymentsTopic))
+	b.kafka.CreateTopic(t, 2, b.kafkaTopic(refundsTopic))
 	require.NoError(t, outbox.Handle(b.client, func(context.Context, refundIssued, outbox.Metadata) error { return nil }))
 	ctx := context.Background()
 	svc := b.cfg.Service
@@ -105,7 +105,7 @@ func TestBrowser(t *testing.T) {
 		return count(t, b.outbox(), bson.D{{Key: "published", Value: false}, {Key: "failed", Value: false}}) == 0
 	})
 	waitFor(t, "both groups stable with every partition assigned", func() bool {
-		lags, err := b.kafka.Admin().Lag(ctx, b.cfg.Service, b.cfg.Service+".outbox-publisher")
+		lags, err := b.kafka.Admin().Lag(ctx, b.cfg.ConsumerGroup, b.cfg.PublisherGroup)
 		if err != nil {
 			return false
 		}
@@ -114,7 +114,7 @@ func TestBrowser(t *testing.T) {
 				return false
 			}
 		}
-		c := lags[b.cfg.Service]
+		c := lags[b.cfg.ConsumerGroup]
 		return c.Lag.Total() == 0 && len(c.Lag.Sorted()) == 5 // orders and refunds
 	})
 
@@ -173,9 +173,9 @@ func TestBrowser(t *testing.T) {
 
 	// Partitions: owners and offsets as kadm reports them.
 	open("partitions")
-	lags, err := b.kafka.Admin().Lag(ctx, b.cfg.Service)
+	lags, err := b.kafka.Admin().Lag(ctx, b.cfg.ConsumerGroup)
 	require.NoError(t, err)
-	for _, l := range lags[b.cfg.Service].Lag.Sorted() {
+	for _, l := range lags[b.cfg.ConsumerGroup].Lag.Sorted() {
 		p := fmt.Sprintf("%s/%s/%d/", svc, l.Topic, l.Partition)
 		require.Equal(t, strconv.FormatInt(l.End.Offset, 10), stat(p+"end"), p)
 		require.Equal(t, "0", stat(p+"lag"), p)
@@ -191,7 +191,7 @@ func TestBrowser(t *testing.T) {
 		publishes   bool
 		handles     bool
 	}{{ordersTopic, "publishes, handles", true, true}, {paymentsTopic, "publishes", true, false}, {refundsTopic, "handles", false, true}} {
-		p := fmt.Sprintf("%s/%s/0/", svc, row.topic)
+		p := fmt.Sprintf("%s/%s/0/", svc, b.kafkaTopic(row.topic))
 		require.Equal(t, row.role, stat(p+"role"), p)
 		require.Equal(t, !row.publishes, stat(p+"publisher") == "–", p+"publisher: "+stat(p+"publisher"))
 		require.Equal(t, !row.handles, stat(p+"consumer") == "–", p+"consumer: "+stat(p+"consumer"))
@@ -202,13 +202,13 @@ func TestBrowser(t *testing.T) {
 	open("health")
 	require.Equal(t, "0", stat(svc+"/breaks"), text("main"))
 	require.Contains(t, stat(svc+"/summary"), "nothing breaks a guarantee")
-	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", kadm.StringPtr("compact"))
+	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", kadm.StringPtr("compact"))
 	open("health")
 	require.Equal(t, "1", stat(svc+"/breaks"))
 	require.Equal(t, "breaks", strings.ToLower(text(`tr[data-check="kafka.cleanup_policy"] .sev`)))
 	require.Contains(t, text(`tr[data-check="kafka.cleanup_policy"]`), "set cleanup.policy=delete")
 	shot("health")
-	b.kafka.SetTopicConfig(t, ordersTopic, "cleanup.policy", nil)
+	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", nil)
 
 	open("failed")
 	require.Equal(t, "1", stat("matching"))

@@ -89,13 +89,16 @@ type Service struct {
 	// PublisherGroup is the service's publisher group
 	// (Config.PublisherGroup). Defaults to Name + ".outbox-publisher".
 	PublisherGroup string
+	// TopicPrefix is the service's Config.TopicPrefix: the health page
+	// checks the Kafka topics it names. Defaults to "".
+	TopicPrefix string
 }
 
 // ServiceOf returns the Service that shows the service cfg configures, with
 // Config's defaults applied. cfg.Mongo must be set.
 func ServiceOf(cfg outbox.Config) Service {
 	s := Service{Name: cfg.Service, OutboxCollection: cfg.OutboxCollection, InboxCollection: cfg.InboxCollection,
-		ConsumerGroup: cfg.ConsumerGroup, PublisherGroup: cfg.PublisherGroup}
+		ConsumerGroup: cfg.ConsumerGroup, PublisherGroup: cfg.PublisherGroup, TopicPrefix: cfg.TopicPrefix}
 	if cfg.Mongo != nil {
 		s.Database = cfg.Mongo.Database(cfg.Database)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
@@ -445,4 +446,24 @@ func TestConsoleRefusesToRedriveUnreadableRecords(t *testing.T) {
 	require.Contains(t, body, "cannot be re-driven")
 	require.Contains(t, body, "purge it instead")
 	require.Zero(t, count(t, b.inbox(), bson.D{{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}}}))
+}
+
+// The health page checks the service's Kafka topics as Config.TopicPrefix
+// names them: the prefixed orders topic is found (no "does not exist" for
+// the bare name) and checked as the one topic both published and
+// consumed, whose compaction breaks a guarantee.
+func TestHealthChecksTheTopicsTheServicePrefixes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	require.NotEmpty(t, b.cfg.TopicPrefix)
+	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", kadm.StringPtr("compact"))
+	b.run(t)
+	cl := jarClient(t)
+	var body string
+	waitFor(t, "the compacted topic found", func() bool {
+		_, body = get(t, cl, b.url("health"))
+		return strings.Contains(body, `data-check="kafka.cleanup_policy" data-severity="breaks"`)
+	})
+	require.NotContains(t, body, `data-check="kafka.topic"`, "the topic exists under its Kafka name")
+	require.Contains(t, body, "topic orders (Kafka "+b.kafkaTopic(ordersTopic)+", published and consumed)")
 }

@@ -33,7 +33,7 @@ func (c *Console) health(w http.ResponseWriter, r *http.Request) {
 	out := make([]healthService, 0, len(c.services))
 	for _, s := range c.services {
 		hs := healthService{Name: s.Name}
-		rep, err := s.admin.Doctor(ctx, outbox.DoctorOptions{Kafka: c.opts.Kafka, ConsumerGroup: s.ConsumerGroup})
+		rep, err := s.admin.Doctor(ctx, outbox.DoctorOptions{Kafka: c.opts.Kafka, ConsumerGroup: s.ConsumerGroup, TopicPrefix: s.TopicPrefix})
 		if err != nil {
 			hs.Err = redact(err.Error())
 		}

@@ -78,7 +78,7 @@ func TestPartitionsShowDeadReplicasWhileTheGroupListsThem(t *testing.T) {
 	// Two more members of the consumer group, as replicas that still hold
 	// their group sessions but no longer refresh their records would be.
 	join := func() string {
-		cl := b.kafka.Client(t, kgo.ConsumerGroup(live.ConsumerGroup), kgo.ConsumeTopics(ordersTopic),
+		cl := b.kafka.Client(t, kgo.ConsumerGroup(live.ConsumerGroup), kgo.ConsumeTopics(b.kafkaTopic(ordersTopic)),
 			kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(200*time.Millisecond))
 		var member string
 		deadline := time.Now().Add(30 * time.Second)

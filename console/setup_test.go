@@ -85,13 +85,17 @@ const testPassword = "correct horse battery staple"
 func setup(t testing.TB, actions bool, configure ...func(*outbox.Config)) *bundle {
 	t.Helper()
 	m := mongotest.Start(t)
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, ordersTopic))
-	if k.Real {
-		t.Skip("console tests need a fresh Kafka cluster per test; unset OUTBOX_TEST_KAFKA_BROKERS to run them on kfake")
-	}
+	// Every test has its own database, Kafka topics (Config.TopicPrefix)
+	// and groups, so that the tests share real brokers
+	// (OUTBOX_TEST_KAFKA_BROKERS) as well as they run on a kfake cluster
+	// each; the service keeps the name the pages show.
+	run := kafkatest.UniqueName(t)
+	prefix := run + "."
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, prefix+ordersTopic))
 	b := &bundle{mongo: m, kafka: k, db: m.DB(t)}
 	b.cfg = outbox.Config{
-		Mongo: m.Client, Database: b.db.Name(), Brokers: k.Seeds, Service: "shop", // each test has its own Kafka cluster and database
+		Mongo: m.Client, Database: b.db.Name(), Brokers: k.Seeds, Service: "shop",
+		TopicPrefix: prefix, ConsumerGroup: run, PublisherGroup: run + ".outbox-publisher",
 		PublishTopics: []string{ordersTopic}, RetryMinBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond,
 		MaxAttempts: 2, SessionTimeout: 6 * time.Second, HeartbeatInterval: 200 * time.Millisecond, FenceMargin: 2 * time.Second,
 	}
@@ -139,6 +143,9 @@ func (b *bundle) run(t testing.TB) {
 		}
 	})
 }
+
+// kafkaTopic is the test's Kafka topic of the bare topic t.
+func (b *bundle) kafkaTopic(t string) string { return b.cfg.TopicPrefix + t }
 
 func (b *bundle) url(path string) string { return b.srv.URL + "/outbox/ui/" + path }
 

@@ -40,7 +40,7 @@ func TestDoctor(t *testing.T) {
 	c := newCtl(t)
 	k := kafkatest.Start(t, kafkatest.SeedTopics(6, "orders"))
 	if k.Real {
-		t.Skip("changes topic settings: needs the embedded kfake cluster")
+		t.Skip("changes the settings and partitions of topic \"orders\", which other tests on shared real brokers use: needs a kfake cluster of its own")
 	}
 	ctx := context.Background()
 	cfg := outbox.Config{Mongo: c.db.Client(), Database: c.db.Name(), Brokers: k.Seeds, Service: "shop",
