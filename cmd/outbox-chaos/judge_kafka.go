@@ -70,7 +70,11 @@ type fencingResult struct {
 // fails on:
 //
 //   - fence-unattributed: a record no replica's producer wrote (neither
-//     acknowledged to one, nor failed on one and so in doubt);
+//     acknowledged to one, nor failed on one and so in doubt); of several
+//     failed produces of its event to its partition, it goes to one its
+//     place among the acknowledged records allows (pickDoubt): a
+//     replica killed long before cannot have written a record appended
+//     after records handed over since;
 //   - fence-outside: a record a replica handed to its producer outside
 //     every interval in which it owned the partition;
 //   - fence-overlap: a record a replica produced while another replica
@@ -125,18 +129,21 @@ func judgeFencing(f *fencingFacts, v *verdict) (res fencingResult) {
 	slices.SortFunc(records, func(a, b topicRecord) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
+	after, before := appendBounds(records, acked)
 	pubs := map[string][]publication{}
 	var order []string
-	for _, r := range records {
+	for i, r := range records {
 		if r.Malformed || f.Rogue[r.recordPos] {
 			continue
 		}
 		by := acked[r.recordPos]
 		if by == nil {
 			k := doubtKey{r.Topic, r.Partition, r.ID}
+			c := pickDoubt(failed[k], after[i], before[i])
 			switch {
-			case len(failed[k]) > 0:
-				by, failed[k] = failed[k][0], failed[k][1:]
+			case c >= 0:
+				by = failed[k][c]
+				failed[k] = slices.Delete(failed[k], c, c+1)
 			case rogueDoubt[k] > 0:
 				rogueDoubt[k]--
 				continue
@@ -284,13 +291,79 @@ func judgeFencing(f *fencingFacts, v *verdict) (res fencingResult) {
 			if !explained {
 				res.Unexplained++
 				p, e := ps[k], ps[k-1].by
-				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication, nor before it marked that publication's round: %s (%s: interrupted at [%s], %s)",
-					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), window(e).Round(time.Millisecond), describePubs(ps[:k]),
+				doubt := ""
+				if p.by.Err {
+					doubt = ", its produce failed: in doubt"
+				}
+				v.fail("duplicate-unexplained", "event %s published again at %s by %s (%s%s): no kill, stop, revoke or failed produce of an earlier publisher within %s of its publication, nor before it marked that publication's round: %s (%s: interrupted at [%s], %s)",
+					ref, malformedRef(p.rec.recordPos), p.by.Replica, p.by.Buffered.Format(tsFormat), doubt, window(e).Round(time.Millisecond), describePubs(ps[:k]),
 					e.Replica, formatTimes(ends[e.Replica]), intervalsOf(owners[ownKey{e.Topic, e.Partition}], e.Replica))
 			}
 		}
 	}
 	return res
+}
+
+// appendBounds returns, for each of records (sorted by partition and
+// offset), the times between which Kafka appended it, as far as the
+// acknowledged records around it tell: after the latest time a record
+// acknowledged at a lower offset of its partition was handed to its
+// producer (Kafka appended that one first, and after it was handed over),
+// and before the earliest acknowledgement of a record at a higher offset
+// (appended later, acknowledged after it was appended). A zero time bounds
+// nothing.
+func appendBounds(records []topicRecord, acked map[recordPos]*pubRecord) (after, before []time.Time) {
+	after, before = make([]time.Time, len(records)), make([]time.Time, len(records))
+	samePartition := func(i, j int) bool {
+		return records[i].Topic == records[j].Topic && records[i].Partition == records[j].Partition
+	}
+	var t time.Time
+	for i := range records {
+		if i > 0 && !samePartition(i, i-1) {
+			t = time.Time{}
+		}
+		after[i] = t
+		if p := acked[records[i].recordPos]; p != nil && p.Buffered.After(t) {
+			t = p.Buffered
+		}
+	}
+	t = time.Time{}
+	for i := len(records) - 1; i >= 0; i-- {
+		if i < len(records)-1 && !samePartition(i, i+1) {
+			t = time.Time{}
+		}
+		before[i] = t
+		if p := acked[records[i].recordPos]; p != nil && (t.IsZero() || p.Done.Before(t)) {
+			t = p.Done
+		}
+	}
+	return after, before
+}
+
+// pickDoubt returns the index of the failed produce among cands (same
+// partition and event) that wrote a record Kafka appended between after
+// and before (appendBounds), or -1 when none can have. A produce handed
+// over only after before cannot have. Of the others, one that was still
+// in flight after after (its failure came later) is the likely writer;
+// the one that failed first is taken, leaving the later ones to the
+// later records. When every one had failed before after, the record was
+// held up in a broker (a paused one answers what its socket held when it
+// resumes): the one that failed last is taken.
+func pickDoubt(cands []*pubRecord, after, before time.Time) int {
+	best, late := -1, false
+	for i, c := range cands {
+		if !before.IsZero() && !c.Buffered.Before(before) {
+			continue
+		}
+		inFlight := !c.Done.Before(after)
+		switch {
+		case best < 0, inFlight && !late:
+			best, late = i, inFlight
+		case inFlight && c.Done.Before(cands[best].Done), !late && c.Done.After(cands[best].Done):
+			best = i
+		}
+	}
+	return best
 }
 
 // tsFormat prints the times of FAIL lines.

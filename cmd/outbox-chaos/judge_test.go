@@ -454,6 +454,98 @@ func TestJudgeFencingExplainsDuplicates(t *testing.T) {
 	require.Zero(t, dups)
 }
 
+// TestJudgeFencingAttributesADoubtByItsPlace: an event whose produce
+// failed on two replicas, in turn, is in the topic once after a third
+// replica's acknowledged publication of it. The replica whose produce
+// failed first (killed long before, its network cut) cannot have written
+// a record appended after one handed over later: the record is the later
+// replica's, whose publication again the kill of the acknowledged
+// publisher explains (it was cut before it marked its round).
+func TestJudgeFencingAttributesADoubtByItsPlace(t *testing.T) {
+	t.Parallel()
+	build := func() *fencing {
+		f := newFencing()
+		f.f.Owned = []ownership{
+			{Replica: "r1", Topic: "t", Partition: 0, From: f.at(1), To: f.at(2.6), Ended: "lost"},
+			{Replica: "r2", Topic: "t", Partition: 0, From: f.at(11), To: f.at(13.6), Ended: "lost"},
+			{Replica: "r3", Topic: "t", Partition: 0, From: f.at(14), To: f.at(15.5), Ended: "lost"},
+		}
+		// r1 handed "a" over at 2 and was killed at once: its client,
+		// closed at 2.5, failed the record.
+		f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "a",
+			Buffered: f.at(2), Done: f.at(2.5), Err: true})
+		f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r1", At: f.at(2.1), Kind: "kill"})
+		f.f.Gone["r1"] = f.at(2.1)
+		// r2 published it at 12 (acknowledged), and was killed at 13.5
+		// before it could mark it.
+		f.publish("r2", 0, "a", 12)
+		f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r2", At: f.at(13.5), Kind: "kill"})
+		f.f.Gone["r2"] = f.at(13.5)
+		// r3 published it again at 15, and was killed before Kafka's
+		// answer: in doubt, but in the topic.
+		f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 1}, ID: "a", Key: "k"})
+		f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r3", Topic: "t", Partition: 0, ID: "a",
+			Buffered: f.at(15), Done: f.at(15.5), Err: true})
+		f.f.Interruptions = append(f.f.Interruptions, interruption{Replica: "r3", At: f.at(15.4), Kind: "kill"})
+		return f
+	}
+	dups, v := build().judge()
+	require.Empty(t, v.all())
+	require.Equal(t, 1, dups)
+
+	// Without r3's failed produce, only r1's is left, and it cannot have
+	// written a record appended after r2's, handed over at 12... unless a
+	// broker held it up: it is the writer all the same, and nothing
+	// explains the duplicate.
+	f := build()
+	f.f.Produced = f.f.Produced[:len(f.f.Produced)-1]
+	_, v = f.judge()
+	requireFails(t, v, "duplicate-unexplained")
+	require.Zero(t, v.count("fence-unattributed"))
+}
+
+// TestJudgeFencingRefusesADoubtHandedOverTooLate: a failed produce handed
+// over after a record at a higher offset was acknowledged cannot have
+// written the record.
+func TestJudgeFencingRefusesADoubtHandedOverTooLate(t *testing.T) {
+	t.Parallel()
+	f := newFencing()
+	f.f.Records = append(f.f.Records, topicRecord{recordPos: recordPos{"t", 0, 0}, ID: "x", Key: "k"})
+	f.publish("r1", 1, "b", 3)
+	f.f.Produced = append(f.f.Produced, pubRecord{Replica: "r1", Topic: "t", Partition: 0, ID: "x",
+		Buffered: f.at(4), Done: f.at(5), Err: true})
+	_, v := f.judge()
+	requireFails(t, v, "fence-unattributed")
+
+	// Handed over before it: the record is its.
+	f.f.Produced[len(f.f.Produced)-1].Buffered = f.at(2.5)
+	_, v = f.judge()
+	require.Empty(t, v.all())
+}
+
+// TestPickDoubt: of the failed produces that can have written a record,
+// the first still in flight after its lower bound, else the last to fail.
+func TestPickDoubt(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	c := func(b, d float64) *pubRecord { return &pubRecord{Buffered: at(b), Done: at(d), Err: true} }
+	cands := []*pubRecord{c(1, 2), c(3, 4), c(5, 9), c(6, 7), c(20, 21)}
+	for _, tc := range []struct {
+		after, before time.Time
+		want          int
+	}{
+		{time.Time{}, time.Time{}, 0}, // no bounds: the first to fail
+		{at(3.5), time.Time{}, 1},     // in flight after 3.5: 1 to 4; 1 failed first
+		{at(5.5), at(10), 3},          // 2 and 3 in flight; 3 failed first; 4 handed over too late
+		{at(9.5), at(10), 2},          // none in flight: the last to fail
+		{at(0), at(0.5), -1},          // all handed over too late
+		{at(22), time.Time{}, 4},      // none in flight: the last to fail
+	} {
+		require.Equal(t, tc.want, pickDoubt(cands, tc.after, tc.before), "after %v before %v", tc.after.Sub(t0), tc.before.Sub(t0))
+	}
+}
+
 // chains builds hand-made facts for judgeChains: step events s1 (chains)
 // and s2 (does not).
 func chains() *chainFacts {
