@@ -55,6 +55,10 @@ type Client struct {
 	// tests set them.
 	resetWait time.Duration
 	resetHook func(ctx context.Context, step string) (crashed bool)
+	// reapedHook, when set, hears each replica record whose sessions a
+	// reap ended, before the reap removes their ids from it (takeover.go);
+	// tests set it.
+	reapedHook func(ctx context.Context, replicaID string)
 
 	mu        sync.Mutex // guards handlers, running, started and startWait
 	handlers  map[handlerKey]*handler

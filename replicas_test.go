@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 )
 
 // A running Client keeps a liveness record in outbox_meta: written at
@@ -157,4 +159,24 @@ func TestReplicaResponding(t *testing.T) {
 	r.Silence = 0
 	r.Stopped = true
 	require.False(t, r.Responding(), "stopped")
+}
+
+// Replica records are read from the primary whatever the read preference
+// of the Admin's database: a takeover decides on a record's silence, and
+// a secondary's replication lag would look like silence. Here the
+// deployment has no secondary: a read that followed the database's
+// preference (secondary) would find no server to read from.
+func TestReplicasAreReadFromThePrimary(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := b.db.Collection(metaCollection).InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + "0000000000000004"},
+		{Key: "kind", Value: replicaKind}, {Key: "service", Value: "primaryread"}, {Key: "state", Value: "running"},
+		{Key: "last_seen", Value: time.Now()}, {Key: "refresh_ms", Value: int64(1000)}})
+	require.NoError(t, err)
+	db := b.mongo.Client.Database(b.db.Name(), options.Database().SetReadPreference(readpref.Secondary()))
+	reps, err := NewAdmin(db, "", "").Replicas(ctx)
+	require.NoError(t, err)
+	require.Len(t, reps, 1)
 }

@@ -48,6 +48,13 @@ func startMember(t *testing.T, b *bundle, cfg Config) *Client {
 	c := b.client(t, cfg)
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error { return nil })
 	start(t, c)
+	waitMember(t, c)
+	return c
+}
+
+// waitMember waits until c, started, is a member of its group.
+func waitMember(t *testing.T, c *Client) {
+	t.Helper()
 	eventually(t, "a member of the group", func() bool {
 		cons := c.tel.cons.Load()
 		if cons == nil || cons.cl == nil {
@@ -56,7 +63,6 @@ func startMember(t *testing.T, b *bundle, cfg Config) *Client {
 		id, _ := cons.cl.GroupMetadata()
 		return id != ""
 	})
-	return c
 }
 
 // A replica that stopped gracefully leaves no transaction open; the
@@ -139,4 +145,51 @@ func TestTakeoverSparesTheSessionsOfALiveMongoClient(t *testing.T) {
 	require.NoError(t, survivor.reap(ctx, survivor.tel.cons.Load()))
 	require.NoError(t, shared.CommitTransaction(ctx), "a live mongo.Client's session is not ended")
 	require.Error(t, dead.CommitTransaction(ctx), "a dead replica's session is ended")
+}
+
+// A reap removes from a dead replica's record only the session ids it
+// ended: an id recorded between the reap's read and its update (the
+// record of a replica that was merely slow) stays, for a later reap to end
+// should the replica be dead.
+func TestTakeoverReapRemovesOnlyTheSessionsItEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := consumerConfig(b, "reappull")
+	meta := b.db.Collection(metaCollection)
+	const id = "0000000000000003"
+	deadClient := b.mongo.NewClient(t)
+	ended, err := deadClient.StartSession()
+	require.NoError(t, err)
+	defer ended.EndSession(ctx)
+	recordedMeanwhile, err := deadClient.StartSession()
+	require.NoError(t, err)
+	defer recordedMeanwhile.EndSession(ctx)
+
+	c := b.client(t, cfg)
+	c.reapedHook = func(ctx context.Context, replicaID string) {
+		if replicaID != id {
+			return
+		}
+		_, err := meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}},
+			bson.D{{Key: "$push", Value: bson.D{{Key: "lsids", Value: recordedMeanwhile.ID()}}}})
+		require.NoError(t, err)
+	}
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error { return nil })
+	start(t, c)
+	waitMember(t, c)
+	_, err = meta.InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}, {Key: "kind", Value: replicaKind},
+		{Key: "service", Value: c.cfg.Service}, {Key: "consumer_group", Value: c.cfg.ConsumerGroup}, {Key: "state", Value: "running"},
+		{Key: "consumer_member_id", Value: "gone-" + id}, {Key: "refresh_ms", Value: int64(1000)},
+		{Key: "last_seen", Value: time.Now().Add(-time.Minute)}, {Key: "session_pool", Value: sessionPool(deadClient)},
+		{Key: "lsids", Value: bson.A{ended.ID()}}})
+	require.NoError(t, err)
+
+	require.NoError(t, c.reap(ctx, c.tel.cons.Load()))
+	var rec struct {
+		LSIDs []bson.Raw `bson:"lsids"`
+	}
+	require.NoError(t, meta.FindOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}}).Decode(&rec))
+	require.Len(t, rec.LSIDs, 1, "the reap removed the ids it ended, and only those")
+	require.True(t, bytes.Equal(rec.LSIDs[0], recordedMeanwhile.ID()), "the id recorded during the reap stays")
 }

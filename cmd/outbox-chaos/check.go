@@ -45,6 +45,8 @@ import (
 //     duplicate publication explained by a kill or revoke;
 //   - chains (judgeChains): every handled step event that chains has
 //     exactly one follow-up, published and handled once; no other has one;
+//   - ignored (judgeIgnored, -skip-unknown): every event of a type the
+//     replicas skip is skipped, never parked or held;
 //   - malformed records parked or purged, no event left parked or held,
 //     no outbox event that fits the topic's limit alone marked failed,
 //     recording never needed Kafka, every partition's consumer caught up.
@@ -268,9 +270,14 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			v.fail("malformed", "malformed record %s ended %s", malformedRef(r.recordPos), f.state())
 		}
 	}
+	ignoredFinal := map[string]inboxState{}
 	for id, f := range inbox {
 		if id.Topic == legacyTopic || id.Topic == recreateTopic() {
 			continue // the Python library's inbox documents (-migrated); judgeRecreated
+		}
+		if id.ContentSchema == schemaIgnored {
+			ignoredFinal[id.IdempotencyKey] = f.state() // judgeIgnored
+			continue
 		}
 		if byID[id.IdempotencyKey] == nil && !aborted[id.IdempotencyKey] && !tr.malformed[recordPos{id.Topic, f.Partition, f.Offset}] {
 			v.fail("inbox-unknown", "inbox entry %s (%s) is no event of the run", id, f.state())
@@ -330,6 +337,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			return ""
 		}}
 	or := judgeOrder(of, v)
+	res.IgnoredSkipped = judgeIgnored(&ignoredFacts{Records: tr.ignored, Final: ignoredFinal, Changes: changes}, v)
 	res.Held, res.Parked = or.Held, or.Parked
 	res.OrderViolations += or.Violations
 	res.MaxHeldKeys = or.MaxHeldKeys
@@ -571,6 +579,9 @@ type topicsRead struct {
 	first     map[string]int64     // eventRef -> first offset
 	malformed map[recordPos]bool   // the malformed records
 	keyOf     map[recordPos]string // the malformed records' keys
+	// ignored are the records of schemaIgnored (-skip-unknown): in no
+	// ledger, judged by judgeIgnored.
+	ignored []topicRecord
 	// publishViolations counts the events of a key first published out of
 	// the key's order.
 	publishViolations int
@@ -596,6 +607,10 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 			tr.malformed[pos] = true
 			tr.keyOf[pos] = rec.Key
 			tr.records = append(tr.records, rec)
+			return
+		}
+		if schema == schemaIgnored {
+			tr.ignored = append(tr.ignored, rec)
 			return
 		}
 		tr.records = append(tr.records, rec)

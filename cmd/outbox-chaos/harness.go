@@ -174,6 +174,9 @@ type result struct {
 	// Broker counts the broker faults and the fetch watch's restarts
 	// (broker.go).
 	Broker brokerCounts
+	// IgnoredSkipped counts the events of a type the replicas skip
+	// (-skip-unknown) written on held keys, each judged skipped.
+	IgnoredSkipped int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -186,14 +189,14 @@ func (r *result) summary() string {
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
-		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d",
+		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
-		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained)
+		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -521,6 +524,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	// Quiescence: no more faults, every slot up, then wait until every
 	// committed event is handled (or parked) and the outbox is empty.
 	h.inj.clear()
+	h.op.loadOver.Store(true)
 	h.work.endOutages()
 	h.closeSmallLimit()
 	for slot := range cfg.replicas {

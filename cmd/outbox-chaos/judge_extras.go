@@ -227,3 +227,49 @@ func (h *harness) disturbed(from, to time.Time) bool {
 	defer h.genMu.Unlock()
 	return slices.ContainsFunc(h.syncs, in)
 }
+
+// ignoredFacts are what judgeIgnored judges (-skip-unknown): the records
+// of schemaIgnored in the topic, which are in no ledger, the inbox
+// documents of that type at the end, and the inbox history.
+type ignoredFacts struct {
+	Records []topicRecord
+	// Final is the state at the end of each inbox document of the type,
+	// by idempotency key (none when every one was skipped on arrival).
+	Final   map[string]inboxState
+	Changes []inboxChange
+}
+
+// judgeIgnored fails (ignored) on an event of a type the replicas skip
+// (Config.SkipUnknownEvents) that was parked or held at some point, or
+// that ended neither skipped on arrival (no inbox document) nor skipped in
+// a release (handled): such an event must be skipped wherever it meets its
+// key, never held behind an earlier event nor holding the key's later
+// ones. That each was consumed at all is the stalled check's: the group's
+// offsets must reach the end of the topic. It returns how many there were.
+func judgeIgnored(f *ignoredFacts, v *verdict) int {
+	waited := map[string]inboxState{}
+	for i := range f.Changes {
+		c := &f.Changes[i]
+		if c.ID.ContentSchema != schemaIgnored || !c.To.waiting() {
+			continue
+		}
+		if _, ok := waited[c.ID.IdempotencyKey]; !ok {
+			waited[c.ID.IdempotencyKey] = c.To
+			v.fail("ignored", "%s (key %s, offset %d), of a type the replicas skip, was %s (reason %q): it must be skipped, never wait nor hold its key",
+				c.ID.IdempotencyKey, c.Key, c.Offset, c.To, c.Reason)
+		}
+	}
+	seen := map[string]bool{}
+	for _, r := range f.Records {
+		if seen[r.ID] {
+			continue // produced again (a retried produce): one event
+		}
+		seen[r.ID] = true
+		switch st := f.Final[r.ID]; st {
+		case inboxAbsent, inboxHandled:
+		default:
+			v.fail("ignored", "%s (record %s), of a type the replicas skip, ended %s, not skipped", r.ID, malformedRef(r.recordPos), st)
+		}
+	}
+	return len(seen)
+}

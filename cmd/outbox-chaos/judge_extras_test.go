@@ -322,3 +322,30 @@ func TestJudgeWaitsVisibleFailsASlowRunStatusNeverShowed(t *testing.T) {
 	require.Equal(t, visibleVerdict{}, judgeWaitsVisible([]slowRun{cut}, polls(), tp, v))
 	require.Empty(t, v.all())
 }
+
+// TestJudgeIgnored: events of a type the replicas skip pass when skipped
+// on arrival (no inbox document) or in a release (handled); one that was
+// held behind its key's head, or left parked, fails.
+func TestJudgeIgnored(t *testing.T) {
+	t.Parallel()
+	rec := func(id string, off int64) topicRecord {
+		return topicRecord{recordPos: recordPos{"t", 0, off}, ID: id, Key: "k"}
+	}
+	change := func(id string, from, to inboxState) inboxChange {
+		return inboxChange{ID: outbox.InboxID{Topic: "t", ContentSchema: schemaIgnored, IdempotencyKey: id}, From: from, To: to, Key: "k"}
+	}
+	v := &verdict{}
+	n := judgeIgnored(&ignoredFacts{Records: []topicRecord{rec("ignored-1", 1), rec("ignored-2", 2), rec("ignored-2", 3)},
+		Final: map[string]inboxState{"ignored-2": inboxHandled}}, v)
+	require.Equal(t, 2, n, "a record produced twice is one event")
+	require.Empty(t, v.all())
+
+	v = &verdict{}
+	judgeIgnored(&ignoredFacts{Records: []topicRecord{rec("ignored-1", 1)}, Final: map[string]inboxState{"ignored-1": inboxHandled},
+		Changes: []inboxChange{change("ignored-1", inboxAbsent, inboxHeld), change("ignored-1", inboxHeld, inboxHandled)}}, v)
+	requireFails(t, v, "ignored")
+
+	v = &verdict{}
+	judgeIgnored(&ignoredFacts{Records: []topicRecord{rec("ignored-1", 1)}, Final: map[string]inboxState{"ignored-1": inboxParked}}, v)
+	requireFails(t, v, "ignored")
+}

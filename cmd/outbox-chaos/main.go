@@ -14,7 +14,7 @@
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
-//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-stacks file]
+//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
 //	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 2m]]
 //
@@ -28,6 +28,7 @@
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
+//	    ignored_skipped=N
 //	    fetch_restarts=N fetch_resubscribes=N
 //	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N broker_faults_skipped=N]
 //
@@ -44,7 +45,9 @@
 // the topics, the inbox or the effects, and the follow-ups that escaped an
 // aborted handling transaction; commits_doomed the handling transactions
 // aborted at their commit (commitdoom.go), in releases of held keys, with
-// the commit's result unknown, with a follow-up recorded; stalled_partitions the partitions whose consumer
+// the commit's result unknown, with a follow-up recorded; ignored_skipped
+// the events of a type no handler takes written on held keys under
+// -skip-unknown, each judged skipped, never parked or held; stalled_partitions the partitions whose consumer
 // group offset had not reached the partition's end when the run ended), each
 // broken invariant on stderr (at most ten lines per kind) with the number of
 // scenarios and replays run of each kind, and exits 1 when any invariant
@@ -266,7 +269,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.slowFor, "slow-for", 0, "how long a slow handler runs (at least -txn-lifetime plus 1s); 6s or more lets the check that Status shows the run judge it")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
 	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
-	fs.BoolVar(&cfg.skipUnknown, "skip-unknown", false, "run the replicas with Config.SkipUnknownEvents; the operator writes events of a type no handler takes on keys held behind a parked event (they must be skipped, never hold the key)")
+	fs.BoolVar(&cfg.skipUnknown, "skip-unknown", false, "run the replicas with Config.SkipUnknownEvents; the operator writes events of a type no handler takes on keys held behind a parked event (they must be skipped, never hold the key); leaves out no-handler-deploy, which needs such events kept")
 	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
 	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
@@ -307,6 +310,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg.skip = map[actionKind]bool{}
 	for _, k := range splitList(*skip) {
 		cfg.skip[actionKind(k)] = true
+	}
+	if cfg.skipUnknown {
+		// no-handler-deploy needs the default that SkipUnknownEvents
+		// turns off: replicas without a type's handler keep its events
+		// (parked, no_handler) for the replicas deployed with it. Under
+		// the option they skip them, as documented, and those events are
+		// never handled.
+		cfg.skip[fNoHandler] = true
 	}
 	if *verbose {
 		cfg.progress = stderr

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -57,6 +58,10 @@ type operator struct {
 	cancelled int
 	// ignored counts the events of schemaIgnored written (-skip-unknown).
 	ignored int
+	// loadOver stops the writes of schemaIgnored at the end of the load:
+	// one written after the quiescence's last look would still be unread
+	// when the final check reads the group's offsets.
+	loadOver atomic.Bool
 }
 
 const operatorEvery = 500 * time.Millisecond
@@ -153,7 +158,7 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 	o.mu.Lock()
 	o.held = held
 	o.mu.Unlock()
-	if o.h.cfg.skipUnknown && len(held) > 0 {
+	if o.h.cfg.skipUnknown && len(held) > 0 && !o.loadOver.Load() {
 		if err := o.writeIgnored(ctx, held[o.rng.IntN(len(held))]); err != nil {
 			o.h.logf("operator: write an event of an ignored type: %v", err)
 		}
