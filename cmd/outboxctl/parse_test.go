@@ -42,8 +42,10 @@ func TestParseRefusesSurprisingValues(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// flagName finds the flags an error names.
-var flagName = regexp.MustCompile(`-\S`)
+// flagName finds the flags an error names. The flag package echoes an
+// unknown flag's name as given, which may be any character, blank ones
+// included ("flag provided but not defined: -\f").
+var flagName = regexp.MustCompile(`-\S|^flag provided but not defined: -`)
 
 // FuzzParse: whatever the command line holds, parse never panics, and
 // every usage error names the flag it is about (or says what is missing).
