@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/syncbuf"
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -115,29 +116,12 @@ type pyService struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	exited chan struct{}
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 
 	mu      sync.Mutex
 	ready   bool
 	done    bool
 	handled []pyHandle
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // pyConfig is the service's configuration (see service.py).
@@ -177,7 +161,7 @@ func launchPy(t *testing.T, py string, cfg pyConfig) *pyService {
 	arg, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	cmd := exec.Command(py, filepath.Join("testdata", "eventoutbox", "service.py"), string(arg))
-	s := &pyService{t: t, cmd: cmd, exited: make(chan struct{}), stderr: &lockedBuffer{}}
+	s := &pyService{t: t, cmd: cmd, exited: make(chan struct{}), stderr: &syncbuf.Buffer{}}
 	cmd.Stderr = s.stderr
 	s.stdin, err = cmd.StdinPipe()
 	require.NoError(t, err)
