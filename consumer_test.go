@@ -341,15 +341,8 @@ func TestRunStopsOnFatalGroupError(t *testing.T) {
 	cfg.SessionTimeout = b.minSessionTimeout(t) / 2
 	cfg.HeartbeatInterval = cfg.SessionTimeout / 10
 	cfg.FenceMargin = cfg.SessionTimeout / 2
-	c := b.client(t, cfg)
-	var calls atomic.Int64
-	MustHandle(c, effectHandler(b, &calls))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := c.Run(ctx)
-	require.ErrorIs(t, err, ErrKafkaGroup)
+	err := runRefusedByGroup(t, b, cfg)
 	require.ErrorIs(t, err, kerr.InvalidSessionTimeout)
-	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
 }
 
 // minSessionTimeout returns the broker's group.min.session.timeout.ms.
@@ -454,6 +447,15 @@ func TestRunRefusesAGroupOfAnotherAssignor(t *testing.T) {
 		gs, err := b.kafka.Admin().DescribeGroups(context.Background(), cfg.ConsumerGroup)
 		return err == nil && gs[cfg.ConsumerGroup].State == "Stable"
 	})
+	err := runRefusedByGroup(t, b, cfg)
+	require.ErrorIs(t, err, kerr.InconsistentGroupProtocol)
+	require.ErrorContains(t, err, "roundrobin")
+}
+
+// runRefusedByGroup runs a handling Client with cfg and requires that Run
+// returns ErrKafkaGroup on its own, well before its one-minute deadline.
+func runRefusedByGroup(t *testing.T, b *bundle, cfg Config) error {
+	t.Helper()
 	c := b.client(t, cfg)
 	var calls atomic.Int64
 	MustHandle(c, effectHandler(b, &calls))
@@ -461,7 +463,6 @@ func TestRunRefusesAGroupOfAnotherAssignor(t *testing.T) {
 	defer cancel()
 	err := c.Run(ctx)
 	require.ErrorIs(t, err, ErrKafkaGroup)
-	require.ErrorIs(t, err, kerr.InconsistentGroupProtocol)
-	require.ErrorContains(t, err, "roundrobin")
 	require.NoError(t, ctx.Err(), "Run returned because of the error, not the deadline")
+	return err
 }

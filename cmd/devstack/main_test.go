@@ -26,10 +26,7 @@ func TestDevstackStartsServesAndStops(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a binary")
 	}
-	bin := filepath.Join(t.TempDir(), "devstack")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run())
+	bin := buildDevstack(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -126,10 +123,7 @@ func TestDevstackApacheKafka(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("counts child processes in /proc")
 	}
-	bin := filepath.Join(t.TempDir(), "devstack")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run())
+	bin := buildDevstack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, bin, "-kafka-resolve-only").CombinedOutput(); err != nil {
@@ -167,4 +161,15 @@ func TestDevstackApacheKafka(t *testing.T) {
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	requireGone(t, jvms)
+}
+
+// buildDevstack builds the command into the test's temporary directory and
+// returns the binary's path.
+func buildDevstack(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "devstack")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+	return bin
 }
