@@ -125,8 +125,14 @@ func (h *consumeHost) Handle(ctx context.Context, tp consume.TopicPartition, evs
 		}
 	}
 	if err := t.state.flush(t.ctx); err != nil {
-		end(&handlerError{err})
-		return consume.Result{Kind: consume.Failed, At: len(evs) - 1, Err: err}
+		res := flushResult(ctx, actx, err)
+		res.At = len(evs) - 1
+		if res.Kind == consume.Failed {
+			end(&handlerError{err})
+		} else {
+			end(err)
+		}
+		return res
 	}
 	if err := t.commit(actx); err != nil {
 		end(&commitError{err})
@@ -190,6 +196,25 @@ func handlerResult(ctx context.Context, err error) consume.Result {
 		return consume.Result{Kind: consume.Conflict, Err: err}
 	}
 	return consume.Result{Kind: consume.Failed, Err: err}
+}
+
+// flushResult classifies a failure to insert the events the handlers
+// recorded (txState.flush): ctx is the unit's context, hctx the handlers'
+// (their timeout). The insert is the framework's own write, so its failure
+// is the event's only when the handlers caused it: they recorded an event
+// the outbox refuses (a duplicate idempotency key under
+// Config.UniqueIdempotencyKeys, an event-outbox collection not migrated),
+// or they used up their time. A stop, a lock or a MongoDB failure is not
+// an attempt of the event: counting it would park an event that never
+// failed (a re-drive cut short by its caller, a connection dropped).
+func flushResult(ctx, hctx context.Context, err error) consume.Result {
+	switch {
+	case ctx.Err() != nil:
+		return consume.Result{Kind: consume.Canceled, Err: err}
+	case errors.Is(err, ErrDuplicateEvent), errors.Is(err, ErrEventOutboxNotMigrated), hctx.Err() != nil:
+		return consume.Result{Kind: consume.Failed, Err: err}
+	}
+	return infraResult(ctx, lockedOr(err))
 }
 
 // infraResult classifies a failure of the framework's own calls: a lock

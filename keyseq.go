@@ -474,8 +474,13 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 		return e, res
 	}
 	if err := t.state.flush(hctx); err != nil {
-		c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
-		return e, consume.Result{Kind: consume.Failed, Err: err}
+		res := flushResult(ctx, hctx, err)
+		if res.Kind == consume.Failed {
+			c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
+		} else {
+			c.tel.endHandle(sctx, span, &meta.Envelope, start, err)
+		}
+		return e, res
 	}
 	if err := t.commit(hctx); err != nil {
 		c.tel.endHandle(sctx, span, &meta.Envelope, start, &commitError{err})
