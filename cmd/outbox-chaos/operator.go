@@ -58,6 +58,11 @@ type operator struct {
 	cancelled int
 	// ignored counts the events of schemaIgnored written (-skip-unknown).
 	ignored int
+	// cuts (the operator's goroutine only) counts the re-drives of each
+	// mass-hold event cut short; after maxCuts its re-drive is requested
+	// instead, so that a machine too loaded for any cut re-drive to get
+	// through still ends the hold.
+	cuts map[outbox.InboxID]int
 	// loadOver stops the writes of schemaIgnored at the end of the load:
 	// one written after the quiescence's last look would still be unread
 	// when the final check reads the group's offsets.
@@ -66,13 +71,17 @@ type operator struct {
 
 const operatorEvery = 500 * time.Millisecond
 
+// maxCuts is how many re-drives of one mass-hold event the operator cuts
+// short (each cancelled 1 to 11 ms in) before it requests its re-drive.
+const maxCuts = 3
+
 // purgeAfter is how long the operator leaves a poison event (or a keyed
 // malformed record) parked before purging it.
 const purgeAfter = 2 * time.Second
 
 func newOperator(h *harness) *operator {
 	return &operator{h: h, admin: outbox.NewAdmin(h.db, "outbox", "inbox"), rng: rand.New(rand.NewPCG(h.cfg.seed, 0x0e7)),
-		innocent: map[string]bool{}, oversize: map[string]bool{}}
+		innocent: map[string]bool{}, oversize: map[string]bool{}, cuts: map[outbox.InboxID]int{}}
 }
 
 // run ticks until ctx ends.
@@ -143,7 +152,8 @@ func (o *operator) parkedEvents(ctx context.Context) error {
 				// A thousand at once: requests, in one call, but for a few
 				// calls per look (cut short, see below).
 				switch {
-				case len(cut) < 8 && p.RedriveRequestedAt.IsZero():
+				case len(cut) < 8 && p.RedriveRequestedAt.IsZero() && o.cuts[p.ID] < maxCuts:
+					o.cuts[p.ID]++
 					cut = append(cut, p.ID)
 				case p.RedriveRequestedAt.IsZero() || time.Since(p.RedriveRequestedAt) > 20*time.Second:
 					request = append(request, p.ID)

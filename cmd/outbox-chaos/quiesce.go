@@ -213,7 +213,14 @@ func (h *harness) unsettled(ctx context.Context) string {
 				s = append(s, fmt.Sprintf("... %d in all", len(ps)))
 				break
 			}
-			s = append(s, fmt.Sprintf("%s %s key %s (%q)", p.ID, p.State, p.PartitionKey, p.LastError))
+			w := fmt.Sprintf("%s %s key %s (%q)", p.ID, p.State, p.PartitionKey, p.LastError)
+			if i < 3 {
+				// Whether the partition's owner knows the key is held (its
+				// held keys, its waits): a held key its owner forgot is
+				// released by no one.
+				w += fmt.Sprintf(" [partition %d: %s]", p.Partition, h.handlersOf(ctx, topicPartition{Topic: h.env.topicPrefix + p.ID.Topic, Partition: p.Partition}))
+			}
+			s = append(s, w)
 		}
 		parts = append(parts, "parked: "+strings.Join(s, ", "))
 	}
