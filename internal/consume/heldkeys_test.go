@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/event-outbox/outbox/internal/retry"
 )
 
 // seedParked stores an event parked by an earlier owner (held behind
@@ -66,4 +68,32 @@ func TestWorkerDuplicateTeachesAHeldKey(t *testing.T) {
 	require.False(t, h.handled(ids[2]))
 	require.Equal(t, h.id(2), h.f.get(ids[2]).heldBy)
 	require.Equal(t, 1, h.w.Stats().HeldKeys)
+}
+
+// A failed re-read of the held keys waits for the backoff before the next
+// one, as the first read does: MongoDB down must not make a worker with
+// held keys re-read them in a loop.
+func TestWorkerFailedRecheckBacksOff(t *testing.T) {
+	h := newHarnessWith(t, 1, func(c *Config) {
+		c.Recheck = time.Millisecond
+		c.Backoff = retry.Backoff{Min: time.Hour, Max: time.Hour}
+	}, func(h *harness) {
+		h.f.seedParked(h.tp, "old-a", "a", 0, "park", "")
+		h.next = 1
+	})
+	waitFor(t, "the held keys read", func() bool { return h.w.Stats().HeldKeys == 1 })
+	h.f.mu.Lock()
+	h.f.failOps["sequences"] = 1 << 20
+	calls := h.f.seqCalls
+	h.f.mu.Unlock()
+	seqCalls := func() int {
+		h.f.mu.Lock()
+		defer h.f.mu.Unlock()
+		return h.f.seqCalls
+	}
+	waitFor(t, "a re-read of the held keys failed", func() bool { return seqCalls() >= calls+1 })
+	// The loop goes round with work of its own meanwhile.
+	ids := h.enqueue(ev{"b", "ok"}, ev{"c", "ok"})
+	waitFor(t, "b and c handled", func() bool { return h.handled(ids[0]) && h.handled(ids[1]) })
+	require.LessOrEqual(t, seqCalls(), calls+2, "re-read again before the backoff")
 }

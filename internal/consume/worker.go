@@ -505,7 +505,10 @@ func (w *Worker) loop() {
 				return
 			}
 			loadFailures++
+			// The first read and the re-reads alike wait for the backoff:
+			// MongoDB down must not make the loop read again at once.
 			loadAt = now.Add(w.cfg.Backoff.Delay(loadFailures - 1))
+			recheckAt = loadAt
 			if loadFailures == 1 || loadFailures%10 == 0 {
 				w.cfg.Log.Warn("reading the held keys of the partition failed; retrying", "partition", w.tp.String(), "err", l.err, "failures", loadFailures)
 			}
