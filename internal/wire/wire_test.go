@@ -167,13 +167,7 @@ func FuzzDecodeAnyFormat(f *testing.F) {
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "ce_specversion", Value: []byte(specversion)},
 				kgo.RecordHeader{Key: "ce_type", Value: []byte("T")}, kgo.RecordHeader{Key: "ce_id", Value: []byte(id)})
 		}
-		env, _, err := Decode(rec, rec.Topic)
-		if err != nil {
-			require.ErrorIs(t, err, ErrMalformed)
-			return
-		}
-		require.NotEmpty(t, env.ContentSchema)
-		require.NotEmpty(t, env.IdempotencyKey)
+		requireIdentityOrMalformed(t, rec)
 	})
 }
 
@@ -261,7 +255,9 @@ func TestDecodeRecordRejectsBadHeaders(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func FuzzDecodeRecord(f *testing.F) {
+// FuzzDecodeNative feeds arbitrary native headers to the decoder, with the
+// same expectations as FuzzDecodeAnyFormat.
+func FuzzDecodeNative(f *testing.F) {
 	f.Add([]byte("1"), []byte("S"), []byte("k"), []byte("2026-01-02T03:04:05.000Z"), []byte(`{}`))
 	f.Add([]byte(""), []byte(""), []byte(""), []byte(""), []byte(""))
 	f.Fuzz(func(t *testing.T, version, schema, key, occurred, value []byte) {
@@ -271,12 +267,46 @@ func FuzzDecodeRecord(f *testing.F) {
 			{Key: HeaderIdempotencyKey, Value: key},
 			{Key: HeaderOccurredAt, Value: occurred},
 		}}
-		env, _, err := Decode(rec, rec.Topic)
-		if err != nil {
-			require.ErrorIs(t, err, ErrMalformed)
-			return
-		}
-		require.NotEmpty(t, env.ContentSchema)
-		require.NotEmpty(t, env.IdempotencyKey)
+		requireIdentityOrMalformed(t, rec)
 	})
+}
+
+// requireIdentityOrMalformed decodes rec: it must fail with ErrMalformed
+// or yield a content schema and an idempotency key.
+func requireIdentityOrMalformed(t *testing.T, rec *kgo.Record) {
+	t.Helper()
+	env, _, err := Decode(rec, rec.Topic)
+	if err != nil {
+		require.ErrorIs(t, err, ErrMalformed)
+		return
+	}
+	require.NotEmpty(t, env.ContentSchema)
+	require.NotEmpty(t, env.IdempotencyKey)
+}
+
+// TestCheckEventOutboxPayload: only a JSON object can sit beside the
+// envelope fields, and the first envelope field it has, in the library's
+// order, is named.
+func TestCheckEventOutboxPayload(t *testing.T) {
+	t.Parallel()
+	for payload, want := range map[string]struct {
+		field    string
+		isObject bool
+	}{
+		`{"order_id":"o-1"}`:            {"", true},
+		` { } `:                         {"", true},
+		`{"occurred_at":1,"topic":"x"}`: {"topic", true},
+		`{"idempotency_key":"k"}`:       {"idempotency_key", true},
+		`[1]`:                           {"", false},
+		`null`:                          {"", false},
+		`{"a":`:                         {"", false},
+		``:                              {"", false},
+	} {
+		field, isObject := CheckEventOutboxPayload([]byte(payload))
+		require.Equal(t, want.field, field, payload)
+		require.Equal(t, want.isObject, isObject, payload)
+	}
+	b, err := MarshalUnescaped(map[string]string{"note": `é"<>&`})
+	require.NoError(t, err)
+	require.Equal(t, `{"note":"é\"<>&"}`, string(b))
 }
