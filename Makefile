@@ -22,7 +22,8 @@ cover: ## Test coverage report in cover.html.
 	$(GO) test -coverprofile=cover.out ./...
 	$(GO) tool cover -html=cover.out -o cover.html
 
-fuzz: ## Fuzz the wire and BSON decoders for 30 s each.
+fuzz: ## Fuzz the Kafka record, MongoDB wire and BSON decoders for 30 s each.
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeAnyFormat$$' -fuzztime 30s ./internal/wire
 	$(GO) test -run '^$$' -fuzz FuzzReadMessage -fuzztime 30s ./mongox/internal/wire
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./mongox/internal/bsonkit
 

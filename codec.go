@@ -2,12 +2,10 @@ package outbox
 
 import (
 	"fmt"
-	"mime"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/event-outbox/outbox/internal/wire"
 )
 
 // Native wire format, version 1: the default of Config.WireFormats (see
@@ -41,46 +39,27 @@ const (
 	HeaderContentType    = "content-type"
 	HeaderTraceParent    = "traceparent"
 	HeaderTraceState     = "tracestate"
-
-	contentTypeJSON = "application/json"
-	timeLayout      = "2006-01-02T15:04:05.000Z07:00"
 )
+
+// toWire is the envelope as package wire reads it.
+func (env *Envelope) toWire() wire.Envelope {
+	return wire.Envelope{Topic: env.Topic, ContentSchema: env.ContentSchema, IdempotencyKey: env.IdempotencyKey,
+		PartitionKey: env.PartitionKey, Partition: env.Partition, OccurredAt: env.OccurredAt,
+		TraceParent: env.TraceParent, TraceState: env.TraceState, Format: wire.Format(env.Format), Source: env.Source}
+}
+
+// envelopeOf is the public form of an envelope package wire decoded.
+func envelopeOf(w *wire.Envelope) Envelope {
+	return Envelope{Topic: w.Topic, ContentSchema: w.ContentSchema, IdempotencyKey: w.IdempotencyKey,
+		PartitionKey: w.PartitionKey, Partition: w.Partition, OccurredAt: w.OccurredAt,
+		TraceParent: w.TraceParent, TraceState: w.TraceState, Format: Format(w.Format), Source: w.Source}
+}
 
 // encodeRecord builds the Kafka record of an event in its format
 // (env.Format; see Format).
 func encodeRecord(env *Envelope, payload []byte) *kgo.Record {
-	switch env.Format {
-	case FormatEventOutbox:
-		return encodeEventOutbox(env, payload)
-	case FormatCloudEvents:
-		return encodeCloudEvents(env, payload)
-	}
-	return encodeNative(env, payload)
-}
-
-// encodeNative builds the native (version 1) record of an event.
-func encodeNative(env *Envelope, payload []byte) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, 7)
-	headers = append(headers,
-		kgo.RecordHeader{Key: HeaderVersion, Value: []byte(WireVersion)},
-		kgo.RecordHeader{Key: HeaderContentSchema, Value: []byte(env.ContentSchema)},
-		kgo.RecordHeader{Key: HeaderIdempotencyKey, Value: []byte(env.IdempotencyKey)},
-		kgo.RecordHeader{Key: HeaderOccurredAt, Value: []byte(env.OccurredAt.UTC().Format(timeLayout))},
-		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(contentTypeJSON)},
-	)
-	if env.TraceParent != "" {
-		headers = append(headers, kgo.RecordHeader{Key: HeaderTraceParent, Value: []byte(env.TraceParent)})
-	}
-	if env.TraceState != "" {
-		headers = append(headers, kgo.RecordHeader{Key: HeaderTraceState, Value: []byte(env.TraceState)})
-	}
-	return &kgo.Record{
-		Topic:     env.Topic,
-		Partition: env.Partition,
-		Key:       []byte(env.PartitionKey),
-		Value:     payload,
-		Headers:   headers,
-	}
+	w := env.toWire()
+	return wire.Encode(&w, payload)
 }
 
 // decodeRecord reads the envelope and the payload (the JSON a handler
@@ -99,77 +78,9 @@ func (c *Client) decodeRecord(r *kgo.Record) (Envelope, []byte, error) {
 
 // decodeRecordFrom is decodeRecord for a record read from kafkaTopic.
 func decodeRecordFrom(r *kgo.Record, kafkaTopic string) (Envelope, []byte, error) {
-	if _, ok := header(r, HeaderVersion); ok {
-		env, err := decodeNative(r)
-		return env, r.Value, err
+	w, payload, err := wire.Decode(r, kafkaTopic)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrMalformedRecord, err)
 	}
-	if _, ok := header(r, headerCESpecVersion); ok {
-		return decodeCloudEventsBinary(r)
-	}
-	if ct, ok := header(r, HeaderContentType); ok {
-		if mt, _, err := mime.ParseMediaType(ct); err == nil && strings.HasPrefix(mt, "application/cloudevents") {
-			if mt != contentTypeCEJSON {
-				env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatCloudEvents}
-				return env, r.Value, malformed("unsupported CloudEvents content-type %q (want %s)", mt, contentTypeCEJSON)
-			}
-			return decodeCloudEventsStructured(r)
-		}
-	}
-	env, looksLike, err := decodeEventOutbox(r, kafkaTopic)
-	if !looksLike {
-		env.Format = FormatNative
-		return env, r.Value, malformed("unknown format: missing header %s (native), no %s header (CloudEvents), "+
-			"and the value is not an event-outbox JSON object (no topic, content_schema or idempotency_key field)",
-			HeaderVersion, headerCESpecVersion)
-	}
-	return env, r.Value, err
-}
-
-// decodeNative reads a native record, or an event-outbox record written by
-// this framework (the native headers and outbox-format "event-outbox").
-func decodeNative(r *kgo.Record) (Envelope, error) {
-	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key)}
-	if f, _ := header(r, HeaderFormat); f == FormatEventOutbox.String() {
-		env.Format = FormatEventOutbox
-	}
-	var version, occurred string
-	var seen [3]bool
-	for _, h := range r.Headers {
-		switch h.Key {
-		case HeaderVersion:
-			version = string(h.Value)
-		case HeaderContentSchema:
-			env.ContentSchema, seen[0] = string(h.Value), true
-		case HeaderIdempotencyKey:
-			env.IdempotencyKey, seen[1] = string(h.Value), true
-		case HeaderOccurredAt:
-			occurred, seen[2] = string(h.Value), true
-		case HeaderTraceParent:
-			env.TraceParent = string(h.Value)
-		case HeaderTraceState:
-			env.TraceState = string(h.Value)
-		}
-	}
-	switch {
-	case version == "":
-		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderVersion)
-	case version != WireVersion:
-		return env, fmt.Errorf("%w: unsupported %s %s", ErrMalformedRecord, HeaderVersion, strconv.Quote(version))
-	case !seen[0] || env.ContentSchema == "":
-		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderContentSchema)
-	case !seen[1] || env.IdempotencyKey == "":
-		return env, fmt.Errorf("%w: missing header %s", ErrMalformedRecord, HeaderIdempotencyKey)
-	case len(env.ContentSchema) > maxNameLen:
-		return env, fmt.Errorf("%w: header %s longer than %d bytes", ErrMalformedRecord, HeaderContentSchema, maxNameLen)
-	case len(env.IdempotencyKey) > maxKeyLen:
-		return env, fmt.Errorf("%w: header %s longer than %d bytes", ErrMalformedRecord, HeaderIdempotencyKey, maxKeyLen)
-	}
-	if seen[2] {
-		t, err := time.Parse(time.RFC3339Nano, occurred)
-		if err != nil {
-			return env, fmt.Errorf("%w: header %s: %w", ErrMalformedRecord, HeaderOccurredAt, err)
-		}
-		env.OccurredAt = t.UTC()
-	}
-	return env, nil
+	return envelopeOf(&w), payload, err
 }

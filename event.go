@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"time"
+
+	"github.com/event-outbox/outbox/internal/wire"
 )
 
 // Event is implemented by the Go structs a service declares as events.
@@ -88,8 +90,8 @@ func NewIdempotencyKey() string {
 // Limits on envelope fields, so that a record always fits Kafka headers and
 // MongoDB index keys.
 const (
-	maxNameLen = 249 // Kafka's topic name limit; also used for schema names
-	maxKeyLen  = 1024
+	maxNameLen = wire.MaxNameLen // Kafka's topic name limit; also used for schema names
+	maxKeyLen  = wire.MaxKeyLen
 )
 
 func checkName(what, v string) error {

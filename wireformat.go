@@ -5,11 +5,9 @@ import (
 	"maps"
 	"net/url"
 	"slices"
-	"strconv"
 	"unicode/utf8"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
+	"github.com/event-outbox/outbox/internal/wire"
 	"github.com/event-outbox/outbox/kafkax"
 )
 
@@ -82,17 +80,7 @@ const (
 )
 
 // String returns "native", "event-outbox" or "cloudevents".
-func (f Format) String() string {
-	switch f {
-	case FormatNative:
-		return "native"
-	case FormatEventOutbox:
-		return "event-outbox"
-	case FormatCloudEvents:
-		return "cloudevents"
-	}
-	return fmt.Sprintf("Format(%d)", int(f))
-}
+func (f Format) String() string { return wire.Format(f).String() }
 
 // ParseFormat returns the Format named s ("native", "event-outbox" or
 // "cloudevents", as Format.String writes them).
@@ -110,28 +98,7 @@ const (
 	// HeaderFormat marks a record written in a format other than native
 	// that also carries the native headers ("event-outbox").
 	HeaderFormat = "outbox-format"
-
-	headerCEPrefix      = "ce_"
-	headerCESpecVersion = "ce_specversion"
-	headerCEID          = "ce_id"
-	headerCESource      = "ce_source"
-	headerCEType        = "ce_type"
-	headerCETime        = "ce_time"
-	headerCEPartKey     = "ce_partitionkey"
-	headerCETraceParent = "ce_traceparent"
-	headerCETraceState  = "ce_tracestate"
-
-	ceSpecVersion     = "1.0"
-	contentTypeCEJSON = "application/cloudevents+json"
-
-	pydanticTimeLayout   = "2006-01-02T15:04:05.000000Z07:00"
-	pydanticSecondLayout = "2006-01-02T15:04:05Z07:00"
-	ceTimeLayout         = timeLayout
 )
-
-// eventOutboxFields are the envelope fields of the Python library's Event
-// model, in the order model_dump_json writes them.
-var eventOutboxFields = []string{"topic", "content_schema", "partition_key", "idempotency_key", "occurred_at"}
 
 // storedFormat is the outbox document's format field: empty for native.
 func storedFormat(f Format) string {
@@ -220,7 +187,7 @@ func (c *Client) wireFields(e Event, topic, schema, key, idemKey string, payload
 		w.source = c.cfg.CloudEventsSource
 	}
 	if c.moduloPartitioned(topic) {
-		n, err := integerKey(key)
+		n, err := wire.IntegerKey(key)
 		if err != nil {
 			return w, fmt.Errorf("%w: %s: topic %q uses event-outbox partitioning, which needs an integer partition key: %w", ErrInvalidEvent, schema, topic, err)
 		}
@@ -240,39 +207,21 @@ func (c *Client) moduloPartitioned(topic string) bool {
 	return false
 }
 
-// integerKey reads a partition key as the library's integer partition_key:
-// a decimal integer, the empty key being 0 (the library's default).
-func integerKey(key string) (int64, error) {
-	if key == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseInt(key, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a decimal integer", key)
-	}
-	return n, nil
-}
-
-func header(r *kgo.Record, key string) (string, bool) {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value), true
-		}
-	}
-	return "", false
-}
-
-func malformed(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrMalformedRecord}, args...)...)
-}
-
-// checkIdentity checks the lengths of the fields that make the inbox _id.
-func checkIdentity(env *Envelope, schemaField, keyField string) error {
+// eventOutboxPayload checks and re-encodes an event's JSON for the flat
+// event-outbox body: it must be an object, none of whose fields is named
+// like an envelope field. It is encoded without HTML escaping, as pydantic
+// writes strings.
+func eventOutboxPayload(e Event, schema string, payload []byte) ([]byte, error) {
+	field, isObject := wire.CheckEventOutboxPayload(payload)
 	switch {
-	case len(env.ContentSchema) > maxNameLen:
-		return malformed("%s longer than %d bytes", schemaField, maxNameLen)
-	case len(env.IdempotencyKey) > maxKeyLen:
-		return malformed("%s longer than %d bytes", keyField, maxKeyLen)
+	case !isObject:
+		return nil, fmt.Errorf("%w: %w: %s encodes to %.40q", ErrInvalidEvent, ErrPayloadNotObject, schema, payload)
+	case field != "":
+		return nil, fmt.Errorf("%w: %w: %s has a field %q", ErrInvalidEvent, ErrEnvelopeCollision, schema, field)
 	}
-	return nil
+	p, err := wire.MarshalUnescaped(e)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
+	}
+	return p, nil
 }

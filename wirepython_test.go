@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/wire/wiretest"
 )
 
 // pythonEventModel is a pydantic 2 model equivalent to the Event model of
@@ -43,7 +45,7 @@ class Event(BaseModel):
 // base64 values on stdin) with the library's model, as its consumer does,
 // and reports the inbox _id it would use, whether re-serialising the event
 // gives back the same bytes, and the library's own serialisation of the
-// events of pythonRecords.
+// events of wiretest.PythonRecords.
 const pythonValidateScript = pythonEventModel + `
 class PaymentRequested(Event):
     topic: str = "payments"
@@ -123,7 +125,8 @@ func runPython(t *testing.T, py, script string, stdin []byte) []byte {
 // two deliveries), are accepted by the library's Event model with the same
 // inbox _id on every delivery; re-serialising them with pydantic gives back
 // our bytes. And the library's own serialisation of the events of
-// pythonRecords is byte for byte what the other tests feed our consumer.
+// wiretest.PythonRecords is byte for byte what the other tests feed our
+// consumer.
 func TestPythonModelReadsOurRecords(t *testing.T) {
 	t.Parallel()
 	py := requirePython(t)
@@ -184,8 +187,9 @@ func TestPythonModelReadsOurRecords(t *testing.T) {
 	}
 	require.Equal(t, "fixed-key-1", v.Validated[0].InboxID["idempotency_key"])
 
+	pythonRecords := wiretest.PythonRecords(t)
 	require.Len(t, v.Produced, len(pythonRecords))
 	for i, pr := range pythonRecords {
-		require.Equal(t, pr.value, v.Produced[i], "the library's bytes for %s", pr.name)
+		require.Equal(t, pr.Value, v.Produced[i], "the library's bytes for %s", pr.Name)
 	}
 }

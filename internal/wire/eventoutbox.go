@@ -1,46 +1,58 @@
-package outbox
+package wire
 
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// eventOutboxPayload checks and re-encodes an event's JSON for the flat
-// event-outbox body: it must be an object, none of whose fields is named
-// like an envelope field. It is encoded without HTML escaping, as pydantic
-// writes strings.
-func eventOutboxPayload(e Event, schema string, payload []byte) ([]byte, error) {
+// eventOutboxFields are the envelope fields of the Python library's Event
+// model, in the order model_dump_json writes them.
+var eventOutboxFields = [...]string{"topic", "content_schema", "partition_key", "idempotency_key", "occurred_at"}
+
+// The layouts of an aware UTC datetime as pydantic 2 writes it.
+const (
+	pydanticTimeLayout   = "2006-01-02T15:04:05.000000Z07:00"
+	pydanticSecondLayout = "2006-01-02T15:04:05Z07:00"
+)
+
+// CheckEventOutboxPayload checks an event's JSON for the flat event-outbox
+// body, where the event's fields sit beside the envelope's: isObject is
+// false when it is not a JSON object; envelopeField names the first
+// envelope field it has (the body cannot hold a name twice), or is empty.
+func CheckEventOutboxPayload(payload []byte) (envelopeField string, isObject bool) {
 	var fields map[string]json.RawMessage
 	trimmed := bytes.TrimSpace(payload)
 	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
-		return nil, fmt.Errorf("%w: %w: %s encodes to %.40q", ErrInvalidEvent, ErrPayloadNotObject, schema, payload)
+		return "", false
 	}
 	for _, name := range eventOutboxFields {
 		if _, ok := fields[name]; ok {
-			return nil, fmt.Errorf("%w: %w: %s has a field %q", ErrInvalidEvent, ErrEnvelopeCollision, schema, name)
+			return name, true
 		}
 	}
+	return "", true
+}
+
+// MarshalUnescaped encodes v as JSON without HTML escaping, as pydantic
+// writes strings.
+func MarshalUnescaped(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(e); err != nil {
-		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }
 
 // appendJSONString appends s as a JSON string, without HTML escaping.
 func appendJSONString(b []byte, s string) []byte {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(s) // a string always encodes
-	return append(b, bytes.TrimRight(buf.Bytes(), "\n")...)
+	j, _ := MarshalUnescaped(s) // a string always encodes
+	return append(b, j...)
 }
 
 // pydanticTime formats t as pydantic 2 serialises an aware UTC datetime:
@@ -55,8 +67,9 @@ func pydanticTime(t time.Time) string {
 
 // eventOutboxBody lays out the flat body of an event-outbox record: the
 // envelope fields in the library's order, then the payload's fields. ok is
-// false when the payload is not a JSON object (Record refuses those for an
-// event-outbox topic, so only a hand-written outbox document can be one).
+// false when the payload is not a JSON object (outbox.Record refuses those
+// for an event-outbox topic, so only a hand-written outbox document can be
+// one).
 func eventOutboxBody(env *Envelope, payload []byte) (body []byte, ok bool) {
 	rest := bytes.TrimSpace(payload)
 	if len(rest) < 2 || rest[0] != '{' {
@@ -68,7 +81,7 @@ func eventOutboxBody(env *Envelope, payload []byte) (body []byte, ok bool) {
 	b = appendJSONString(b, env.Topic)
 	b = append(b, `,"content_schema":`...)
 	b = appendJSONString(b, env.ContentSchema)
-	if n, err := integerKey(env.PartitionKey); err == nil {
+	if n, err := IntegerKey(env.PartitionKey); err == nil {
 		b = append(b, `,"partition_key":`...)
 		b = strconv.AppendInt(b, n, 10)
 	}
@@ -90,7 +103,7 @@ func encodeEventOutbox(env *Envelope, payload []byte) *kgo.Record {
 		return encodeNative(env, payload)
 	}
 	rec := encodeNative(env, body)
-	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderFormat, Value: []byte(FormatEventOutbox.String())})
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderFormat, Value: []byte(EventOutbox.String())})
 	return rec
 }
 
@@ -100,13 +113,13 @@ func encodeEventOutbox(env *Envelope, payload []byte) *kgo.Record {
 // JSON object with any of the library's identity fields: then it is no
 // event-outbox record either. The body's topic must name the record's
 // topic, bare or as read from Kafka (kafkaTopic: the library writes the
-// topic it produced to, Config.TopicPrefix included).
+// topic it produced to, a topic prefix included).
 //
 // Every identity field is read before any is judged, so that a record
 // parked as malformed keeps what could be read of its identity: above all
 // its partition key, by which it holds the later events of its key.
 func decodeEventOutbox(r *kgo.Record, kafkaTopic string) (env Envelope, looksLike bool, err error) {
-	env = Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatEventOutbox}
+	env = Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: EventOutbox}
 	trimmed := bytes.TrimSpace(r.Value)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return env, false, nil

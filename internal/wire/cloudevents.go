@@ -1,4 +1,4 @@
-package outbox
+package wire
 
 import (
 	"encoding/base64"
@@ -8,6 +8,21 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Header names and values of CloudEvents 1.0, Kafka protocol binding.
+const (
+	headerCESpecVersion = "ce_specversion"
+	headerCEID          = "ce_id"
+	headerCESource      = "ce_source"
+	headerCEType        = "ce_type"
+	headerCETime        = "ce_time"
+	headerCEPartKey     = "ce_partitionkey" // the partitioning extension
+	headerCETraceParent = "ce_traceparent"  // the distributed tracing extension
+	headerCETraceState  = "ce_tracestate"
+
+	ceSpecVersion     = "1.0"
+	contentTypeCEJSON = "application/cloudevents+json"
 )
 
 // encodeCloudEvents builds a CloudEvents 1.0 binary-mode record.
@@ -23,7 +38,7 @@ func encodeCloudEvents(env *Envelope, payload []byte) *kgo.Record {
 		h(headerCEID, env.IdempotencyKey),
 		h(headerCESource, source),
 		h(headerCEType, env.ContentSchema),
-		h(headerCETime, env.OccurredAt.UTC().Format(ceTimeLayout)),
+		h(headerCETime, env.OccurredAt.UTC().Format(timeLayout)),
 		h(HeaderContentType, contentTypeJSON),
 	)
 	if env.PartitionKey != "" {
@@ -50,7 +65,7 @@ func isJSONContentType(ct string) bool {
 
 // decodeCloudEventsBinary reads a CloudEvents binary-mode record.
 func decodeCloudEventsBinary(r *kgo.Record) (Envelope, []byte, error) {
-	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatCloudEvents}
+	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: CloudEvents}
 	var specversion, ctime, partKey, contentType string
 	var seenTime, seenCT bool
 	for _, h := range r.Headers {
@@ -120,7 +135,7 @@ type ceStructured struct {
 // decodeCloudEventsStructured reads a CloudEvents structured-mode record:
 // the payload is the event's data.
 func decodeCloudEventsStructured(r *kgo.Record) (Envelope, []byte, error) {
-	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: FormatCloudEvents}
+	env := Envelope{Topic: r.Topic, Partition: r.Partition, PartitionKey: string(r.Key), Format: CloudEvents}
 	var ev ceStructured
 	if err := json.Unmarshal(r.Value, &ev); err != nil {
 		return env, r.Value, malformed("CloudEvents structured record: %v", err)
