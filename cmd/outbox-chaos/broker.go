@@ -296,7 +296,16 @@ func (h *harness) pauseBroker(ctx context.Context, a action) error {
 // refuseWrites makes the brokers refuse the main topic's acks=all writes
 // (beginRefusal) for a.d, then accepts them again.
 func (h *harness) refuseWrites(ctx context.Context, a action) error {
-	r, err := beginRefusal(ctx, h.broker.cluster, h.topic, a.pick)
+	var avoid []int32
+	cctx, cancel := context.WithTimeout(ctx, refuseAttempt)
+	coords := kadm.NewClient(h.inj.raw).FindGroupCoordinators(cctx, h.env.service+".outbox-publisher", h.env.service)
+	cancel()
+	for _, g := range []string{h.env.service + ".outbox-publisher", h.env.service} {
+		if r, ok := coords[g]; ok && r.Err == nil {
+			avoid = append(avoid, r.NodeID)
+		}
+	}
+	r, err := beginRefusal(ctx, h.broker.cluster, h.topic, a.pick, avoid...)
 	if err != nil {
 		return err
 	}
@@ -304,8 +313,8 @@ func (h *harness) refuseWrites(ctx context.Context, a action) error {
 	h.broker.refusals++
 	h.broker.mu.Unlock()
 	h.addFault()
-	h.logf("%s refuses writes (min.insync.replicas=%d, broker %d paused, every partition below it %.1fs later) for %s",
-		h.topic, r.rf, r.node.ID, r.shrunk.Seconds(), a.d.Round(time.Millisecond))
+	h.logf("%s refuses writes (min.insync.replicas=%d, broker %d paused, the groups' coordinators %v, every partition below it %.1fs later) for %s",
+		h.topic, r.rf, r.node.ID, avoid, r.shrunk.Seconds(), a.d.Round(time.Millisecond))
 	err = sleepCtx(ctx, a.d)
 	// However the wait ended: a topic left refusing writes would stall
 	// the run.

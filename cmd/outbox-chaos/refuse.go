@@ -52,10 +52,14 @@ const refuseAttempt = 5 * time.Second
 
 // beginRefusal makes the brokers refuse topic's acks=all writes and returns
 // once every partition of topic has a leader and fewer replicas in sync
-// than its minimum. It pauses the running broker leading the fewest of
-// topic's partitions (not the active controller when another is left),
-// pick breaking ties. On error nothing is left changed.
-func beginRefusal(ctx context.Context, c *apachekafka.Cluster, topic string, pick uint64) (*refusal, error) {
+// than its minimum. It pauses a running broker: none of avoid when it can,
+// the earlier ones avoided first, then not the active controller, then the
+// one leading the fewest of topic's partitions, pick breaking ties. A
+// paused group coordinator would stop its group's members (a publisher
+// whose coordinator does not answer pauses publishing and never meets the
+// refusal): the harness passes the publisher group's coordinator, then
+// the consumer group's. On error nothing is left changed.
+func beginRefusal(ctx context.Context, c *apachekafka.Cluster, topic string, pick uint64, avoid ...int32) (*refusal, error) {
 	var seeds []string
 	for _, n := range c.Nodes() {
 		if n.Running() && !n.Paused() {
@@ -98,13 +102,19 @@ func beginRefusal(ctx context.Context, c *apachekafka.Cluster, topic string, pic
 			cands = append(cands, n)
 		}
 	}
-	if len(cands) > 1 {
-		cands = slices.DeleteFunc(cands, func(n *apachekafka.Node) bool { return n.ID == ctrl })
+	// Rotate by pick, then order by what pausing costs: ties go to pick.
+	avoid = append(slices.Clone(avoid), ctrl)
+	cost := func(n *apachekafka.Node) int {
+		if i := slices.Index(avoid, n.ID); i >= 0 {
+			return len(avoid) - i
+		}
+		return 0
 	}
-	// Rotate by pick, then the fewest leaderships first: ties go to pick.
 	k := int(pick % uint64(len(cands)))
 	cands = append(cands[k:], cands[:k]...)
-	slices.SortStableFunc(cands, func(a, b *apachekafka.Node) int { return cmp.Compare(led[a.ID], led[b.ID]) })
+	slices.SortStableFunc(cands, func(a, b *apachekafka.Node) int {
+		return cmp.Or(cmp.Compare(cost(a), cost(b)), cmp.Compare(led[a.ID], led[b.ID]))
+	})
 	r.node = cands[0]
 
 	if err := r.alter(ctx, kadm.SetConfig, strconv.Itoa(r.rf)); err != nil {
