@@ -9,6 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox/internal/kwire"
 )
 
 // produceWatch counts the produce refusals the replicas' Kafka clients
@@ -42,53 +44,62 @@ func (w *produceWatch) count() int {
 }
 
 // watchedConn is a Kafka connection whose Produce responses are decoded.
-// kgo writes requests from one goroutine and reads responses from another:
-// out and in are each used by one, produce is shared.
+// kgo writes requests from one goroutine and reads responses from another;
+// mu guards the state both share.
 type watchedConn struct {
 	net.Conn
 	w *produceWatch
 
+	out, in kwire.Splitter // written frames (requests), read frames (responses)
+
 	mu      sync.Mutex
 	produce map[int32]int16 // correlation id -> version, of Produce requests awaiting their response
-
-	out, in   frameScanner
-	inVersion int16 // the version of the Produce response being read
+	broken  bool            // the stream could not be followed: count nothing more
 }
 
-// Request header: size, api key, api version, correlation id. Response
-// header: size, correlation id.
-const (
-	reqHeadLen  = 12
-	respHeadLen = 8
-)
-
 func (c *watchedConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	c.out.feed(p[:n], reqHeadLen, func(head []byte) bool {
-		if int16(binary.BigEndian.Uint16(head[4:])) == int16(kmsg.Produce) {
-			c.mu.Lock()
-			c.produce[int32(binary.BigEndian.Uint32(head[8:]))] = int16(binary.BigEndian.Uint16(head[6:]))
-			c.mu.Unlock()
-		}
-		return false
-	}, nil)
-	return n, err
+	c.mu.Lock()
+	if !c.broken && !c.out.Feed(p, c.requestHead, nil) {
+		c.broken = true
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+// requestHead notes a Produce request, given its first bytes (api key,
+// version, correlation id), and keeps no request whole (c.mu held).
+func (c *watchedConn) requestHead(head []byte) bool {
+	if len(head) >= kwire.HeadLen && int16(binary.BigEndian.Uint16(head)) == int16(kmsg.Produce) {
+		c.produce[int32(binary.BigEndian.Uint32(head[4:]))] = int16(binary.BigEndian.Uint16(head[2:]))
+	}
+	return false
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.in.feed(p[:n], respHeadLen, func(head []byte) bool {
-		id := int32(binary.BigEndian.Uint32(head[4:]))
+	if n > 0 {
 		c.mu.Lock()
-		v, ok := c.produce[id]
-		delete(c.produce, id)
+		if !c.broken && !c.in.Feed(p[:n], c.responseHead, func(body []byte) {
+			id := int32(binary.BigEndian.Uint32(body))
+			v := c.produce[id]
+			delete(c.produce, id)
+			c.w.refused.Add(int64(countRefused(v, body[4:])))
+		}) {
+			c.broken = true
+		}
 		c.mu.Unlock()
-		c.inVersion = v
-		return ok
-	}, func(body []byte) {
-		c.w.refused.Add(int64(countRefused(c.inVersion, body)))
-	})
+	}
 	return n, err
+}
+
+// responseHead reports whether a response frame, given its first bytes
+// (correlation id), answers a Produce request (c.mu held).
+func (c *watchedConn) responseHead(head []byte) bool {
+	if len(head) < 4 {
+		return false
+	}
+	_, ok := c.produce[int32(binary.BigEndian.Uint32(head))]
+	return ok
 }
 
 // countRefused decodes a Produce response body (after the correlation id)
@@ -98,10 +109,9 @@ func countRefused(version int16, body []byte) int {
 	resp := kmsg.NewPtrProduceResponse()
 	resp.Version = version
 	if resp.IsFlexible() {
-		// The response header's tagged fields: a count, then each field's
-		// tag, size and bytes.
+		// The response header's tagged fields.
 		var ok bool
-		if body, ok = skipTags(body); !ok {
+		if body, ok = kwire.SkipTags(body); !ok {
 			return 0
 		}
 	}
@@ -117,74 +127,4 @@ func countRefused(version int16, body []byte) int {
 		}
 	}
 	return n
-}
-
-// skipTags skips a block of tagged fields.
-func skipTags(b []byte) ([]byte, bool) {
-	count, n := binary.Uvarint(b)
-	if n <= 0 {
-		return nil, false
-	}
-	b = b[n:]
-	for range count {
-		if _, n = binary.Uvarint(b); n <= 0 {
-			return nil, false
-		}
-		b = b[n:]
-		size, n := binary.Uvarint(b)
-		if n <= 0 || uint64(len(b)-n) < size {
-			return nil, false
-		}
-		b = b[n+int(size):]
-	}
-	return b, true
-}
-
-// frameScanner follows the size-prefixed frames of one direction of a
-// Kafka connection: it gathers each frame's head, asks whether to keep the
-// rest of the frame (its body), and skips it otherwise. A frame too short
-// for its head stops the scan: the stream is not Kafka's.
-type frameScanner struct {
-	head    []byte
-	body    []byte
-	rest    int  // bytes of the current frame after its head still to come
-	keep    bool // the rest is gathered into body
-	broken  bool
-	started bool // the head is complete
-}
-
-// feed scans p. onHead gets each complete head and says whether to keep the
-// frame's body; onBody gets each kept body, whole.
-func (s *frameScanner) feed(p []byte, headLen int, onHead func(head []byte) bool, onBody func(body []byte)) {
-	for len(p) > 0 && !s.broken {
-		if !s.started {
-			k := min(headLen-len(s.head), len(p))
-			s.head = append(s.head, p[:k]...)
-			p = p[k:]
-			if len(s.head) < headLen {
-				return
-			}
-			size := int(int32(binary.BigEndian.Uint32(s.head)))
-			s.rest = size - (headLen - 4)
-			if s.rest < 0 {
-				s.broken = true
-				return
-			}
-			s.started = true
-			s.keep = onHead(s.head) && onBody != nil
-			s.body = s.body[:0]
-		}
-		k := min(s.rest, len(p))
-		if s.keep {
-			s.body = append(s.body, p[:k]...)
-		}
-		p = p[k:]
-		s.rest -= k
-		if s.rest == 0 {
-			if s.keep {
-				onBody(s.body)
-			}
-			s.head, s.started, s.keep = s.head[:0], false, false
-		}
-	}
 }
