@@ -217,6 +217,9 @@ type doctorRun struct {
 	now      time.Time
 	findings []Finding
 	checks   int
+	// minISRCap is whether the brokers cap min.insync.replicas at the
+	// replica count, read with their API versions (groupProtocol).
+	minISRCap minISRCap
 }
 
 // add records a finding.

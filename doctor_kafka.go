@@ -393,7 +393,7 @@ func (d *doctorRun) judgeTopic(f *topicFacts, group string) {
 	}
 	d.checks += 5
 	d.findings = append(d.findings, judgeUnclean(subject, f.config("unclean.leader.election.enable"))...)
-	d.findings = append(d.findings, judgeMinISR(subject, f.config("min.insync.replicas"), f.replicationFactor)...)
+	d.findings = append(d.findings, judgeMinISR(subject, f.config("min.insync.replicas"), f.replicationFactor, d.minISRCap)...)
 	d.findings = append(d.findings, judgeCleanupPolicy(subject, f.config("cleanup.policy"))...)
 	d.findings = append(d.findings, judgeRetention(subject, f, d.expectedOutage(), d.opts.InboxRetention)...)
 	d.findings = append(d.findings, judgeCompression(subject, f.config("compression.type"))...)
@@ -423,19 +423,61 @@ func judgeUnclean(subject, v string) []Finding {
 		Fix:       "set unclean.leader.election.enable=false on the topic (Kafka's default)"}}
 }
 
-func judgeMinISR(subject, v string, rf int) []Finding {
+// minISRCap says whether the brokers cap a topic's min.insync.replicas at
+// its replica count: Apache Kafka 3.7 and later use min(min.insync.replicas,
+// replicas) for acks=all writes (KAFKA-15583, part of KIP-966), earlier
+// releases refuse every such write when the minimum is above the replica
+// count. Produce v10 (KIP-951) came in the same release, so a broker that
+// serves it caps.
+type minISRCap int8
+
+const (
+	minISRCapUnknown minISRCap = iota // the brokers' versions could not be read
+	minISRCapped                      // every broker serves Produce v10 or later
+	minISRNotCapped                   // some broker serves no Produce v10
+)
+
+// minISRCapOf judges the brokers' Produce versions (the highest each
+// serves).
+func minISRCapOf(produceMax []int16) minISRCap {
+	if len(produceMax) == 0 {
+		return minISRCapUnknown
+	}
+	for _, v := range produceMax {
+		if v < 10 {
+			return minISRNotCapped
+		}
+	}
+	return minISRCapped
+}
+
+func judgeMinISR(subject, v string, rf int, capped minISRCap) []Finding {
 	minISR, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil {
 		return []Finding{{Severity: SeverityNote, Check: "kafka.min_insync_replicas", Subject: subject,
 			Read: "min.insync.replicas=" + v, Problem: "not a number: not checked", Guarantee: "-", Fix: "set a number"}}
 	}
 	read := fmt.Sprintf("min.insync.replicas=%d, replication factor %d, producer acks=all (the publisher's)", minISR, rf)
+	fixAbove := fmt.Sprintf("set min.insync.replicas to at most %d (replication factor - 1 is usual), or add replicas", rf)
 	switch {
-	case minISR > rf:
-		return []Finding{{Severity: SeverityBreaks, Check: "kafka.min_insync_replicas", Subject: subject, Read: read,
-			Problem:   "Kafka refuses every acks=all write (NOT_ENOUGH_REPLICAS): no event is ever published",
+	case minISR > rf && capped == minISRCapped:
+		return []Finding{{Severity: SeverityRisk, Check: "kafka.min_insync_replicas", Subject: subject,
+			Read:      read + ", brokers of Kafka 3.7 or later (Produce v10)",
+			Problem:   fmt.Sprintf("the brokers cap the minimum at the replica count (%d): every replica must be in sync, so one broker down stops publishing to the topic until it is back (events wait in the outbox)", rf),
 			Guarantee: GuaranteePublishing,
-			Fix:       fmt.Sprintf("set min.insync.replicas to at most %d (replication factor - 1 is usual), or add replicas", rf)}}
+			Fix:       fixAbove}}
+	case minISR > rf && capped == minISRNotCapped:
+		return []Finding{{Severity: SeverityBreaks, Check: "kafka.min_insync_replicas", Subject: subject,
+			Read:      read + ", a broker older than Kafka 3.7 (no Produce v10)",
+			Problem:   "Kafka before 3.7 refuses every acks=all write (NOT_ENOUGH_REPLICAS): no event is ever published",
+			Guarantee: GuaranteePublishing,
+			Fix:       fixAbove}}
+	case minISR > rf:
+		return []Finding{{Severity: SeverityBreaks, Check: "kafka.min_insync_replicas", Subject: subject,
+			Read:      read + ", the brokers' versions unknown",
+			Problem:   fmt.Sprintf("Kafka before 3.7 refuses every acks=all write (NOT_ENOUGH_REPLICAS): no event is ever published; 3.7 and later cap the minimum at the replica count (%d), so one broker down stops publishing", rf),
+			Guarantee: GuaranteePublishing,
+			Fix:       fixAbove}}
 	case rf == 1:
 		return []Finding{{Severity: SeverityRisk, Check: "kafka.min_insync_replicas", Subject: subject, Read: read,
 			Problem:   "each record has one copy: losing that broker's disk loses acknowledged events (fine for development)",
@@ -611,10 +653,14 @@ func (d *doctorRun) groupProtocol(ctx context.Context) {
 	}
 	var with, without []int32
 	var errs []error
+	var produceMax []int16
 	versions.Each(func(v kadm.BrokerApiVersions) {
 		if v.Err != nil {
 			errs = append(errs, fmt.Errorf("broker %d: %w", v.NodeID, v.Err))
 			return
+		}
+		if _, maxV, ok := v.KeyVersions(int16(kmsg.Produce)); ok {
+			produceMax = append(produceMax, maxV)
 		}
 		if _, maxV, ok := v.KeyVersions(int16(kmsg.ConsumerGroupHeartbeat)); ok && maxV >= 1 {
 			with = append(with, v.NodeID)
@@ -622,6 +668,10 @@ func (d *doctorRun) groupProtocol(ctx context.Context) {
 			without = append(without, v.NodeID)
 		}
 	})
+	d.minISRCap = minISRCapOf(produceMax)
+	if len(errs) > 0 && d.minISRCap == minISRCapped {
+		d.minISRCap = minISRCapUnknown // a broker not read may be older
+	}
 	if len(with)+len(without) == 0 {
 		d.couldNot("kafka.group_protocol", "Kafka", "the brokers' API versions", errors.Join(errs...))
 		return

@@ -237,11 +237,12 @@ func TestDoctorKafkaJudges(t *testing.T) {
 		require.Len(t, fs, 1)
 		return fs[0].Severity
 	}
-	require.Equal(t, SeverityBreaks, sev(judgeMinISR("t", "1", 3)))
-	require.Empty(t, judgeMinISR("t", "2", 3))
-	require.Equal(t, SeverityRisk, sev(judgeMinISR("t", "3", 3)))
-	require.Equal(t, SeverityBreaks, sev(judgeMinISR("t", "4", 3)))
-	require.Equal(t, SeverityRisk, sev(judgeMinISR("t", "1", 1)))
+	for _, c := range []minISRCap{minISRCapUnknown, minISRCapped, minISRNotCapped} {
+		require.Equal(t, SeverityBreaks, sev(judgeMinISR("t", "1", 3, c)))
+		require.Empty(t, judgeMinISR("t", "2", 3, c))
+		require.Equal(t, SeverityRisk, sev(judgeMinISR("t", "3", 3, c)))
+		require.Equal(t, SeverityRisk, sev(judgeMinISR("t", "1", 1, c)))
+	}
 	require.Equal(t, SeverityBreaks, sev(judgeCleanupPolicy("t", "compact,delete")))
 	require.Empty(t, judgeCompression("t", "gzip"))
 	require.Empty(t, judgeCompression("t", "producer"))

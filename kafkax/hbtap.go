@@ -10,6 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/event-outbox/outbox/internal/kwire"
 )
 
 // EffectiveDialer returns the dial function of a kgo client built from
@@ -88,14 +90,9 @@ func (t *HeartbeatTap) now() time.Time {
 	return time.Now()
 }
 
-// Limits of what a tapped connection keeps: a heartbeat frame larger than
-// maxKeptFrame, or more unanswered heartbeats than maxPending, stops the
-// connection's tap.
-const (
-	maxKeptFrame = 4 << 20
-	maxPending   = 64
-	maxFrame     = 1 << 30
-)
+// maxPending bounds the unanswered heartbeats of a tapped connection: more
+// stop its tap, as a heartbeat frame larger than kwire.MaxKeptFrame does.
+const maxPending = 64
 
 // pendingBeat is a heartbeat written and not answered yet.
 type pendingBeat struct {
@@ -110,8 +107,8 @@ type tapConn struct {
 	net.Conn
 	tap *HeartbeatTap
 
-	reqs  splitter // written frames (requests)
-	resps splitter // read frames (responses)
+	reqs  kwire.Splitter // written frames (requests)
+	resps kwire.Splitter // read frames (responses)
 
 	mu      sync.Mutex
 	pending map[int32]pendingBeat // by correlation id
@@ -121,7 +118,7 @@ type tapConn struct {
 func (c *tapConn) Write(p []byte) (int, error) {
 	now := c.tap.now()
 	c.mu.Lock()
-	if !c.broken && !c.reqs.feed(p, c.requestHead, func(body []byte) { c.request(body, now) }) {
+	if !c.broken && !c.reqs.Feed(p, c.requestHead, func(body []byte) { c.request(body, now) }) {
 		c.broken = true
 	}
 	c.mu.Unlock()
@@ -134,7 +131,7 @@ func (c *tapConn) Read(p []byte) (int, error) {
 		var renewals []pendingBeat
 		var intervals []time.Duration
 		c.mu.Lock()
-		if !c.broken && !c.resps.feed(p[:n], c.responseHead, func(body []byte) {
+		if !c.broken && !c.resps.Feed(p[:n], c.responseHead, func(body []byte) {
 			if b, iv, ok := c.response(body); ok {
 				renewals = append(renewals, b)
 				intervals = append(intervals, iv)
@@ -208,7 +205,7 @@ func (c *tapConn) response(body []byte) (pendingBeat, time.Duration, bool) {
 	corr := int32(binary.BigEndian.Uint32(body))
 	b := c.pending[corr]
 	delete(c.pending, corr)
-	rest, ok := skipTags(body[4:]) // response header v1: every version is flexible
+	rest, ok := kwire.SkipTags(body[4:]) // response header v1: every version is flexible
 	if !ok {
 		c.broken = true
 		return pendingBeat{}, 0, false
@@ -240,94 +237,5 @@ func skipRequestHeader(b []byte) ([]byte, bool) {
 		}
 		b = b[n:]
 	}
-	return skipTags(b)
-}
-
-// skipTags skips a tagged-field section: a count, then per field a tag, a
-// size and that many bytes, all sizes unsigned varints.
-func skipTags(b []byte) ([]byte, bool) {
-	count, n := binary.Uvarint(b)
-	if n <= 0 {
-		return nil, false
-	}
-	b = b[n:]
-	for range count {
-		if _, n = binary.Uvarint(b); n <= 0 {
-			return nil, false
-		}
-		b = b[n:]
-		size, n := binary.Uvarint(b)
-		if n <= 0 || uint64(len(b)-n) < size {
-			return nil, false
-		}
-		b = b[n+int(size):]
-	}
-	return b, true
-}
-
-// splitter follows one direction of a Kafka connection: frames of a
-// four-byte big-endian size and a body. It hands the whole body of the
-// frames its head function selects to done, and skips the others without
-// keeping them.
-type splitter struct {
-	size    [4]byte
-	sizeN   int    // bytes of size read
-	left    int    // body bytes of the current frame not read yet
-	head    []byte // the first headLen bytes of the body
-	keep    bool   // the current frame is kept whole
-	decided bool   // head was judged
-	body    []byte
-}
-
-const headLen = 8
-
-// feed consumes p. It returns false when the stream cannot be a Kafka
-// stream (a size out of bounds, a kept frame too large).
-func (s *splitter) feed(p []byte, head func([]byte) bool, done func([]byte)) bool {
-	for len(p) > 0 {
-		if s.sizeN < 4 {
-			k := copy(s.size[s.sizeN:], p)
-			s.sizeN += k
-			p = p[k:]
-			if s.sizeN < 4 {
-				return true
-			}
-			n := int32(binary.BigEndian.Uint32(s.size[:]))
-			if n < 0 || n > maxFrame {
-				return false
-			}
-			s.left, s.head, s.keep, s.decided, s.body = int(n), s.head[:0], false, false, nil
-			if s.left == 0 {
-				s.sizeN = 0
-				continue
-			}
-		}
-		if !s.decided {
-			k := min(headLen-len(s.head), s.left, len(p))
-			s.head = append(s.head, p[:k]...)
-			p, s.left = p[k:], s.left-k
-			if len(s.head) < headLen && s.left > 0 {
-				continue
-			}
-			s.decided = true
-			if s.keep = head(s.head); s.keep {
-				if len(s.head)+s.left > maxKeptFrame {
-					return false
-				}
-				s.body = append(make([]byte, 0, len(s.head)+s.left), s.head...)
-			}
-		}
-		k := min(s.left, len(p))
-		if s.keep {
-			s.body = append(s.body, p[:k]...)
-		}
-		p, s.left = p[k:], s.left-k
-		if s.left == 0 {
-			if s.keep {
-				done(s.body)
-			}
-			s.sizeN, s.body = 0, nil
-		}
-	}
-	return true
+	return kwire.SkipTags(b)
 }

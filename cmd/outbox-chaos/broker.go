@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -34,20 +35,18 @@ import (
 //     longer than the group session timeout (the broker's controller
 //     session, 9 s, too: the controller fences it and its leaderships move),
 //     then SIGCONT;
-//   - broker-refuse-writes: for a.d the main topic's min.insync.replicas is
-//     above its replication factor, so every broker refuses its acks=all
-//     writes with NOT_ENOUGH_REPLICAS, as it refuses a partition whose log
-//     directory failed. A real full disk is not emulated: Kafka takes a log
-//     directory that fails a write offline, and a broker whose only log
-//     directory is offline shuts down, which broker-kill already covers;
-//     making a write fail with ENOSPC needs a size-limited file system
-//     (a loop or tmpfs mount), which needs root.
+//   - broker-refuse-writes: the main topic's min.insync.replicas raised to
+//     its replication factor and a broker paused until the controller
+//     fences it and every partition's ISR is below that minimum, then for
+//     a.d more: the leaders refuse every acks=all write with
+//     NOT_ENOUGH_REPLICAS (refuse.go says why no other cheap refusal, a
+//     full disk among them, is possible here).
 //
 // The kills come every -broker-kill-every (uniformly from two thirds to
-// four thirds of it), the kinds in turn; pauses and refusals, in turn,
-// every -broker-pause-every; none in the last fifth of the load, so that
-// the cluster is whole when the quiescence wait starts. Both schedules
-// come from the seed, on streams of their own.
+// four thirds of it), the kinds in turn; pauses every -broker-pause-every,
+// refusals every -broker-refuse-every; none in the last fifth of the load,
+// so that the cluster is whole when the quiescence wait starts. The three
+// schedules come from the seed, on streams of their own.
 const (
 	fBrokerKill           actionKind = "broker-kill"
 	fBrokerKillPartLeader actionKind = "broker-kill-partition-leader"
@@ -60,10 +59,7 @@ const (
 // that the harness starts.
 const kafkaApache = "apache"
 
-var (
-	brokerKills  = []actionKind{fBrokerKill, fBrokerKillPartLeader, fBrokerKillController}
-	brokerPauses = []actionKind{fBrokerPause, fBrokerRefuse}
-)
+var brokerKills = []actionKind{fBrokerKill, fBrokerKillPartLeader, fBrokerKillController}
 
 // brokerInSyncWait bounds the wait, after a broker fault, until every
 // replica of the run's topics is in sync again.
@@ -71,7 +67,7 @@ const brokerInSyncWait = 2 * time.Minute
 
 // scheduleBrokerFaults draws the broker faults of a run from the seed.
 // sessionTimeout is the group session timeout a pause must outlast.
-func scheduleBrokerFaults(seed uint64, duration, killEvery, pauseEvery, sessionTimeout time.Duration) []action {
+func scheduleBrokerFaults(seed uint64, duration, killEvery, pauseEvery, refuseEvery, sessionTimeout time.Duration) []action {
 	var acts []action
 	stream := func(salt uint64, every time.Duration, kinds []actionKind, draw func(rng *rand.Rand, a *action)) {
 		if every <= 0 {
@@ -92,15 +88,14 @@ func scheduleBrokerFaults(seed uint64, duration, killEvery, pauseEvery, sessionT
 	stream(0xb40c1, killEvery, brokerKills, func(rng *rand.Rand, a *action) {
 		a.d = 2*time.Second + time.Duration(rng.Int64N(int64(8*time.Second))) // down for 2-10 s
 	})
-	stream(0xb40c2, pauseEvery, brokerPauses, func(rng *rand.Rand, a *action) {
-		switch a.kind {
-		case fBrokerPause:
-			// Past the session timeout and the broker's 9 s controller
-			// session: 10-16 s at the default 6 s session.
-			a.d = max(sessionTimeout, 9*time.Second) + time.Second + time.Duration(rng.Int64N(int64(6*time.Second)))
-		case fBrokerRefuse:
-			a.d = 3*time.Second + time.Duration(rng.Int64N(int64(5*time.Second)))
-		}
+	stream(0xb40c2, pauseEvery, []actionKind{fBrokerPause}, func(rng *rand.Rand, a *action) {
+		// Past the session timeout and the broker's 9 s controller
+		// session: 10-16 s at the default 6 s session.
+		a.d = max(sessionTimeout, 9*time.Second) + time.Second + time.Duration(rng.Int64N(int64(6*time.Second)))
+	})
+	stream(0xb40c3, refuseEvery, []actionKind{fBrokerRefuse}, func(rng *rand.Rand, a *action) {
+		// Refusing for 3-8 s once every partition refuses.
+		a.d = 3*time.Second + time.Duration(rng.Int64N(int64(5*time.Second)))
 	})
 	return acts
 }
@@ -127,7 +122,11 @@ type brokerCounts struct {
 	Nodes                                    int
 	Kills, ControllerKills, Pauses, Refusals int
 	Skipped                                  int
-	FetchRestarts, FetchResubscribes         int
+	// ProduceRefused counts the partitions of the replicas' Produce
+	// responses refused with NOT_ENOUGH_REPLICAS or
+	// NOT_ENOUGH_REPLICAS_AFTER_APPEND (produceWatch).
+	ProduceRefused                   int
+	FetchRestarts, FetchResubscribes int
 }
 
 // summary is the broker part of the summary line, empty without a cluster
@@ -138,8 +137,8 @@ func (b brokerCounts) summary() string {
 	if !b.Apache {
 		return s
 	}
-	return s + fmt.Sprintf(" kafka_nodes=%d broker_kills=%d controller_kills=%d broker_pauses=%d broker_refusals=%d broker_faults_skipped=%d",
-		b.Nodes, b.Kills, b.ControllerKills, b.Pauses, b.Refusals, b.Skipped)
+	return s + fmt.Sprintf(" kafka_nodes=%d broker_kills=%d controller_kills=%d broker_pauses=%d broker_refusals=%d produce_refused=%d broker_faults_skipped=%d",
+		b.Nodes, b.Kills, b.ControllerKills, b.Pauses, b.Refusals, b.ProduceRefused, b.Skipped)
 }
 
 // startApache starts the run's Apache Kafka cluster. Its settings add to
@@ -294,44 +293,35 @@ func (h *harness) pauseBroker(ctx context.Context, a action) error {
 	return bf.cluster.WaitReady(ctx)
 }
 
-// refuseWrites makes every broker refuse the main topic's acks=all writes
-// for a.d: its min.insync.replicas above its replication factor.
+// refuseWrites makes the brokers refuse the main topic's acks=all writes
+// (beginRefusal) for a.d, then accepts them again.
 func (h *harness) refuseWrites(ctx context.Context, a action) error {
-	adm := kadm.NewClient(h.inj.raw)
-	alter := func(op kadm.IncrementalOp, v *string) error {
-		res, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: op, Name: "min.insync.replicas", Value: v}}, h.topic)
-		if err == nil {
-			for _, r := range res {
-				err = cmp.Or(err, r.Err)
-			}
+	var avoid []int32
+	cctx, cancel := context.WithTimeout(ctx, refuseAttempt)
+	coords := kadm.NewClient(h.inj.raw).FindGroupCoordinators(cctx, h.env.service+".outbox-publisher", h.env.service)
+	cancel()
+	for _, g := range []string{h.env.service + ".outbox-publisher", h.env.service} {
+		if r, ok := coords[g]; ok && r.Err == nil {
+			avoid = append(avoid, r.NodeID)
 		}
-		return err
 	}
-	above := fmt.Sprint(len(h.broker.cluster.Nodes()) + 1)
-	if err := alter(kadm.SetConfig, &above); err != nil {
-		return fmt.Errorf("min.insync.replicas=%s: %w", above, err)
+	r, err := beginRefusal(ctx, h.broker.cluster, h.topic, a.pick, avoid...)
+	if err != nil {
+		return err
 	}
 	h.broker.mu.Lock()
 	h.broker.refusals++
 	h.broker.mu.Unlock()
 	h.addFault()
-	h.logf("%s refuses writes (min.insync.replicas=%s) for %s", h.topic, above, a.d.Round(time.Millisecond))
-	err := sleepCtx(ctx, a.d)
-	// Back to the brokers' default, however the wait ended; retried, since
-	// a topic left refusing writes would stall the run.
-	for try := 0; ; try++ {
-		rerr := alter(kadm.DeleteConfig, nil)
-		if rerr == nil {
-			break
-		}
-		if try == 10 || ctx.Err() != nil {
-			return fmt.Errorf("restoring min.insync.replicas: %w", rerr)
-		}
-		if serr := sleepCtx(ctx, time.Second); serr != nil {
-			return fmt.Errorf("restoring min.insync.replicas: %w", rerr)
-		}
+	h.logf("%s refuses writes (min.insync.replicas=%d, broker %d paused, the groups' coordinators %v, every partition below it %.1fs later) for %s",
+		h.topic, r.rf, r.node.ID, avoid, r.shrunk.Seconds(), a.d.Round(time.Millisecond))
+	err = sleepCtx(ctx, a.d)
+	// However the wait ended: a topic left refusing writes would stall
+	// the run.
+	if eerr := r.end(context.WithoutCancel(ctx)); eerr != nil {
+		return errors.Join(err, eerr)
 	}
-	h.logf("%s accepts writes again", h.topic)
+	h.logf("%s accepts writes again (broker %d resumed); producers met %d refusals so far", h.topic, r.node.ID, h.env.produceWatch.count())
 	return err
 }
 
@@ -523,9 +513,11 @@ func (h *harness) countRestarts(l *slog.Logger) *slog.Logger {
 	return slog.New(&restartCounter{inner: l.Handler(), rc: h.restarts})
 }
 
-// brokerCounts returns the run's broker faults and fetch watch restarts.
+// brokerCounts returns the run's broker faults, the produce refusals the
+// replicas met and the fetch watch restarts.
 func (h *harness) brokerCounts() brokerCounts {
 	b := h.broker.counts()
+	b.ProduceRefused = h.env.produceWatch.count()
 	if h.restarts != nil {
 		h.restarts.mu.Lock()
 		b.FetchRestarts, b.FetchResubscribes = h.restarts.restarts, h.restarts.resubs

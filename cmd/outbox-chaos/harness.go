@@ -82,11 +82,11 @@ type config struct {
 	// the time; 0 keeps the framework's bound.
 	queueRecords, queueBytes int
 	// kafka is "apache" for a real Apache Kafka cluster the harness starts
-	// (kafkaNodes nodes) and breaks (brokerKillEvery, brokerPauseEvery:
+	// (kafkaNodes nodes) and breaks (brokerKillEvery, brokerPauseEvery, brokerRefuseEvery:
 	// broker.go); else kfake, or -kafka-brokers.
-	kafka                             string
-	kafkaNodes                        int
-	brokerKillEvery, brokerPauseEvery time.Duration
+	kafka                                                string
+	kafkaNodes                                           int
+	brokerKillEvery, brokerPauseEvery, brokerRefuseEvery time.Duration
 }
 
 // result is the outcome of a run.
@@ -428,6 +428,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.env.skipUnknown = cfg.skipUnknown
 	h.env.topicPrefix = cfg.topicPrefix
 	h.env.unique = cfg.migrated
+	if h.broker != nil {
+		h.env.produceWatch = &produceWatch{}
+	}
 	if !cfg.skip[fCommitDoomed] {
 		h.doom = newCommitDoom(cfg.seed, admin, srv)
 		h.env.doom = h.doom
@@ -478,7 +481,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	acts := scheduleStorms(cfg.seed, cfg.duration, cfg.replicas, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, cfg.replayEvery,
 		srv != nil, h.cluster != nil, cmp.Or(cfg.stormMiB, 10))
 	if h.broker != nil {
-		acts = append(acts, scheduleBrokerFaults(cfg.seed, cfg.duration, cfg.brokerKillEvery, cfg.brokerPauseEvery, sessionTimeout)...)
+		acts = append(acts, scheduleBrokerFaults(cfg.seed, cfg.duration, cfg.brokerKillEvery, cfg.brokerPauseEvery, cfg.brokerRefuseEvery, sessionTimeout)...)
 		slices.SortStableFunc(acts, func(a, b action) int { return int(a.at - b.at) })
 	}
 	acts = slices.DeleteFunc(acts, func(a action) bool { return cfg.skip[a.kind] })
@@ -577,6 +580,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	res.KeyConcurrency = h.env.keyConcurrency
 	res.Doomed = h.doom.counts()
 	res.Broker = h.brokerCounts()
+	if b := res.Broker; b.Refusals > 0 && b.ProduceRefused == 0 {
+		res.Failures = append(res.Failures, fmt.Sprintf("broker-refuse-writes: %d refusals carried out, yet no replica's producer met NOT_ENOUGH_REPLICAS: the fault refused nothing", b.Refusals))
+	}
 	h.inj.mu.Lock()
 	res.FetchForgotten = len(h.inj.forgot)
 	if len(h.inj.forgot) > 0 {

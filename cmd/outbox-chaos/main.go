@@ -16,7 +16,7 @@
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
 //	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
-//	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 2m]]
+//	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 4m] [-broker-refuse-every 4m]]
 //
 // It prints one summary line on stdout,
 //
@@ -30,7 +30,7 @@
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
 //	    ignored_skipped=N
 //	    fetch_restarts=N fetch_resubscribes=N
-//	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N broker_faults_skipped=N]
+//	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N produce_refused=N broker_faults_skipped=N]
 //
 // (parked and held count the distinct events parked on their own, and held
 // behind an earlier event of their key, at some point, from the inbox's
@@ -106,18 +106,26 @@
 // fault at a time, each followed by a wait until every replica is in sync
 // again: kill -9 of the broker leading the most partitions, of a
 // partition's leader, and of the active controller, in turn, every
-// -broker-kill-every, each restarted 2-10 s later; and, every
-// -broker-pause-every, in turn, the consumer group's coordinator paused
-// (SIGSTOP) past the session timeout and the broker's controller session,
-// and the main topic refusing writes for seconds (its min.insync.replicas
-// above its replication factor: NOT_ENOUGH_REPLICAS). The summary line
-// then ends with kafka_nodes=N broker_kills=N controller_kills=N
-// broker_pauses=N broker_refusals=N broker_faults_skipped=N (a fault that
-// comes while the previous one is still in progress is skipped). Every run
-// also counts the consumer fetch watch's restarts (fetch_restarts=N
-// fetch_resubscribes=N, each logged with its partition under -v): on a
-// real broker, where kafka-fetch-forget cannot run, each is a partition
-// its Kafka client stopped fetching on its own.
+// -broker-kill-every, each restarted 2-10 s later; every
+// -broker-pause-every, the consumer group's coordinator paused (SIGSTOP)
+// past the session timeout and the broker's controller session; and every
+// -broker-refuse-every, the main topic refusing acks=all writes for
+// seconds: its min.insync.replicas raised to its replication factor (3)
+// and a broker paused until the controller fences it and every
+// partition's ISR is one short, so every leader answers
+// NOT_ENOUGH_REPLICAS (refuse.go; min.insync.replicas above the
+// replication factor refuses nothing on Kafka 3.7 and later, which cap it
+// at the replica count). The summary line then ends with kafka_nodes=N
+// broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N
+// produce_refused=N broker_faults_skipped=N: produce_refused counts the
+// partitions of the replicas' Produce responses that carried
+// NOT_ENOUGH_REPLICAS or NOT_ENOUGH_REPLICAS_AFTER_APPEND, read off their
+// connections (producewatch.go), and a run whose refusals met none fails;
+// a fault that comes while the previous one is still in progress is
+// skipped. Every run also counts the consumer fetch watch's restarts
+// (fetch_restarts=N fetch_resubscribes=N, each logged with its partition
+// under -v): on a real broker, where kafka-fetch-forget cannot run, each
+// is a partition its Kafka client stopped fetching on its own.
 //
 // # Replays
 //
@@ -278,7 +286,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.kafka, "kafka", "kfake", "kfake (embedded), or apache: a real Apache Kafka cluster the run starts (Java 17 and Maven) and breaks with broker faults")
 	fs.IntVar(&cfg.kafkaNodes, "kafka-nodes", 3, "with -kafka apache: the cluster's nodes (replication factor min(nodes, 3), min.insync.replicas=2 from three)")
 	fs.DurationVar(&cfg.brokerKillEvery, "broker-kill-every", 45*time.Second, "with -kafka apache: mean time between kill -9 of a broker (the one leading the most partitions, a partition's leader, the active controller, in turn), each restarted 2-10 s later (0: none)")
-	fs.DurationVar(&cfg.brokerPauseEvery, "broker-pause-every", 2*time.Minute, "with -kafka apache: mean time between a broker paused (SIGSTOP) past the session timeout and a topic refusing writes, in turn (0: none)")
+	fs.DurationVar(&cfg.brokerPauseEvery, "broker-pause-every", 4*time.Minute, "with -kafka apache: mean time between pauses (SIGSTOP) of the consumer group's coordinator past the session timeout (0: none)")
+	fs.DurationVar(&cfg.brokerRefuseEvery, "broker-refuse-every", 4*time.Minute, "with -kafka apache: mean time between windows of the main topic refusing acks=all writes with NOT_ENOUGH_REPLICAS (its min.insync.replicas raised to its replication factor, a broker paused until it leaves the ISR) (0: none)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
 	verbose := fs.Bool("v", false, "progress lines and framework warnings on stderr")
 	if err := fs.Parse(args); err != nil {

@@ -58,6 +58,9 @@ type replicaEnv struct {
 	doom *commitDoom
 	// skipUnknown is the replicas' Config.SkipUnknownEvents (-skip-unknown).
 	skipUnknown bool
+	// produceWatch, when set, counts the produce refusals the replicas'
+	// Kafka clients receive (on a cluster of the harness's own).
+	produceWatch *produceWatch
 }
 
 // chaosMaxAttempts is the replicas' Config.MaxAttempts.
@@ -85,7 +88,11 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 	if err != nil {
 		return nil, fmt.Errorf("replica %s: connect MongoDB: %w", name, err)
 	}
-	kafkaOpts := []kgo.Opt{kgo.Dialer(sw.dialKafka), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)}),
+	dial := sw.dialKafka
+	if env.produceWatch != nil {
+		dial = env.produceWatch.dial(dial)
+	}
+	kafkaOpts := []kgo.Opt{kgo.Dialer(dial), kgo.ClientID("chaos-" + name), kgo.WithLogger(kgoLogger{env.logger.With("replica", name)}),
 		env.klog.hooks(name)}
 	if env.rebalanceTimeout > 0 {
 		kafkaOpts = append(kafkaOpts, kgo.RebalanceTimeout(env.rebalanceTimeout))
