@@ -106,10 +106,12 @@ func Load(dir string, patterns ...string) (map[string]*types.Package, error) {
 //	field Type.Name type `tag`           (exported fields, embedded ones marked)
 //	method (T) Name(params) results      (the method set of T, promoted ones included)
 //	method (*T) Name(params) results     (methods of *T only)
+//	method (I) name(params) results      (every method of an interface I)
 //
 // Types of other packages are qualified by their import path, types of pkg
-// by their name alone. An interface's methods, unexported ones included,
-// are part of its "type" line, since they decide who may implement it.
+// by their name alone. An interface lists every method of its method set,
+// embedded and unexported ones included, since they decide who may
+// implement it; a constraint interface's type set is on its "type" line.
 func Describe(pkg *types.Package) string {
 	qual := func(p *types.Package) string {
 		if p == pkg {
@@ -172,6 +174,8 @@ func describeType(obj *types.TypeName, qual types.Qualifier) []string {
 		if hasUnexportedField(st) {
 			line += " (has unexported fields)"
 		}
+	} else if iface, ok := under.(*types.Interface); ok && iface.IsMethodSet() {
+		line = head + " interface" // its methods follow, embedded ones included
 	} else {
 		line = head + " " + types.TypeString(under, qual)
 	}
@@ -199,8 +203,17 @@ func members(name string, named *types.Named, qual types.Qualifier) []string {
 			lines = append(lines, line)
 		}
 	}
-	if _, ok := named.Underlying().(*types.Interface); ok {
-		return lines // the methods are on the type line
+	if iface, ok := named.Underlying().(*types.Interface); ok {
+		if !iface.IsMethodSet() {
+			return lines // a constraint: its type set is on the type line
+		}
+		// Every method, embedded and unexported ones included: they
+		// decide who may implement it.
+		for m := range iface.Methods() {
+			sig := types.TypeString(m.Type(), qual)
+			lines = append(lines, fmt.Sprintf("method (%s) %s%s", name, m.Name(), strings.TrimPrefix(sig, "func")))
+		}
+		return lines
 	}
 	var methods []string
 	valueSet := types.NewMethodSet(named)

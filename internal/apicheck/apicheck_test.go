@@ -33,7 +33,8 @@ func (Inner) Promoted() {}
 func (c *Client) Run(n int) error { return nil }
 func (c Client) String() string { return "" }
 func (c *Client) hidden() {}
-type Handler interface { Handle(x string) error; seal() }
+type Handler interface { Handle(x string) error; seal(); Closer }
+type Closer interface { Close() error }
 type Set[T comparable] map[T]struct{}
 func Map[T any, U any](in []T, f func(T) U) []U { return nil }
 func New(name string) *Client { return nil }
@@ -55,8 +56,13 @@ func TestDescribeListsEveryExportedItem(t *testing.T) {
 		"method (*Client) Run(n int) error",
 		"method (Client) Promoted()",
 		"method (Client) String() string",
+		"type Closer interface",
+		"method (Closer) Close() error",
 		"var ErrGone error",
-		"type Handler interface{Handle(x string) error; seal()}",
+		"type Handler interface",
+		"method (Handler) Close() error",
+		"method (Handler) Handle(x string) error",
+		"method (Handler) seal()",
 		"type Inner struct",
 		"field Inner.Depth int",
 		"method (Inner) Promoted()",
@@ -86,8 +92,9 @@ func TestDescribeShowsEveryKindOfChange(t *testing.T) {
 		"field type changed":    {"Name string", "Name []string"},
 		"tag changed":           {`json:"name"`, `json:"n"`},
 		"promoted method lost":  {"func (Inner) Promoted() {}", ""},
-		"interface grown":       {"Handle(x string) error;", "Handle(x string) error; Close();"},
+		"interface grown":       {"Handle(x string) error;", "Handle(x string) error; Open();"},
 		"constraint changed":    {"Set[T comparable]", "Set[T ~string]"},
+		"embedded method grown": {"Close() error }", "Close() error; Flush() }"},
 		"const value changed":   {"Limit = 3", "Limit = 4"},
 		"var type changed":      {"var ErrGone error", "var ErrGone string"},
 		"type made alias":       {"type Set[T comparable] map", "type Set[T comparable] = map"},
