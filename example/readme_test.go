@@ -83,7 +83,7 @@ func TestDocsLinks(t *testing.T) {
 	t.Parallel()
 	pages, err := filepath.Glob("../docs/*.md")
 	require.NoError(t, err)
-	pages = append(pages, "../README.md", "../BENCHMARKS.md")
+	pages = append(pages, "../README.md", "../BENCHMARKS.md", "../ARCHITECTURE.md", "../CHANGELOG.md")
 	anchors := map[string]map[string]bool{}
 	headingsOf := func(path string) map[string]bool {
 		if a, ok := anchors[path]; ok {
