@@ -58,10 +58,16 @@ type replicaEnv struct {
 	doom *commitDoom
 	// skipUnknown is the replicas' Config.SkipUnknownEvents (-skip-unknown).
 	skipUnknown bool
+	// groupProtocol is the replicas' Config.GroupProtocol (-group-protocol).
+	groupProtocol outbox.GroupProtocol
 }
 
 // chaosMaxAttempts is the replicas' Config.MaxAttempts.
 const chaosMaxAttempts = 6
+
+// chaosHeartbeat is the replicas' Config.HeartbeatInterval, and the
+// embedded broker's group.consumer.heartbeat.interval.ms.
+const chaosHeartbeat = 300 * time.Millisecond
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
 // unreachable for that long from the start (refused, or black-holed).
@@ -111,8 +117,9 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		RetryMaxBackoff:       250 * time.Millisecond,
 		PublishBatchSize:      500,
 		SessionTimeout:        env.sessionTimeout,
-		HeartbeatInterval:     300 * time.Millisecond,
+		HeartbeatInterval:     chaosHeartbeat,
 		FenceMargin:           env.sessionTimeout / 3,
+		GroupProtocol:         env.groupProtocol,
 		Logger:                env.logger.With("replica", name),
 	})
 	if err != nil {
