@@ -392,10 +392,10 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		// with (a member takes the group's epoch once it has reconciled
 		// the assignment of that epoch: the counterpart of a sync).
 		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup, kmsg.ConsumerGroupHeartbeat}, Observe: true, Count: -1, When: func(r kmsg.Request) bool {
-			group, gen := "", int32(0)
+			group, gen, sync := "", int32(0), false
 			switch req := r.(type) {
 			case *kmsg.SyncGroupRequest:
-				group, gen = req.Group, req.Generation
+				group, gen, sync = req.Group, req.Generation, true
 			case *kmsg.ConsumerGroupHeartbeatRequest:
 				if req.MemberEpoch <= 0 { // joining (0) or leaving (-1, -2)
 					return false
@@ -407,13 +407,13 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 			h.genMu.Lock()
 			defer h.genMu.Unlock()
 			k := fmt.Sprintf("%s/%d", group, gen)
-			if h.gens[k] {
-				return false
-			}
-			h.gens[k] = true
-			if group == "chaos-"+runID { // the consumer group (h.env.service, set later)
+			// Every sync of the consumer group is a disturbance; a
+			// heartbeat only when it first carries an epoch (the later
+			// ones of that epoch are the steady state).
+			if group == "chaos-"+runID && (sync || !h.gens[k]) { // the consumer group (h.env.service, set later)
 				h.syncs = append(h.syncs, time.Now())
 			}
+			h.gens[k] = true
 			return false
 		}})
 	}
