@@ -312,6 +312,20 @@ func (p GroupProtocol) String() string {
 	return fmt.Sprintf("GroupProtocol(%d)", int(p))
 }
 
+// MarshalText writes the String form.
+func (p GroupProtocol) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText reads the String form, "classic" or "consumer".
+func (p *GroupProtocol) UnmarshalText(b []byte) error {
+	for _, v := range []GroupProtocol{GroupClassic, GroupConsumer} {
+		if string(b) == v.String() {
+			*p = v
+			return nil
+		}
+	}
+	return fmt.Errorf("outbox: unknown group protocol %q (want classic or consumer)", b)
+}
+
 // groupOpts are the kgo options of Config.GroupProtocol for a group client.
 // kgo.ServerSideBalancer applies when the first balancer is sticky,
 // cooperative-sticky (sent as the broker's "uniform" assignor) or range,

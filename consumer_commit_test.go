@@ -14,7 +14,8 @@ import (
 // record's offset committed: another member may own the partition already
 // (Kafka does not check ownership, only the generation, which is still
 // valid here). The record is redelivered after the rejoin and the inbox
-// skips it.
+// skips it. Under KIP-848 the heartbeat is answered FENCED_MEMBER_EPOCH
+// while the broker still counts the member at its epoch.
 func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -55,11 +56,24 @@ func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 	// The group's next heartbeat fails: kgo ends the session and calls
 	// OnPartitionsLost while the worker is in the handler. The member and
 	// its generation stay valid at the broker, so a commit would succeed.
-	b.cluster(t, "fail one heartbeat while the member stays valid").ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
-		resp := r.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
-		resp.ErrorCode = kerr.IllegalGeneration.Code
-		return resp, nil, true
-	})
+	cl := b.cluster(t, "fail one heartbeat while the member stays valid")
+	if b.protocol == GroupConsumer {
+		cl.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+			req := r.(*kmsg.ConsumerGroupHeartbeatRequest)
+			if req.Group != c.cfg.ConsumerGroup || req.MemberEpoch <= 0 {
+				return nil, nil, false
+			}
+			resp := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
+			resp.ErrorCode = kerr.FencedMemberEpoch.Code
+			return resp, nil, true
+		})
+	} else {
+		cl.ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+			resp := r.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
+			resp.ErrorCode = kerr.IllegalGeneration.Code
+			return resp, nil, true
+		})
+	}
 	eventually(t, "partitions lost", func() bool {
 		return sumOf(o.collect(t)["outbox.rebalances"], attrRole.String("consumer"), attrChange.String("lost")) >= 1
 	})

@@ -35,17 +35,37 @@ const groupProtocolHint = "the group's current members use another client whose 
 	"a group mixing them is refused: stop every member of the other client, then start this service " +
 	"(docs/wire-formats.md, migrating a Python event-outbox service in place)"
 
+// classicGroupHint explains GROUP_ID_NOT_FOUND answered to a KIP-848
+// heartbeat: the group exists as a classic group with members (another
+// client, such as a Python event-outbox service, or replicas still on
+// GroupClassic) and the broker does not convert it (kfake never does; Kafka
+// only under group.consumer.migration.policy and its conditions). The
+// broker keeps refusing the joiner while those members stay: a joiner that
+// retried would stall without consuming anything, as under
+// INCONSISTENT_GROUP_PROTOCOL.
+const classicGroupHint = "under Config.GroupProtocol GroupConsumer (KIP-848) the broker refuses to join a group that classic-protocol members hold " +
+	"(another client, for example a Python event-outbox service, or replicas still running GroupClassic) and does not convert: " +
+	"stop those members, or run every replica with the same GroupProtocol (docs/guarantees.md)"
+
 // fatalHook turns fatal group errors into the cancellation cause of Run's
 // goroutine group. Each Kafka group client the framework creates carries it.
 type fatalHook struct {
 	group string
 	stop  context.CancelCauseFunc
+	// consumerProtocol is set when the group asks for KIP-848
+	// (Config.GroupConsumer): there GROUP_ID_NOT_FOUND, which a classic
+	// group's coordinator may answer in passing, is fatal too.
+	consumerProtocol bool
 }
 
 var _ kgo.HookGroupManageError = (*fatalHook)(nil)
 
 // OnGroupManageError implements kgo.HookGroupManageError.
 func (h *fatalHook) OnGroupManageError(err error) {
+	if h.consumerProtocol && errors.Is(err, kerr.GroupIDNotFound) {
+		h.stop(fmt.Errorf("%w: group %q: %w: %s", ErrKafkaGroup, h.group, err, classicGroupHint))
+		return
+	}
 	for _, fatal := range fatalGroupErrors {
 		if errors.Is(err, fatal) {
 			if errors.Is(err, kerr.InconsistentGroupProtocol) {
@@ -64,5 +84,5 @@ func (c *Client) groupHook(group string) kgo.Opt {
 	if stop == nil {
 		stop = func(error) {}
 	}
-	return kgo.WithHooks(&fatalHook{group: group, stop: stop})
+	return kgo.WithHooks(&fatalHook{group: group, stop: stop, consumerProtocol: c.cfg.GroupProtocol == GroupConsumer})
 }

@@ -39,12 +39,18 @@ func forEachGroupProtocol(t *testing.T, f func(t *testing.T)) {
 }
 
 // groupProtocolOf returns the protocol forEachGroupProtocol gave t, or
-// GroupClassic.
+// else the one OUTBOX_TEST_GROUP_PROTOCOL names (GroupClassic when unset),
+// failing t on a name that is no protocol.
 func groupProtocolOf(t *testing.T) GroupProtocol {
+	t.Helper()
 	if p, ok := groupProtocols.Load(t); ok {
 		return p.(GroupProtocol)
 	}
-	return GroupClassic
+	var p GroupProtocol
+	if err := p.UnmarshalText([]byte(kafkatest.GroupProtocolName())); err != nil {
+		t.Fatalf("%s: %v", kafkatest.EnvGroupProtocol, err)
+	}
+	return p
 }
 
 // The doctor names the protocol in use and the brokers' support for
@@ -108,4 +114,33 @@ func TestJudgeGroupProtocol(t *testing.T) {
 	f = judgeGroupProtocol(GroupConsumer, []int32{1, 2}, nil, 45*time.Second)
 	require.Equal(t, SeverityNote, f[0].Severity)
 	require.Contains(t, f[0].Read, "group.consumer.session.timeout.ms is 45s")
+}
+
+// GroupProtocol reads and writes its String form (the chaos harness's
+// -group-protocol flag, OUTBOX_TEST_GROUP_PROTOCOL) and refuses any other.
+func TestGroupProtocolText(t *testing.T) {
+	t.Parallel()
+	for _, p := range []GroupProtocol{GroupClassic, GroupConsumer} {
+		b, err := p.MarshalText()
+		require.NoError(t, err)
+		var got GroupProtocol
+		require.NoError(t, got.UnmarshalText(b))
+		require.Equal(t, p, got)
+	}
+	got := GroupConsumer
+	require.EqualError(t, got.UnmarshalText([]byte("Consumer")), `outbox: unknown group protocol "Consumer" (want classic or consumer)`)
+	require.Equal(t, GroupConsumer, got, "a refused name leaves the value")
+}
+
+// OUTBOX_TEST_GROUP_PROTOCOL sets the protocol of the tests' configs,
+// except in the tests that run each protocol themselves.
+func TestGroupProtocolFromEnv(t *testing.T) {
+	t.Setenv(kafkatest.EnvGroupProtocol, " consumer ")
+	require.Equal(t, GroupConsumer, groupProtocolOf(t))
+	t.Setenv(kafkatest.EnvGroupProtocol, "")
+	require.Equal(t, GroupClassic, groupProtocolOf(t))
+	forEachGroupProtocol(t, func(t *testing.T) {
+		t.Setenv(kafkatest.EnvGroupProtocol, "consumer")
+		require.Equal(t, t.Name() == "TestGroupProtocolFromEnv/consumer", groupProtocolOf(t) == GroupConsumer)
+	})
 }

@@ -261,8 +261,8 @@ func tail(s string, n int) string {
 func liveSetup(t *testing.T) *bundle {
 	t.Helper()
 	m := mongotest.Start(t, mongotest.ServerOptions(mongofake.TransactionLifetime(5*time.Second)))
-	k := kafkatest.Start(t, kafkatest.SeedTopics(3, pyLiveTopic, goLiveTopic))
-	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: kafkatest.UniqueName(t)}
+	k := kafkatest.Start(t, kafkatest.SeedTopics(3, pyLiveTopic, goLiveTopic), kafkatest.ClusterOptions(kip848Settings...))
+	return &bundle{mongo: m, kafka: k, db: m.DB(t), run: kafkatest.UniqueName(t), protocol: groupProtocolOf(t)}
 }
 
 func (b *bundle) pyConfig(group string, subscribe ...string) pyConfig {
@@ -535,6 +535,9 @@ func TestEventOutboxLiveMixedGroupRefused(t *testing.T) {
 	})
 	cfg := b.liveGoConfig("mixed")
 	cfg.ConsumerGroup = pcfg.Group
+	// INCONSISTENT_GROUP_PROTOCOL is the classic protocol's refusal;
+	// TestRunRefusesAGroupOfAnotherAssignor covers KIP-848's.
+	cfg.GroupProtocol = GroupClassic
 	c := b.client(t, cfg)
 	MustHandle(c, func(context.Context, goLiveEvent, Metadata) error { return nil })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -235,6 +235,9 @@ func TestRunFlags(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"-key-concurrency", "0"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "-key-concurrency")
 	require.Equal(t, 2, run(context.Background(), []string{"-nope"}, &out, &errOut))
+	errOut.Reset()
+	require.Equal(t, 2, run(context.Background(), []string{"-group-protocol", "kip848"}, &out, &errOut))
+	require.Contains(t, errOut.String(), `invalid value "kip848" for flag -group-protocol: outbox: unknown group protocol "kip848" (want classic or consumer)`)
 	require.Empty(t, out.String())
 
 	// A run says at once what it does (it printed nothing for 79 s); a
@@ -244,5 +247,9 @@ func TestRunFlags(t *testing.T) {
 	errOut.Reset()
 	run(ctx, []string{"-duration", "1s"}, &out, &errOut)
 	first, _, _ := strings.Cut(errOut.String(), "\n")
-	require.Equal(t, "outbox-chaos: 1s of load and faults (seed 1, 3 replicas, 300 events/s), then settling and judging; -v prints progress", first)
+	require.Equal(t, "outbox-chaos: 1s of load and faults (seed 1, 3 replicas, 300 events/s, classic group protocol), then settling and judging; -v prints progress", first)
+	errOut.Reset()
+	run(ctx, []string{"-duration", "1s", "-group-protocol", "consumer"}, &out, &errOut)
+	first, _, _ = strings.Cut(errOut.String(), "\n")
+	require.Contains(t, first, "consumer group protocol")
 }

@@ -46,7 +46,11 @@ const (
 	fKafkaFetchError   actionKind = "kafka-fetch-error"
 	fKafkaFetchStall   actionKind = "kafka-fetch-stall"
 	fKafkaCommitError  actionKind = "kafka-offset-commit-error"
-	fKafkaHeartbeat    actionKind = "kafka-heartbeat-rebalance"
+	// kafka-heartbeat-rebalance: one heartbeat of a group answered
+	// REBALANCE_IN_PROGRESS (the member rejoins); in a KIP-848 group,
+	// which has no such answer, FENCED_MEMBER_EPOCH (the member loses its
+	// partitions without a revoke and joins again).
+	fKafkaHeartbeat actionKind = "kafka-heartbeat-rebalance"
 	// kafka-fetch-forget: the broker leaves one partition of the main
 	// topic out of the next fetch session a consumer opens with it. The
 	// client counts the partition in its session and the broker never
@@ -320,9 +324,12 @@ type injector struct {
 	mongo  *mongofake.Server // nil against a real MongoDB
 	kafka  *kfake.Cluster    // nil against real brokers
 	groups []string
-	topic  string
-	raw    *kgo.Client // writes malformed records
-	parts  int32
+	// protocol is the replicas' Config.GroupProtocol: which heartbeat a
+	// heartbeat fault fails.
+	protocol outbox.GroupProtocol
+	topic    string
+	raw      *kgo.Client // writes malformed records
+	parts    int32
 	// keys are the workload's partition keys and partitionOf their
 	// partition: half the malformed records carry one of them, so they take
 	// a place in that key's sequence.
@@ -382,6 +389,14 @@ func (in *injector) apply(ctx context.Context, a action) (bool, error) {
 		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Err: kerr.UnknownServerError, Count: a.n}))
 	case fKafkaHeartbeat:
 		g := in.groups[a.pick%uint64(len(in.groups))]
+		if in.protocol == outbox.GroupConsumer {
+			in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ConsumerGroupHeartbeat}, Err: kerr.FencedMemberEpoch, TopLevel: true, Count: 1,
+				When: func(r kmsg.Request) bool {
+					req, ok := r.(*kmsg.ConsumerGroupHeartbeatRequest)
+					return ok && req.Group == g && req.MemberEpoch > 0
+				}}))
+			break
+		}
 		in.track(k.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Heartbeat}, Group: g, Err: kerr.RebalanceInProgress, TopLevel: true, Count: 1}))
 	case fKafkaFetchForget:
 		if _, err := in.forgetInFetchSession(ctx, a); err != nil {

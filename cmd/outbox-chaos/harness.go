@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox"
 	"github.com/event-outbox/outbox/internal/apachekafka"
 	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/mongox/mongofake"
@@ -87,6 +89,9 @@ type config struct {
 	kafka                                                string
 	kafkaNodes                                           int
 	brokerKillEvery, brokerPauseEvery, brokerRefuseEvery time.Duration
+	// groupProtocol is Config.GroupProtocol of every replica
+	// (-group-protocol).
+	groupProtocol outbox.GroupProtocol
 }
 
 // result is the outcome of a run.
@@ -177,6 +182,8 @@ type result struct {
 	// IgnoredSkipped counts the events of a type the replicas skip
 	// (-skip-unknown) written on held keys, each judged skipped.
 	IgnoredSkipped int
+	// GroupProtocol is the replicas' Config.GroupProtocol.
+	GroupProtocol outbox.GroupProtocol
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -189,14 +196,14 @@ func (r *result) summary() string {
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
-		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d",
+		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
-		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped)
+		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -357,14 +364,20 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		h.logf("Apache Kafka %s: %d nodes at %s", apachekafka.Version, len(brokers), strings.Join(brokers, ","))
 	}
 	if len(brokers) == 0 {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+		sessionTimeout = 4 * time.Second
+		// KIP-848 groups take their session timeout and heartbeat
+		// interval from the broker: the classic groups' own.
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+			kfake.BrokerConfigs(map[string]string{
+				"group.consumer.session.timeout.ms":    strconv.Itoa(int(sessionTimeout.Milliseconds())),
+				"group.consumer.heartbeat.interval.ms": strconv.Itoa(int(chaosHeartbeat.Milliseconds())),
+			}))
 		if err != nil {
 			return nil, err
 		}
 		defer c.Close()
 		h.cluster = c
 		brokers = c.ListenAddrs()
-		sessionTimeout = 4 * time.Second
 		// kfake expires a member waiting in JoinGroup once its session
 		// timeout passes since its last heartbeat, and never answers its
 		// join (Kafka counts a member awaiting join or sync as alive). A
@@ -374,16 +387,33 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		// the default 60 s the group stalled past the quiescence wait. A
 		// short rebalance timeout bounds each hang.
 		rebalanceTimeout = 2 * sessionTimeout
-		// Count rebalances: every (group, generation) synced.
-		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup}, Observe: true, Count: -1, When: func(r kmsg.Request) bool {
-			if req, ok := r.(*kmsg.SyncGroupRequest); ok {
-				h.genMu.Lock()
-				h.gens[fmt.Sprintf("%s/%d", req.Group, req.Generation)] = true
-				if req.Group == "chaos-"+runID { // the consumer group (h.env.service, set later)
-					h.syncs = append(h.syncs, time.Now())
+		// Count rebalances: every (group, generation) synced; in a
+		// KIP-848 group, every group epoch a member first heartbeats
+		// with (a member takes the group's epoch once it has reconciled
+		// the assignment of that epoch: the counterpart of a sync).
+		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.SyncGroup, kmsg.ConsumerGroupHeartbeat}, Observe: true, Count: -1, When: func(r kmsg.Request) bool {
+			group, gen, sync := "", int32(0), false
+			switch req := r.(type) {
+			case *kmsg.SyncGroupRequest:
+				group, gen, sync = req.Group, req.Generation, true
+			case *kmsg.ConsumerGroupHeartbeatRequest:
+				if req.MemberEpoch <= 0 { // joining (0) or leaving (-1, -2)
+					return false
 				}
-				h.genMu.Unlock()
+				group, gen = req.Group, req.MemberEpoch
+			default:
+				return false
 			}
+			h.genMu.Lock()
+			defer h.genMu.Unlock()
+			k := fmt.Sprintf("%s/%d", group, gen)
+			// Every sync of the consumer group is a disturbance; a
+			// heartbeat only when it first carries an epoch (the later
+			// ones of that epoch are the steady state).
+			if group == "chaos-"+runID && (sync || !h.gens[k]) { // the consumer group (h.env.service, set later)
+				h.syncs = append(h.syncs, time.Now())
+			}
+			h.gens[k] = true
 			return false
 		}})
 	}
@@ -425,6 +455,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		logger: cfg.logger, work: h.work, appName: "chaos-replica", klog: h.klog}
 	h.env.sessionTimeout, h.env.rebalanceTimeout = sessionTimeout, rebalanceTimeout
 	h.env.keyConcurrency = max(1, cfg.keyConcurrency)
+	h.env.groupProtocol = cfg.groupProtocol
 	h.env.skipUnknown = cfg.skipUnknown
 	h.env.topicPrefix = cfg.topicPrefix
 	h.env.unique = cfg.migrated
@@ -436,7 +467,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 		h.env.doom = h.doom
 	}
 	part := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
-	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions),
+	h.inj = &injector{mongo: srv, kafka: h.cluster, topic: topic, raw: raw, parts: int32(cfg.partitions), protocol: cfg.groupProtocol,
 		groups: []string{service, service + ".outbox-publisher"}, keys: keys,
 		partitionOf: func(k string) int32 {
 			return int32(part.Partition(&kgo.Record{Key: []byte(k)}, cfg.partitions))
@@ -578,6 +609,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	res.Rewound, res.RogueRecords = h.rewound, h.rogueRecords
 	h.mu.Unlock()
 	res.KeyConcurrency = h.env.keyConcurrency
+	res.GroupProtocol = h.env.groupProtocol
 	res.Doomed = h.doom.counts()
 	res.Broker = h.brokerCounts()
 	if b := res.Broker; b.Refusals > 0 && b.ProduceRefused == 0 {

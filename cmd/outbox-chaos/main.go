@@ -15,7 +15,7 @@
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
 //	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file]
-//	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-v]
+//	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-group-protocol classic|consumer] [-v]
 //	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 4m] [-broker-refuse-every 4m]]
 //
 // It prints one summary line on stdout,
@@ -28,7 +28,7 @@
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
-//	    ignored_skipped=N
+//	    ignored_skipped=N group_protocol=classic|consumer
 //	    fetch_restarts=N fetch_resubscribes=N
 //	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N produce_refused=N broker_faults_skipped=N]
 //
@@ -47,7 +47,12 @@
 // aborted at their commit (commitdoom.go), in releases of held keys, with
 // the commit's result unknown, with a follow-up recorded; ignored_skipped
 // the events of a type no handler takes written on held keys under
-// -skip-unknown, each judged skipped, never parked or held; stalled_partitions the partitions whose consumer
+// -skip-unknown, each judged skipped, never parked or held; group_protocol
+// the replicas' Config.GroupProtocol (-group-protocol; under consumer,
+// Kafka 4's KIP-848 groups, the broker's group.consumer.* settings give the
+// session timeout, on kfake the classic groups' 4 s, and the
+// kafka-heartbeat-rebalance fault answers a heartbeat FENCED_MEMBER_EPOCH);
+// stalled_partitions the partitions whose consumer
 // group offset had not reached the partition's end when the run ended), each
 // broken invariant on stderr (at most ten lines per kind) with the number of
 // scenarios and replays run of each kind, and exits 1 when any invariant
@@ -239,6 +244,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/event-outbox/outbox"
 )
 
 func main() {
@@ -288,6 +295,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.brokerKillEvery, "broker-kill-every", 45*time.Second, "with -kafka apache: mean time between kill -9 of a broker (the one leading the most partitions, a partition's leader, the active controller, in turn), each restarted 2-10 s later (0: none)")
 	fs.DurationVar(&cfg.brokerPauseEvery, "broker-pause-every", 4*time.Minute, "with -kafka apache: mean time between pauses (SIGSTOP) of the consumer group's coordinator past the session timeout (0: none)")
 	fs.DurationVar(&cfg.brokerRefuseEvery, "broker-refuse-every", 4*time.Minute, "with -kafka apache: mean time between windows of the main topic refusing acks=all writes with NOT_ENOUGH_REPLICAS (its min.insync.replicas raised to its replication factor, a broker paused until it leaves the ISR) (0: none)")
+	fs.TextVar(&cfg.groupProtocol, "group-protocol", outbox.GroupClassic, "Config.GroupProtocol of every replica: classic, or consumer (Kafka 4's KIP-848 groups; the broker's group.consumer.* settings give the session timeout)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
 	verbose := fs.Bool("v", false, "progress lines and framework warnings on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -334,8 +342,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// Without -v the harness is silent until its verdict, a minute or more
 	// away: say what runs now.
-	fmt.Fprintf(stderr, "outbox-chaos: %v of load and faults (seed %d, %d replicas, %d events/s), then settling and judging; -v prints progress\n",
-		cfg.duration, cfg.seed, cfg.replicas, cfg.rate)
+	fmt.Fprintf(stderr, "outbox-chaos: %v of load and faults (seed %d, %d replicas, %d events/s, %s group protocol), then settling and judging; -v prints progress\n",
+		cfg.duration, cfg.seed, cfg.replicas, cfg.rate, cfg.groupProtocol)
 	res, err := runHarness(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "outbox-chaos:", err)

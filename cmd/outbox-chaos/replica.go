@@ -61,10 +61,16 @@ type replicaEnv struct {
 	// produceWatch, when set, counts the produce refusals the replicas'
 	// Kafka clients receive (on a cluster of the harness's own).
 	produceWatch *produceWatch
+	// groupProtocol is the replicas' Config.GroupProtocol (-group-protocol).
+	groupProtocol outbox.GroupProtocol
 }
 
 // chaosMaxAttempts is the replicas' Config.MaxAttempts.
 const chaosMaxAttempts = 6
+
+// chaosHeartbeat is the replicas' Config.HeartbeatInterval, and the
+// embedded broker's group.consumer.heartbeat.interval.ms.
+const chaosHeartbeat = 300 * time.Millisecond
 
 // startReplica starts a replica. With kafkaDown > 0 its Kafka is
 // unreachable for that long from the start (refused, or black-holed).
@@ -118,8 +124,9 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		RetryMaxBackoff:       250 * time.Millisecond,
 		PublishBatchSize:      500,
 		SessionTimeout:        env.sessionTimeout,
-		HeartbeatInterval:     300 * time.Millisecond,
+		HeartbeatInterval:     chaosHeartbeat,
 		FenceMargin:           env.sessionTimeout / 3,
+		GroupProtocol:         env.groupProtocol,
 		Logger:                env.logger.With("replica", name),
 	})
 	if err != nil {

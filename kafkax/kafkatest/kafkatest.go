@@ -24,6 +24,24 @@ import (
 // brokers instead of an embedded kfake cluster.
 const EnvBrokers = "OUTBOX_TEST_KAFKA_BROKERS"
 
+// EnvGroupProtocol is the environment variable naming the consumer-group
+// protocol the tests' groups ask for: "classic" (the default when unset) or
+// "consumer" (Kafka 4's KIP-848 protocol). Read it with [GroupProtocolName];
+// a test that needs one protocol keeps asking for it whatever the variable
+// says.
+const EnvGroupProtocol = "OUTBOX_TEST_GROUP_PROTOCOL"
+
+// GroupProtocolName returns the protocol named by OUTBOX_TEST_GROUP_PROTOCOL
+// ([EnvGroupProtocol]), trimmed and lower-cased, or "classic" when it is
+// unset. The caller checks the name (another value is a mistake to report,
+// never a protocol to fall back from).
+func GroupProtocolName() string {
+	if p := strings.ToLower(strings.TrimSpace(os.Getenv(EnvGroupProtocol))); p != "" {
+		return p
+	}
+	return "classic"
+}
+
 // adminTimeout bounds every administrative request made by this package.
 const adminTimeout = 30 * time.Second
 
