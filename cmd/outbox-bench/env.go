@@ -235,8 +235,10 @@ type options_ struct {
 	mongoURI      string
 	brokers       string
 	servers       string
-	phases        map[string]bool
-	jsonOut       bool
+	// kafkaName is the backend of a run of -kafka; "" without -kafka.
+	kafkaName string
+	phases    map[string]bool
+	jsonOut   bool
 }
 
 func (e *env) close() {

@@ -76,6 +76,7 @@ import (
 	"time"
 
 	outbox "github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/apachekafka"
 )
 
 func main() {
@@ -95,8 +96,27 @@ func main() {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// usageError is a mistake in the command line: exit status 2, as the flag
+// package's own errors.
+type usageError struct{ error }
+
+func usageErrorf(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func (u usageError) Unwrap() error { return u.error }
+
+// exitCode is the exit status of a failed run: 2 for a mistake in the
+// command line, 1 for anything else.
+func exitCode(err error) int {
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	return 1
 }
 
 const allPhases = "raw,relay,floor,naive,polling,latency,consume,bare,memory"
@@ -106,7 +126,10 @@ const optPhases = "compression,keyconc,takeover"
 
 // results holds every measured figure; absent phases stay nil.
 type results struct {
-	Machine machine         `json:"machine"`
+	Machine machine `json:"machine"`
+	// Kafka names the backend of a run of -kafka (kfake, apache,
+	// brokers); empty without -kafka.
+	Kafka   string          `json:"kafka,omitempty"`
 	Options map[string]any  `json:"options"`
 	Raw     *rawResult      `json:"raw_produce,omitempty"`
 	Relay   *relayResult    `json:"relay,omitempty"`
@@ -160,19 +183,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.publishLinger, "publish-linger", 0, "Config.PublishLinger of the framework clients (least time between two change-stream reads)")
 	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
+	kafka := fs.String("kafka", "", "run the phases once per Kafka named, comma-separated, and print their figures side by side: kfake, apache (a real Apache Kafka "+apachekafka.Version+" broker, one KRaft node, started and stopped by this run; needs Java), brokers (-kafka-brokers); empty: -kafka-brokers, else kfake")
 	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
 	phases := fs.String("phases", allPhases, "comma-separated phases to run (also "+optPhases+", which are not run by default)")
 	codecs := fs.String("codecs", "none,gzip,snappy", "compression phase: producer codecs to measure (none, gzip, snappy, lz4, zstd)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print JSON instead of a table")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.servers != "inproc" && o.servers != "subprocess" {
+		return usageErrorf("-servers must be inproc or subprocess, not %q", o.servers)
 	}
 	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 || o.latencyRuns < 1 || o.kcRate < 1 {
-		return errors.New("-partitions, -replicas, -events, -backlog, -rate, -event-size, -latency-runs and -keyconc-rate must be positive")
+		return usageErrorf("-partitions, -replicas, -events, -backlog, -rate, -event-size, -latency-runs and -keyconc-rate must be positive")
 	}
 	if o.publishLinger < 0 {
-		return errors.New("-publish-linger must not be negative")
+		return usageErrorf("-publish-linger must not be negative")
 	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
@@ -181,7 +214,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		if !strings.Contains(","+allPhases+","+optPhases+",", ","+p+",") {
-			return fmt.Errorf("unknown phase %q (phases: %s, %s)", p, allPhases, optPhases)
+			return usageErrorf("unknown phase %q (phases: %s, %s)", p, allPhases, optPhases)
 		}
 		o.phases[p] = true
 	}
@@ -191,7 +224,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		kc, err := strconv.Atoi(v)
 		if err != nil || kc < 1 {
-			return fmt.Errorf("-takeover-kc: %q is not a positive KeyConcurrency", v)
+			return usageErrorf("-takeover-kc: %q is not a positive KeyConcurrency", v)
 		}
 		o.takeoverKC = append(o.takeoverKC, kc)
 	}
@@ -201,9 +234,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		if !slices.Contains(compressionCodecs, outbox.Compression(c)) {
-			return fmt.Errorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
+			return usageErrorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
 		}
 		codecList = append(codecList, c)
+	}
+	backends, err := parseBackends(*kafka, o.brokers)
+	if err != nil {
+		return usageError{err}
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -216,20 +253,59 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if len(backends) == 0 {
+		r, err := runPhases(ctx, o, codecList, stderr)
+		if err != nil {
+			return err
+		}
+		return output(stdout, o.jsonOut, r)
+	}
+	var runs []*results
+	for _, b := range backends {
+		r, err := runBackend(ctx, o, b, codecList, stderr)
+		if err != nil {
+			return fmt.Errorf("kafka %s: %w", b, err)
+		}
+		runs = append(runs, r)
+	}
+	if len(runs) == 1 {
+		return output(stdout, o.jsonOut, runs[0])
+	}
+	return outputCompared(stdout, o.jsonOut, runs)
+}
+
+// output prints one run's figures: JSON or a table.
+func output(w io.Writer, jsonOut bool, r *results) error {
+	if jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	printTable(w, r)
+	return nil
+}
+
+// runPhases runs the chosen phases once on the servers o names and
+// returns their figures.
+func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Writer) (*results, error) {
 	e, err := newEnv(ctx, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer e.close()
 
 	r := &results{
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
+		Kafka:   o.kafkaName,
 		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
 			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o),
 			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC},
 	}
 	progress := func(phase string) {
 		if !o.jsonOut {
+			if o.kafkaName != "" {
+				phase = "[" + o.kafkaName + "] " + phase
+			}
 			fmt.Fprintf(stderr, "outbox-bench: %s...\n", phase)
 		}
 	}
@@ -292,17 +368,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	for _, s := range steps {
 		if err := step(s.name, s.fn); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	r.Targets = targets(r)
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	}
-	printTable(stdout, r)
-	return nil
+	return r, nil
 }
 
 func serversName(o options_) string {
@@ -391,8 +461,11 @@ func targets(r *results) []target {
 func printTable(w io.Writer, r *results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "machine\t%d CPUs, %d MB, %s, %s\n", r.Machine.CPUs, r.Machine.MemoryMB, r.Machine.GoVersion, r.Machine.OS)
-	fmt.Fprintf(tw, "options\tevent %v B, %v partitions, %v replicas, servers %v\n\n",
-		r.Options["event_size"], r.Options["partitions"], r.Options["replicas"], r.Options["servers"])
+	fmt.Fprintf(tw, "options\tevent %v B, %v partitions, %v replicas, servers %v", r.Options["event_size"], r.Options["partitions"], r.Options["replicas"], r.Options["servers"])
+	if r.Kafka != "" {
+		fmt.Fprintf(tw, ", kafka %s", r.Kafka)
+	}
+	fmt.Fprint(tw, "\n\n")
 	fmt.Fprintln(tw, "measurement\tevents\tevents/s\tMongo cmds/event\tKafka reqs/event")
 	row := func(name string, n int, rate, mongo, kafka float64) {
 		f := func(v float64) string {
