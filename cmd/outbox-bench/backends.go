@@ -86,6 +86,7 @@ func runBackend(ctx context.Context, o options_, backend string, codecList []str
 			}
 		}()
 		o.brokers = strings.Join(c.Brokers(), ",")
+		o.brokerPid = c.Node(0).Pid()
 	}
 	return runPhases(ctx, o, codecList, stderr)
 }
@@ -109,7 +110,7 @@ type comparedFigure struct {
 // compare picks the headline figures of each run: the relay's and the
 // consumer's throughput, the framework's commit → handler latency (the
 // median latency run) and its parts, the raw produce ceiling, and the
-// takeover times.
+// takeover times; then each phase's CPU time.
 func compare(runs []*results) []comparedFigure {
 	var figs []comparedFigure
 	add := func(name, unit string, get func(r *results) (float64, bool)) {
@@ -197,6 +198,19 @@ func compare(runs []*results) []comparedFigure {
 				})
 			}
 		}
+	}
+	for _, p := range phaseOrder() {
+		add("CPU, phase "+p+": this process", "s", func(r *results) (float64, bool) {
+			c, ok := r.CPU[p]
+			return c.ProcessSeconds, ok
+		})
+		add("CPU, phase "+p+": broker JVM", "s", func(r *results) (float64, bool) {
+			c, ok := r.CPU[p]
+			if !ok || c.BrokerSeconds == nil {
+				return 0, false
+			}
+			return *c.BrokerSeconds, true
+		})
 	}
 	return figs
 }

@@ -237,6 +237,8 @@ type options_ struct {
 	servers       string
 	// kafkaName is the backend of a run of -kafka; "" without -kafka.
 	kafkaName string
+	// brokerPid is the broker's JVM when this run started it; 0 otherwise.
+	brokerPid int
 	phases    map[string]bool
 	jsonOut   bool
 }

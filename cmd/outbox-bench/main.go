@@ -148,7 +148,9 @@ type results struct {
 	Compression []compressionResult `json:"compression,omitempty"`
 	KeyConc     *keyconcResult      `json:"keyconc,omitempty"`
 	Takeover    []takeoverRun       `json:"takeover,omitempty"`
-	Targets     []target            `json:"targets"`
+	// CPU is the CPU time of each phase run (see phaseCPU).
+	CPU     map[string]phaseCPU `json:"cpu,omitempty"`
+	Targets []target            `json:"targets"`
 }
 
 type machine struct {
@@ -297,9 +299,11 @@ func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Wr
 	r := &results{
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
 		Kafka:   o.kafkaName,
+		CPU:     map[string]phaseCPU{},
 		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
 			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o),
-			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC},
+			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC,
+			"kafka_brokers": e.brokers},
 	}
 	progress := func(phase string) {
 		if !o.jsonOut {
@@ -314,9 +318,12 @@ func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Wr
 			return nil
 		}
 		progress(name)
+		meter := cpuMeter{brokerPid: o.brokerPid}
+		start := meter.read()
 		if err := fn(); err != nil {
 			return fmt.Errorf("phase %s: %w", name, err)
 		}
+		r.CPU[name] = meter.since(start)
 		e.release(name)
 		return nil
 	}
@@ -373,6 +380,11 @@ func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Wr
 	}
 	r.Targets = targets(r)
 	return r, nil
+}
+
+// phaseOrder lists every phase in the order a run takes them.
+func phaseOrder() []string {
+	return strings.Split(allPhases+","+optPhases, ",")
 }
 
 func serversName(o options_) string {
@@ -555,6 +567,20 @@ func printTable(w io.Writer, r *results) {
 			}
 			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
 				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.TakeoverSeconds, t.SettleSeconds)
+		}
+	}
+	if len(r.CPU) > 0 {
+		fmt.Fprintln(tw, "\nCPU time by phase\tthis process s\tbroker JVM s")
+		for _, p := range phaseOrder() {
+			c, ok := r.CPU[p]
+			if !ok {
+				continue
+			}
+			broker := "-"
+			if c.BrokerSeconds != nil {
+				broker = fmt.Sprintf("%.1f", *c.BrokerSeconds)
+			}
+			fmt.Fprintf(tw, "%s\t%.1f\t%s\n", p, c.ProcessSeconds, broker)
 		}
 	}
 	if len(r.Targets) > 0 {
