@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -63,7 +64,17 @@ func parseBackends(list, brokers string) ([]string, error) {
 // runBackend runs the phases on one backend of -kafka. For apache it
 // starts a one-node KRaft broker (the settings of apachekafka.BrokerProps)
 // and stops it, its JVM killed and its data removed, before it returns.
-func runBackend(ctx context.Context, o options_, backend string, codecList []string, stderr io.Writer) (*results, error) {
+func runBackend(ctx context.Context, o options_, backend string, codecList []string, stderr io.Writer) (r *results, err error) {
+	// Every goroutine of this backend's run (its servers in this process
+	// too) carries the label: -cpuprofile splits by backend (pprof
+	// -tagfocus kafka=apache).
+	pprof.Do(ctx, pprof.Labels("kafka", backend), func(ctx context.Context) {
+		r, err = runBackendLabelled(ctx, o, backend, codecList, stderr)
+	})
+	return r, err
+}
+
+func runBackendLabelled(ctx context.Context, o options_, backend string, codecList []string, stderr io.Writer) (*results, error) {
 	o.kafkaName = backend
 	switch backend {
 	case backendKfake:

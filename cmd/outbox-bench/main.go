@@ -7,6 +7,7 @@
 //	go run ./cmd/outbox-bench [-duration 10s] [-event-size 1024] [-partitions 6]
 //	    [-replicas 1] [-events 50000] [-backlog 200000] [-rate 1000]
 //	    [-servers inproc|subprocess] [-mongo-uri URI -kafka-brokers HOST:PORT,...]
+//	    [-kafka kfake,apache,brokers]
 //	    [-latency-runs 3] [-keyconc-rate 200] [-takeover-kc 1,64]
 //	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory,compression,keyconc,takeover]
 //	    [-codecs none,gzip,snappy] [-json]
@@ -53,8 +54,17 @@
 //     the consumer's duplicate look-up and without it (as before it
 //     existed), at each KeyConcurrency of -takeover-kc.
 //
-// It prints a table (or JSON with -json) with every figure, the ratios and
-// the targets.
+// It prints a table (or JSON with -json) with every figure, the ratios,
+// the targets and the CPU time of each phase.
+//
+// With -kafka the chosen phases run once per Kafka named, one after the
+// other, each on a fresh embedded MongoDB (or -mongo-uri): kfake; apache,
+// a real Apache Kafka broker (one KRaft node, internal/apachekafka) that
+// the run starts before its phases and stops, its JVM killed and its data
+// removed, before the next; brokers, the cluster of -kafka-brokers. The
+// output is each run's table, then the headline figures side by side (with
+// -json: {"runs": [...], "figures": [...]}). A mistake in the command line
+// exits with status 2.
 package main
 
 import (
@@ -320,7 +330,11 @@ func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Wr
 		progress(name)
 		meter := cpuMeter{brokerPid: o.brokerPid}
 		start := meter.read()
-		if err := fn(); err != nil {
+		// The goroutines the phase starts inherit the label: -cpuprofile
+		// splits by phase (pprof -tagfocus phase=relay).
+		var err error
+		pprof.Do(ctx, pprof.Labels("phase", name), func(context.Context) { err = fn() })
+		if err != nil {
 			return fmt.Errorf("phase %s: %w", name, err)
 		}
 		r.CPU[name] = meter.since(start)
