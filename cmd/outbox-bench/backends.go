@@ -198,6 +198,7 @@ func compare(runs []*results) []comparedFigure {
 				what string
 				get  func(takeoverRun) float64
 			}{
+				{"kill → survivor started", func(t takeoverRun) float64 { return t.SurvivorStartSeconds }},
 				{"kill → first handler start", func(t takeoverRun) float64 { return t.TakeoverSeconds }},
 				{"kill → every event handled", func(t takeoverRun) float64 { return t.SettleSeconds }},
 			} {

@@ -573,14 +573,14 @@ func printTable(w io.Writer, r *results) {
 		fmt.Fprintf(tw, "ratio %d / 1\t\t%.2f\n", kcHigh, k.TrivialRatio)
 	}
 	if len(r.Takeover) > 0 {
-		fmt.Fprintln(tw, "\ntakeover after a kill\thandled by killed\tredelivered\tskipped dup\trollbacks\tdup rollbacks\tlocked\tdup rollbacks/redelivered\ttakeover s\tsettle s")
+		fmt.Fprintln(tw, "\ntakeover after a kill\thandled by killed\tredelivered\tskipped dup\trollbacks\tdup rollbacks\tlocked\tdup rollbacks/redelivered\tsurvivor start s\ttakeover s\tsettle s")
 		for _, t := range r.Takeover {
 			look := "look-up on"
 			if !t.Lookup {
 				look = "look-up off (before)"
 			}
-			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
-				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.TakeoverSeconds, t.SettleSeconds)
+			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
+				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.SurvivorStartSeconds, t.TakeoverSeconds, t.SettleSeconds)
 		}
 	}
 	if len(r.CPU) > 0 {
