@@ -235,8 +235,12 @@ type options_ struct {
 	mongoURI      string
 	brokers       string
 	servers       string
-	phases        map[string]bool
-	jsonOut       bool
+	// kafkaName is the backend of a run of -kafka; "" without -kafka.
+	kafkaName string
+	// brokerPid is the broker's JVM when this run started it; 0 otherwise.
+	brokerPid int
+	phases    map[string]bool
+	jsonOut   bool
 }
 
 func (e *env) close() {

@@ -7,6 +7,7 @@
 //	go run ./cmd/outbox-bench [-duration 10s] [-event-size 1024] [-partitions 6]
 //	    [-replicas 1] [-events 50000] [-backlog 200000] [-rate 1000]
 //	    [-servers inproc|subprocess] [-mongo-uri URI -kafka-brokers HOST:PORT,...]
+//	    [-kafka kfake,apache,brokers]
 //	    [-latency-runs 3] [-keyconc-rate 200] [-takeover-kc 1,64]
 //	    [-phases relay,floor,raw,naive,polling,latency,consume,bare,memory,compression,keyconc,takeover]
 //	    [-codecs none,gzip,snappy] [-json]
@@ -53,8 +54,17 @@
 //     the consumer's duplicate look-up and without it (as before it
 //     existed), at each KeyConcurrency of -takeover-kc.
 //
-// It prints a table (or JSON with -json) with every figure, the ratios and
-// the targets.
+// It prints a table (or JSON with -json) with every figure, the ratios,
+// the targets and the CPU time of each phase.
+//
+// With -kafka the chosen phases run once per Kafka named, one after the
+// other, each on a fresh embedded MongoDB (or -mongo-uri): kfake; apache,
+// a real Apache Kafka broker (one KRaft node, internal/apachekafka) that
+// the run starts before its phases and stops, its JVM killed and its data
+// removed, before the next; brokers, the cluster of -kafka-brokers. The
+// output is each run's table, then the headline figures side by side (with
+// -json: {"runs": [...], "figures": [...]}). A mistake in the command line
+// exits with status 2.
 package main
 
 import (
@@ -76,6 +86,7 @@ import (
 	"time"
 
 	outbox "github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/apachekafka"
 )
 
 func main() {
@@ -95,8 +106,27 @@ func main() {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// usageError is a mistake in the command line: exit status 2, as the flag
+// package's own errors.
+type usageError struct{ error }
+
+func usageErrorf(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func (u usageError) Unwrap() error { return u.error }
+
+// exitCode is the exit status of a failed run: 2 for a mistake in the
+// command line, 1 for anything else.
+func exitCode(err error) int {
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	return 1
 }
 
 const allPhases = "raw,relay,floor,naive,polling,latency,consume,bare,memory"
@@ -106,7 +136,10 @@ const optPhases = "compression,keyconc,takeover"
 
 // results holds every measured figure; absent phases stay nil.
 type results struct {
-	Machine machine         `json:"machine"`
+	Machine machine `json:"machine"`
+	// Kafka names the backend of a run of -kafka (kfake, apache,
+	// brokers); empty without -kafka.
+	Kafka   string          `json:"kafka,omitempty"`
 	Options map[string]any  `json:"options"`
 	Raw     *rawResult      `json:"raw_produce,omitempty"`
 	Relay   *relayResult    `json:"relay,omitempty"`
@@ -125,7 +158,9 @@ type results struct {
 	Compression []compressionResult `json:"compression,omitempty"`
 	KeyConc     *keyconcResult      `json:"keyconc,omitempty"`
 	Takeover    []takeoverRun       `json:"takeover,omitempty"`
-	Targets     []target            `json:"targets"`
+	// CPU is the CPU time of each phase run (see phaseCPU).
+	CPU     map[string]phaseCPU `json:"cpu,omitempty"`
+	Targets []target            `json:"targets"`
 }
 
 type machine struct {
@@ -160,19 +195,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.publishLinger, "publish-linger", 0, "Config.PublishLinger of the framework clients (least time between two change-stream reads)")
 	fs.StringVar(&o.mongoURI, "mongo-uri", "", "MongoDB URI (a replica set); empty: the embedded server")
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka seed brokers, comma-separated; empty: kfake")
+	kafka := fs.String("kafka", "", "run the phases once per Kafka named, comma-separated, and print their figures side by side: kfake, apache (a real Apache Kafka "+apachekafka.Version+" broker, one KRaft node, started and stopped by this run; needs Java), brokers (-kafka-brokers); empty: -kafka-brokers, else kfake")
 	fs.StringVar(&o.servers, "servers", "inproc", "where the embedded servers run: inproc, or subprocess (this binary with -serve) so that memory figures hold the framework alone")
 	phases := fs.String("phases", allPhases, "comma-separated phases to run (also "+optPhases+", which are not run by default)")
 	codecs := fs.String("codecs", "none,gzip,snappy", "compression phase: producer codecs to measure (none, gzip, snappy, lz4, zstd)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print JSON instead of a table")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.servers != "inproc" && o.servers != "subprocess" {
+		return usageErrorf("-servers must be inproc or subprocess, not %q", o.servers)
 	}
 	if o.partitions < 1 || o.replicas < 1 || o.events < 1 || o.backlog < 1 || o.rate < 1 || o.eventSize < 1 || o.latencyRuns < 1 || o.kcRate < 1 {
-		return errors.New("-partitions, -replicas, -events, -backlog, -rate, -event-size, -latency-runs and -keyconc-rate must be positive")
+		return usageErrorf("-partitions, -replicas, -events, -backlog, -rate, -event-size, -latency-runs and -keyconc-rate must be positive")
 	}
 	if o.publishLinger < 0 {
-		return errors.New("-publish-linger must not be negative")
+		return usageErrorf("-publish-linger must not be negative")
 	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
@@ -181,7 +226,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		if !strings.Contains(","+allPhases+","+optPhases+",", ","+p+",") {
-			return fmt.Errorf("unknown phase %q (phases: %s, %s)", p, allPhases, optPhases)
+			return usageErrorf("unknown phase %q (phases: %s, %s)", p, allPhases, optPhases)
 		}
 		o.phases[p] = true
 	}
@@ -191,7 +236,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		kc, err := strconv.Atoi(v)
 		if err != nil || kc < 1 {
-			return fmt.Errorf("-takeover-kc: %q is not a positive KeyConcurrency", v)
+			return usageErrorf("-takeover-kc: %q is not a positive KeyConcurrency", v)
 		}
 		o.takeoverKC = append(o.takeoverKC, kc)
 	}
@@ -201,9 +246,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		if !slices.Contains(compressionCodecs, outbox.Compression(c)) {
-			return fmt.Errorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
+			return usageErrorf("-codecs: unknown codec %q (none, gzip, snappy, lz4, zstd)", c)
 		}
 		codecList = append(codecList, c)
+	}
+	backends, err := parseBackends(*kafka, o.brokers)
+	if err != nil {
+		return usageError{err}
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -216,20 +265,61 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if len(backends) == 0 {
+		r, err := runPhases(ctx, o, codecList, stderr)
+		if err != nil {
+			return err
+		}
+		return output(stdout, o.jsonOut, r)
+	}
+	var runs []*results
+	for _, b := range backends {
+		r, err := runBackend(ctx, o, b, codecList, stderr)
+		if err != nil {
+			return fmt.Errorf("kafka %s: %w", b, err)
+		}
+		runs = append(runs, r)
+	}
+	if len(runs) == 1 {
+		return output(stdout, o.jsonOut, runs[0])
+	}
+	return outputCompared(stdout, o.jsonOut, runs)
+}
+
+// output prints one run's figures: JSON or a table.
+func output(w io.Writer, jsonOut bool, r *results) error {
+	if jsonOut {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	printTable(w, r)
+	return nil
+}
+
+// runPhases runs the chosen phases once on the servers o names and
+// returns their figures.
+func runPhases(ctx context.Context, o options_, codecList []string, stderr io.Writer) (*results, error) {
 	e, err := newEnv(ctx, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer e.close()
 
 	r := &results{
 		Machine: machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, MemoryMB: memTotalMB()},
+		Kafka:   o.kafkaName,
+		CPU:     map[string]phaseCPU{},
 		Options: map[string]any{"duration": o.duration.String(), "event_size": o.eventSize, "partitions": o.partitions,
 			"replicas": o.replicas, "events": o.events, "backlog": o.backlog, "rate": o.rate, "servers": serversName(o),
-			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC},
+			"publish_linger": o.publishLinger.String(), "latency_runs": o.latencyRuns, "keyconc_rate": o.kcRate, "takeover_kc": o.takeoverKC,
+			"kafka_brokers": e.brokers},
 	}
 	progress := func(phase string) {
 		if !o.jsonOut {
+			if o.kafkaName != "" {
+				phase = "[" + o.kafkaName + "] " + phase
+			}
 			fmt.Fprintf(stderr, "outbox-bench: %s...\n", phase)
 		}
 	}
@@ -238,9 +328,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return nil
 		}
 		progress(name)
-		if err := fn(); err != nil {
+		meter := cpuMeter{brokerPid: o.brokerPid}
+		start := meter.read()
+		// The goroutines the phase starts inherit the label: -cpuprofile
+		// splits by phase (pprof -tagfocus phase=relay).
+		var err error
+		pprof.Do(ctx, pprof.Labels("phase", name), func(context.Context) { err = fn() })
+		if err != nil {
 			return fmt.Errorf("phase %s: %w", name, err)
 		}
+		r.CPU[name] = meter.since(start)
 		e.release(name)
 		return nil
 	}
@@ -292,17 +389,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	for _, s := range steps {
 		if err := step(s.name, s.fn); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	r.Targets = targets(r)
-	if o.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
-	}
-	printTable(stdout, r)
-	return nil
+	return r, nil
+}
+
+// phaseOrder lists every phase in the order a run takes them.
+func phaseOrder() []string {
+	return strings.Split(allPhases+","+optPhases, ",")
 }
 
 func serversName(o options_) string {
@@ -391,8 +487,11 @@ func targets(r *results) []target {
 func printTable(w io.Writer, r *results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "machine\t%d CPUs, %d MB, %s, %s\n", r.Machine.CPUs, r.Machine.MemoryMB, r.Machine.GoVersion, r.Machine.OS)
-	fmt.Fprintf(tw, "options\tevent %v B, %v partitions, %v replicas, servers %v\n\n",
-		r.Options["event_size"], r.Options["partitions"], r.Options["replicas"], r.Options["servers"])
+	fmt.Fprintf(tw, "options\tevent %v B, %v partitions, %v replicas, servers %v", r.Options["event_size"], r.Options["partitions"], r.Options["replicas"], r.Options["servers"])
+	if r.Kafka != "" {
+		fmt.Fprintf(tw, ", kafka %s", r.Kafka)
+	}
+	fmt.Fprint(tw, "\n\n")
 	fmt.Fprintln(tw, "measurement\tevents\tevents/s\tMongo cmds/event\tKafka reqs/event")
 	row := func(name string, n int, rate, mongo, kafka float64) {
 		f := func(v float64) string {
@@ -474,14 +573,28 @@ func printTable(w io.Writer, r *results) {
 		fmt.Fprintf(tw, "ratio %d / 1\t\t%.2f\n", kcHigh, k.TrivialRatio)
 	}
 	if len(r.Takeover) > 0 {
-		fmt.Fprintln(tw, "\ntakeover after a kill\thandled by killed\tredelivered\tskipped dup\trollbacks\tdup rollbacks\tlocked\tdup rollbacks/redelivered\ttakeover s\tsettle s")
+		fmt.Fprintln(tw, "\ntakeover after a kill\thandled by killed\tredelivered\tskipped dup\trollbacks\tdup rollbacks\tlocked\tdup rollbacks/redelivered\tsurvivor start s\ttakeover s\tsettle s")
 		for _, t := range r.Takeover {
 			look := "look-up on"
 			if !t.Lookup {
 				look = "look-up off (before)"
 			}
-			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
-				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.TakeoverSeconds, t.SettleSeconds)
+			fmt.Fprintf(tw, "KeyConcurrency %d, %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.1f\t%.1f\t%.1f\n", t.KeyConcurrency, look, t.HandledByDead, t.Redelivered,
+				t.SkippedDuplicates, t.Rollbacks, t.DuplicateRollbacks, t.LockedRollbacks, t.PerRedelivered, t.SurvivorStartSeconds, t.TakeoverSeconds, t.SettleSeconds)
+		}
+	}
+	if len(r.CPU) > 0 {
+		fmt.Fprintln(tw, "\nCPU time by phase\tthis process s\tbroker JVM s")
+		for _, p := range phaseOrder() {
+			c, ok := r.CPU[p]
+			if !ok {
+				continue
+			}
+			broker := "-"
+			if c.BrokerSeconds != nil {
+				broker = fmt.Sprintf("%.1f", *c.BrokerSeconds)
+			}
+			fmt.Fprintf(tw, "%s\t%.1f\t%s\n", p, c.ProcessSeconds, broker)
 		}
 	}
 	if len(r.Targets) > 0 {

@@ -52,10 +52,15 @@ type takeoverRun struct {
 	LockedRollbacks    int64   `json:"locked_rollbacks"`
 	PerRedelivered     float64 `json:"duplicate_rollbacks_per_redelivered_event"`
 	// TakeoverSeconds: from the kill to the survivor's first handler
-	// start; SettleSeconds: to every event handled.
-	TakeoverSeconds float64          `json:"takeover_seconds"`
-	SettleSeconds   float64          `json:"settle_seconds"`
-	MongoCommands   map[string]int64 `json:"survivor_mongo_commands"`
+	// start; SettleSeconds: to every event handled. SurvivorStartSeconds:
+	// from the kill to the survivor's Run called (the survivor starts once
+	// what remains of the killed replica has stopped). The killed
+	// replica's group membership ends when its session times out, so that
+	// TakeoverSeconds is at least the session timeout whatever the broker.
+	TakeoverSeconds      float64          `json:"takeover_seconds"`
+	SurvivorStartSeconds float64          `json:"survivor_start_seconds"`
+	SettleSeconds        float64          `json:"settle_seconds"`
+	MongoCommands        map[string]int64 `json:"survivor_mongo_commands"`
 }
 
 // killSwitch dials connections for a client until killed; killing closes
@@ -217,6 +222,7 @@ func takeover(ctx context.Context, e *env, n, kc int, lookup bool) (takeoverRun,
 		return nil
 	})
 	e.conCount.reset()
+	r.SurvivorStartSeconds = time.Since(killed).Seconds()
 	stopB := runClients(b)
 	werr := waitForEvery(ctx, 5*time.Minute, 20*time.Millisecond, "the survivor to handle the rest", func() bool {
 		c, err := countHandled(nil)
