@@ -173,6 +173,13 @@ func (c *Cluster) start(ctx context.Context) error {
 // freeAddrs returns n distinct free addresses on 127.0.0.1, the first
 // being first when it names a port. The listeners are held until all are
 // picked so that no port is returned twice.
+//
+// The ports come from below the kernel's ephemeral range when it can tell
+// (listenPort): a node binds its ports seconds after they were picked (its
+// storage is formatted first), and binds them again when it restarts after
+// a kill, while every outgoing connection of the machine takes a port of
+// the ephemeral range. A port from that range would be taken meanwhile
+// now and then ("Address already in use"), most often on a busy machine.
 func freeAddrs(n int, first string) ([]string, error) {
 	var out []string
 	var held []net.Listener
@@ -190,8 +197,9 @@ func freeAddrs(n int, first string) ([]string, error) {
 			out = append(out, net.JoinHostPort(host, port))
 		}
 	}
+	low := ephemeralLow()
 	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := listenPort(low)
 		if err != nil {
 			return nil, fmt.Errorf("apachekafka: free port: %w", err)
 		}
@@ -199,6 +207,44 @@ func freeAddrs(n int, first string) ([]string, error) {
 		out = append(out, l.Addr().String())
 	}
 	return out, nil
+}
+
+// minPort is the lowest port freeAddrs picks below the ephemeral range.
+const minPort = 10000
+
+// listenPort listens on a free loopback port below low, the first port of
+// the ephemeral range, tried at random; any free port when low leaves no
+// room or none is free after a few tries.
+func listenPort(low int) (net.Listener, error) {
+	if low-minPort >= 1000 {
+		for range 50 {
+			var b [2]byte
+			_, _ = rand.Read(b[:])
+			port := minPort + (int(b[0])<<8|int(b[1]))%(low-minPort)
+			if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+				return l, nil
+			}
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux),
+// or 0 when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return low
 }
 
 // newClusterID returns a random cluster id in Kafka's form: 16 random

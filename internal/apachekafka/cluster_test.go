@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,4 +135,27 @@ func TestDownloadedJar(t *testing.T) {
 	require.False(t, ok)
 	_, ok = downloadedJar("[INFO] Copying y-1.jar to lib")
 	require.False(t, ok)
+}
+
+// The nodes' ports come from below the ephemeral range, which outgoing
+// connections draw from between the pick and the bind (and across a
+// node's restart).
+func TestFreeAddrsAvoidTheEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	if low-minPort < 1000 {
+		t.Skipf("no room below the ephemeral range (it starts at %d)", low)
+	}
+	addrs, err := freeAddrs(6, "")
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		require.False(t, seen[a], "%s picked twice", a)
+		seen[a] = true
+		_, p, err := net.SplitHostPort(a)
+		require.NoError(t, err)
+		port, err := strconv.Atoi(p)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, port, minPort)
+		require.Less(t, port, low, "%s is in the ephemeral range, from %d", a, low)
+	}
 }
