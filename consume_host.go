@@ -204,14 +204,20 @@ func handlerResult(ctx context.Context, err error) consume.Result {
 // is the event's only when the handlers caused it: they recorded an event
 // the outbox refuses (a duplicate idempotency key under
 // Config.UniqueIdempotencyKeys, an event-outbox collection not migrated),
-// or they used up their time. A stop, a lock or a MongoDB failure is not
-// an attempt of the event: counting it would park an event that never
-// failed (a re-drive cut short by its caller, a connection dropped).
+// they used up their time, or the server ended the transaction under them
+// (NoSuchTransaction: most often a handler that outlived the transaction
+// lifetime, which a commit would meet too and count, or every attempt of a
+// slow handler would run for ever uncounted). A stop, a lock or a MongoDB
+// failure is not an attempt of the event: counting it would park an event
+// that never failed (a re-drive cut short by its caller, a connection
+// dropped).
 func flushResult(ctx, hctx context.Context, err error) consume.Result {
+	var se mongo.ServerError
 	switch {
 	case ctx.Err() != nil:
 		return consume.Result{Kind: consume.Canceled, Err: err}
-	case errors.Is(err, ErrDuplicateEvent), errors.Is(err, ErrEventOutboxNotMigrated), hctx.Err() != nil:
+	case errors.Is(err, ErrDuplicateEvent), errors.Is(err, ErrEventOutboxNotMigrated), hctx.Err() != nil,
+		errors.As(err, &se) && se.HasErrorCode(codeNoSuchTransaction):
 		return consume.Result{Kind: consume.Failed, Err: err}
 	}
 	return infraResult(ctx, lockedOr(err))

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
 )
 
 // The insert of the events a handler recorded is the framework's own
@@ -109,4 +111,41 @@ func TestRedriveCutDuringRecordedInsertCountsNothing(t *testing.T) {
 	mode.Store(healed)
 	require.NoError(t, c.Redrive(ctx, id))
 	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "idempotency_key", Value: "pay-r1"}}))
+}
+
+// A handler that records an event and outlives the transaction lifetime
+// finds its transaction ended when the recorded event is inserted
+// (NoSuchTransaction): that attempt counts, as its commit would, so the
+// next attempt runs (fast here) instead of the slow one for ever.
+func TestRecordedInsertAfterTheLifetimeCountsTheAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(300*time.Millisecond)))
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's short transaction lifetime")
+	}
+	cfg := b.config("flushslow")
+	cfg.MaxAttempts = 3
+	cfg.HandlerTimeout = 20 * time.Second
+	c := b.client(t, cfg)
+	var runs atomic.Int64
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.Run != b.run {
+			return nil
+		}
+		if err := Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID)); err != nil {
+			return err
+		}
+		if m.Attempt == 1 {
+			runs.Add(1)
+			time.Sleep(600 * time.Millisecond) // past the lifetime, ignoring ctx
+		}
+		return nil
+	})
+	start(t, c)
+	b.produce(t, b.keyed("s1", "A"), b.payload(t, "s1", 1))
+	eventually(t, "s1 handled on a later attempt", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "_id.idempotency_key", Value: "s1"}, {Key: "handled", Value: true}}) == 1
+	})
+	require.LessOrEqual(t, runs.Load(), int64(3), "slow first attempts not counted ran again and again")
+	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "idempotency_key", Value: "pay-s1"}}))
 }
