@@ -207,10 +207,15 @@ func handlerResult(ctx context.Context, err error) consume.Result {
 // they used up their time, or the server ended the transaction under them
 // (NoSuchTransaction: most often a handler that outlived the transaction
 // lifetime, which a commit would meet too and count, or every attempt of a
-// slow handler would run for ever uncounted). A stop, a lock or a MongoDB
-// failure is not an attempt of the event: counting it would park an event
-// that never failed (a re-drive cut short by its caller, a connection
-// dropped).
+// slow handler would run for ever uncounted). A stop, a lock or a failure
+// MongoDB or the driver calls transient (a network error, a timeout, an
+// error labelled TransientTransactionError or RetryableWriteError) is not
+// an attempt of the event: counting it would park an event that never
+// failed (a re-drive cut short by its caller, a connection dropped). Any
+// other error counts, as it did: one that comes back every time (a
+// document validator of the outbox collection refusing the event, a
+// document over MongoDB's size limit) must end parked, not retried for
+// ever.
 func flushResult(ctx, hctx context.Context, err error) consume.Result {
 	var se mongo.ServerError
 	switch {
@@ -219,8 +224,11 @@ func flushResult(ctx, hctx context.Context, err error) consume.Result {
 	case errors.Is(err, ErrDuplicateEvent), errors.Is(err, ErrEventOutboxNotMigrated), hctx.Err() != nil,
 		errors.As(err, &se) && se.HasErrorCode(codeNoSuchTransaction):
 		return consume.Result{Kind: consume.Failed, Err: err}
+	case errors.Is(lockedOr(err), consume.ErrLocked), mongo.IsNetworkError(err), mongo.IsTimeout(err),
+		hasLabel(err, "TransientTransactionError"), hasLabel(err, "RetryableWriteError"):
+		return infraResult(ctx, lockedOr(err))
 	}
-	return infraResult(ctx, lockedOr(err))
+	return consume.Result{Kind: consume.Failed, Err: err}
 }
 
 // infraResult classifies a failure of the framework's own calls: a lock

@@ -149,3 +149,35 @@ func TestRecordedInsertAfterTheLifetimeCountsTheAttempt(t *testing.T) {
 	require.LessOrEqual(t, runs.Load(), int64(3), "slow first attempts not counted ran again and again")
 	require.EqualValues(t, 1, count(t, c.outbox, bson.D{{Key: "idempotency_key", Value: "pay-s1"}}))
 }
+
+// An insert of recorded events that fails the same way every time (here a
+// server error no one calls transient, as a document validator's refusal
+// is) counts as the event's failure: the event ends parked, not retried
+// for ever.
+func TestRecordedInsertRefusedEveryTimeParks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Server == nil {
+		t.Skip("needs the embedded server's fault API")
+	}
+	cfg := b.config("flushrefused")
+	cfg.MaxAttempts = 2
+	c := b.client(t, cfg)
+	var runs atomic.Int64
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if e.Run != b.run {
+			return nil
+		}
+		runs.Add(1)
+		b.mongo.Server.FailCommand(mongofake.FailPoint{Commands: []string{"insert"}, Times: 1, ErrorCode: 121,
+			ErrorMessage: "test: Document failed validation", ErrorLabels: []string{}})
+		return Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID))
+	})
+	start(t, c)
+	b.produce(t, b.keyed("v1", "A"), b.payload(t, "v1", 1))
+	eventually(t, "v1 parked", func() bool {
+		return count(t, c.inbox, bson.D{{Key: "_id.idempotency_key", Value: "v1"}, {Key: "parked", Value: true}}) == 1
+	})
+	require.EqualValues(t, 2, runs.Load(), "one run per attempt")
+	require.Zero(t, count(t, c.outbox, bson.D{{Key: "idempotency_key", Value: "pay-v1"}}))
+}
