@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
@@ -562,6 +563,21 @@ func (h *harness) findAll(ctx context.Context, coll string, filter, projection b
 	if projection != nil {
 		opts.SetProjection(projection)
 	}
+	// The harness's own connections meet the server-wide connection drops
+	// it injects: a read cut by one is read again (All overwrites out).
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = h.findAllOnce(ctx, coll, filter, opts, out); err == nil || !mongo.IsNetworkError(err) || ctx.Err() != nil {
+			return err
+		}
+		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (h *harness) findAllOnce(ctx context.Context, coll string, filter bson.D, opts *options.FindOptionsBuilder, out any) error {
 	cur, err := h.db.Collection(coll).Find(ctx, filter, opts)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", coll, err)
