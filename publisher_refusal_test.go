@@ -41,6 +41,27 @@ func (b *bundle) setMaxMessageBytes(t *testing.T, n int) {
 	for _, r := range res {
 		require.NoError(t, r.Err)
 	}
+	// A real broker applies the change from its metadata log a moment
+	// after the controller accepted it: until then DescribeConfigs (what
+	// the framework reads) answers the old value.
+	eventually(t, "max.message.bytes "+v+" described", func() bool {
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer dcancel()
+		rcs, err := b.kafka.Admin().DescribeTopicConfigs(dctx, b.kafkaTopic(ordersTopic))
+		if err != nil {
+			return false
+		}
+		rc, err := rcs.On(b.kafkaTopic(ordersTopic), nil)
+		if err != nil || rc.Err != nil {
+			return false
+		}
+		for _, c := range rc.Configs {
+			if c.Key == "max.message.bytes" {
+				return c.MaybeValue() == v
+			}
+		}
+		return false
+	})
 }
 
 // recordPadded records one transaction with one event per key, each padded
