@@ -33,7 +33,7 @@ func TestRecordedEventsInsertFailureIsNoAttempt(t *testing.T) {
 		if e.Run != b.run {
 			return nil
 		}
-		if err := Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID)); err != nil {
+		if err := b.recordPayment(ctx, e.OrderID); err != nil {
 			return err
 		}
 		if runs.Add(1) == 1 {
@@ -80,7 +80,7 @@ func TestRedriveCutDuringRecordedInsertCountsNothing(t *testing.T) {
 			// recorded event is inserted.
 			(*cut.Load())()
 		}
-		return Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID))
+		return b.recordPayment(ctx, e.OrderID)
 	})
 	start(t, c)
 	b.produce(t, b.keyed("r1", "A"), b.payload(t, "r1", 1))
@@ -132,7 +132,7 @@ func TestRecordedInsertAfterTheLifetimeCountsTheAttempt(t *testing.T) {
 		if e.Run != b.run {
 			return nil
 		}
-		if err := Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID)); err != nil {
+		if err := b.recordPayment(ctx, e.OrderID); err != nil {
 			return err
 		}
 		if m.Attempt == 1 {
@@ -171,7 +171,7 @@ func TestRecordedInsertRefusedEveryTimeParks(t *testing.T) {
 		runs.Add(1)
 		b.mongo.Server.FailCommand(mongofake.FailPoint{Commands: []string{"insert"}, Times: 1, ErrorCode: 121,
 			ErrorMessage: "test: Document failed validation", ErrorLabels: []string{}})
-		return Record(ctx, paymentDone{Run: b.run, OrderID: e.OrderID}, WithIdempotencyKey("pay-"+e.OrderID))
+		return b.recordPayment(ctx, e.OrderID)
 	})
 	start(t, c)
 	b.produce(t, b.keyed("v1", "A"), b.payload(t, "v1", 1))
@@ -180,4 +180,10 @@ func TestRecordedInsertRefusedEveryTimeParks(t *testing.T) {
 	})
 	require.EqualValues(t, 2, runs.Load(), "one run per attempt")
 	require.Zero(t, count(t, c.outbox, bson.D{{Key: "idempotency_key", Value: "pay-v1"}}))
+}
+
+// recordPayment records the follow-up payment of order orderID in the
+// transaction of ctx, under idempotency key "pay-" + orderID.
+func (b *bundle) recordPayment(ctx context.Context, orderID string) error {
+	return Record(ctx, paymentDone{Run: b.run, OrderID: orderID}, WithIdempotencyKey("pay-"+orderID))
 }
