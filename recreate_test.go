@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // Issue 31 item 3: a topic deleted and created again under a running
@@ -29,7 +29,7 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "recreate")
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c := b.client(t, cfg)
 	var calls atomic.Int64
@@ -253,8 +253,8 @@ func recreator(t *testing.T, b *bundle, n int32) func() {
 // startRecreateReplicas starts two consuming replicas of service whose
 // handler counts its calls; prepare, when not nil, adjusts each before it
 // starts. Their logs are printed if the test fails.
-func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64, prepare func(i int, c *Client)) (replicas []*Client, stops []func(), logs *syncbuf.Buffer) {
-	logs = &syncbuf.Buffer{}
+func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64, prepare func(i int, c *Client)) (replicas []*Client, stops []func(), logs *testkit.Buffer) {
+	logs = &testkit.Buffer{}
 	for i := range 2 {
 		cfg := consumerConfig(b, service)
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)

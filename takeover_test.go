@@ -18,7 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -129,7 +129,7 @@ func testTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	close(killed)
 	stopA()
 
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfgB := cfg
 	cfgB.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	survivor := b.client(t, cfgB)
@@ -155,7 +155,7 @@ func TestWaitsShowInStatusAndLog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "waits")
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	c := b.client(t, cfg)
 	effects := b.db.Collection("effects")
