@@ -129,8 +129,8 @@ func (c *Client) consumeConfig(host *consumeHost, pauser consume.Pauser) *consum
 }
 
 func (c *Client) heldRecheckEvery() time.Duration {
-	if c.redriveEvery > 0 {
-		return c.redriveEvery
+	if c.test.redriveEvery > 0 {
+		return c.test.redriveEvery
 	}
 	return heldRecheck
 }

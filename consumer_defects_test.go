@@ -151,7 +151,7 @@ func TestReleaseNotStarvedByThousandsOfHeldKeys(t *testing.T) {
 	b := setup(t)
 	cfg := consumerConfig(b, "many")
 	c := b.client(t, cfg)
-	c.redriveEvery = 100 * time.Millisecond
+	c.test.redriveEvery = 100 * time.Millisecond
 	effects := b.db.Collection("effects")
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
@@ -313,7 +313,7 @@ func TestShutdownDoesNotWaitForAWholeRelease(t *testing.T) {
 
 	// Restarted, the consumer goes on with the release, in order.
 	c2 := b.client(t, c.cfg)
-	c2.redriveEvery = 20 * time.Millisecond
+	c2.test.redriveEvery = 20 * time.Millisecond
 	h.c = c2
 	h.register(c2)
 	start(t, c2)

@@ -143,8 +143,8 @@ func (cons *consumer) watchFetching(ctx context.Context) {
 	w := &fetchWatch{cons: cons, states: map[consume.TopicPartition]*fetchState{}}
 	defer w.close()
 	every := fetchCheckEvery
-	if cons.c.fetchCheckEvery > 0 {
-		every = cons.c.fetchCheckEvery
+	if cons.c.test.fetchCheckEvery > 0 {
+		every = cons.c.test.fetchCheckEvery
 	}
 	for retry.Sleep(ctx, nil, every) {
 		w.check(ctx, time.Now())
@@ -185,11 +185,11 @@ func (w *fetchWatch) probeClient() (*kgo.Client, error) {
 func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 	cons := w.cons
 	quietFor, restartEvery := fetchQuietFor, fetchRestartEvery
-	if cons.c.fetchQuietFor > 0 {
-		quietFor = cons.c.fetchQuietFor
+	if cons.c.test.fetchQuietFor > 0 {
+		quietFor = cons.c.test.fetchQuietFor
 	}
-	if cons.c.fetchRestartEvery > 0 {
-		restartEvery = cons.c.fetchRestartEvery
+	if cons.c.test.fetchRestartEvery > 0 {
+		restartEvery = cons.c.test.fetchRestartEvery
 	}
 	// The watermarks come from the lag poller's listings through the
 	// consumer's own client. When its listings stop succeeding (a client
@@ -310,7 +310,7 @@ func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
 // resubscribe) and tells the test hook, before the restart acts.
 func (cons *consumer) fetchRestarted(tp consume.TopicPartition, reason string) {
 	cons.c.tel.fetchRestarted(tp, reason)
-	if h := cons.c.fetchRestartHook; h != nil {
+	if h := cons.c.test.fetchRestartHook; h != nil {
 		h(tp, reason)
 	}
 }

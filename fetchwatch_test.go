@@ -56,10 +56,10 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)
 	c.tel.lagEvery = 50 * time.Millisecond
-	c.fetchCheckEvery = 50 * time.Millisecond
+	c.test.fetchCheckEvery = 50 * time.Millisecond
 	// As long as a wait takes to show: the wait shows when it is set.
-	c.fetchQuietFor = waitVisible
-	c.fetchRestartEvery = time.Second
+	c.test.fetchQuietFor = waitVisible
+	c.test.fetchRestartEvery = time.Second
 	var mu sync.Mutex
 	handled := map[int]bool{}
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
@@ -110,7 +110,7 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 	// a session on its own (after a fetch error, under load), which must
 	// not end the stall early.
 	var setOffsets, resubscribes atomic.Int32
-	c.fetchRestartHook = func(tp consume.TopicPartition, reason string) {
+	c.test.fetchRestartHook = func(tp consume.TopicPartition, reason string) {
 		if tp.Topic != ordersTopic || tp.Partition != 0 {
 			return
 		}

@@ -38,7 +38,7 @@ func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
 		tweak(&cfg)
 	}
 	c := b.client(t, cfg)
-	c.redriveEvery = 20 * time.Millisecond
+	c.test.redriveEvery = 20 * time.Millisecond
 	h := &holdEnv{b: b, c: c, failing: map[string]bool{}, failOnce: map[string]bool{}, calls: map[string]int{}}
 	h.register(c)
 	return h
@@ -228,7 +228,7 @@ func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 	// sweep would release it too, concurrently, and could handle a2 while
 	// the failed run's attempt is being counted (that race is covered by
 	// TestInterruptedReleaseIsResumed and the chaos runs).
-	c.redriveEvery = time.Hour
+	c.test.redriveEvery = time.Hour
 	ctx := context.Background()
 	head := h.heldChain(t)
 	h.mu.Lock()

@@ -348,11 +348,11 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 			var crashOnce sync.Once
 			var calls atomic.Int64
 			replicas, stops, _ := startRecreateReplicas(t, b, "reset-crash", &calls, func(i int, c *Client) {
-				c.resetWait = 2 * time.Second
+				c.test.resetWait = 2 * time.Second
 				if i == 0 {
 					// Dies at step: blocks there (nothing more is written)
 					// until the test stops it.
-					c.resetHook = func(ctx context.Context, at string) bool {
+					c.test.resetHook = func(ctx context.Context, at string) bool {
 						if at != step {
 							return false
 						}
@@ -362,7 +362,7 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 					}
 				} else {
 					// Begins its reset once the other replica died.
-					c.resetHook = func(ctx context.Context, at string) bool {
+					c.test.resetHook = func(ctx context.Context, at string) bool {
 						if at == "begin" {
 							select {
 							case <-crashed:

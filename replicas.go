@@ -255,7 +255,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 	r := &replica{
 		c: c, id: replicaIDPrefix + hex.EncodeToString(b[:]), host: host, pid: os.Getpid(),
 		started:  time.Now().UTC().Truncate(time.Millisecond),
-		interval: cmp.Or(c.replicaEvery, replicaInterval(&c.cfg)),
+		interval: cmp.Or(c.test.replicaEvery, replicaInterval(&c.cfg)),
 		consGen:  -1, pubGen: -1,
 	}
 	c.sessions.start(r)

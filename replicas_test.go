@@ -24,7 +24,7 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 	ctx := context.Background()
 	c := b.client(t, b.config("alive"))
 	registerConsumer(t, c)
-	c.replicaEvery = 50 * time.Millisecond
+	c.test.replicaEvery = 50 * time.Millisecond
 	stop := start(t, c)
 	adm := c.Admin()
 

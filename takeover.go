@@ -261,8 +261,8 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 		if err := c.cfg.Mongo.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err(); err != nil {
 			return fmt.Errorf("end the sessions of replica %s: %w", r.ID, err)
 		}
-		if c.reapedHook != nil {
-			c.reapedHook(ctx, r.ID)
+		if c.test.reapedHook != nil {
+			c.test.reapedHook(ctx, r.ID)
 		}
 		// Only the ids ended: one recorded meanwhile (the record of a
 		// replica that was merely slow) stays, to be ended by a later reap

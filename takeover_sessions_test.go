@@ -167,7 +167,7 @@ func TestTakeoverReapRemovesOnlyTheSessionsItEnded(t *testing.T) {
 	defer recordedMeanwhile.EndSession(ctx)
 
 	c := b.client(t, cfg)
-	c.reapedHook = func(ctx context.Context, replicaID string) {
+	c.test.reapedHook = func(ctx context.Context, replicaID string) {
 		if replicaID != id {
 			return
 		}

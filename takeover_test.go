@@ -251,7 +251,7 @@ func TestRollingDeployKeepsEventsWithoutAHandler(t *testing.T) {
 	// The new version of the service, with both handlers.
 	cfg.Service = old.cfg.Service
 	upgraded := b.client(t, cfg)
-	upgraded.redriveEvery = 50 * time.Millisecond
+	upgraded.test.redriveEvery = 50 * time.Millisecond
 	MustHandle(upgraded, func(ctx context.Context, e orderPlaced, m Metadata) error { return handle(ctx, e.OrderID, m) })
 	MustHandle(upgraded, func(ctx context.Context, e orderPlacedV2, m Metadata) error { return handle(ctx, e.OrderID, m) })
 	start(t, upgraded)
