@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/liveness"
 )
 
 // Client is the framework's entry point in a service: it records events in
@@ -37,7 +38,7 @@ type Client struct {
 	pub           atomic.Pointer[publisher]    // the running publisher, for status
 	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
 	tel           *telemetry                   // metrics, spans, runtime state for Status
-	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
+	sessions      liveness.Sessions            // the consumer's sessions, for takeover (internal/liveness)
 	uniqueIndex   atomic.Bool                  // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
 	test          testKnobs                    // settings only tests change; the zero value is production's
 
@@ -63,7 +64,7 @@ type testKnobs struct {
 	// (partitions.go).
 	metadataEvery time.Duration
 	// replicaEvery is the period of Run's liveness record refresh
-	// (replicas.go).
+	// (internal/liveness).
 	replicaEvery time.Duration
 	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery are the fetch
 	// watch's period, quiet time and restart spacing (fetchwatch.go).
@@ -77,7 +78,7 @@ type testKnobs struct {
 	resetWait time.Duration
 	resetHook func(ctx context.Context, step string) (crashed bool)
 	// reapedHook hears each replica record whose sessions a reap ended,
-	// before the reap removes their ids from it (takeover.go).
+	// before the reap removes their ids from it (internal/liveness).
 	reapedHook func(ctx context.Context, replicaID string)
 }
 

@@ -36,7 +36,7 @@ import (
 //  1. the partition's new owner runs the partition from the committed
 //     offset (its consumer worker, or its publisher worker) until it is
 //     quiescent, ending the dead process's sessions when it meets their
-//     locks (takeover.go), and the invariants are checked;
+//     locks (internal/liveness/takeover.go), and the invariants are checked;
 //  2. the operator issues again the call that was cut short (a re-drive, a
 //     purge, a retry, the migration) and the scenario's later steps run;
 //     the invariants are checked again and the outcome must be the
