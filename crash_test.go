@@ -20,8 +20,9 @@ import (
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
-// Crash every write (issue 20, design brief §2.4: "Each write of each
-// multi-write operation is crashed in a test").
+// Crash every write: each write of each multi-write operation is crashed in a
+// test, because a state a crash can leave half-done must be one that any
+// replica resumes from without a sweep.
 //
 // For each scenario (one operation of the framework on a small partition)
 // the harness first runs it uncrashed, recording the write commands its

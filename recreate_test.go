@@ -20,11 +20,10 @@ import (
 	"github.com/event-outbox/outbox/internal/testkit"
 )
 
-// Issue 31 item 3: a topic deleted and created again under a running
-// consumer (a dev stack restarted, an operator's mistake) used to answer
-// UNKNOWN_TOPIC_ID to every fetch for good, logged thousands of times a
-// second. The consumer subscribes to the new topic on its own, and the
-// repeated error is logged a few times, not per fetch.
+// A topic deleted and created again under a running consumer (a dev stack
+// restarted, an operator's mistake) answers UNKNOWN_TOPIC_ID to every fetch of
+// the client for good. The consumer subscribes to the new topic on its own,
+// and the repeated error is logged a few times, not per fetch.
 func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -114,11 +114,10 @@ func TestReplicaRecordOfAFailedRun(t *testing.T) {
 	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
 }
 
-// A refresh that reaches the server after the stop's write leaves the
-// record stopped. The stop cancels the refresh in flight, but the driver
-// only gives up waiting: the server may run the canceled update after the
-// stop's, on another connection, which marked a stopped replica running
-// again (TestReplicaRecordOfAFailedRun failed so on a loaded machine).
+// A refresh that reaches the server after the stop's write leaves the record
+// stopped. The stop cancels the refresh in flight, but the driver only gives
+// up waiting: the server may run the canceled update after the stop's, on
+// another connection, which must not mark a stopped replica running again.
 // Here the late refresh is written after the stop on purpose.
 func TestReplicaRefreshAfterStopKeepsItStopped(t *testing.T) {
 	t.Parallel()
