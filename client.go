@@ -67,7 +67,7 @@ type testKnobs struct {
 	// (internal/liveness).
 	replicaEvery time.Duration
 	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery are the fetch
-	// watch's period, quiet time and restart spacing (fetchwatch.go).
+	// watch's period, quiet time and restart spacing (internal/kafkawatch).
 	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
 	// fetchRestartHook hears each restart of the fetch watch before it
 	// acts (reason set_offsets or resubscribe).

@@ -34,9 +34,9 @@ import (
 //     and stop the partition workers (consume.Set): a revoked partition's
 //     worker finishes its running transactions and commits before the
 //     callback returns; a lost one's is canceled and commits nothing.
-//   - The lag poller (lag.go), the recreation watcher (recreated.go) and
-//     the re-drive request loop (parked.go) are started and stopped by
-//     runConsumer.
+//   - The lag poller and the fetch watch (internal/kafkawatch), the
+//     recreation watcher (recreated.go) and the re-drive request loop
+//     (parked.go) are started and stopped by runConsumer.
 //
 // When Run's context ends, the poll loop, the lag poller, the recreation
 // watcher and the re-drive loop stop, every worker finishes its running transactions and commits

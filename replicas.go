@@ -184,7 +184,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 
 // reapDeadSessions ends, in the background, the recorded sessions of the
 // consumer group's replicas that died, at most once per a few seconds
-// (internal/liveness, takeover.go). A worker or a re-drive that meets a
+// (internal/liveness/takeover.go). A worker or a re-drive that meets a
 // lock asks for it.
 func (c *Client) reapDeadSessions(cons *consumer) {
 	if cons == nil || cons.cl == nil {
