@@ -77,6 +77,24 @@ func TestRootImportsNoMongox(t *testing.T) {
 	require.Contains(t, seen, module+"/internal/consume", "the walk follows the module's imports")
 }
 
+// TestInternalPackagesImportNoRoot keeps the layering ARCHITECTURE.md
+// states: the root package glues the internal packages together, so an
+// internal package that imported it would be a cycle in the making and
+// would tie a mechanism to the public API it is meant to stay behind.
+// Each internal package's non-test files are checked.
+func TestInternalPackagesImportNoRoot(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/event-outbox/outbox"
+	pkgs, err := packageDirs("internal")
+	require.NoError(t, err)
+	require.Contains(t, pkgs, "internal/testkit", "the walk lists the internal packages")
+	for _, dir := range pkgs {
+		imports, err := nonTestImports(dir)
+		require.NoError(t, err)
+		require.NotContains(t, imports, module, "%s imports the root package", dir)
+	}
+}
+
 // packageDirs lists the directories under root holding .go files, as
 // slash paths relative to root ("." for root itself), skipping testdata
 // and hidden directories as the go command does.

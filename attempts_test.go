@@ -21,9 +21,9 @@ func (b *bundle) keyed(id, key string) Envelope {
 	return env
 }
 
-// Issue 12 item 3: a handler that outlives the transaction lifetime used to
-// get NoSuchTransaction at every commit, never counted as an attempt: it
-// ran for ever and the next event waited for ever.
+// A handler that outlives the transaction lifetime gets NoSuchTransaction at
+// its commit, and that counts as an attempt: otherwise it would run for ever
+// and the next event would wait for ever.
 func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(300*time.Millisecond)))
@@ -75,9 +75,9 @@ func TestSlowHandlerOutlivingTransactionIsParked(t *testing.T) {
 	require.Zero(t, count(t, effects, bson.D{{Key: "key", Value: "slow-1"}}))
 }
 
-// Issue 12 item 3: a revoke or a shutdown does not wait for the retries of a
-// handler that outlives its transactions (the driver used to retry such a
-// transaction for 120 s, past the 30 s drain).
+// A revoke or a shutdown does not wait for the retries of a handler that
+// outlives its transactions (the driver retries such a transaction for up to
+// 120 s, past the 30 s drain).
 func TestShutdownDoesNotWaitForSlowHandlerRetries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(300*time.Millisecond)))
@@ -108,9 +108,9 @@ func TestShutdownDoesNotWaitForSlowHandlerRetries(t *testing.T) {
 	}
 }
 
-// Issue 12 item 3: attempts are read back from the inbox. A partition that
-// moved after two failed attempts (or whose owners crashed during them)
-// gets one attempt left, not MaxAttempts new ones.
+// Attempts are read back from the inbox. A partition that moved after two
+// failed attempts (or whose owners crashed during them) gets one attempt left,
+// not MaxAttempts new ones.
 func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -170,9 +170,8 @@ func TestStoredAttemptsCountAcrossOwners(t *testing.T) {
 	require.Contains(t, byKey["crasher"].LastError, ErrAttemptsExhausted.Error())
 }
 
-// Issue 13 item 3: an unhandled inbox document without a parked field (the
-// Python event-outbox library writes none) is not parked: the event is
-// handled, not skipped.
+// An unhandled inbox document without a parked field (the Python event-outbox
+// library writes none) is not parked: the event is handled, not skipped.
 func TestClaimHonoursInboxDocumentWithoutParkedField(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

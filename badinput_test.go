@@ -111,7 +111,7 @@ func TestBadInputIsParkedOrReported(t *testing.T) {
 	for _, tc := range cases {
 		b.produceRaw(t, &kgo.Record{Topic: ordersTopic, Partition: 0, Key: []byte("o1"), Value: []byte(tc.value), Headers: tc.headers})
 	}
-	// Unknown content schema: no handler, parked as such (issue 31 item 4).
+	// Unknown content schema: no handler, parked as such.
 	b.produceRaw(t, &kgo.Record{Topic: ordersTopic, Partition: 0, Key: []byte("o1"), Value: []byte(`{}`), Headers: header("Unknown.v9", "unknown-1")})
 	// A good event after all of them.
 	b.produceRaw(t, &kgo.Record{Topic: ordersTopic, Partition: 0, Key: []byte("good"), Value: []byte(`{"order_id": "good", "amount": 5}`), Headers: header("Strict.v1", "good-1")})

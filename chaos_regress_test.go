@@ -38,11 +38,11 @@ func TestTransactStopsRetryingWhenContextEnds(t *testing.T) {
 	require.Zero(t, count(t, b.db.Collection("business"), bson.D{}))
 }
 
-// Regression (cmd/outbox-chaos): with MongoDB unreachable, every attempt of
-// a transaction fails server selection, which the driver labels
-// TransientTransactionError, and WithTransaction retried for 120 s whatever
-// the context: a replica cut off from MongoDB took minutes to shut down.
-// Transact must stop retrying once its context ends.
+// With MongoDB unreachable, every attempt of a transaction fails server
+// selection, which the driver labels TransientTransactionError, and
+// WithTransaction retries for 120 s whatever the context: a replica cut off
+// from MongoDB would take minutes to shut down. Transact must stop retrying
+// once its context ends.
 func TestTransactUnreachableMongoEndsWithContext(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/liveness"
 )
 
 // Client is the framework's entry point in a service: it records events in
@@ -37,28 +38,9 @@ type Client struct {
 	pub           atomic.Pointer[publisher]    // the running publisher, for status
 	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
 	tel           *telemetry                   // metrics, spans, runtime state for Status
-	redriveEvery  time.Duration                // period of the re-drive request loop; tests shorten it
-	metadataEvery time.Duration                // period of Run's partition count refresh; tests shorten it
-	replicaEvery  time.Duration                // period of Run's liveness record refresh; tests shorten it
-	sessions      sessionLog                   // the consumer's sessions, for takeover (takeover.go)
+	sessions      liveness.Sessions            // the consumer's sessions, for takeover (internal/liveness)
 	uniqueIndex   atomic.Bool                  // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
-	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery replace the
-	// fetch watch's period, quiet time and restart spacing when positive
-	// (fetchwatch.go); tests shorten them.
-	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
-	// fetchRestartHook, when set, hears each restart of the fetch watch
-	// before it acts (reason set_offsets or resubscribe); tests set it.
-	fetchRestartHook func(tp consume.TopicPartition, reason string)
-	// resetWait replaces how long a resubscribing replica waits for another
-	// replica's reset of a recreated topic's offsets when positive, and
-	// resetHook, when set, crashes a reset at a step (recreated.go); crash
-	// tests set them.
-	resetWait time.Duration
-	resetHook func(ctx context.Context, step string) (crashed bool)
-	// reapedHook, when set, hears each replica record whose sessions a
-	// reap ended, before the reap removes their ids from it (takeover.go);
-	// tests set it.
-	reapedHook func(ctx context.Context, replicaID string)
+	test          testKnobs                    // settings only tests change; the zero value is production's
 
 	mu        sync.Mutex // guards handlers, running, started and startWait
 	handlers  map[handlerKey]*handler
@@ -66,6 +48,38 @@ type Client struct {
 	started   bool                    // Run is past its start (indexes created) and its context has not ended
 	startWait string                  // what Run's start waits for, for Ready
 	stopRun   context.CancelCauseFunc // cancels Run with a fatal error; set by Run
+}
+
+// testKnobs are the settings of a Client that only tests change: shorter
+// periods, so that a test sees a loop's next round in milliseconds rather
+// than seconds, and hooks that observe or crash one step of a mechanism.
+// They are gathered here, apart from the Client's state, so that a reader
+// sees at once what production never sets. The zero value is production's:
+// a zero period falls back to its default, a nil hook is not called. Tests
+// set them after New and before Run.
+type testKnobs struct {
+	// redriveEvery is the period of the re-drive request loop (parked.go).
+	redriveEvery time.Duration
+	// metadataEvery is the period of Run's partition count refresh
+	// (partitions.go).
+	metadataEvery time.Duration
+	// replicaEvery is the period of Run's liveness record refresh
+	// (internal/liveness).
+	replicaEvery time.Duration
+	// fetchCheckEvery, fetchQuietFor and fetchRestartEvery are the fetch
+	// watch's period, quiet time and restart spacing (internal/kafkawatch).
+	fetchCheckEvery, fetchQuietFor, fetchRestartEvery time.Duration
+	// fetchRestartHook hears each restart of the fetch watch before it
+	// acts (reason set_offsets or resubscribe).
+	fetchRestartHook func(tp consume.TopicPartition, reason string)
+	// resetWait is how long a resubscribing replica waits for another
+	// replica's reset of a recreated topic's offsets, and resetHook
+	// crashes a reset at a step when it returns true (recreated.go).
+	resetWait time.Duration
+	resetHook func(ctx context.Context, step string) (crashed bool)
+	// reapedHook hears each replica record whose sessions a reap ended,
+	// before the reap removes their ids from it (internal/liveness).
+	reapedHook func(ctx context.Context, replicaID string)
 }
 
 // New checks cfg and returns a Client. It does no I/O.

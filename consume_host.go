@@ -250,7 +250,7 @@ func (h *consumeHost) Commit(ctx context.Context, tp consume.TopicPartition, off
 }
 
 // Reap ends the sessions of replicas that died with transactions open
-// (takeover.go).
+// (internal/liveness/takeover.go).
 func (h *consumeHost) Reap() { h.c.reapDeadSessions(h.cons) }
 
 // Observer.

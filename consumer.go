@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/kafkawatch"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
 
@@ -33,9 +34,9 @@ import (
 //     and stop the partition workers (consume.Set): a revoked partition's
 //     worker finishes its running transactions and commits before the
 //     callback returns; a lost one's is canceled and commits nothing.
-//   - The lag poller (lag.go), the recreation watcher (recreated.go) and
-//     the re-drive request loop (parked.go) are started and stopped by
-//     runConsumer.
+//   - The lag poller and the fetch watch (internal/kafkawatch), the
+//     recreation watcher (recreated.go) and the re-drive request loop
+//     (parked.go) are started and stopped by runConsumer.
 //
 // When Run's context ends, the poll loop, the lag poller, the recreation
 // watcher and the re-drive loop stop, every worker finishes its running transactions and commits
@@ -129,8 +130,8 @@ func (c *Client) consumeConfig(host *consumeHost, pauser consume.Pauser) *consum
 }
 
 func (c *Client) heldRecheckEvery() time.Duration {
-	if c.redriveEvery > 0 {
-		return c.redriveEvery
+	if c.test.redriveEvery > 0 {
+		return c.test.redriveEvery
 	}
 	return heldRecheck
 }
@@ -312,6 +313,74 @@ func offsetCommitErr(resp *kmsg.OffsetCommitResponse) error {
 		}
 	}
 	return nil
+}
+
+// startLagPoller starts the lag poller of the subscribed topics
+// (internal/kafkawatch); stop cancels it and waits for it to return.
+func (cons *consumer) startLagPoller(ctx context.Context, topics []string) (stop func()) {
+	c := cons.c
+	p := &kafkawatch.LagPoller{
+		Client: cons.cl,
+		Topics: c.cfg.kafkaTopics(topics),
+		Every:  c.tel.lagEvery,
+		SetHighWatermark: func(topic string, partition int32, offset int64) {
+			c.tel.setHighWatermark(c.cfg.bareTopic(topic), partition, offset)
+		},
+		SetLogStart: func(topic string, partition int32, offset int64) {
+			c.tel.setLogStart(c.cfg.bareTopic(topic), partition, offset)
+		},
+		Listed: func(at time.Time) { c.tel.lagListedAt.Store(at.UnixNano()) },
+		Log:    cons.log,
+		Warn: func(msg string, args ...any) {
+			cons.errLog.warn(cons.log, msg, "lag-listing", args...)
+		},
+	}
+	return startStoppable(ctx, p.Run)
+}
+
+// startFetchWatch starts the fetch watch (internal/kafkawatch); stop
+// cancels it and waits for it to return.
+func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
+	c := cons.c
+	w := &kafkawatch.FetchWatch{
+		Client:     cons.cl,
+		Partitions: cons.set,
+		ProbeOpts:  append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...)),
+		KafkaTopic: c.cfg.kafkaTopic,
+		Ends:       c.tel.partitionEnds,
+		ListedAt: func() time.Time {
+			if ns := c.tel.lagListedAt.Load(); ns != 0 {
+				return time.Unix(0, ns)
+			}
+			return time.Time{}
+		},
+		LagEvery: c.tel.lagEvery,
+		Restarted: func(tp consume.TopicPartition, reason string) {
+			c.tel.fetchRestarted(tp, reason)
+			if h := c.test.fetchRestartHook; h != nil {
+				h(tp, reason)
+			}
+		},
+		Readd:        func(topic string) { cons.readdTopic(topic, nil) },
+		Log:          cons.log,
+		Owner:        c,
+		CheckEvery:   c.test.fetchCheckEvery,
+		QuietFor:     c.test.fetchQuietFor,
+		RestartEvery: c.test.fetchRestartEvery,
+	}
+	return startStoppable(ctx, w.Run)
+}
+
+// groupHook returns the fatal-error hook for one of the framework's group
+// clients (internal/kafkawatch), or a no-op hook when the client is not
+// running under Run.
+func (c *Client) groupHook(group string) kgo.Opt {
+	stop := c.stopRun
+	if stop == nil {
+		stop = func(error) {}
+	}
+	return kgo.WithHooks(&kafkawatch.FatalHook{Group: group, Stop: stop, Kind: ErrKafkaGroup,
+		ConsumerProtocol: c.cfg.GroupProtocol == GroupConsumer})
 }
 
 // startStoppable runs run on a goroutine of its own until ctx ends or stop

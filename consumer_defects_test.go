@@ -15,13 +15,13 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// Regression tests of the seven defects of issue 20, each reproducing the
-// defect's scenario against the rebuilt consumer.
+// Tests of the consumer's corner cases around held keys, re-drives and the
+// Python library's records: each reproduces a scenario and checks what the
+// consumer must do in it.
 
-// Issue 20 defect 1: a record without an idempotency key (its envelope
-// unreadable) that arrives behind a held key is held, and when its turn
-// comes it is parked for good: never handled under the key invented from
-// its position, never re-driven.
+// A record without an idempotency key (its envelope unreadable) that arrives
+// behind a held key is held, and when its turn comes it is parked for good:
+// never handled under the key invented from its position, never re-driven.
 func TestHeldRecordWithoutIdempotencyKeyIsNeverHandled(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
@@ -94,10 +94,9 @@ func unreadableIDs(t *testing.T, c *Client) []InboxID {
 	return ids
 }
 
-// Issue 20 defect 2: a re-drive whose context ends while a released event's
-// handler runs leaves that event held as it was (no attempt, no error): the
-// cancellation is not a failure of the event. The partition's consumer
-// goes on with the release.
+// A re-drive whose context ends while a released event's handler runs leaves
+// that event held as it was (no attempt, no error): the cancellation is not a
+// failure of the event. The partition's consumer goes on with the release.
 func TestCancelledReleaseLeavesTheHeldEventWaiting(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
@@ -142,16 +141,16 @@ func TestCancelledReleaseLeavesTheHeldEventWaiting(t *testing.T) {
 	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
 }
 
-// Issue 20 defect 3: with more than a thousand keys held, a key whose head
-// was purged is still released: releases are the partition owner's, read
-// from every held key of its partition, not a capped sweep. The held keys
-// are seeded in the inbox as the consumer stores them.
+// With more than a thousand keys held, a key whose head was purged is still
+// released: releases are the partition owner's, read from every held key of
+// its partition, not a capped sweep. The held keys are seeded in the inbox as
+// the consumer stores them.
 func TestReleaseNotStarvedByThousandsOfHeldKeys(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "many")
 	c := b.client(t, cfg)
-	c.redriveEvery = 100 * time.Millisecond
+	c.test.redriveEvery = 100 * time.Millisecond
 	effects := b.db.Collection("effects")
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		_, err := effects.InsertOne(ctx, bson.D{{Key: "key", Value: m.IdempotencyKey}})
@@ -200,9 +199,9 @@ func libraryBody(b *bundle, topic, idemKey string, partKey int, orderID string) 
 		`"run":"` + b.run + `","order_id":"` + orderID + `","amount":1}`)
 }
 
-// Issue 20 defect 4: the library writes the Kafka topic it produced to in
-// its body, Config.TopicPrefix included: such a record is handled, not
-// parked as unreadable.
+// The library writes the Kafka topic it produced to in its body,
+// Config.TopicPrefix included: such a record is handled, not parked as
+// unreadable.
 func TestPythonRecordOnPrefixedTopicIsHandled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -219,9 +218,9 @@ func TestPythonRecordOnPrefixedTopicIsHandled(t *testing.T) {
 	require.Equal(t, "7", d.PartitionKey)
 }
 
-// Issue 20 defect 5: a library record without an idempotency key is parked
-// under its partition key, so that the later events of its key wait behind
-// it instead of overtaking it.
+// A library record without an idempotency key is parked under its partition
+// key, so that the later events of its key wait behind it instead of
+// overtaking it.
 func TestPythonRecordWithoutIdempotencyKeyHoldsItsKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -242,11 +241,10 @@ func TestPythonRecordWithoutIdempotencyKeyHoldsItsKey(t *testing.T) {
 	require.Contains(t, head.LastError, "idempotency_key")
 }
 
-// Issue 20 defect 6: a service that took over a Python event-outbox
-// database keeps the library's published documents, which have no
-// top-level identity: with UniqueIdempotencyKeys it must still start, and
-// still refuse a duplicate of its own events. An index of the earlier,
-// non-partial definition is replaced.
+// A service that took over a Python event-outbox database keeps the library's
+// published documents, which have no top-level identity: with
+// UniqueIdempotencyKeys it must still start, and still refuse a duplicate of
+// its own events. An index of the earlier, non-partial definition is replaced.
 func TestMigratedServiceWithUniqueIdempotencyKeysStarts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -284,7 +282,7 @@ func mongoIndex(keys bson.D, name string, unique bool) mongo.IndexModel {
 	return mongo.IndexModel{Keys: keys, Options: options.Index().SetName(name).SetUnique(unique)}
 }
 
-// Issue 20 defect 7: a shutdown does not wait for a release of held events
+// A shutdown does not wait for a release of held events
 // to finish: the release stops between two transactions, and the
 // partition's consumer goes on with it after the restart.
 func TestShutdownDoesNotWaitForAWholeRelease(t *testing.T) {
@@ -313,7 +311,7 @@ func TestShutdownDoesNotWaitForAWholeRelease(t *testing.T) {
 
 	// Restarted, the consumer goes on with the release, in order.
 	c2 := b.client(t, c.cfg)
-	c2.redriveEvery = 20 * time.Millisecond
+	c2.test.redriveEvery = 20 * time.Millisecond
 	h.c = c2
 	h.register(c2)
 	start(t, c2)
@@ -325,12 +323,12 @@ func TestShutdownDoesNotWaitForAWholeRelease(t *testing.T) {
 	require.Equal(t, want, h.effectKeys(t, "A"))
 }
 
-// Issue 20 item 2: the held events of the earlier storage (chains of
-// held_by pointers to an anchor, the anchor closed with released_at once
-// its chain moved) are read as key sequences without any conversion: a
-// chain whose anchor was handled before its release finished (the orphan
-// the old sweep looked for) is released, in order, by the partition's
-// consumer; a chain whose anchor is still parked stays held behind it.
+// The held events of the earlier storage (chains of held_by pointers to an
+// anchor, the anchor closed with released_at once its chain moved) are read as
+// key sequences without any conversion: a chain whose anchor was handled
+// before its release finished (the orphan the old sweep looked for) is
+// released, in order, by the partition's consumer; a chain whose anchor is
+// still parked stays held behind it.
 func TestEarlierHeldChainsAreReleasedInOrder(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)

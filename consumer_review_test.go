@@ -44,7 +44,7 @@ func TestSkipUnknownEventsSkipsOnHeldKeys(t *testing.T) {
 	cfg.MaxAttempts = 2
 	cfg.SkipUnknownEvents = true
 	c := b.client(t, cfg)
-	c.redriveEvery = 20 * time.Millisecond
+	c.test.redriveEvery = 20 * time.Millisecond
 	h.register(c)
 	start(t, c)
 	b.produce(t, b.unknownOn("u2", "A"), b.payload(t, "u2", 4))
@@ -83,7 +83,7 @@ func TestRedriveRequestSurvivesASnooze(t *testing.T) {
 	cfg := consumerConfig(b, "snoozeredrive")
 	cfg.MaxAttempts = 1
 	c := b.client(t, cfg)
-	c.redriveEvery = 20 * time.Millisecond
+	c.test.redriveEvery = 20 * time.Millisecond
 	const (
 		failing = iota
 		snoozing

@@ -18,8 +18,9 @@ import (
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
-// The concurrent path in the crash harness (issue 21: "the crash-point test
-// of the consumer issue covers the concurrent path").
+// The concurrent path in the crash harness: the crash points are also crashed
+// with several units of a partition running at once, because the interleavings
+// of their transactions are states the one-unit path never reaches.
 //
 // With Config.KeyConcurrency above 1 a partition runs several units at
 // once, each its own transaction: the order in which their writes reach

@@ -320,7 +320,7 @@ func (p *crashProc) recorded() []writeCmd {
 }
 
 // reap ends the sessions of the dead processes, as the next owner of their
-// partitions does when it meets their locks (takeover.go).
+// partitions does when it meets their locks (internal/liveness/takeover.go).
 func (r *crashRig) reap() {
 	r.mu.Lock()
 	var ids bson.A
@@ -367,7 +367,7 @@ func (r *crashRig) quiet(p *crashProc, what string, done func() bool) error {
 
 // crashQuietTimeout bounds a step. A dead process's transactions live for
 // the server's default 60 s: a recovery that waits for them instead of
-// ending them (takeover.go) runs into this bound.
+// ending them (internal/liveness/takeover.go) runs into this bound.
 const crashQuietTimeout = 20 * time.Second
 
 // commitLog is the partition's committed offset in Kafka.

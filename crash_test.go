@@ -20,8 +20,9 @@ import (
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
-// Crash every write (issue 20, design brief §2.4: "Each write of each
-// multi-write operation is crashed in a test").
+// Crash every write: each write of each multi-write operation is crashed in a
+// test, because a state a crash can leave half-done must be one that any
+// replica resumes from without a sweep.
 //
 // For each scenario (one operation of the framework on a small partition)
 // the harness first runs it uncrashed, recording the write commands its
@@ -36,7 +37,7 @@ import (
 //  1. the partition's new owner runs the partition from the committed
 //     offset (its consumer worker, or its publisher worker) until it is
 //     quiescent, ending the dead process's sessions when it meets their
-//     locks (takeover.go), and the invariants are checked;
+//     locks (internal/liveness/takeover.go), and the invariants are checked;
 //  2. the operator issues again the call that was cut short (a re-drive, a
 //     purge, a retry, the migration) and the scenario's later steps run;
 //     the invariants are checked again and the outcome must be the

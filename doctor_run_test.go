@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // TestRunReportsBreakingSettings: a service started on a compacted topic
@@ -20,7 +20,7 @@ func TestRunReportsBreakingSettings(t *testing.T) {
 	ctx := context.Background()
 	b.kafka.SetTopicConfig(t, b.kafkaTopic(ordersTopic), "cleanup.policy", kadm.StringPtr("compact"))
 
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg := b.config("run-doctor")
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	o := newOtel(t, &cfg)

@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/kafkawatch"
 )
 
 // A partition its client believes it fetches while the broker does not
@@ -25,7 +24,7 @@ import (
 // as long as the client lives. The broker also leaves the partition out
 // of the next sessions the client opens (the restarts open them): one, and
 // the wait stays until a second restart; two, and the restarts do not help
-// (fetchRestartsBeforeReadd): the watch re-subscribes the topic.
+// (kafkawatch.RestartsBeforeReadd): the watch re-subscribes the topic.
 func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -39,7 +38,7 @@ func TestFetchWatchRestartsAPartitionItsClientStopped(t *testing.T) {
 		noListings bool
 	}{
 		{name: "restarts", sessions: 1},
-		{name: "re-subscribes", sessions: fetchRestartsBeforeReadd, resubscribe: true},
+		{name: "re-subscribes", sessions: kafkawatch.RestartsBeforeReadd, resubscribe: true},
 		{name: "listings fail", sessions: 1, noListings: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,10 +55,10 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 	o := newOtel(t, &cfg)
 	c := b.client(t, cfg)
 	c.tel.lagEvery = 50 * time.Millisecond
-	c.fetchCheckEvery = 50 * time.Millisecond
+	c.test.fetchCheckEvery = 50 * time.Millisecond
 	// As long as a wait takes to show: the wait shows when it is set.
-	c.fetchQuietFor = waitVisible
-	c.fetchRestartEvery = time.Second
+	c.test.fetchQuietFor = waitVisible
+	c.test.fetchRestartEvery = time.Second
 	var mu sync.Mutex
 	handled := map[int]bool{}
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
@@ -110,7 +109,7 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 	// a session on its own (after a fetch error, under load), which must
 	// not end the stall early.
 	var setOffsets, resubscribes atomic.Int32
-	c.fetchRestartHook = func(tp consume.TopicPartition, reason string) {
+	c.test.fetchRestartHook = func(tp consume.TopicPartition, reason string) {
 		if tp.Topic != ordersTopic || tp.Partition != 0 {
 			return
 		}
@@ -174,9 +173,9 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 		}
 		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 6
 	})
-	require.GreaterOrEqual(t, forgot.Load(), 1+min(sessions, fetchRestartsBeforeReadd), "the restarts' sessions left the partition out")
+	require.GreaterOrEqual(t, forgot.Load(), 1+min(sessions, kafkawatch.RestartsBeforeReadd), "the restarts' sessions left the partition out")
 	restarts := o.collect(t)["outbox.consumer.fetch_restarts"]
-	require.GreaterOrEqual(t, sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("set_offsets")), float64(min(sessions+1, fetchRestartsBeforeReadd)))
+	require.GreaterOrEqual(t, sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("set_offsets")), float64(min(sessions+1, kafkawatch.RestartsBeforeReadd)))
 	resubscribed := sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("resubscribe"))
 	if resubscribe {
 		require.GreaterOrEqual(t, resubscribed, 1.0, "the restarts did not help: the topic was re-subscribed")
@@ -201,50 +200,4 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 		}
 		return true
 	})
-}
-
-func TestJudgeFetch(t *testing.T) {
-	tp := consume.TopicPartition{Topic: "orders", Partition: 3}
-	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
-	quiet := now.Add(-20 * time.Second)
-	for _, tc := range []struct {
-		name    string
-		pr      fetchProbe
-		st      fetchState
-		wait    string // a part of the wait's detail; "" for no wait
-		restart bool
-		clean   bool
-	}{
-		{name: "records the client does not fetch: restart", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
-			wait: "the broker has records from offset 10; this replica's Kafka client fetched none for 20s; fetching restarted 1 times", restart: true},
-		{name: "restarted a moment ago: wait, no second restart", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
-			st:   fetchState{restarts: 1, lastRestartAt: now.Add(-time.Second)},
-			wait: "fetching restarted 1 times"},
-		{name: "restarted long ago: restart again", pr: fetchProbe{first: 10, lso: 20, hwm: 20},
-			st:   fetchState{restarts: 1, lastRestartAt: now.Add(-fetchRestartEvery)},
-			wait: "fetching restarted 2 times", restart: true},
-		{name: "records past a marker", pr: fetchProbe{first: 11, lso: 20, hwm: 20},
-			wait: "records from offset 11", restart: true},
-		{name: "an open transaction holds the partition", pr: fetchProbe{first: -1, lso: 10, hwm: 15},
-			wait: "an open Kafka transaction: committed records end at offset 10, the high watermark is 15"},
-		{name: "markers only: nothing to fetch", pr: fetchProbe{first: -1, lso: 12, hwm: 12}, clean: true},
-		{name: "the leader cannot be asked", pr: fetchProbe{err: errors.New("broker down"), first: -1, lso: -1, hwm: -1},
-			wait: "asking the partition's leader failed: broker down"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := tc.st
-			v := judgeFetch(tp, 10, quiet, tc.pr, &st, fetchRestartEvery, now)
-			require.Equal(t, tc.restart, v.restart)
-			require.Equal(t, tc.clean, v.clean)
-			if tc.wait == "" {
-				require.Nil(t, v.wait)
-				return
-			}
-			require.NotNil(t, v.wait)
-			require.Equal(t, "fetch", v.wait.What)
-			require.Equal(t, int64(10), v.wait.Offset)
-			require.Equal(t, quiet, v.wait.Since)
-			require.True(t, strings.Contains(v.wait.Detail, tc.wait), v.wait.Detail)
-		})
-	}
 }

@@ -18,10 +18,9 @@ import (
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
 
-// Issue 12 item 7: a record too large to store whole in the inbox (near
-// MongoDB's 16 MiB document limit) used to be impossible to park, so its
-// partition retried for ever. It is parked with a truncated payload and a
-// note, and cannot be re-driven from it.
+// A record too large to store whole in the inbox (near MongoDB's 16 MiB
+// document limit) is still parked, or its partition would retry it for ever:
+// with a truncated payload and a note, and it cannot be re-driven from it.
 func TestOversizeRecordIsParkedTruncated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -77,11 +76,10 @@ func withKey(rec *kgo.Record, b *bundle, key string) *kgo.Record {
 	return r
 }
 
-// Issue 12 item 7: failure notes and parks are written before the offset
-// is committed, in transactions of their own (so that a lock held by a dead
-// replica's transaction fails them at once, issue 31); the commits of those
-// transactions ask for majority write concern explicitly, whatever the
-// client's default.
+// Failure notes and parks are written before the offset is committed, in
+// transactions of their own (so that a lock held by a dead replica's
+// transaction fails them at once); the commits of those transactions ask for
+// majority write concern explicitly, whatever the client's default.
 func TestFailureNotesUseMajorityWriteConcern(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex

@@ -141,7 +141,7 @@ func TestEnsureIndexesReusesEquivalentIndexesOfAnotherName(t *testing.T) {
 	require.EqualValues(t, 7200, in["expiration"]["expireAfterSeconds"], "its TTL follows InboxRetention")
 	require.Contains(t, in, indexInboxParked)
 
-	// Run starts on these collections (it used to retry forever).
+	// Run starts on these collections instead of retrying forever.
 	stop := start(t, c)
 	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
 		return Record(ctx, orderPlaced{Run: b.run, OrderID: "o-1"})

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // The periodic summary sums up what the counted instruments saw in the
@@ -17,7 +17,7 @@ import (
 // interval; the loop logs the last partial interval when Run stops.
 func TestLogSummary(t *testing.T) {
 	t.Parallel()
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg := validConfig(t)
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.ReplicaID = "orders-1"

@@ -19,7 +19,7 @@ import (
 //     partition count of a publish topic at the last successful Kafka
 //     metadata read (see ErrPartitionsUnknown);
 //   - {_id: "replica:<instance id>", kind: "replica", ..., last_seen}: the
-//     liveness record of a running Client (see replicas.go and
+//     liveness record of a running Client (see internal/liveness and
 //     Admin.Replicas);
 //   - {_id: {recreated: <consumer group>, topic, id}, claimed_at, done_at,
 //     replica}: the reset of the group's offsets of a topic deleted and

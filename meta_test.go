@@ -9,11 +9,11 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// Two services with the same Database and the default collection names
-// used to share the inbox and skip each other's events (the inbox _id is
-// {topic, content_schema, idempotency_key}, whoever handles it). The second
-// to start is now refused, at EnsureIndexes and at Run, with an error that
-// names both groups and the fix.
+// Two services with the same Database and the default collection names would
+// share the inbox and skip each other's events (the inbox _id is {topic,
+// content_schema, idempotency_key}, whoever handles it). The second to start
+// is refused, at EnsureIndexes and at Run, with an error that names both
+// groups and the fix.
 func TestInboxOfAnotherGroupIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

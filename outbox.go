@@ -152,8 +152,7 @@ func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context)
 		// The driver retries TransientTransactionError for up to 120 s and
 		// ignores cancellation between attempts (an operation cut short by
 		// the cancellation is itself labelled transient): stop here instead,
-		// or a shutdown waits two minutes per transaction in hand (found by
-		// cmd/outbox-chaos).
+		// or a shutdown waits two minutes per transaction in hand.
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}

@@ -456,7 +456,7 @@ func (a *Admin) updateParked(ctx context.Context, f ParkedFilter, dryRun bool, w
 // between two transactions, and the partition's consumer goes on with it.
 // The returned function waits for the loop to end.
 func (c *Client) startRedriveRequests(ctx context.Context) (wait func()) {
-	every := c.redriveEvery
+	every := c.test.redriveEvery
 	if every <= 0 {
 		every = redriveInterval
 	}

@@ -22,7 +22,7 @@ func parkedSetup(t *testing.T) (*bundle, *Client, *atomic.Bool, *atomic.Int64) {
 	// own (poison_test.go).
 	cfg.PoisonPolicy = SkipEvent
 	c := b.client(t, cfg)
-	c.redriveEvery = 20 * time.Millisecond
+	c.test.redriveEvery = 20 * time.Millisecond
 	var fail atomic.Bool
 	var handled atomic.Int64
 	fail.Store(true)
@@ -133,7 +133,7 @@ func TestRedriveRequestWithoutHandlerStays(t *testing.T) {
 	b := setup(t)
 	cfg := consumerConfig(b, "nohandler")
 	c := b.client(t, cfg)
-	c.redriveEvery = 10 * time.Millisecond
+	c.test.redriveEvery = 10 * time.Millisecond
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error { return nil })
 	ctx := context.Background()
 	// A parked event of a schema this service has no handler for (an older

@@ -506,7 +506,7 @@ func (c *Client) refreshPartitions(ctx context.Context) error {
 		counts, limits, err := pc.fetch(rctx, cl, c.cfg.PublishTopics)
 		cancel()
 		pc.apply(ctx, counts, limits)
-		wait := cmp.Or(c.metadataEvery, metadataInterval)
+		wait := cmp.Or(c.test.metadataEvery, metadataInterval)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -158,7 +158,7 @@ func TestRunRefreshesPartitionCountsAfterIncrease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.client(t, b.config("grow"))
-	c.metadataEvery = 20 * time.Millisecond
+	c.test.metadataEvery = 20 * time.Millisecond
 	start(t, c)
 	stored := func(n int) func() bool {
 		return func() bool {

@@ -38,7 +38,7 @@ func holdSetup(t *testing.T, tweak func(*Config)) *holdEnv {
 		tweak(&cfg)
 	}
 	c := b.client(t, cfg)
-	c.redriveEvery = 20 * time.Millisecond
+	c.test.redriveEvery = 20 * time.Millisecond
 	h := &holdEnv{b: b, c: c, failing: map[string]bool{}, failOnce: map[string]bool{}, calls: map[string]int{}}
 	h.register(c)
 	return h
@@ -114,9 +114,9 @@ func (h *holdEnv) held(t *testing.T) int64 {
 	return count(t, h.c.inbox, bson.D{{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}}})
 }
 
-// Issue 12 item 6: a parked event holds its key: the later events of the
-// key are parked behind it, in order, other keys move on, and re-driving it
-// releases them in order. The key is free afterwards.
+// A parked event holds its key: the later events of the key are parked behind
+// it, in order, other keys move on, and re-driving it releases them in order.
+// The key is free afterwards.
 func TestHoldKeyParksLaterEventsAndRedriveReleasesThem(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
@@ -170,9 +170,8 @@ func TestHoldKeyParksLaterEventsAndRedriveReleasesThem(t *testing.T) {
 	require.Equal(t, []string{"a1", "a2", "a3", "a4"}, h.effectKeys(t, "A"))
 }
 
-// Issue 12 item 6: a held event that fails while released becomes the new
-// head; the rest stay held behind it; a re-drive request served by the
-// consumer releases them.
+// A held event that fails while released becomes the new head; the rest stay
+// held behind it; a re-drive request served by the consumer releases them.
 func TestHoldKeyFailingHeldEventBecomesHead(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
@@ -228,7 +227,7 @@ func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 	// sweep would release it too, concurrently, and could handle a2 while
 	// the failed run's attempt is being counted (that race is covered by
 	// TestInterruptedReleaseIsResumed and the chaos runs).
-	c.redriveEvery = time.Hour
+	c.test.redriveEvery = time.Hour
 	ctx := context.Background()
 	head := h.heldChain(t)
 	h.mu.Lock()
@@ -245,9 +244,8 @@ func TestHoldKeyReleaseRetriesTransientFailure(t *testing.T) {
 // An event parked by an earlier owner of the partition after this worker
 // loaded its held keys (a replica still retrying it when it lost the
 // partition) reaches the worker as already parked: the worker must hold its
-// key from then on. It skipped the event as a duplicate and handled the
-// later events of the key, out of order (seen in a chaos run: seq 695
-// handled after 693, 694 after 697 once re-driven).
+// key from then on. Skipping the event as a duplicate would handle the later
+// events of the key out of order (694 handled after 697 once re-driven).
 func TestEventParkedByEarlierOwnerHoldsItsKey(t *testing.T) {
 	t.Parallel()
 	h := holdSetup(t, nil)
@@ -285,7 +283,7 @@ func TestEventParkedByEarlierOwnerHoldsItsKey(t *testing.T) {
 	require.Equal(t, []string{"a0", "a1", "a2"}, h.effectKeys(t, "A"))
 }
 
-// Issue 12 item 6: purging the head releases the events held behind it,
+// Purging the head releases the events held behind it,
 // in order.
 func TestHoldKeyPurgeReleasesHeld(t *testing.T) {
 	t.Parallel()
@@ -323,7 +321,7 @@ func TestInterruptedReleaseIsResumed(t *testing.T) {
 	require.Zero(t, h.held(t))
 }
 
-// Issue 12 item 6: batching respects held keys, and a restarted consumer
+// Batching respects held keys, and a restarted consumer
 // knows the held keys of its partitions.
 func TestHoldKeyBatchesAndRestart(t *testing.T) {
 	t.Parallel()
@@ -383,7 +381,7 @@ func TestSkipEventPolicyDoesNotHold(t *testing.T) {
 	require.EqualValues(t, 1, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
 }
 
-// Issue 12 item 6: Park parks at once; Snooze retries without using an
+// Park parks at once; Snooze retries without using an
 // attempt, within Config.MaxSnoozes.
 func TestHandlerParkAndSnooze(t *testing.T) {
 	t.Parallel()
@@ -417,7 +415,7 @@ func TestHandlerParkAndSnooze(t *testing.T) {
 	b.produce(t, b.keyed("forever", "F"), b.payload(t, "forever", 2))
 	b.produce(t, b.keyed("last", "L"), b.payload(t, "last", 3))
 	eventually(t, "last handled", func() bool { return count(t, effects, bson.D{{Key: "key", Value: "last"}}) == 1 })
-	// Other keys do not wait for a key that retries (issue 31 item 5).
+	// Other keys do not wait for a key that retries.
 	eventually(t, "park and forever parked", func() bool { return count(t, c.inbox, bson.D{{Key: "parked", Value: true}}) == 2 })
 	ctx := context.Background()
 	parked, err := c.Admin().ParkedEvents(ctx, ParkedFilter{})

@@ -214,9 +214,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		Hold:        cfg.PoisonPolicy == HoldKey,
 		HoldRecheck: cmpOrDuration(o.holdRecheck, holdRecheckInterval),
 		MarkTimeout: markTimeout,
-		// A graceful stop must end even when Kafka is unreachable and the
-		// producer never resolves the batch (found by cmd/outbox-chaos:
-		// Run hung for good after losing its network mid-batch).
+		// A graceful stop must end even when Kafka is unreachable and
+		// the producer never resolves the batch: a Run that lost its
+		// network mid-batch would otherwise never return.
 		StopTimeout: deliveryTimeout + markTimeout + time.Second,
 		Logger:      log,
 		Stats:       p.stats,

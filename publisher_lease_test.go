@@ -8,12 +8,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Issue 12, item 7: the publisher's lease is renewed only by group
-// responses with error code 0. While the coordinator answers every
-// heartbeat of the publisher group with REBALANCE_IN_PROGRESS (a member
-// that keeps rejoining: its session is not confirmed) the lease must lapse;
-// before the fix every completed round trip renewed it and it never did.
-// Once heartbeats succeed again the lease is valid again.
+// The publisher's lease is renewed only by group responses with error code 0.
+// While the coordinator answers every heartbeat of the publisher group with
+// REBALANCE_IN_PROGRESS (a member that keeps rejoining: its session is not
+// confirmed) the lease must lapse, which it would never do if every completed
+// round trip renewed it. Once heartbeats succeed again the lease is valid
+// again.
 func TestPublisherLeaseRenewedOnlyBySuccessfulHeartbeats(t *testing.T) {
 	t.Parallel()
 	forEachGroupProtocol(t, func(t *testing.T) {

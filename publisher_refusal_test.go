@@ -108,9 +108,9 @@ func failedCount(t *testing.T, b *bundle) int64 {
 	return countFind(t, b.db.Collection("outbox"), bson.D{{Key: "failed", Value: true}})
 }
 
-// Issue 12, item 1, first case: max.message.bytes=1500 and eight events of
-// about 700 bytes. Each fits alone; a batch of them does not. Before the
-// fix all eight were marked failed.
+// max.message.bytes=1500 and eight events of about 700 bytes. Each fits alone;
+// a batch of them does not. None is marked failed: an event is failed only
+// when refused on its own, never because its batch was.
 func TestPublisherBatchRefusalPublishesInnocentEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -127,8 +127,8 @@ func TestPublisherBatchRefusalPublishesInnocentEvents(t *testing.T) {
 	checkDelivery(t, r, b.kafkaEvents(t, ordersTopic, 8))
 }
 
-// Issue 12, item 1, second case: one 6 KB event among seven tiny ones under
-// a 4000-byte limit: the big one fails, the seven are published in order.
+// One 6 KB event among seven tiny ones under a 4000-byte limit: the big one
+// fails, the seven are published in order.
 func TestPublisherBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

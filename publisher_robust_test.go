@@ -35,8 +35,8 @@ func recordKeyless(t *testing.T, c *Client, run string, n, padding int) {
 	require.NoError(t, c.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, e) }))
 }
 
-// Issue 27, item 2: a refused keyless event held every keyless event of
-// its topic after it (its key, "", was held). It holds nothing.
+// A refused keyless event holds nothing: keyless events promise no order, so
+// the key "" must not hold every keyless event of its topic after it.
 func TestPublisherRefusedKeylessEventHoldsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -58,11 +58,11 @@ func TestPublisherRefusedKeylessEventHoldsNothing(t *testing.T) {
 	require.Zero(t, st.OutboxHeldEvents)
 }
 
-// Issue 27, item 3: events on partitions added to a topic waited for the
+// Events on partitions added to a topic are published without waiting for the
 // clients' metadata refresh (kgo's default: five minutes). Here they are
-// recorded by another client that knows the new count, while the
-// publisher's own refresh of the counts is a minute away: the bounded
-// metadata age of its group and producers brings them out.
+// recorded by another client that knows the new count, while the publisher's
+// own refresh of the counts is a minute away: the bounded metadata age of its
+// group and producers brings them out.
 func TestPublisherPublishesOnAddedPartitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -98,10 +98,10 @@ func TestPublisherPublishesOnAddedPartitions(t *testing.T) {
 	checkDelivery(t, r, recs)
 }
 
-// Issue 27, item 4: a change stream whose getMore keeps failing after a
-// successful open was reopened thousands of times a second. With backoff
-// (10 ms doubling to 100 ms in this configuration) a 2 s failing window
-// sees a few dozen reopens at most; the reopens are counted by a metric.
+// A change stream whose getMore keeps failing after a successful open is
+// reopened with backoff, not thousands of times a second. With backoff (10 ms
+// doubling to 100 ms in this configuration) a 2 s failing window sees a few
+// dozen reopens at most; the reopens are counted by a metric.
 func TestPublisherChangeStreamFailuresBackOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -144,7 +144,8 @@ func TestPublisherChangeStreamFailuresBackOff(t *testing.T) {
 	require.Positive(t, sumOf(m["outbox.change_stream.reopens"], attrReason.String("error")))
 }
 
-// Issue 27, item 5: outbox_events_publish_failed_total had no topic label.
+// outbox_events_publish_failed_total has a topic label, so that an operator
+// sees which topic refuses events.
 func TestPublishFailedMetricNamesTheTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -162,11 +163,10 @@ func TestPublishFailedMetricNamesTheTopic(t *testing.T) {
 	})
 }
 
-// Issue 27, item 7: a document whose payload has the wrong BSON type failed
-// the decoding of its whole scan batch: every event of its partition
-// waited, for ever, and it was never marked failed. It is marked failed
-// with the reason, the others are published, and an operator can list,
-// retry and discard it.
+// A document whose payload has the wrong BSON type must not fail the decoding
+// of its whole scan batch, which would stall its partition for ever: it is
+// marked failed with the reason, the others are published, and an operator can
+// list, retry and discard it.
 func TestPublisherUnreadableDocumentDoesNotStopItsPartition(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -213,8 +213,8 @@ func TestPublisherUnreadableDocumentDoesNotStopItsPartition(t *testing.T) {
 	require.Zero(t, countFind(t, coll, bson.D{{Key: "_id", Value: bad}}))
 }
 
-// Issue 27, item 9: an event stored for a partition beyond its topic's
-// count waited with no reason given. Status names the cause.
+// An event stored for a partition beyond its topic's count waits, and Status
+// names the cause, so that the wait is not a silent one.
 func TestStatusNamesEventsBeyondThePartitionCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

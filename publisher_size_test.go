@@ -14,9 +14,10 @@ import (
 	"github.com/event-outbox/outbox/internal/publish"
 )
 
-// Issue 27: events Kafka would accept were failed by the client's own
-// batch limit (ProducerBatchMaxBytes, 1,000,012 bytes before compression),
-// and an event that truly cannot fit was only discovered by the relay.
+// Events Kafka would accept are never failed by the client's own batch limit
+// (ProducerBatchMaxBytes, 1,000,012 bytes before compression), and an event
+// that truly cannot fit is refused when it is recorded, not first met by the
+// relay.
 
 // largeScenario records, on one partition, a small event, a large event of
 // about size bytes (incompressible, or compressible) and a small event, all
@@ -132,10 +133,10 @@ type slowPromises struct{ d time.Duration }
 
 func (h slowPromises) OnProduceRecordUnbuffered(*kgo.Record, error) { time.Sleep(h.d) }
 
-// Issue 27, item 6: kgo refuses a too-large record on the client but still
-// sends the records after it; with promises delivered late, later events of
-// its key were published while it stood failed and held the key. Whatever
-// the timing, none may be.
+// kgo refuses a too-large record on the client but still sends the records
+// after it; with promises delivered late, later events of its key could be
+// published while it stands failed and holds the key. Whatever the timing,
+// none may be.
 func TestPublisherNoEventOvertakesARefusedOneOfItsKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -168,10 +169,9 @@ func TestPublisherNoEventOvertakesARefusedOneOfItsKey(t *testing.T) {
 	}
 }
 
-// Issue 27, item 8: a scan read, decoded and produced 30 events of 600 KB
-// (18 MB) at once for one partition. Rounds are capped at 16 MiB of
-// documents, and the backlog still drains without waiting for the
-// periodic rescan.
+// A scan must not read, decode and produce 30 events of 600 KB (18 MB) at once
+// for one partition: rounds are capped at 16 MiB of documents, and the backlog
+// still drains without waiting for the periodic rescan.
 func TestPublisherScanRoundsAreCappedByBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -17,19 +17,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
-// Issue 31 item 3: a topic deleted and created again under a running
-// consumer (a dev stack restarted, an operator's mistake) used to answer
-// UNKNOWN_TOPIC_ID to every fetch for good, logged thousands of times a
-// second. The consumer subscribes to the new topic on its own, and the
-// repeated error is logged a few times, not per fetch.
+// A topic deleted and created again under a running consumer (a dev stack
+// restarted, an operator's mistake) answers UNKNOWN_TOPIC_ID to every fetch of
+// the client for good. The consumer subscribes to the new topic on its own,
+// and the repeated error is logged a few times, not per fetch.
 func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "recreate")
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c := b.client(t, cfg)
 	var calls atomic.Int64
@@ -253,8 +252,8 @@ func recreator(t *testing.T, b *bundle, n int32) func() {
 // startRecreateReplicas starts two consuming replicas of service whose
 // handler counts its calls; prepare, when not nil, adjusts each before it
 // starts. Their logs are printed if the test fails.
-func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64, prepare func(i int, c *Client)) (replicas []*Client, stops []func(), logs *syncbuf.Buffer) {
-	logs = &syncbuf.Buffer{}
+func startRecreateReplicas(t *testing.T, b *bundle, service string, calls *atomic.Int64, prepare func(i int, c *Client)) (replicas []*Client, stops []func(), logs *testkit.Buffer) {
+	logs = &testkit.Buffer{}
 	for i := range 2 {
 		cfg := consumerConfig(b, service)
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", i)
@@ -348,11 +347,11 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 			var crashOnce sync.Once
 			var calls atomic.Int64
 			replicas, stops, _ := startRecreateReplicas(t, b, "reset-crash", &calls, func(i int, c *Client) {
-				c.resetWait = 2 * time.Second
+				c.test.resetWait = 2 * time.Second
 				if i == 0 {
 					// Dies at step: blocks there (nothing more is written)
 					// until the test stops it.
-					c.resetHook = func(ctx context.Context, at string) bool {
+					c.test.resetHook = func(ctx context.Context, at string) bool {
 						if at != step {
 							return false
 						}
@@ -362,7 +361,7 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 					}
 				} else {
 					// Begins its reset once the other replica died.
-					c.resetHook = func(ctx context.Context, at string) bool {
+					c.test.resetHook = func(ctx context.Context, at string) bool {
 						if at == "begin" {
 							select {
 							case <-crashed:

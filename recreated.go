@@ -367,7 +367,7 @@ func (cons *consumer) readdTopic(t string, before func()) {
 // rather than skip anything.
 func (cons *consumer) resetTopicOnce(parent context.Context, t string, id kadm.TopicID) {
 	bare := cons.c.cfg.bareTopic(t)
-	ctx, cancel := context.WithTimeout(parent, cmp.Or(cons.c.resetWait, resetWait)+recreateTimeout)
+	ctx, cancel := context.WithTimeout(parent, cmp.Or(cons.c.test.resetWait, resetWait)+recreateTimeout)
 	defer cancel()
 	if cons.c.resetCrash(ctx, "begin") {
 		return
@@ -424,7 +424,7 @@ const (
 // done not written yet) it reports whether the replica dies there, leaving
 // what it wrote as a crash would. Always false outside tests.
 func (c *Client) resetCrash(ctx context.Context, step string) bool {
-	return c.resetHook != nil && c.resetHook(ctx, step)
+	return c.test.resetHook != nil && c.test.resetHook(ctx, step)
 }
 
 // topicResetID is the _id of the outbox_meta document of the reset of a
@@ -455,7 +455,7 @@ func (cons *consumer) claimTopicReset(ctx context.Context, t string, id kadm.Top
 // topic of that id is done; it reports whether it is.
 func (cons *consumer) awaitTopicReset(ctx context.Context, t string, id kadm.TopicID) bool {
 	start := time.Now()
-	deadline := start.Add(cmp.Or(cons.c.resetWait, resetWait))
+	deadline := start.Add(cmp.Or(cons.c.test.resetWait, resetWait))
 	logged := false
 	for attempt := 0; ; attempt++ {
 		var doc struct {

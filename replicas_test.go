@@ -12,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+
+	"github.com/event-outbox/outbox/internal/liveness"
 )
 
 // A running Client keeps a liveness record in outbox_meta: written at
@@ -24,7 +26,7 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 	ctx := context.Background()
 	c := b.client(t, b.config("alive"))
 	registerConsumer(t, c)
-	c.replicaEvery = 50 * time.Millisecond
+	c.test.replicaEvery = 50 * time.Millisecond
 	stop := start(t, c)
 	adm := c.Admin()
 
@@ -70,9 +72,9 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 		return rs[0].LastSeen.After(r.LastSeen)
 	})
 
-	ttl := indexSpecs(t, c.meta)[indexMetaReplicaTTL]
+	ttl := indexSpecs(t, c.meta)[liveness.IndexTTL]
 	require.NotNil(t, ttl, "the replica TTL index exists")
-	require.EqualValues(t, int64(replicaTTL.Seconds()), ttl["expireAfterSeconds"])
+	require.EqualValues(t, int64(liveness.TTL.Seconds()), ttl["expireAfterSeconds"])
 	require.Equal(t, bson.D{{Key: "kind", Value: replicaKind}}, ttl["partialFilterExpression"])
 
 	stop()
@@ -112,27 +114,25 @@ func TestReplicaRecordOfAFailedRun(t *testing.T) {
 	require.EqualValues(t, 1, count(t, c.meta, bson.D{{Key: "kind", Value: replicaKind}}))
 }
 
-// A refresh that reaches the server after the stop's write leaves the
-// record stopped. The stop cancels the refresh in flight, but the driver
-// only gives up waiting: the server may run the canceled update after the
-// stop's, on another connection, which marked a stopped replica running
-// again (TestReplicaRecordOfAFailedRun failed so on a loaded machine).
+// A refresh that reaches the server after the stop's write leaves the record
+// stopped. The stop cancels the refresh in flight, but the driver only gives
+// up waiting: the server may run the canceled update after the stop's, on
+// another connection, which must not mark a stopped replica running again.
 // Here the late refresh is written after the stop on purpose.
 func TestReplicaRefreshAfterStopKeepsItStopped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
 	c := b.client(t, b.config("late"))
-	r := &replica{c: c, id: replicaIDPrefix + "late", host: "h", pid: 1, started: time.Now().UTC(),
-		interval: time.Second, consGen: -1, pubGen: -1}
-	require.NoError(t, r.write(ctx, false, nil))
-	require.NoError(t, r.write(ctx, true, nil))
-	err := r.write(ctx, false, nil) // the canceled refresh, landing late
+	r := liveness.NewRecordID(liveness.Owner{Service: c.cfg.Service, Meta: c.meta, Interval: time.Second, Log: c.cfg.Logger}, "late")
+	require.NoError(t, r.Write(ctx, false, nil))
+	require.NoError(t, r.Write(ctx, true, nil))
+	err := r.Write(ctx, false, nil) // the canceled refresh, landing late
 	rs, rerr := c.Admin().Replicas(ctx)
 	require.NoError(t, rerr)
 	require.Len(t, rs, 1)
 	require.True(t, rs[0].Stopped, "a late refresh must not mark a stopped replica running")
-	require.ErrorIs(t, err, errReplicaStopped)
+	require.ErrorIs(t, err, liveness.ErrStopped)
 }
 
 // Replica's JSON gives durations in seconds, as Status does.
@@ -171,7 +171,7 @@ func TestReplicasAreReadFromThePrimary(t *testing.T) {
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := b.db.Collection(metaCollection).InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + "0000000000000004"},
+	_, err := b.db.Collection(metaCollection).InsertOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + "0000000000000004"},
 		{Key: "kind", Value: replicaKind}, {Key: "service", Value: "primaryread"}, {Key: "state", Value: "running"},
 		{Key: "last_seen", Value: time.Now()}, {Key: "refresh_ms", Value: int64(1000)}})
 	require.NoError(t, err)

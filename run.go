@@ -84,7 +84,7 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	})()
 
-	// The liveness record (replicas.go) is kept while the groups run and
+	// The liveness record (internal/liveness) is kept while the groups run and
 	// drain, and marked stopped once both were left.
 	stopAlive := c.keepAlive(ctx)
 	c.cfg.Logger.InfoContext(ctx, "outbox: running", "outbox.replica", c.cfg.ReplicaID,

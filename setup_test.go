@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.uber.org/goleak"
 
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -190,13 +191,7 @@ func (b *bundle) produceRaw(t *testing.T, rec *kgo.Record) {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, 30*time.Second, what, cond)
 }
 
 func count(t *testing.T, coll *mongo.Collection, filter bson.D) int64 {

@@ -123,9 +123,8 @@ func TestStatusCountsFailedAndParked(t *testing.T) {
 	require.ErrorContains(t, err, `"nope"`)
 }
 
-// Issue 27, item 2: a failed keyless event holds nothing (keyless events
-// promise no order), so the keyless events pending beside it are not
-// counted as held.
+// A failed keyless event holds nothing (keyless events promise no order), so
+// the keyless events pending beside it are not counted as held.
 func TestStatusKeylessFailedEventHoldsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/liveness"
 )
 
 // sessionAmong takes sessions of m until it gets one whose id is in ids
@@ -85,11 +87,11 @@ func TestTakeoverNeverEndsTheSessionsOfAStoppedReplica(t *testing.T) {
 	eventually(t, "e1 handled", func() bool { return count(t, effects, bson.D{}) == 1 })
 	var recorded []bson.Raw
 	eventually(t, "the replica's sessions recorded", func() bool {
-		reps, err := a.Admin().Replicas(ctx)
+		_, docs, err := liveness.Read(ctx, a.meta)
 		require.NoError(t, err)
-		for _, r := range reps {
-			if r.ConsumerGroup == a.cfg.ConsumerGroup && !r.Stopped {
-				recorded = r.lsids
+		for _, r := range docs {
+			if r.ConsumerGroup == a.cfg.ConsumerGroup && !r.Stopped() {
+				recorded = r.LSIDs
 			}
 		}
 		return len(recorded) > 0
@@ -103,7 +105,7 @@ func TestTakeoverNeverEndsTheSessionsOfAStoppedReplica(t *testing.T) {
 	openTxn(t, s, others)
 
 	survivor := startMember(t, b, cfg)
-	require.NoError(t, survivor.reap(ctx, survivor.tel.cons.Load()))
+	require.NoError(t, survivor.sessions.ReapNow(ctx, survivor.reaper(survivor.tel.cons.Load())))
 	require.NoError(t, s.CommitTransaction(ctx), "the transaction of someone else survives the takeover check")
 	require.EqualValues(t, 1, count(t, others, bson.D{}))
 }
@@ -121,7 +123,7 @@ func TestTakeoverSparesTheSessionsOfALiveMongoClient(t *testing.T) {
 	survivor := startMember(t, b, cfg) // on b.mongo.Client
 	meta := b.db.Collection(metaCollection)
 	silentRecord := func(id, pool string, lsid bson.Raw) {
-		_, err := meta.InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}, {Key: "kind", Value: replicaKind},
+		_, err := meta.InsertOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + id}, {Key: "kind", Value: replicaKind},
 			{Key: "service", Value: survivor.cfg.Service}, {Key: "consumer_group", Value: survivor.cfg.ConsumerGroup}, {Key: "state", Value: "running"},
 			{Key: "consumer_member_id", Value: "gone-" + id}, {Key: "refresh_ms", Value: int64(1000)},
 			{Key: "last_seen", Value: time.Now().Add(-time.Minute)}, {Key: "session_pool", Value: pool},
@@ -133,16 +135,16 @@ func TestTakeoverSparesTheSessionsOfALiveMongoClient(t *testing.T) {
 	require.NoError(t, err)
 	defer shared.EndSession(ctx)
 	openTxn(t, shared, b.db.Collection("shared"))
-	silentRecord("0000000000000001", sessionPool(b.mongo.Client), shared.ID())
+	silentRecord("0000000000000001", liveness.SessionPool(b.mongo.Client), shared.ID())
 
 	deadClient := b.mongo.NewClient(t)
 	dead, err := deadClient.StartSession()
 	require.NoError(t, err)
 	defer dead.EndSession(ctx)
 	openTxn(t, dead, deadClient.Database(b.db.Name()).Collection("dead"))
-	silentRecord("0000000000000002", sessionPool(deadClient), dead.ID())
+	silentRecord("0000000000000002", liveness.SessionPool(deadClient), dead.ID())
 
-	require.NoError(t, survivor.reap(ctx, survivor.tel.cons.Load()))
+	require.NoError(t, survivor.sessions.ReapNow(ctx, survivor.reaper(survivor.tel.cons.Load())))
 	require.NoError(t, shared.CommitTransaction(ctx), "a live mongo.Client's session is not ended")
 	require.Error(t, dead.CommitTransaction(ctx), "a dead replica's session is ended")
 }
@@ -167,29 +169,29 @@ func TestTakeoverReapRemovesOnlyTheSessionsItEnded(t *testing.T) {
 	defer recordedMeanwhile.EndSession(ctx)
 
 	c := b.client(t, cfg)
-	c.reapedHook = func(ctx context.Context, replicaID string) {
+	c.test.reapedHook = func(ctx context.Context, replicaID string) {
 		if replicaID != id {
 			return
 		}
-		_, err := meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}},
+		_, err := meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + id}},
 			bson.D{{Key: "$push", Value: bson.D{{Key: "lsids", Value: recordedMeanwhile.ID()}}}})
 		require.NoError(t, err)
 	}
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error { return nil })
 	start(t, c)
 	waitMember(t, c)
-	_, err = meta.InsertOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}, {Key: "kind", Value: replicaKind},
+	_, err = meta.InsertOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + id}, {Key: "kind", Value: replicaKind},
 		{Key: "service", Value: c.cfg.Service}, {Key: "consumer_group", Value: c.cfg.ConsumerGroup}, {Key: "state", Value: "running"},
 		{Key: "consumer_member_id", Value: "gone-" + id}, {Key: "refresh_ms", Value: int64(1000)},
-		{Key: "last_seen", Value: time.Now().Add(-time.Minute)}, {Key: "session_pool", Value: sessionPool(deadClient)},
+		{Key: "last_seen", Value: time.Now().Add(-time.Minute)}, {Key: "session_pool", Value: liveness.SessionPool(deadClient)},
 		{Key: "lsids", Value: bson.A{ended.ID()}}})
 	require.NoError(t, err)
 
-	require.NoError(t, c.reap(ctx, c.tel.cons.Load()))
+	require.NoError(t, c.sessions.ReapNow(ctx, c.reaper(c.tel.cons.Load())))
 	var rec struct {
 		LSIDs []bson.Raw `bson:"lsids"`
 	}
-	require.NoError(t, meta.FindOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + id}}).Decode(&rec))
+	require.NoError(t, meta.FindOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + id}}).Decode(&rec))
 	require.Len(t, rec.LSIDs, 1, "the reap removed the ids it ended, and only those")
 	require.True(t, bytes.Equal(rec.LSIDs[0], recordedMeanwhile.ID()), "the id recorded during the reap stays")
 }

@@ -18,7 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -56,12 +56,12 @@ func (n *cutNet) kill() {
 	}
 }
 
-// Issue 31 item 1: a replica killed while its transactions are open leaves
-// their locks on the inbox entries they claimed; MongoDB would release
-// them only when the transactions expire (here: after ten minutes). The
-// survivor takes the dead replica's partitions over when the group expires
-// it, meets the locks, ends the dead replica's sessions (whose ids its
-// replica record lists) and handles everything, each event once.
+// A replica killed while its transactions are open leaves their locks on the
+// inbox entries they claimed; MongoDB would release them only when the
+// transactions expire (here: after ten minutes). The survivor takes the dead
+// replica's partitions over when the group expires it, meets the locks, ends
+// the dead replica's sessions (whose ids its replica record lists) and handles
+// everything, each event once.
 func TestTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	t.Parallel()
 	forEachGroupProtocol(t, func(t *testing.T) {
@@ -129,7 +129,7 @@ func testTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	close(killed)
 	stopA()
 
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfgB := cfg
 	cfgB.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	survivor := b.client(t, cfgB)
@@ -148,14 +148,14 @@ func testTakeoverEndsTheSessionsOfADeadReplica(t *testing.T) {
 	t.Logf("the survivor stopped in %s", time.Since(at).Round(100*time.Millisecond))
 }
 
-// Issue 31 item 2: an event that waits (here on its inbox entry, locked by
-// another session's open transaction) shows in Status.Waiting with what it
-// waits on and since when, and in the log once; other keys go on.
+// An event that waits (here on its inbox entry, locked by another session's
+// open transaction) shows in Status.Waiting with what it waits on and since
+// when, and in the log once; other keys go on.
 func TestWaitsShowInStatusAndLog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := consumerConfig(b, "waits")
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	c := b.client(t, cfg)
 	effects := b.db.Collection("effects")
@@ -211,11 +211,11 @@ type orderPlacedV2 struct {
 
 func (orderPlacedV2) ContentSchema() string { return "OrderPlaced.v2" }
 
-// Issue 31 item 4: a rolling deploy where the producer ships a new event
-// version before the consumers. A replica without its handler parks the
-// new events (reason no_handler), holding their keys: the key's later
-// events wait behind them, in order. Once a replica with the handler owns
-// the partition, it releases them on its own, with what waited behind.
+// A rolling deploy where the producer ships a new event version before the
+// consumers. A replica without its handler parks the new events (reason
+// no_handler), holding their keys: the key's later events wait behind them, in
+// order. Once a replica with the handler owns the partition, it releases them
+// on its own, with what waited behind.
 func TestRollingDeployKeepsEventsWithoutAHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -251,7 +251,7 @@ func TestRollingDeployKeepsEventsWithoutAHandler(t *testing.T) {
 	// The new version of the service, with both handlers.
 	cfg.Service = old.cfg.Service
 	upgraded := b.client(t, cfg)
-	upgraded.redriveEvery = 50 * time.Millisecond
+	upgraded.test.redriveEvery = 50 * time.Millisecond
 	MustHandle(upgraded, func(ctx context.Context, e orderPlaced, m Metadata) error { return handle(ctx, e.OrderID, m) })
 	MustHandle(upgraded, func(ctx context.Context, e orderPlacedV2, m Metadata) error { return handle(ctx, e.OrderID, m) })
 	start(t, upgraded)

@@ -50,7 +50,7 @@ import (
 //	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
 //	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
 //	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
-//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (fetchwatch.go) {topic, partition, reason: set_offsets|resubscribe}
+//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (internal/kafkawatch) {topic, partition, reason: set_offsets|resubscribe}
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 //
@@ -60,10 +60,10 @@ import (
 // count on the inbox's parked documents (partial index inbox_parked),
 // cached for backlogCacheTTL: a scrape never costs more than that per
 // interval, whatever the scrape rate. Consumer lag uses the high watermarks
-// that the consumer's lag poller lists every few seconds (lag.go), raised by
-// newer ones seen in fetches, and the committed offsets: no Kafka request
-// per scrape, and a partition that is not fetched (stalled, paused) still
-// shows its lag growing.
+// that the consumer's lag poller (internal/kafkawatch) lists every few
+// seconds, raised by newer ones seen in fetches, and the committed offsets:
+// no Kafka request per scrape, and a partition that is not fetched
+// (stalled, paused) still shows its lag growing.
 //
 // Traces: the trace context of the context passed to Record is stored with
 // the event and sent as the W3C traceparent/tracestate headers. The handler
@@ -115,7 +115,7 @@ type telemetry struct {
 	hwmMu                              sync.Mutex
 	hwm                                map[topicPartition]int64 // high watermarks listed or fetched by the consumer
 	lwm                                map[topicPartition]int64 // log start offsets listed by the consumer
-	lagEvery                           time.Duration            // period of the consumer's lag poller (0: lagPollInterval); tests shorten it
+	lagEvery                           time.Duration            // period of the consumer's lag poller (0: internal/kafkawatch's default); tests shorten it
 	lagListedAt                        atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
 	errMu                              sync.Mutex
 	lastErr                            string

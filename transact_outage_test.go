@@ -13,9 +13,9 @@ import (
 )
 
 // A transaction that fails while MongoDB is down returns soon after, its
-// context ended or not: the driver's own abort runs on a background
-// context and waited for its server selection timeout (30 s), so a request
-// with a 5 s deadline answered after 35 s (issue 28 item 3).
+// context ended or not: the driver's own abort runs on a background context
+// and waited for its server selection timeout (30 s), so a request with a 5 s
+// deadline answered after 35 s.
 func TestTransactReturnsSoonWhenMongoDBGoesDown(t *testing.T) {
 	t.Parallel()
 	errHandler := errors.New("the caller's own failure")

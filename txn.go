@@ -17,7 +17,7 @@ import (
 // txOnce), not through the driver's WithTransaction: a write that meets a
 // document locked by another session's open transaction fails at once with
 // a WriteConflict, and the consumer decides what follows (a backoff on
-// that key only, and ending a dead replica's sessions, see takeover.go)
+// that key only, and ending a dead replica's sessions, see internal/liveness/takeover.go)
 // instead of the driver retrying at full speed for two minutes. A write
 // outside any transaction would instead wait on such a lock until the
 // server aborts the other transaction (transactionLifetimeLimitSeconds, 60
@@ -35,7 +35,7 @@ type tx struct {
 }
 
 // beginTx starts a transaction (majority write concern) in a new session,
-// whose id it first records for takeover (takeover.go).
+// whose id it first records for takeover (internal/liveness/takeover.go).
 func (c *Client) beginTx(ctx context.Context) (*tx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -47,7 +47,7 @@ func (c *Client) beginTx(ctx context.Context) (*tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)
 	}
-	if err := c.sessions.note(ctx, sess.ID()); err != nil {
+	if err := c.sessions.Note(ctx, sess.ID()); err != nil {
 		sess.EndSession(context.WithoutCancel(ctx))
 		return nil, err
 	}

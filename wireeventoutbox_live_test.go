@@ -23,7 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -116,7 +116,7 @@ type pyService struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	exited chan struct{}
-	stderr *syncbuf.Buffer
+	stderr *testkit.Buffer
 
 	mu      sync.Mutex
 	ready   bool
@@ -161,7 +161,7 @@ func launchPy(t *testing.T, py string, cfg pyConfig) *pyService {
 	arg, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	cmd := exec.Command(py, filepath.Join("testdata", "eventoutbox", "service.py"), string(arg))
-	s := &pyService{t: t, cmd: cmd, exited: make(chan struct{}), stderr: &syncbuf.Buffer{}}
+	s := &pyService{t: t, cmd: cmd, exited: make(chan struct{}), stderr: &testkit.Buffer{}}
 	cmd.Stderr = s.stderr
 	s.stdin, err = cmd.StdinPipe()
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // The browser test drives headless Chromium through the console of a
@@ -315,11 +316,5 @@ func countOf(t *testing.T, ctx context.Context, sel string) int {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.Eventually(t, 60*time.Second, what, cond)
 }

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -124,11 +125,5 @@ func TestPaymentsHandler(t *testing.T) {
 // waitFor polls cond until it holds, failing the test after settleTimeout.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(settleTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", settleTimeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, settleTimeout, "the condition", cond)
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/event-outbox/outbox"
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -55,7 +55,7 @@ func TestKafkaDownAtStart(t *testing.T) {
 		envMongoURI: mongoSrv.URI(),
 		envBrokers:  fmt.Sprintf("127.0.0.1:%d", kafkaPort),
 	}
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

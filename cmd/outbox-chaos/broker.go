@@ -424,8 +424,8 @@ func (bf *brokerFaults) sinceFault() time.Duration {
 	return time.Since(bf.last)
 }
 
-// Messages of the consumer's fetch watch (fetchwatch.go) that restartCounter
-// counts.
+// Messages of the consumer's fetch watch (internal/kafkawatch/fetch.go)
+// that restartCounter counts.
 const (
 	msgFetchRestart     = "restarting a partition's fetching"
 	msgFetchResubscribe = "re-subscribing a topic: restarting its partition's fetching did not help"

@@ -9,16 +9,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Issue 31, item 7: a partition whose work is all settled must end with its
-// end offset committed and its fetching unpaused, with no record arriving
-// after its last settle, whichever way its last records were settled:
-// handled, skipped as duplicates or for want of a handler, parked, held
-// behind a parked event, retried first, or past a gap in the offsets (a
-// compacted topic, or transaction markers and aborted records that a
-// read_committed consumer is never given); and whatever became of the
-// commits meanwhile (failed, in flight at the last settle). Every case runs
-// with a queue bound of two records, so that the partition pauses on the
-// way.
+// A partition whose work is all settled must end with its end offset committed
+// and its fetching unpaused, with no record arriving after its last settle,
+// whichever way its last records were settled: handled, skipped as duplicates
+// or for want of a handler, parked, held behind a parked event, retried first,
+// or past a gap in the offsets (a compacted topic, or transaction markers and
+// aborted records that a read_committed consumer is never given); and whatever
+// became of the commits meanwhile (failed, in flight at the last settle).
+// Every case runs with a queue bound of two records, so that the partition
+// pauses on the way.
 
 // quietCase is one way a partition's last records settle.
 type quietCase struct {

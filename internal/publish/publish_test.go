@@ -504,9 +504,9 @@ func TestWorkerStopFinishesBatchKillDoesNot(t *testing.T) {
 	}
 }
 
-// Regression (cmd/outbox-chaos): a graceful Stop while the producer never
-// resolves the batch in flight (Kafka unreachable) hung for good. With
-// StopTimeout it ends, and nothing of the unresolved batch is marked.
+// A graceful Stop while the producer never resolves the batch in flight (Kafka
+// unreachable) must not hang: with StopTimeout it ends, and nothing of the
+// unresolved batch is marked.
 func TestWorkerStopTimeoutAbandonsUnresolvedBatch(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}
@@ -582,11 +582,10 @@ func TestSetOwnership(t *testing.T) {
 	mu.Unlock()
 }
 
-// Regression (cmd/outbox-chaos, fence-outside): the publisher closes its
-// set while the group's rebalance callbacks still run. A Revoke of a
-// partition whose worker Close was still stopping returned at once, and
-// the group gave the partition to another member while this one was
-// still producing its batch. Revoke now returns when that worker exited;
+// The publisher closes its set while the group's rebalance callbacks still
+// run. A Revoke of a partition whose worker Close is still stopping must not
+// return at once, or the group gives the partition to another member while
+// this one still produces its batch: Revoke returns when that worker exited;
 // Lose kills it.
 func TestSetRevokeWaitsForAWorkerCloseIsStopping(t *testing.T) {
 	t.Parallel()
@@ -804,8 +803,8 @@ func keyOrder(store *memStore, delivered []int) map[string][]int {
 	return out
 }
 
-// Issue 12, item 1, first case: eight events of about 700 bytes under a
-// 1500-byte limit. Each fits alone; the first wave (three keys) does not.
+// Eight events of about 700 bytes under a 1500-byte limit. Each fits alone;
+// the first wave (three keys) does not.
 func TestWorkerBatchRefusalPublishesInnocentEvents(t *testing.T) {
 	t.Parallel()
 	store := &memStore{sizes: map[int]int{}}
@@ -840,9 +839,8 @@ func TestWorkerBatchRefusalKeepsOrderWhenSplit(t *testing.T) {
 		keyOrder(store, prod.delivered()), "a key published out of order")
 }
 
-// Issue 12, item 1, second case: one 6 KB event among seven tiny ones under
-// a 4000-byte limit: the big one is failed, the seven are published in
-// order.
+// One 6 KB event among seven tiny ones under a 4000-byte limit: the big one is
+// failed, the seven are published in order.
 func TestWorkerBatchRefusalFailsOnlyTheGuiltyEvent(t *testing.T) {
 	t.Parallel()
 	store := &memStore{sizes: map[int]int{3: 6000}}

@@ -14,13 +14,13 @@ type Set struct {
 
 	mu      sync.Mutex
 	workers map[TopicPartition]*Worker
-	// stopping are the workers removed from workers and not exited yet.
-	// A Revoke or Lose waits for the workers of its partitions that
-	// another call is stopping: Close runs on the publisher's goroutine
-	// while the group's rebalance callbacks still run, and a callback that
-	// returned while Close was still finishing the partition's batch would
-	// let the group hand the partition to another member with this one
-	// still producing to it (found by cmd/outbox-chaos, fence-outside).
+	// stopping are the workers removed from workers and not exited yet. A
+	// Revoke or Lose waits for the workers of its partitions that another
+	// call is stopping: Close runs on the publisher's goroutine while the
+	// group's rebalance callbacks still run, and a callback that returned
+	// while Close was still finishing the partition's batch would let the
+	// group hand the partition to another member with this one still
+	// producing to it.
 	stopping map[*Worker]bool
 	gen      uint64
 	changed  chan struct{} // closed and replaced when the owned set changes

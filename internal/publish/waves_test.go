@@ -67,11 +67,11 @@ func (p *clientProducer) delivered() []int {
 	return slices.Clone(p.log)
 }
 
-// Issue 27, item 6: a record refused on the client (kgo refuses a record
-// above its batch limit at once, and still sends the records after it) was
-// overtaken by later events of its key, which were acknowledged while it
-// stood failed and held the key. Whatever the timing, no later event of a
-// key may be produced while an earlier one is unsettled.
+// A record refused on the client (kgo refuses a record above its batch limit
+// at once, and still sends the records after it) must not be overtaken by
+// later events of its key while it stands failed and holds the key. Whatever
+// the timing, no later event of a key may be produced while an earlier one is
+// unsettled.
 func TestWorkerKeyNeverOvertakesAnUnsettledEvent(t *testing.T) {
 	t.Parallel()
 	for round := range 5 {
@@ -127,9 +127,8 @@ func TestWaves(t *testing.T) {
 	require.Equal(t, [][]int{{0, 1, 3, 4, 6}, {2, 7}, {5}}, got)
 }
 
-// Issue 27, item 2: a refused keyless event held every keyless event of
-// its partition (its key, "", was held). Keyless events promise no order:
-// it holds nothing.
+// A refused keyless event holds nothing: keyless events promise no order, so
+// the key "" must not hold every keyless event of its partition.
 func TestWorkerRefusedKeylessEventHoldsNothing(t *testing.T) {
 	t.Parallel()
 	store := &memStore{sizes: map[int]int{2: 6000}}
@@ -159,10 +158,9 @@ func TestWorkerRefusedKeylessEventHoldsNothing(t *testing.T) {
 	require.Zero(t, w2.HeldKeys())
 }
 
-// Issue 27, item 1: a record too large for the producer's batches is not
-// handed to the producer (which would refuse it on the client): it is sent
-// alone through Solo, whose limit is what the broker accepts, so Kafka
-// judges it.
+// A record too large for the producer's batches is not handed to the producer
+// (which would refuse it on the client): it is sent alone through Solo, whose
+// limit is what the broker accepts, so Kafka judges it.
 func TestWorkerSendsOversizeRecordsAlone(t *testing.T) {
 	t.Parallel()
 	store := &memStore{sizes: map[int]int{1: 3000, 4: 9000}}
@@ -190,9 +188,9 @@ func TestWorkerSendsOversizeRecordsAlone(t *testing.T) {
 	mu.Unlock()
 }
 
-// Issue 27, item 7: a document that cannot be read is marked failed with
-// the reason, in its place; the rest of the partition goes on, and under
-// the hold policy its key waits behind it.
+// A document that cannot be read is marked failed with the reason, in its
+// place; the rest of the partition goes on, and under the hold policy its key
+// waits behind it.
 func TestWorkerMarksUnreadableDocumentFailed(t *testing.T) {
 	t.Parallel()
 	store := &memStore{}
@@ -214,9 +212,8 @@ func TestWorkerMarksUnreadableDocumentFailed(t *testing.T) {
 	require.Equal(t, []any{3}, failed)
 }
 
-// Issue 27, item 8: a scan reads at most BatchBytes of documents (past the
-// first), and a backlog of large events still drains at once, not at the
-// next periodic rescan.
+// A scan reads at most BatchBytes of documents (past the first), and a backlog
+// of large events still drains at once, not at the next periodic rescan.
 func TestWorkerScanIsCappedByBytesAndDrains(t *testing.T) {
 	t.Parallel()
 	store := &memStore{sizes: map[int]int{}}

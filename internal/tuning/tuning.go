@@ -41,8 +41,8 @@ func NotePublisherOwnership(owner any, change string, partitions map[string][]in
 // takeover. Read at each unit.
 var ConsumerNoDuplicateLookup atomic.Bool
 
-// NoFetchWatch turns the consumer's fetch watch off (the root package's
-// fetchwatch.go) when set: a partition its Kafka client stops fetching then
+// NoFetchWatch turns the consumer's fetch watch off (internal/kafkawatch)
+// when set: a partition its Kafka client stops fetching then
 // stays behind, unseen. The chaos harness sets it to show that its
 // kafka-fetch-forget fault needs the watch. Read when a consumer starts.
 var NoFetchWatch atomic.Bool

@@ -1,14 +1,13 @@
-// Package syncbuf has a bytes.Buffer that several goroutines may write and
-// read: the log output of a running Client that a test reads while it
-// runs.
-package syncbuf
+package testkit
 
 import (
 	"bytes"
 	"sync"
 )
 
-// Buffer is a bytes.Buffer guarded by a mutex. The zero value is ready.
+// Buffer is a bytes.Buffer guarded by a mutex, so that several goroutines
+// may write and read it: the log output of a running Client that a test
+// reads while it runs. The zero value is ready.
 type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

@@ -1,9 +1,10 @@
-package outbox
+package kafkawatch
 
 import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -86,6 +87,11 @@ const (
 	fetchProbeBytes = 64 << 10
 )
 
+// RestartsBeforeReadd is how many restarts with SetOffsets a partition gets
+// before the watch re-subscribes its topic, for the tests of the consumer
+// that runs the watch.
+const RestartsBeforeReadd = fetchRestartsBeforeReadd
+
 // fetchProbe is what the partition's leader answered.
 type fetchProbe struct {
 	err error
@@ -140,17 +146,60 @@ func judgeFetch(tp consume.TopicPartition, at int64, quiet time.Time, pr fetchPr
 	}
 }
 
-// startFetchWatch starts the fetch watch; stop cancels it and waits for it.
-func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
-	return startStoppable(ctx, cons.watchFetching)
+// Partitions is what the fetch watch reads and sets of the consumer's
+// partition workers (a *consume.Set).
+type Partitions interface {
+	// Fetching lists the owned partitions with their fetch positions.
+	Fetching() map[consume.TopicPartition]consume.Fetching
+	// SetFetchWait shows (or, with nil, clears) a partition's fetch wait.
+	SetFetchWait(tp consume.TopicPartition, w *consume.Wait)
 }
 
-func (cons *consumer) watchFetching(ctx context.Context) {
-	w := &fetchWatch{cons: cons, states: map[consume.TopicPartition]*fetchState{}}
+// FetchWatch is the fetch watch of one consumer (see the comment at the top
+// of the file). The consumer fills it in and calls Run on a goroutine of
+// its own after creating its Kafka client, and cancels Run's context and
+// waits for it before closing that client.
+type FetchWatch struct {
+	// Client is the consumer's group client: the watch reads its offsets
+	// and restarts its fetching.
+	Client *kgo.Client
+	// Partitions are the consumer's partition workers.
+	Partitions Partitions
+	// ProbeOpts make the watch's own Kafka client (the brokers and the
+	// user's Kafka options, no group).
+	ProbeOpts []kgo.Opt
+	// KafkaTopic names a topic as Kafka knows it (its prefix added).
+	KafkaTopic func(topic string) string
+	// Ends returns a partition's high watermark and log start as the lag
+	// poller and the fetches last saw them; known is false before either did.
+	Ends func(topic string, partition int32) (hwm, logStart int64, known bool)
+	// ListedAt returns when the lag poller last listed every partition
+	// (zero: never), and LagEvery is its period (0: lagPollInterval): a
+	// listing older than three periods is stale.
+	ListedAt func() time.Time
+	LagEvery time.Duration
+	// Restarted hears each restart (reason set_offsets or resubscribe)
+	// before it acts: the caller counts it.
+	Restarted func(tp consume.TopicPartition, reason string)
+	// Readd re-subscribes a Kafka topic, the watch's last resort.
+	Readd func(kafkaTopic string)
+	// Log is the consumer's logger.
+	Log *slog.Logger
+	// Owner is what the chaos harness's trace hears as the watch's owner
+	// (tuning.NoteFetchWatch).
+	Owner any
+	// CheckEvery, QuietFor and RestartEvery replace fetchCheckEvery,
+	// fetchQuietFor and fetchRestartEvery when positive.
+	CheckEvery, QuietFor, RestartEvery time.Duration
+}
+
+// Run watches until ctx ends.
+func (fw *FetchWatch) Run(ctx context.Context) {
+	w := &fetchWatch{FetchWatch: fw, states: map[consume.TopicPartition]*fetchState{}}
 	defer w.close()
 	every := fetchCheckEvery
-	if cons.c.fetchCheckEvery > 0 {
-		every = cons.c.fetchCheckEvery
+	if fw.CheckEvery > 0 {
+		every = fw.CheckEvery
 	}
 	for retry.Sleep(ctx, nil, every) {
 		w.check(ctx, time.Now())
@@ -159,7 +208,7 @@ func (cons *consumer) watchFetching(ctx context.Context) {
 
 // fetchWatch is the state of the watch's goroutine.
 type fetchWatch struct {
-	cons   *consumer
+	*FetchWatch
 	states map[consume.TopicPartition]*fetchState
 	// probe is the watch's own Kafka client (Config.Brokers and
 	// KafkaOptions, no group), made at the first probe and closed when the
@@ -177,8 +226,7 @@ func (w *fetchWatch) close() {
 // probeClient returns the watch's own client, made on first use.
 func (w *fetchWatch) probeClient() (*kgo.Client, error) {
 	if w.probe == nil {
-		c := w.cons.c
-		cl, err := kgo.NewClient(append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...))...)
+		cl, err := kgo.NewClient(w.ProbeOpts...)
 		if err != nil {
 			return nil, fmt.Errorf("create the fetch watch's Kafka client: %w", err)
 		}
@@ -189,23 +237,21 @@ func (w *fetchWatch) probeClient() (*kgo.Client, error) {
 
 // check is one round of the watch.
 func (w *fetchWatch) check(ctx context.Context, now time.Time) {
-	cons := w.cons
 	quietFor, restartEvery := fetchQuietFor, fetchRestartEvery
-	if cons.c.fetchQuietFor > 0 {
-		quietFor = cons.c.fetchQuietFor
+	if w.QuietFor > 0 {
+		quietFor = w.QuietFor
 	}
-	if cons.c.fetchRestartEvery > 0 {
-		restartEvery = cons.c.fetchRestartEvery
+	if w.RestartEvery > 0 {
+		restartEvery = w.RestartEvery
 	}
 	// The watermarks come from the lag poller's listings through the
 	// consumer's own client. When its listings stop succeeding (a client
 	// in trouble, which may be the very one that stopped fetching), the
 	// watermarks are stale: a quiet partition is then probed whatever its
 	// watermark says, the probe answering for it.
-	lagEvery := cmp.Or(cons.c.tel.lagEvery, lagPollInterval)
-	listed := cons.c.tel.lagListedAt.Load()
-	fresh := listed != 0 && now.Sub(time.Unix(0, listed)) <= 3*lagEvery
-	fetching := cons.set.Fetching()
+	listed := w.ListedAt()
+	fresh := !listed.IsZero() && now.Sub(listed) <= 3*cmp.Or(w.LagEvery, lagPollInterval)
+	fetching := w.Partitions.Fetching()
 	for tp := range w.states {
 		if _, ok := fetching[tp]; !ok {
 			delete(w.states, tp) // not owned any more: its worker and wait are gone
@@ -226,14 +272,14 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		at := f.Next
 		if at < 0 {
 			if committed == nil {
-				committed = cons.cl.CommittedOffsets()
+				committed = w.Client.CommittedOffsets()
 			}
 			at = -1
-			if eo, ok := committed[cons.c.cfg.kafkaTopic(tp.Topic)][tp.Partition]; ok {
+			if eo, ok := committed[w.KafkaTopic(tp.Topic)][tp.Partition]; ok {
 				at = eo.Offset
 			}
 		}
-		hwm, logStart, known := cons.c.tel.partitionEnds(tp.Topic, tp.Partition)
+		hwm, logStart, known := w.Ends(tp.Topic, tp.Partition)
 		if at < 0 {
 			at = logStart
 		}
@@ -242,7 +288,7 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		// or, while the watermarks are stale, every restartEvery.
 		cleanStill := st.clean && st.at == at && (fresh && st.hwm == hwm || !fresh && now.Sub(st.probedAt) < restartEvery)
 		trace := func(verdict string) {
-			tuning.NoteFetchWatch(cons.c, cons.c.cfg.kafkaTopic(tp.Topic), tp.Partition, verdict)
+			tuning.NoteFetchWatch(w.Owner, w.KafkaTopic(tp.Topic), tp.Partition, verdict)
 		}
 		skip := ""
 		switch {
@@ -257,7 +303,7 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		}
 		if skip != "" {
 			trace(skip)
-			cons.set.SetFetchWait(tp, nil)
+			w.Partitions.SetFetchWait(tp, nil)
 			continue
 		}
 		pr := fetchProbe{err: roundErr, first: -1, lso: -1, hwm: -1}
@@ -278,17 +324,17 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 		if v.clean && !(st.clean && st.at == at) {
 			// Once per offset: a partition behind its listed watermark
 			// with nothing to fetch is rare enough to say.
-			cons.log.Info("quiet partition: its leader has no committed record to fetch", "partition", tp.String(),
+			w.Log.Info("quiet partition: its leader has no committed record to fetch", "partition", tp.String(),
 				"offset", at, "listed_high_watermark", hwm, "listing_fresh", fresh,
 				"leader_high_watermark", pr.hwm, "leader_last_stable_offset", pr.lso)
 		}
 		st.clean, st.at, st.hwm, st.probedAt = v.clean, at, hwm, now
-		cons.set.SetFetchWait(tp, v.wait)
+		w.Partitions.SetFetchWait(tp, v.wait)
 		if v.restart {
 			st.restarts++
 			st.lastRestartAt = now
 			if st.restarts > fetchRestartsBeforeReadd {
-				cons.readdStalledTopic(tp, v.wait.Detail)
+				w.readdStalledTopic(tp, v.wait.Detail)
 				return // the topic's partitions are lost: the next round sees the new assignment
 			}
 			// The probe took up to fetchProbeTimeout: the partition may
@@ -297,8 +343,8 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 			// at then would skip the records between, and the new worker
 			// would commit past records it never handled. Restart only the
 			// worker judged: a new one has a later Quiet (its start).
-			if cur := cons.set.Fetching()[tp]; cur.Quiet.Equal(f.Quiet) && cur.Next == f.Next {
-				cons.restartFetching(tp, at, v.wait.Detail)
+			if cur := w.Partitions.Fetching()[tp]; cur.Quiet.Equal(f.Quiet) && cur.Next == f.Next {
+				w.restartFetching(tp, at, v.wait.Detail)
 			}
 		}
 	}
@@ -306,29 +352,20 @@ func (w *fetchWatch) check(ctx context.Context, now time.Time) {
 
 // readdStalledTopic re-subscribes the topic of a partition that restarts
 // did not get fetched again (see the comment at the top of the file).
-func (cons *consumer) readdStalledTopic(tp consume.TopicPartition, why string) {
-	cons.log.Warn("re-subscribing a topic: restarting its partition's fetching did not help", "partition", tp.String(), "why", why)
-	cons.fetchRestarted(tp, "resubscribe")
-	cons.readdTopic(cons.c.cfg.kafkaTopic(tp.Topic), nil)
-}
-
-// fetchRestarted counts a restart of the watch (reason set_offsets or
-// resubscribe) and tells the test hook, before the restart acts.
-func (cons *consumer) fetchRestarted(tp consume.TopicPartition, reason string) {
-	cons.c.tel.fetchRestarted(tp, reason)
-	if h := cons.c.fetchRestartHook; h != nil {
-		h(tp, reason)
-	}
+func (w *fetchWatch) readdStalledTopic(tp consume.TopicPartition, why string) {
+	w.Log.Warn("re-subscribing a topic: restarting its partition's fetching did not help", "partition", tp.String(), "why", why)
+	w.Restarted(tp, "resubscribe")
+	w.Readd(w.KafkaTopic(tp.Topic))
 }
 
 // restartFetching sets the partition's fetch offset in the client again
 // (see the comment at the top of the file).
-func (cons *consumer) restartFetching(tp consume.TopicPartition, at int64, why string) {
-	cons.log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
-	cons.fetchRestarted(tp, "set_offsets")
-	topic := cons.c.cfg.kafkaTopic(tp.Topic)
-	cons.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
-		topic: {tp.Partition: {Epoch: restartEpoch(cons.cl, topic, tp.Partition, at), Offset: at}},
+func (w *fetchWatch) restartFetching(tp consume.TopicPartition, at int64, why string) {
+	w.Log.Warn("restarting a partition's fetching", "partition", tp.String(), "offset", at, "why", why)
+	w.Restarted(tp, "set_offsets")
+	topic := w.KafkaTopic(tp.Topic)
+	w.Client.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		topic: {tp.Partition: {Epoch: restartEpoch(w.Client, topic, tp.Partition, at), Offset: at}},
 	})
 }
 
@@ -358,7 +395,7 @@ func restartEpoch(cl *kgo.Client, topic string, partition int32, at int64) int32
 func (w *fetchWatch) probeFetch(ctx context.Context, tp consume.TopicPartition, at int64, topics map[string]kadm.TopicDetail) fetchProbe {
 	ctx, cancel := context.WithTimeout(ctx, fetchProbeTimeout)
 	defer cancel()
-	topic := w.cons.c.cfg.kafkaTopic(tp.Topic)
+	topic := w.KafkaTopic(tp.Topic)
 	fail := func(err error) fetchProbe { return fetchProbe{err: err, first: -1, lso: -1, hwm: -1} }
 	cl, err := w.probeClient()
 	if err != nil {

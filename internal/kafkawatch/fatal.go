@@ -1,4 +1,4 @@
-package outbox
+package kafkawatch
 
 import (
 	"context"
@@ -47,23 +47,28 @@ const classicGroupHint = "under Config.GroupProtocol GroupConsumer (KIP-848) the
 	"(another client, for example a Python event-outbox service, or replicas still running GroupClassic) and does not convert: " +
 	"stop those members, or run every replica with the same GroupProtocol (docs/guarantees.md)"
 
-// fatalHook turns fatal group errors into the cancellation cause of Run's
+// FatalHook turns fatal group errors into the cancellation cause of Run's
 // goroutine group. Each Kafka group client the framework creates carries it.
-type fatalHook struct {
-	group string
-	stop  context.CancelCauseFunc
-	// consumerProtocol is set when the group asks for KIP-848
+type FatalHook struct {
+	// Group is the group's name, named in the error.
+	Group string
+	// Stop cancels Run with the error.
+	Stop context.CancelCauseFunc
+	// Kind is the error every error given to Stop wraps (the root's
+	// ErrKafkaGroup), so that callers match it with errors.Is.
+	Kind error
+	// ConsumerProtocol is set when the group asks for KIP-848
 	// (Config.GroupConsumer): there GROUP_ID_NOT_FOUND, which a classic
 	// group's coordinator may answer in passing, is fatal too.
-	consumerProtocol bool
+	ConsumerProtocol bool
 }
 
-var _ kgo.HookGroupManageError = (*fatalHook)(nil)
+var _ kgo.HookGroupManageError = (*FatalHook)(nil)
 
 // OnGroupManageError implements kgo.HookGroupManageError.
-func (h *fatalHook) OnGroupManageError(err error) {
-	if h.consumerProtocol && errors.Is(err, kerr.GroupIDNotFound) {
-		h.stop(fmt.Errorf("%w: group %q: %w: %s", ErrKafkaGroup, h.group, err, classicGroupHint))
+func (h *FatalHook) OnGroupManageError(err error) {
+	if h.ConsumerProtocol && errors.Is(err, kerr.GroupIDNotFound) {
+		h.Stop(fmt.Errorf("%w: group %q: %w: %s", h.Kind, h.Group, err, classicGroupHint))
 		return
 	}
 	for _, fatal := range fatalGroupErrors {
@@ -71,18 +76,8 @@ func (h *fatalHook) OnGroupManageError(err error) {
 			if errors.Is(err, kerr.InconsistentGroupProtocol) {
 				err = fmt.Errorf("%w: %s", err, groupProtocolHint)
 			}
-			h.stop(fmt.Errorf("%w: group %q: %w", ErrKafkaGroup, h.group, err))
+			h.Stop(fmt.Errorf("%w: group %q: %w", h.Kind, h.Group, err))
 			return
 		}
 	}
-}
-
-// groupHook returns the fatal-error hook for one of the framework's group
-// clients, or a no-op hook when the client is not running under Run.
-func (c *Client) groupHook(group string) kgo.Opt {
-	stop := c.stopRun
-	if stop == nil {
-		stop = func(error) {}
-	}
-	return kgo.WithHooks(&fatalHook{group: group, stop: stop, consumerProtocol: c.cfg.GroupProtocol == GroupConsumer})
 }

@@ -1,4 +1,4 @@
-package outbox
+package liveness
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 	"weak"
@@ -23,11 +24,11 @@ import (
 // transactionLifetimeLimitSeconds (60 s by default) runs out, and until
 // then its locks stay on the inbox entries it was claiming. The replica
 // that is assigned the dead one's partitions meets those locks (a write
-// conflict: txn.go makes every write of the handling path fail at once on
+// conflict: the root's txn.go makes every write of the handling path fail at once on
 // a lock instead of waiting) and would wait for the lifetime to end. So:
 //
 //   - every consumer transaction runs in a session whose id the replica
-//     first records in its liveness record (replicas.go; the driver pools
+//     first records in its liveness record (record.go; the driver pools
 //     sessions, so the list settles at the replica's concurrency), and
 //   - a worker (or an operator's re-drive) that meets a lock asks for a
 //     reap (at most every reapEvery): the replica reads the records of its
@@ -77,17 +78,18 @@ const (
 	// 128 partitions (about 330 KB of record); a replica that uses more
 	// logs a warning, and the transactions of its oldest sessions then
 	// last, after a crash, until MongoDB's transaction lifetime ends them.
-	// (256 was too few: a takeover at KeyConcurrency 64 on 6 partitions
-	// waited a minute for the 128 sessions it could not end;
-	// BENCHMARKS.md, "Takeover after a kill".)
+	// A bound near the sessions a replica uses makes a takeover wait for
+	// the lifetime of the sessions it could not end (BENCHMARKS.md,
+	// "Takeover after a kill").
 	maxRecordedSessions = 8192
 )
 
-// sessionLog records the session ids the consumer runs transactions on in
-// this Run's replica record.
-type sessionLog struct {
+// Sessions records the session ids the consumer runs transactions on in
+// the running Run's replica record, and ends those of dead replicas. The
+// zero value is ready.
+type Sessions struct {
 	mu    sync.Mutex
-	rec   *replica // the running replica record; nil outside Run
+	rec   *Record // the running replica record; nil outside Run
 	known map[string]bool
 
 	reapMu   sync.Mutex
@@ -101,8 +103,8 @@ type sessionLog struct {
 	reapCancel context.CancelFunc
 }
 
-// start and stop bracket a Run's replica record.
-func (l *sessionLog) start(r *replica) {
+// Start and Stop bracket a Run's replica record.
+func (l *Sessions) Start(r *Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.rec, l.known = r, map[string]bool{}
@@ -111,7 +113,9 @@ func (l *sessionLog) start(r *replica) {
 	l.reapMu.Unlock()
 }
 
-func (l *sessionLog) stop() {
+// Stop cancels the reap in flight, if any, waits for it, and forgets the
+// record.
+func (l *Sessions) Stop() {
 	l.reapMu.Lock()
 	if l.reapCancel != nil {
 		l.reapCancel()
@@ -123,10 +127,10 @@ func (l *sessionLog) stop() {
 	l.rec, l.known = nil, nil
 }
 
-// note records lsid in the replica record unless it is there already. It
+// Note records lsid in the replica record unless it is there already. It
 // is called before the session's first transaction; outside Run it does
 // nothing (no partitions to take over).
-func (l *sessionLog) note(ctx context.Context, lsid bson.Raw) error {
+func (l *Sessions) Note(ctx context.Context, lsid bson.Raw) error {
 	l.mu.Lock()
 	r := l.rec
 	if r == nil || l.known[string(lsid)] {
@@ -134,22 +138,22 @@ func (l *sessionLog) note(ctx context.Context, lsid bson.Raw) error {
 		return nil
 	}
 	l.mu.Unlock()
-	wctx, cancel := context.WithTimeout(ctx, replicaWriteTimeout)
+	wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
 	defer cancel()
-	_, err := r.c.meta.UpdateOne(wctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
+	_, err := r.Meta.UpdateOne(wctx, bson.D{{Key: "_id", Value: r.id}}, bson.D{
 		{Key: "$push", Value: bson.D{{Key: "lsids", Value: bson.D{{Key: "$each", Value: bson.A{lsid}}, {Key: "$slice", Value: -maxRecordedSessions}}}}},
-		{Key: "$setOnInsert", Value: bson.D{{Key: "kind", Value: replicaKind}, {Key: "service", Value: r.c.cfg.Service},
-			{Key: "consumer_group", Value: r.c.cfg.ConsumerGroup}}},
+		{Key: "$setOnInsert", Value: bson.D{{Key: "kind", Value: Kind}, {Key: "service", Value: r.Service},
+			{Key: "consumer_group", Value: r.ConsumerGroup}}},
 		{Key: "$currentDate", Value: bson.D{{Key: "last_seen", Value: true}}},
 	}, options.UpdateOne().SetUpsert(true))
 	if err != nil {
-		return fmt.Errorf("outbox: record session in %s: %w", metaCollection, err)
+		return fmt.Errorf("outbox: record session in %s: %w", r.Meta.Name(), err)
 	}
 	l.mu.Lock()
 	if l.rec == r {
 		l.known[string(lsid)] = true
 		if len(l.known) == maxRecordedSessions+1 {
-			r.c.cfg.Logger.Warn("outbox: more sessions than a replica record keeps; after a crash the oldest sessions' transactions last until MongoDB's transaction lifetime ends them",
+			r.Log.Warn("outbox: more sessions than a replica record keeps; after a crash the oldest sessions' transactions last until MongoDB's transaction lifetime ends them",
 				"sessions", len(l.known), "kept", maxRecordedSessions)
 		}
 	}
@@ -157,14 +161,32 @@ func (l *sessionLog) note(ctx context.Context, lsid bson.Raw) error {
 	return nil
 }
 
-// reapDeadSessions ends, in the background, the recorded sessions of the
-// consumer group's replicas that died (see the top of the file), at most
-// once per reapEvery.
-func (c *Client) reapDeadSessions(cons *consumer) {
-	l := &c.sessions
-	if cons == nil || cons.cl == nil {
-		return
-	}
+// Reaper is what a reap needs of the consumer that asks for it.
+type Reaper struct {
+	// Kafka is the consumer's group client, which reads the group's
+	// members.
+	Kafka *kadm.Client
+	// Group is the consumer group; ConsumerProtocol is set when it asks
+	// for KIP-848 (see GroupMembers).
+	Group            string
+	ConsumerProtocol bool
+	// Meta is the outbox_meta collection; Mongo the client whose admin
+	// database ends the sessions.
+	Meta  *mongo.Collection
+	Mongo *mongo.Client
+	// Reaped, when set, hears each replica record whose sessions a reap
+	// ended, before the reap removes their ids from it (tests).
+	Reaped func(ctx context.Context, replicaID string)
+	// Log is the consumer's logger; Warn, rate-limited by the caller,
+	// takes a failed reap.
+	Log  *slog.Logger
+	Warn func(msg string, args ...any)
+}
+
+// Reap ends, in the background, the recorded sessions of the consumer
+// group's replicas that died (see the top of the file), at most once per
+// reapEvery.
+func (l *Sessions) Reap(rp Reaper) {
 	l.reapMu.Lock()
 	if l.reaping || time.Since(l.reapedAt) < reapEvery {
 		l.reapMu.Unlock()
@@ -186,8 +208,8 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 		}()
 		ctx, cancel := context.WithTimeout(rctx, reapTimeout)
 		defer cancel()
-		if err := c.reap(ctx, cons); err != nil && rctx.Err() == nil {
-			cons.errLog.warn(cons.log, "ending the sessions of dead replicas failed", "reap", "err", err)
+		if err := l.ReapNow(ctx, rp); err != nil && rctx.Err() == nil {
+			rp.Warn("ending the sessions of dead replicas failed", "err", err)
 		}
 	}()
 }
@@ -196,9 +218,9 @@ func (c *Client) reapDeadSessions(cons *consumer) {
 // (random, so unique across processes), without keeping the client alive.
 var sessionPools sync.Map // weak.Pointer[mongo.Client] -> string
 
-// sessionPool returns the name of m's session pool: the driver hands a
+// SessionPool returns the name of m's session pool: the driver hands a
 // session that one Client used to anything else using m afterwards.
-func sessionPool(m *mongo.Client) string {
+func SessionPool(m *mongo.Client) string {
 	if m == nil {
 		return ""
 	}
@@ -212,24 +234,26 @@ func sessionPool(m *mongo.Client) string {
 	return v.(string)
 }
 
-// silent reports whether a running replica's record has not been refreshed
-// for two refresh periods (at least 2 s).
-func silent(r Replica) bool { return r.Silence > 2*max(r.RefreshInterval, time.Second) }
+// silent reports whether a running replica's record, read at now, has not
+// been refreshed for two refresh periods (at least 2 s).
+func silent(d Doc, now time.Time) bool {
+	return max(now.Sub(d.LastSeen), 0) > 2*max(d.Refresh(), time.Second)
+}
 
-// reap ends the sessions of the dead replicas of the consumer group.
-func (c *Client) reap(ctx context.Context, cons *consumer) error {
-	l := &c.sessions
+// ReapNow ends the sessions of the dead replicas of the consumer group, on
+// the caller's goroutine.
+func (l *Sessions) ReapNow(ctx context.Context, rp Reaper) error {
 	l.mu.Lock()
 	self := ""
 	if l.rec != nil {
 		self = l.rec.id
 	}
 	l.mu.Unlock()
-	members, err := groupMembers(ctx, kadm.NewClient(cons.cl), c.cfg.ConsumerGroup, c.cfg.GroupProtocol)
+	members, err := GroupMembers(ctx, rp.Kafka, rp.Group, rp.ConsumerProtocol)
 	if err != nil {
 		return err
 	}
-	replicas, err := c.Admin().Replicas(ctx)
+	now, replicas, err := Read(ctx, rp.Meta)
 	if err != nil {
 		return err
 	}
@@ -239,53 +263,55 @@ func (c *Client) reap(ctx context.Context, cons *consumer) error {
 	// of the pool says.
 	live := map[string]bool{}
 	for _, r := range replicas {
-		if !r.Stopped && !silent(r) && r.pool != "" {
-			live[r.pool] = true
+		if !r.Stopped() && !silent(r, now) && r.SessionPool != "" {
+			live[r.SessionPool] = true
 		}
 	}
 	for _, r := range replicas {
-		if replicaIDPrefix+r.ID == self || r.ConsumerGroup != c.cfg.ConsumerGroup || len(r.lsids) == 0 {
+		if r.ID == self || r.ConsumerGroup != rp.Group || len(r.LSIDs) == 0 {
 			continue
 		}
 		// A stopped record's sessions are never ended: a graceful stop
 		// leaves no transaction open, and the driver has handed its
 		// sessions out again (a stopped record lists none, unless a
 		// session was noted as it stopped).
-		if r.Stopped || members[r.ConsumerMemberID] || !silent(r) || live[r.pool] {
+		if r.Stopped() || members[r.ConsumerMemberID] || !silent(r, now) || live[r.SessionPool] {
 			continue
 		}
-		lsids := make(bson.A, len(r.lsids))
-		for i, id := range r.lsids {
+		id := r.ID[len(IDPrefix):]
+		lsids := make(bson.A, len(r.LSIDs))
+		for i, id := range r.LSIDs {
 			lsids[i] = id
 		}
-		if err := c.cfg.Mongo.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err(); err != nil {
-			return fmt.Errorf("end the sessions of replica %s: %w", r.ID, err)
+		if err := rp.Mongo.Database("admin").RunCommand(ctx, bson.D{{Key: "killSessions", Value: lsids}}).Err(); err != nil {
+			return fmt.Errorf("end the sessions of replica %s: %w", id, err)
 		}
-		if c.reapedHook != nil {
-			c.reapedHook(ctx, r.ID)
+		if rp.Reaped != nil {
+			rp.Reaped(ctx, id)
 		}
 		// Only the ids ended: one recorded meanwhile (the record of a
 		// replica that was merely slow) stays, to be ended by a later reap
 		// if its replica is dead.
-		if _, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: replicaIDPrefix + r.ID}},
+		if _, err := rp.Meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: r.ID}},
 			bson.D{{Key: "$pullAll", Value: bson.D{{Key: "lsids", Value: lsids}}}}); err != nil {
-			return fmt.Errorf("update the record of replica %s: %w", r.ID, err)
+			return fmt.Errorf("update the record of replica %s: %w", id, err)
 		}
-		cons.log.Info("ended the sessions of a replica that left the group with transactions open",
-			"replica", r.ID, "host", r.Host, "pid", r.PID, "member", r.ConsumerMemberID, "sessions", len(r.lsids),
-			"silent_for", r.Silence.Round(time.Second).String())
+		rp.Log.Info("ended the sessions of a replica that left the group with transactions open",
+			"replica", id, "host", r.Host, "pid", r.PID, "member", r.ConsumerMemberID, "sessions", len(r.LSIDs),
+			"silent_for", max(now.Sub(r.LastSeen), 0).Round(time.Second).String())
 	}
 	return nil
 }
 
-// groupMembers returns the member ids of a consumer group. A KIP-848
-// group's members (Config.GroupConsumer) are not classic members: Kafka
-// refuses DescribeGroups for such a group (GROUP_ID_NOT_FOUND, "not a
-// classic group"), so they are read with ConsumerGroupDescribe, and with
-// DescribeGroups when that fails (kgo fell back to the classic protocol).
-func groupMembers(ctx context.Context, adm *kadm.Client, group string, proto GroupProtocol) (map[string]bool, error) {
+// GroupMembers returns the member ids of a consumer group. A KIP-848
+// group's members (consumerProtocol, Config.GroupConsumer) are not classic
+// members: Kafka refuses DescribeGroups for such a group
+// (GROUP_ID_NOT_FOUND, "not a classic group"), so they are read with
+// ConsumerGroupDescribe, and with DescribeGroups when that fails (kgo fell
+// back to the classic protocol).
+func GroupMembers(ctx context.Context, adm *kadm.Client, group string, consumerProtocol bool) (map[string]bool, error) {
 	members := map[string]bool{}
-	if proto == GroupConsumer {
+	if consumerProtocol {
 		described, err := adm.DescribeConsumerGroups(ctx, group)
 		if err == nil {
 			for _, g := range described {
