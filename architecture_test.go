@@ -77,6 +77,22 @@ func TestRootImportsNoMongox(t *testing.T) {
 	require.Contains(t, seen, module+"/internal/consume", "the walk follows the module's imports")
 }
 
+// TestInternalImportsNoRoot keeps the layering ARCHITECTURE.md states:
+// no package under internal/ imports the root package, so each mechanism
+// can be read and tested without the API it serves.
+func TestInternalImportsNoRoot(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/event-outbox/outbox"
+	pkgs, err := packageDirs("internal")
+	require.NoError(t, err)
+	require.Contains(t, pkgs, "internal/doctor", "the walk lists the internal packages")
+	for _, dir := range pkgs {
+		imports, err := nonTestImports(dir)
+		require.NoError(t, err)
+		require.NotContains(t, imports, module, "%s imports the root package", dir)
+	}
+}
+
 // packageDirs lists the directories under root holding .go files, as
 // slash paths relative to root ("." for root itself), skipping testdata
 // and hidden directories as the go command does.
