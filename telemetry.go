@@ -26,34 +26,10 @@ import (
 // providers by default, so a service that installs an SDK gets everything
 // and one that does not pays next to nothing.
 //
-// Metrics (instrumentation scope "github.com/event-outbox/outbox"; their
-// names, kinds and units are defined and pinned in internal/telemetry):
-//
-//	outbox.events.recorded      counter    events committed to the outbox {topic}
-//	outbox.events.published     counter    events acknowledged by Kafka {topic}
-//	outbox.events.publish_failed counter   events marked failed in the outbox {topic, reason: refused (by Kafka, for good)|unreadable (document)}
-//	outbox.change_stream.reopens counter   reopens of the publisher's outbox change stream {reason: error|closed|ownership}
-//	outbox.events.handled       counter    events whose handling committed {topic, schema}
-//	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
-//	outbox.events.retried       counter    handler failures that will be retried {topic, schema, reason: snooze when snoozed}
-//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|handler_parked|malformed|held|redrive_failed}
-//	outbox.publish.duration     histogram  s, one Kafka batch from first send to last ack {topic}
-//	outbox.handle.duration      histogram  s, one handling attempt (transaction included) {topic, schema, outcome}
-//	outbox.rebalances           counter    partition assignment changes {role: publisher|consumer, change: assigned|revoked|lost}
-//	outbox.pending              gauge      unpublished, not failed outbox events {topic}
-//	outbox.pending.oldest_age   gauge      s, age of the oldest pending event {topic}
-//	outbox.failed               gauge      outbox events Kafka refused for good {topic}
-//	outbox.held_keys            gauge      keys with a failed outbox event, holding their later events (HoldKey) {topic}
-//	outbox.held_events          gauge      pending outbox events waiting behind a failed event of their key (HoldKey) {topic}
-//	outbox.parked               gauge      parked inbox events (held ones included)
-//	outbox.held                 gauge      parked inbox events held behind an earlier one of their key
-//	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
-//	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
-//	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
-//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
-//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (fetchwatch.go) {topic, partition, reason: set_offsets|resubscribe}
-//	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
-//	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
+// Metrics (instrumentation scope "github.com/event-outbox/outbox"): the
+// list of names, kinds, units and attributes is internal/telemetry's
+// (metrics.go), pinned by its TestMetricNames; docs/operations.md lists
+// them for users.
 //
 // The gauges are observed while Run runs. The storage gauges (pending,
 // oldest age, failed, parked) come from one aggregation over the outbox's
@@ -289,7 +265,7 @@ func (c *Client) registerGauges() (unregister func()) {
 			o.ObserveInt64(t.ins.Lag, lag, itel.PartitionAttrs(tp.Topic, tp.Partition))
 		}
 		if cons := t.cons.Load(); cons != nil {
-			t.observeConsumer(o, cons)
+			t.ins.ObserveConsumer(o, cons.set.Stats(), cons.set.Waits())
 		}
 		st, err := c.storeStatus(ctx, backlogCacheTTL)
 		if err != nil {
@@ -325,32 +301,6 @@ func (c *Client) registerGauges() (unregister func()) {
 		return func() {}
 	}
 	return func() { _ = reg.Unregister() }
-}
-
-// observeConsumer observes the consumer's partitions: events in flight,
-// and what they wait on.
-func (t *telemetry) observeConsumer(o metric.Observer, cons *consumer) {
-	for tp, st := range cons.set.Stats() {
-		o.ObserveInt64(t.ins.InFlight, int64(st.InFlight), itel.PartitionAttrs(tp.Topic, tp.Partition))
-	}
-	type waitKey struct {
-		tp   consume.TopicPartition
-		what string
-	}
-	counts := map[waitKey]int64{}
-	oldest := map[consume.TopicPartition]time.Time{}
-	for _, w := range cons.set.Waits() {
-		counts[waitKey{w.Partition, w.What}]++
-		if o, ok := oldest[w.Partition]; !ok || w.Since.Before(o) {
-			oldest[w.Partition] = w.Since
-		}
-	}
-	for k, n := range counts {
-		o.ObserveInt64(t.ins.Waiting, n, itel.PartitionAttrs(k.tp.Topic, k.tp.Partition, attrWait.String(k.what)))
-	}
-	for tp, since := range oldest {
-		o.ObserveFloat64(t.ins.WaitAge, time.Since(since).Seconds(), itel.PartitionAttrs(tp.Topic, tp.Partition))
-	}
 }
 
 // consumerLag returns the lag of each handled partition (see

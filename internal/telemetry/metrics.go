@@ -2,8 +2,11 @@ package telemetry
 
 import (
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/event-outbox/outbox/internal/consume"
 )
 
 // InstrumentationName is the instrumentation scope of every meter and
@@ -31,7 +34,33 @@ type Metric struct {
 	Description string
 }
 
-// The framework's metrics.
+// The framework's metrics, with the attributes each carries:
+//
+//	outbox.events.recorded      counter    events committed to the outbox {topic}
+//	outbox.events.published     counter    events acknowledged by Kafka {topic}
+//	outbox.events.publish_failed counter   events marked failed in the outbox {topic, reason: refused (by Kafka, for good)|unreadable (document)}
+//	outbox.change_stream.reopens counter   reopens of the publisher's outbox change stream {reason: error|closed|ownership}
+//	outbox.events.handled       counter    events whose handling committed {topic, schema}
+//	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
+//	outbox.events.retried       counter    handler failures that will be retried {topic, schema, reason: snooze when snoozed}
+//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|handler_parked|malformed|held|redrive_failed}
+//	outbox.publish.duration     histogram  s, one Kafka batch from first send to last ack {topic}
+//	outbox.handle.duration      histogram  s, one handling attempt (transaction included) {topic, schema, outcome}
+//	outbox.rebalances           counter    partition assignment changes {role: publisher|consumer, change: assigned|revoked|lost}
+//	outbox.pending              gauge      unpublished, not failed outbox events {topic}
+//	outbox.pending.oldest_age   gauge      s, age of the oldest pending event {topic}
+//	outbox.failed               gauge      outbox events Kafka refused for good {topic}
+//	outbox.held_keys            gauge      keys with a failed outbox event, holding their later events (HoldKey) {topic}
+//	outbox.held_events          gauge      pending outbox events waiting behind a failed event of their key (HoldKey) {topic}
+//	outbox.parked               gauge      parked inbox events (held ones included)
+//	outbox.held                 gauge      parked inbox events held behind an earlier one of their key
+//	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
+//	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
+//	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
+//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
+//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (the fetch watch) {topic, partition, reason: set_offsets|resubscribe}
+//	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
+//	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 var (
 	Recorded      = Metric{"outbox.events.recorded", Counter, "{event}", "Events committed to the outbox."}
 	Published     = Metric{"outbox.events.published", Counter, "{event}", "Events acknowledged by Kafka."}
@@ -152,4 +181,31 @@ func New(meter metric.Meter) (ins *Instruments, err error) {
 // Int64Gauge creates the observable gauge of m on meter.
 func Int64Gauge(meter metric.Meter, m Metric) (metric.Int64ObservableGauge, error) {
 	return meter.Int64ObservableGauge(m.Name, metric.WithUnit(m.Unit), metric.WithDescription(m.Description))
+}
+
+// ObserveConsumer observes the consumer's partitions: events in flight
+// per partition, the events that wait by what they wait on, and the age of
+// each partition's oldest wait.
+func (ins *Instruments) ObserveConsumer(o metric.Observer, stats map[consume.TopicPartition]consume.Stats, waits []consume.Wait) {
+	for tp, st := range stats {
+		o.ObserveInt64(ins.InFlight, int64(st.InFlight), PartitionAttrs(tp.Topic, tp.Partition))
+	}
+	type waitKey struct {
+		tp   consume.TopicPartition
+		what string
+	}
+	counts := map[waitKey]int64{}
+	oldest := map[consume.TopicPartition]time.Time{}
+	for _, w := range waits {
+		counts[waitKey{w.Partition, w.What}]++
+		if o, ok := oldest[w.Partition]; !ok || w.Since.Before(o) {
+			oldest[w.Partition] = w.Since
+		}
+	}
+	for k, n := range counts {
+		o.ObserveInt64(ins.Waiting, n, PartitionAttrs(k.tp.Topic, k.tp.Partition, AttrWait.String(k.what)))
+	}
+	for tp, since := range oldest {
+		o.ObserveFloat64(ins.WaitAge, time.Since(since).Seconds(), PartitionAttrs(tp.Topic, tp.Partition))
+	}
 }
