@@ -1,8 +1,6 @@
 package outbox
 
 import (
-	"bytes"
-	"compress/gzip"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -58,13 +56,4 @@ func (c *Config) producerCompression() kgo.Opt {
 		codec = kgo.GzipCompression()
 	}
 	return kgo.ProducerBatchCompression(codec)
-}
-
-// gzipSize is the size of b compressed with gzip at the default level.
-func gzipSize(b []byte) int64 {
-	var buf bytes.Buffer
-	w := gzip.NewWriter(&buf)
-	_, _ = w.Write(b)
-	_ = w.Close()
-	return int64(buf.Len())
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/kafkawatch"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
 
@@ -58,11 +59,6 @@ const (
 	// waitVisible is how long a wait lasts before status and logs show it.
 	waitVisible = 3 * time.Second
 )
-
-type topicPartition struct {
-	topic     string
-	partition int32
-}
 
 // queueBound returns the records and bytes at which a partition's
 // fetching pauses: maxQueue and maxQueueBytes, unless a harness shrank
@@ -236,7 +232,7 @@ func (cons *consumer) fetchError(t string, p int32, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	cons.errLog.warn(cons.log, "fetch error", fmt.Sprintf("%s/%d/%s", t, p, errorKind(err)),
+	cons.errLog.warn(cons.log, "fetch error", fmt.Sprintf("%s/%d/%s", t, p, itel.ErrorKind(err)),
 		"topic", cons.c.cfg.bareTopic(t), "partition", p, "err", err)
 }
 
@@ -308,7 +304,7 @@ func offsetCommitErr(resp *kmsg.OffsetCommitResponse) error {
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
 			if p.ErrorCode != 0 {
-				return fmt.Errorf("partition %d: %w", p.Partition, kerrFor(p.ErrorCode))
+				return fmt.Errorf("partition %d: %w", p.Partition, itel.KerrFor(p.ErrorCode))
 			}
 		}
 	}

@@ -1,33 +1,25 @@
 package outbox
 
-// The doctor: settings of servers the framework does not own that silently
-// break its guarantees.
-//
-// Every guarantee rests on MongoDB and Kafka settings: a topic with
-// unclean.leader.election.enable loses acknowledged events, a compacted
-// topic drops records of a key before a consumer reads them, a
-// transactionLifetimeLimitSeconds below HandlerTimeout aborts every slow
-// handler. Admin.Doctor reads those settings and reports each one that
-// breaks a guarantee, risks one, or deserves a note, with what it read and
-// the fix; Client.Doctor runs it with the Client's configuration, Run runs
-// it once at start (doctor_run.go), outboxctl doctor and the console's
-// Health page show it. The checks read only: they change nothing.
-//
-// The checks live in doctor_kafka.go and doctor_mongo.go, each in two
-// steps: gather the facts (server reads), then judge them (pure functions,
-// tested on hand-made facts as well as on the embedded servers).
+// The doctor's public face: the report types, Admin.Doctor and
+// Client.Doctor. The checks live in internal/doctor (facts gathered, pure
+// judgements); this file converts at the boundary and gives the doctor the
+// storage format it reads through (doctorStore). Run runs the doctor once
+// at start (doctor_run.go), outboxctl doctor and the console's Health page
+// show it.
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/doctor"
 )
 
 // Severity says how much a Finding matters.
@@ -73,13 +65,13 @@ func (s *Severity) UnmarshalText(b []byte) error {
 
 // Guarantees a Finding touches, as Finding.Guarantee names them.
 const (
-	GuaranteePublishing  = "at-least-once publishing"   // every committed event reaches Kafka, and stays there once acknowledged
-	GuaranteeDelivery    = "at-least-once delivery"     // every published record reaches the consumers
-	GuaranteeIdempotency = "idempotent processing"      // an event is handled once, whatever the redeliveries
-	GuaranteeOrder       = "per-key order"              // the events of one partition key are handled in the order they were recorded
-	GuaranteeProcessing  = "at-least-once processing"   // every delivered event is handled or parked
-	GuaranteeCleanup     = "bounded collections"        // handled and published documents expire, waiting ones never
-	GuaranteeReadability = "records every client reads" // consumers that are not this framework can read the records
+	GuaranteePublishing  = doctor.GuaranteePublishing  // "at-least-once publishing": every committed event reaches Kafka, and stays there once acknowledged
+	GuaranteeDelivery    = doctor.GuaranteeDelivery    // "at-least-once delivery": every published record reaches the consumers
+	GuaranteeIdempotency = doctor.GuaranteeIdempotency // "idempotent processing": an event is handled once, whatever the redeliveries
+	GuaranteeOrder       = doctor.GuaranteeOrder       // "per-key order": the events of one partition key are handled in the order they were recorded
+	GuaranteeProcessing  = doctor.GuaranteeProcessing  // "at-least-once processing": every delivered event is handled or parked
+	GuaranteeCleanup     = doctor.GuaranteeCleanup     // "bounded collections": handled and published documents expire, waiting ones never
+	GuaranteeReadability = doctor.GuaranteeReadability // "records every client reads": consumers that are not this framework can read the records
 )
 
 // Finding is one result of the doctor.
@@ -204,35 +196,8 @@ type DoctorOptions struct {
 	Consumes *bool
 }
 
-// defaultExpectedOutage is DoctorOptions.ExpectedOutage's default.
-const defaultExpectedOutage = 3 * 24 * time.Hour
-
 // doctorTimeout bounds Run's check at start.
 const doctorTimeout = 60 * time.Second
-
-// doctorRun is the state of one Doctor call: options, facts, findings.
-type doctorRun struct {
-	a        *Admin
-	opts     DoctorOptions
-	now      time.Time
-	findings []Finding
-	checks   int
-	// minISRCap is whether the brokers cap min.insync.replicas at the
-	// replica count, read with their API versions (groupProtocol).
-	minISRCap minISRCap
-}
-
-// add records a finding.
-func (d *doctorRun) add(f Finding) { d.findings = append(d.findings, f) }
-
-// couldNot records a check that could not read what it needs: a note, so
-// that a missing permission is seen without failing the whole report.
-func (d *doctorRun) couldNot(check, subject, what string, err error) {
-	d.add(Finding{Severity: SeverityNote, Check: check, Subject: subject,
-		Read:    "could not read " + what + ": " + redactSecrets(err.Error()),
-		Problem: "this check did not run", Guarantee: "-",
-		Fix: "grant the reading rights this check needs, or run the doctor where the servers answer"})
-}
 
 // Doctor checks the settings of the service's MongoDB deployment and, with
 // opts.Kafka, of its Kafka topics and consumer group, against the
@@ -241,26 +206,34 @@ func (d *doctorRun) couldNot(check, subject, what string, err error) {
 // read at all; a check that cannot read what it needs is a note in the
 // report. It changes nothing.
 func (a *Admin) Doctor(ctx context.Context, opts DoctorOptions) (DoctorReport, error) {
-	d := &doctorRun{a: a, opts: opts, now: time.Now()}
-	if err := d.mongo(ctx); err != nil {
+	def := Config{}.withDefaults()
+	r, err := doctor.Run(ctx, doctorStore{a}, doctor.Options{
+		Kafka:               opts.Kafka,
+		TopicPrefix:         opts.TopicPrefix,
+		PublishTopics:       opts.PublishTopics,
+		ConsumeTopics:       opts.ConsumeTopics,
+		ConsumerGroup:       opts.ConsumerGroup,
+		OutboxRetention:     opts.OutboxRetention,
+		InboxRetention:      opts.InboxRetention,
+		HandlerTimeout:      opts.HandlerTimeout,
+		ExpectedOutage:      opts.ExpectedOutage,
+		ProducerCompression: opts.ProducerCompression,
+		GroupProtocol:       opts.GroupProtocol.String(),
+		ConsumerProtocol:    opts.GroupProtocol == GroupConsumer,
+		Consumes:            opts.Consumes,
+		Defaults: doctor.Defaults{OutboxRetention: def.OutboxRetention, InboxRetention: def.InboxRetention,
+			HandlerTimeout: def.HandlerTimeout},
+		Redact: redactSecrets,
+	})
+	if err != nil {
 		return DoctorReport{}, err
 	}
-	if opts.Kafka == nil {
-		d.add(Finding{Severity: SeverityNote, Check: "kafka.skipped", Subject: "Kafka",
-			Read: "no Kafka client", Problem: "the Kafka checks did not run", Guarantee: "-",
-			Fix: "give the brokers (outboxctl: -brokers or KAFKA_BROKERS)"})
-	} else {
-		d.kafka(ctx)
+	out := DoctorReport{Checks: r.Checks, CheckedAt: r.CheckedAt}
+	for _, f := range r.Findings {
+		out.Findings = append(out.Findings, Finding{Severity: Severity(f.Severity), Check: f.Check, Subject: f.Subject,
+			Read: f.Read, Problem: f.Problem, Guarantee: f.Guarantee, Fix: f.Fix})
 	}
-	return d.report(), nil
-}
-
-// report sorts the findings: worst first, then by check and subject.
-func (d *doctorRun) report() DoctorReport {
-	slices.SortStableFunc(d.findings, func(x, y Finding) int {
-		return cmp.Or(cmp.Compare(y.Severity, x.Severity), cmp.Compare(x.Check, y.Check), cmp.Compare(x.Subject, y.Subject))
-	})
-	return DoctorReport{Findings: d.findings, Checks: d.checks, CheckedAt: d.now.UTC()}
+	return out, nil
 }
 
 // Doctor runs Admin.Doctor with the Client's configuration: its topics,
@@ -288,30 +261,6 @@ func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
 	})
 }
 
-// fmtDuration writes a duration the way the findings show it: 7d, 3d12h,
-// 45s, 1h30m.
-func fmtDuration(d time.Duration) string {
-	if d >= 24*time.Hour {
-		days, rest := d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Hour)
-		if rest == 0 {
-			return fmt.Sprintf("%dd", days)
-		}
-		return fmt.Sprintf("%dd%dh", days, rest/time.Hour)
-	}
-	// time.Duration.String writes whole minutes as "2m0s" and whole hours
-	// as "1h0m0s": only a zero seconds field after minutes, and then a
-	// zero minutes field after hours, is dropped, never a digit of the
-	// seconds (10s stays "10s", 2m30s stays "2m30s").
-	s := d.Round(time.Second).String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
 // MarshalJSON writes the report with a "summary" line added.
 func (r DoctorReport) MarshalJSON() ([]byte, error) {
 	findings := r.Findings
@@ -324,4 +273,145 @@ func (r DoctorReport) MarshalJSON() ([]byte, error) {
 		Checks    int       `json:"checks"`
 		CheckedAt time.Time `json:"checked_at"`
 	}{r.Summary(), findings, r.Checks, r.CheckedAt})
+}
+
+// doctorStore gives the doctor the service's collections through the
+// storage format: the queries it runs and the indexes it compares are the
+// ones EnsureIndexes, the partition counts and the inbox stamp define.
+type doctorStore struct{ a *Admin }
+
+func (s doctorStore) Database() *mongo.Database { return s.a.outbox.Database() }
+func (s doctorStore) OutboxName() string        { return s.a.outbox.Name() }
+func (s doctorStore) InboxName() string         { return s.a.inbox.Name() }
+func (s doctorStore) MetaName() string          { return metaCollection }
+
+// StoredPartitions reads the partition counts the service stored in
+// outbox_meta for its outbox collection.
+func (s doctorStore) StoredPartitions(ctx context.Context) (map[string]int, error) {
+	cur, err := s.Database().Collection(metaCollection).Find(ctx, bson.D{
+		{Key: "_id.outbox", Value: s.a.outbox.Name()}, {Key: "partitions", Value: bson.D{{Key: "$exists", Value: true}}}})
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		ID struct {
+			Topic string `bson:"topic"`
+		} `bson:"_id"`
+		Partitions int `bson:"partitions"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	stored := make(map[string]int, len(docs))
+	for _, doc := range docs {
+		stored[doc.ID.Topic] = doc.Partitions
+	}
+	return stored, nil
+}
+
+// InboxOwner reads the inbox's stamp (see stampInbox).
+func (s doctorStore) InboxOwner(ctx context.Context) (*doctor.Owner, error) {
+	var st inboxStamp
+	err := s.Database().Collection(metaCollection).FindOne(ctx,
+		bson.D{{Key: "_id", Value: bson.D{{Key: "inbox", Value: s.a.inbox.Name()}}}}).Decode(&st)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &doctor.Owner{ConsumerGroup: st.ConsumerGroup, Service: st.Service}, nil
+}
+
+// recordFields are the outbox fields that go into a record (the payload,
+// the key and the headers' values).
+var recordFields = []string{"payload", "key", "schema", "idempotency_key", "traceparent", "tracestate", "source"}
+
+// LatestEvents sums the record fields' bytes of the newest n outbox events
+// on the server (the outbox's _id is an ObjectID: newest last).
+func (s doctorStore) LatestEvents(ctx context.Context, n int) ([]doctor.EventSize, error) {
+	var sizes bson.A
+	for _, f := range recordFields {
+		sizes = append(sizes, bson.D{{Key: "$strLenBytes", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + f, ""}}}}})
+	}
+	cur, err := s.a.outbox.Aggregate(ctx, bson.A{
+		bson.D{{Key: "$sort", Value: bson.D{{Key: "_id", Value: -1}}}},
+		bson.D{{Key: "$limit", Value: n}},
+		bson.D{{Key: "$project", Value: bson.D{
+			{Key: "_id", Value: 1}, {Key: "topic", Value: 1}, {Key: "created_at", Value: 1},
+			{Key: "size", Value: bson.D{{Key: "$add", Value: sizes}}},
+		}}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		ID        any       `bson:"_id"`
+		Topic     string    `bson:"topic"`
+		CreatedAt time.Time `bson:"created_at"`
+		Size      int64     `bson:"size"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	out := make([]doctor.EventSize, len(docs))
+	for i, d := range docs {
+		out[i] = doctor.EventSize{ID: d.ID, Topic: d.Topic, CreatedAt: d.CreatedAt, Size: d.Size}
+	}
+	return out, nil
+}
+
+// EventFields reads one outbox event's record fields, concatenated.
+func (s doctorStore) EventFields(ctx context.Context, id any) (string, error) {
+	var doc struct {
+		Payload        string `bson:"payload"`
+		Key            string `bson:"key"`
+		Schema         string `bson:"schema"`
+		IdempotencyKey string `bson:"idempotency_key"`
+		TraceParent    string `bson:"traceparent"`
+		TraceState     string `bson:"tracestate"`
+		Source         string `bson:"source"`
+	}
+	if err := s.a.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc); err != nil {
+		return "", err
+	}
+	return doc.Payload + doc.Key + doc.Schema + doc.IdempotencyKey + doc.TraceParent + doc.TraceState + doc.Source, nil
+}
+
+// ListIndexes lists a collection's index documents.
+func (s doctorStore) ListIndexes(ctx context.Context, coll string) ([]bson.D, error) {
+	return listIndexes(ctx, s.Database().Collection(coll))
+}
+
+// OutboxIndexes are the outbox's indexes with the given retention.
+func (s doctorStore) OutboxIndexes(retention time.Duration) doctor.Indexes {
+	c := &Client{cfg: Config{OutboxRetention: retention}}
+	return doctorIndexes(c.outboxIndexes(), bson.D{{Key: "published", Value: true}})
+}
+
+// InboxIndexes are the inbox's indexes with the given retention.
+func (s doctorStore) InboxIndexes(retention time.Duration) doctor.Indexes {
+	c := &Client{cfg: Config{InboxRetention: retention}}
+	return doctorIndexes(c.inboxIndexes(), bson.D{{Key: "handled", Value: true}})
+}
+
+// MetaIndexes are outbox_meta's indexes.
+func (s doctorStore) MetaIndexes() doctor.Indexes {
+	return doctorIndexes(metaIndexes(), bson.D{{Key: "kind", Value: replicaKind}})
+}
+
+// doctorIndexes describes specs for the doctor; expiring is the partial
+// filter of the collection's own TTL index.
+func doctorIndexes(specs []indexSpec, expiring bson.D) doctor.Indexes {
+	out := doctor.Indexes{
+		Expiring: func(partial any) bool { return sameBSON(partial, expiring, false) },
+		Field:    lookup,
+		Format:   formatIndex,
+		TTL:      indexTTL,
+	}
+	for _, s := range specs {
+		out.Specs = append(out.Specs, doctor.IndexSpec{Name: s.name, Doc: s.document(), TTL: s.ttl, Unique: s.unique,
+			Matches: func(ix bson.D) bool { return len(findEquivalents([]bson.D{ix}, s)) > 0 }})
+	}
+	return out
 }

@@ -86,7 +86,7 @@ func TestDoctorKafkaChecks(t *testing.T) {
 		{"unclean leader election", "kafka.unclean_leader_election", SeverityBreaks,
 			set("unclean.leader.election.enable", "true"), unset("unclean.leader.election.enable"), "unclean.leader.election.enable=true"},
 		// kfake and Apache Kafka 4 serve Produce v10 and cap the minimum
-		// at the replica count: a risk (TestJudgeMinISRAboveReplicas).
+		// at the replica count: a risk (internal/doctor TestJudgeMinISRAboveReplicas).
 		{"min.insync.replicas above the replication factor", "kafka.min_insync_replicas", SeverityRisk,
 			set("min.insync.replicas", "2"), unset("min.insync.replicas"), "min.insync.replicas=2"},
 		{"compacted", "kafka.cleanup_policy", SeverityBreaks,
@@ -172,32 +172,4 @@ func commit(t *testing.T, adm *kadm.Client, group, topic string, at int64) {
 	resp, err := adm.CommitOffsets(context.Background(), group, o)
 	require.NoError(t, err)
 	require.NoError(t, resp.Error())
-}
-
-// TestJudgeMinISRAboveReplicas: min.insync.replicas above the replication
-// factor refuses every acks=all write on Kafka before 3.7 and only asks
-// every replica to be in sync on 3.7 and later (the broker uses
-// min(min.insync.replicas, replicas)), which the brokers' Produce versions
-// tell apart (v10 came with 3.7); the finding says what holds for the
-// brokers read, and both when their versions are unknown.
-func TestJudgeMinISRAboveReplicas(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, minISRCapUnknown, minISRCapOf(nil))
-	require.Equal(t, minISRCapped, minISRCapOf([]int16{10, 13}))
-	require.Equal(t, minISRNotCapped, minISRCapOf([]int16{13, 9}))
-
-	const read = "min.insync.replicas=4, replication factor 3, producer acks=all (the publisher's)"
-	const fix = "set min.insync.replicas to at most 3 (replication factor - 1 is usual), or add replicas"
-	require.Equal(t, []Finding{{Severity: SeverityRisk, Check: "kafka.min_insync_replicas", Subject: "t",
-		Read:      read + ", brokers of Kafka 3.7 or later (Produce v10)",
-		Problem:   "the brokers cap the minimum at the replica count (3): every replica must be in sync, so one broker down stops publishing to the topic until it is back (events wait in the outbox)",
-		Guarantee: GuaranteePublishing, Fix: fix}}, judgeMinISR("t", "4", 3, minISRCapped))
-	require.Equal(t, []Finding{{Severity: SeverityBreaks, Check: "kafka.min_insync_replicas", Subject: "t",
-		Read:      read + ", a broker older than Kafka 3.7 (no Produce v10)",
-		Problem:   "Kafka before 3.7 refuses every acks=all write (NOT_ENOUGH_REPLICAS): no event is ever published",
-		Guarantee: GuaranteePublishing, Fix: fix}}, judgeMinISR("t", "4", 3, minISRNotCapped))
-	require.Equal(t, []Finding{{Severity: SeverityBreaks, Check: "kafka.min_insync_replicas", Subject: "t",
-		Read:      read + ", the brokers' versions unknown",
-		Problem:   "Kafka before 3.7 refuses every acks=all write (NOT_ENOUGH_REPLICAS): no event is ever published; 3.7 and later cap the minimum at the replica count (3), so one broker down stops publishing",
-		Guarantee: GuaranteePublishing, Fix: fix}}, judgeMinISR("t", "4", 3, minISRCapUnknown))
 }

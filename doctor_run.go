@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // The doctor at Run's start.
@@ -19,9 +20,6 @@ import (
 // metric outbox.doctor.findings {outbox.severity}. Findings never stop
 // Run: the deployment may be about to be fixed, and refusing to start
 // would turn a risk into an outage.
-
-// attrSeverity is the severity attribute of outbox.doctor.findings.
-const attrSeverity = attribute.Key("outbox.severity")
 
 // checkAtStart runs the doctor once and reports its findings.
 func (c *Client) checkAtStart(ctx context.Context) {
@@ -49,8 +47,7 @@ func (c *Client) checkAtStart(ctx context.Context) {
 // severity while Run runs (nothing until the check finished).
 func (c *Client) registerDoctorGauge() (unregister func()) {
 	t := c.tel
-	g, err := t.meter.Int64ObservableGauge("outbox.doctor.findings", metric.WithUnit("{finding}"),
-		metric.WithDescription("Findings of the doctor's check at start, by severity (breaks: a setting breaks a guarantee)."))
+	g, err := itel.Int64Gauge(t.meter, itel.DoctorFindings)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: the doctor's metric could not be created", "err", err)
 		return func() {}

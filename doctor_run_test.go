@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/event-outbox/outbox/internal/testkit"
+	"github.com/event-outbox/outbox/internal/doctor"
 )
 
 // TestRunReportsBreakingSettings: a service started on a compacted topic
@@ -53,4 +54,12 @@ func TestRunReportsBreakingSettings(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(raw), `"check":"kafka.cleanup_policy"`)
 	require.Contains(t, string(raw), `"severity":"breaks"`)
+}
+
+// TestDoctorSeverities: Admin.Doctor converts the doctor's severities by
+// value, so both orders must agree.
+func TestDoctorSeverities(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []Severity{SeverityNote, SeverityRisk, SeverityBreaks},
+		[]Severity{Severity(doctor.SeverityNote), Severity(doctor.SeverityRisk), Severity(doctor.SeverityBreaks)})
 }

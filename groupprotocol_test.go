@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -100,20 +99,6 @@ func TestGroupConsumerFallsBackToClassic(t *testing.T) {
 	require.Equal(t, SeverityRisk, sev)
 	require.Contains(t, fs[0].Read, "no broker serves ConsumerGroupHeartbeat v1")
 	require.Contains(t, fs[0].Problem, "falls back to the classic protocol")
-}
-
-func TestJudgeGroupProtocol(t *testing.T) {
-	t.Parallel()
-	f := judgeGroupProtocol(GroupConsumer, []int32{1}, []int32{2}, 0)
-	require.Len(t, f, 1)
-	require.Equal(t, SeverityRisk, f[0].Severity)
-	require.Contains(t, f[0].Read, "brokers [1] serve ConsumerGroupHeartbeat v1 (KIP-848), brokers [2] do not")
-	f = judgeGroupProtocol(GroupClassic, []int32{1}, []int32{2}, 0)
-	require.Equal(t, SeverityNote, f[0].Severity)
-	require.Equal(t, "none: the groups run the classic protocol", f[0].Problem)
-	f = judgeGroupProtocol(GroupConsumer, []int32{1, 2}, nil, 45*time.Second)
-	require.Equal(t, SeverityNote, f[0].Severity)
-	require.Contains(t, f[0].Read, "group.consumer.session.timeout.ms is 45s")
 }
 
 // GroupProtocol reads and writes its String form (the chaos harness's

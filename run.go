@@ -114,7 +114,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	// The doctor's check (doctor_run.go) never stops Run.
 	wg.Go(func() { c.checkAtStart(gctx) })
-	wg.Go(func() { c.logSummaries(gctx) })
+	wg.Go(func() { c.tel.ins.Sum.LogSummaries(gctx, c.cfg.LogSummaryInterval, c.cfg.Logger, c.cfg.ReplicaID) })
 	if len(c.cfg.PublishTopics) > 0 {
 		start(c.refreshPartitions)
 		start(c.runPublisher)

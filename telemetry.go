@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,11 +12,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/publish"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // Telemetry.
@@ -26,33 +26,10 @@ import (
 // providers by default, so a service that installs an SDK gets everything
 // and one that does not pays next to nothing.
 //
-// Metrics (instrumentation scope "github.com/event-outbox/outbox"):
-//
-//	outbox.events.recorded      counter    events committed to the outbox {topic}
-//	outbox.events.published     counter    events acknowledged by Kafka {topic}
-//	outbox.events.publish_failed counter   events marked failed in the outbox {topic, reason: refused (by Kafka, for good)|unreadable (document)}
-//	outbox.change_stream.reopens counter   reopens of the publisher's outbox change stream {reason: error|closed|ownership}
-//	outbox.events.handled       counter    events whose handling committed {topic, schema}
-//	outbox.events.skipped       counter    deliveries skipped {topic, schema, reason: duplicate|no_handler}
-//	outbox.events.retried       counter    handler failures that will be retried {topic, schema, reason: snooze when snoozed}
-//	outbox.events.parked        counter    events parked {topic, schema, reason: handler_error|handler_parked|malformed|held|redrive_failed}
-//	outbox.publish.duration     histogram  s, one Kafka batch from first send to last ack {topic}
-//	outbox.handle.duration      histogram  s, one handling attempt (transaction included) {topic, schema, outcome}
-//	outbox.rebalances           counter    partition assignment changes {role: publisher|consumer, change: assigned|revoked|lost}
-//	outbox.pending              gauge      unpublished, not failed outbox events {topic}
-//	outbox.pending.oldest_age   gauge      s, age of the oldest pending event {topic}
-//	outbox.failed               gauge      outbox events Kafka refused for good {topic}
-//	outbox.held_keys            gauge      keys with a failed outbox event, holding their later events (HoldKey) {topic}
-//	outbox.held_events          gauge      pending outbox events waiting behind a failed event of their key (HoldKey) {topic}
-//	outbox.parked               gauge      parked inbox events (held ones included)
-//	outbox.held                 gauge      parked inbox events held behind an earlier one of their key
-//	outbox.partitions.owned     gauge      partitions this process publishes or handles {role}
-//	outbox.consumer.lag         gauge      records between the committed offset (log start when none) and the high watermark {topic, partition}
-//	outbox.consumer.in_flight   gauge      events of a handled partition in running transactions {topic, partition}
-//	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
-//	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (internal/kafkawatch) {topic, partition, reason: set_offsets|resubscribe}
-//	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
-//	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
+// Metrics (instrumentation scope "github.com/event-outbox/outbox"): the
+// list of names, kinds, units and attributes is internal/telemetry's
+// (metrics.go), pinned by its TestMetricNames; docs/operations.md lists
+// them for users.
 //
 // The gauges are observed while Run runs. The storage gauges (pending,
 // oldest age, failed, parked) come from one aggregation over the outbox's
@@ -60,10 +37,10 @@ import (
 // count on the inbox's parked documents (partial index inbox_parked),
 // cached for backlogCacheTTL: a scrape never costs more than that per
 // interval, whatever the scrape rate. Consumer lag uses the high watermarks
-// that the consumer's lag poller (internal/kafkawatch) lists every few
-// seconds, raised by newer ones seen in fetches, and the committed offsets:
-// no Kafka request per scrape, and a partition that is not fetched
-// (stalled, paused) still shows its lag growing.
+// that the consumer's lag poller (internal/kafkawatch) lists every few seconds, raised by
+// newer ones seen in fetches, and the committed offsets: no Kafka request
+// per scrape, and a partition that is not fetched (stalled, paused) still
+// shows its lag growing.
 //
 // Traces: the trace context of the context passed to Record is stored with
 // the event and sent as the W3C traceparent/tracestate headers. The handler
@@ -74,114 +51,51 @@ import (
 // event in it (at most maxBatchLinks).
 
 const (
-	instrumentationName = "github.com/event-outbox/outbox"
 	backlogCacheTTL     = 5 * time.Second
 	backlogQueryTimeout = 5 * time.Second
-	maxBatchLinks       = 128
 )
 
-// Attribute keys. Topic and partition follow the OpenTelemetry messaging
-// semantic conventions.
+// Attribute keys, internal/telemetry's under the names the root's files
+// use.
 const (
-	attrTopic     = attribute.Key("messaging.destination.name")
-	attrPartition = attribute.Key("messaging.destination.partition.id")
-	attrSchema    = attribute.Key("outbox.content_schema")
-	attrReason    = attribute.Key("outbox.reason")
-	attrOutcome   = attribute.Key("outbox.outcome")
-	attrRole      = attribute.Key("outbox.role")
-	attrChange    = attribute.Key("outbox.change")
-	attrWait      = attribute.Key("outbox.wait")
+	attrTopic     = itel.AttrTopic
+	attrPartition = itel.AttrPartition
+	attrReason    = itel.AttrReason
+	attrRole      = itel.AttrRole
+	attrChange    = itel.AttrChange
+	attrWait      = itel.AttrWait
+	attrOutcome   = itel.AttrOutcome
+	attrSeverity  = itel.AttrSeverity
 )
 
-// telemetry holds a Client's instruments and the runtime state that the
-// status and the gauges report.
+// telemetry holds a Client's instruments (internal/telemetry) and the
+// runtime state that the status and the gauges report.
 type telemetry struct {
 	tracer trace.Tracer
 	meter  metric.Meter
-
-	recorded, published, publishFailed metric.Int64Counter
-	handled, skipped, retried, parked  metric.Int64Counter
-	rebalances, streamReopens          metric.Int64Counter
-	fetchRestarts                      metric.Int64Counter
-	publishDuration, handleDuration    metric.Float64Histogram
-	pendingG, failedG, parkedG, ownedG metric.Int64ObservableGauge
-	heldKeysG, heldEventsG, heldG      metric.Int64ObservableGauge
-	lagG                               metric.Int64ObservableGauge
-	inFlightG, waitingG                metric.Int64ObservableGauge
-	waitAgeG                           metric.Float64ObservableGauge
-	oldestG                            metric.Float64ObservableGauge
-	instrumentErr                      error
-	cons                               atomic.Pointer[consumer] // the running consumer
-	hwmMu                              sync.Mutex
-	hwm                                map[topicPartition]int64 // high watermarks listed or fetched by the consumer
-	lwm                                map[topicPartition]int64 // log start offsets listed by the consumer
-	lagEvery                           time.Duration            // period of the consumer's lag poller (0: internal/kafkawatch's default); tests shorten it
-	lagListedAt                        atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
-	errMu                              sync.Mutex
-	lastErr                            string
-	lastErrAt                          time.Time
-	backlogMu                          sync.Mutex // serialises backlog queries
-	backlog                            *StoreStatus
-	latencyBounds                      []float64
-	sum                                summary // counts of Run's periodic log line (logsummary.go)
+	ins    *itel.Instruments
+	// The counters the root's files add to, ins's under short names.
+	recorded, published, handled, skipped, retried, parked, streamReopens metric.Int64Counter
+	instrumentErr                                                         error
+	cons                                                                  atomic.Pointer[consumer] // the running consumer
+	marks                                                                 itel.Watermarks          // of the handled partitions, for the lag gauge and the fetch watch
+	lagEvery                                                              time.Duration            // period of the consumer's lag poller (0: internal/kafkawatch's default); tests shorten it
+	lagListedAt                                                           atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
+	errMu                                                                 sync.Mutex
+	lastErr                                                               string
+	lastErrAt                                                             time.Time
+	backlogMu                                                             sync.Mutex // serialises backlog queries
+	backlog                                                               *StoreStatus
 }
 
 func newTelemetry(cfg *Config) *telemetry {
 	t := &telemetry{
-		tracer: cfg.TracerProvider.Tracer(instrumentationName),
-		meter:  cfg.MeterProvider.Meter(instrumentationName),
-		hwm:    map[topicPartition]int64{},
-		lwm:    map[topicPartition]int64{},
-		latencyBounds: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-			30, 60},
+		tracer: cfg.TracerProvider.Tracer(itel.InstrumentationName),
+		meter:  cfg.MeterProvider.Meter(itel.InstrumentationName),
 	}
-	var errs []error
-	var err error
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := t.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return c
-	}
-	hist := func(name, desc string) metric.Float64Histogram {
-		h, err := t.meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(t.latencyBounds...))
-		errs = append(errs, err)
-		return h
-	}
-	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
-		g, err := t.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
-	}
-	t.recorded = summed(counter("outbox.events.recorded", "{event}", "Events committed to the outbox."), &t.sum.recorded)
-	t.published = summed(counter("outbox.events.published", "{event}", "Events acknowledged by Kafka."), &t.sum.published)
-	t.publishFailed = summed(counter("outbox.events.publish_failed", "{event}", "Events marked failed in the outbox: refused for good by Kafka, or unreadable documents."), &t.sum.failed)
-	t.streamReopens = counter("outbox.change_stream.reopens", "{reopen}", "Reopens of the publisher's outbox change stream, by reason.")
-	t.handled = summed(counter("outbox.events.handled", "{event}", "Events whose handling transaction committed."), &t.sum.handled)
-	t.skipped = counter("outbox.events.skipped", "{event}", "Deliveries skipped: already handled or parked, or no handler.")
-	t.retried = counter("outbox.events.retried", "{event}", "Handler failures that are retried.")
-	t.parked = summed(counter("outbox.events.parked", "{event}", "Events parked after their last attempt, or malformed."), &t.sum.parked)
-	t.rebalances = counter("outbox.rebalances", "{change}", "Partition assignment changes of the framework's Kafka groups.")
-	t.fetchRestarts = counter("outbox.consumer.fetch_restarts", "{restart}", "Restarts of a handled partition's fetching that its Kafka client had stopped while the broker had records.")
-	t.publishDuration = hist("outbox.publish.duration", "Duration of one Kafka batch, from the first send to the last acknowledgement.")
-	t.handleDuration = hist("outbox.handle.duration", "Duration of one handling attempt, transaction included.")
-	t.pendingG = gauge("outbox.pending", "{event}", "Outbox events not yet published (failed ones excluded).")
-	t.failedG = gauge("outbox.failed", "{event}", "Outbox events Kafka refused for good.")
-	t.heldKeysG = gauge("outbox.held_keys", "{key}", "Partition keys with a failed outbox event, holding their later events (PoisonPolicy HoldKey).")
-	t.heldEventsG = gauge("outbox.held_events", "{event}", "Pending outbox events waiting behind a failed event of their key (PoisonPolicy HoldKey).")
-	t.parkedG = gauge("outbox.parked", "{event}", "Parked inbox events.")
-	t.heldG = gauge("outbox.held", "{event}", "Parked inbox events held behind an earlier parked event of their key.")
-	t.ownedG = gauge("outbox.partitions.owned", "{partition}", "Partitions this process publishes (role publisher) or handles (role consumer).")
-	t.lagG = gauge("outbox.consumer.lag", "{record}", "Records between the committed offset and the high watermark of a handled partition.")
-	t.inFlightG = gauge("outbox.consumer.in_flight", "{event}", "Events of a handled partition in running transactions.")
-	t.waitingG = gauge("outbox.consumer.waiting", "{event}", "Events of a handled partition that have waited longer than a few seconds, by what they wait on (retry, infra, locked, running, release...).")
-	t.waitAgeG, err = t.meter.Float64ObservableGauge("outbox.consumer.waiting.oldest_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest wait of a handled partition."))
-	errs = append(errs, err)
-	t.oldestG, err = t.meter.Float64ObservableGauge("outbox.pending.oldest_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest outbox event not yet published."))
-	errs = append(errs, err)
-	t.instrumentErr = errors.Join(errs...)
+	t.ins, t.instrumentErr = itel.New(t.meter)
+	t.recorded, t.published, t.handled = t.ins.Recorded, t.ins.Published, t.ins.Handled
+	t.skipped, t.retried, t.parked, t.streamReopens = t.ins.Skipped, t.ins.Retried, t.ins.Parked, t.ins.StreamReopens
 	return t
 }
 
@@ -202,58 +116,16 @@ func (t *telemetry) lastError() (string, time.Time) {
 	return t.lastErr, t.lastErrAt
 }
 
-// Measurement options are cached by attribute values: building an
-// attribute set sorts and allocates, and the same few combinations recur
-// for every event. The cache is capped, so that arbitrary names (the
-// schema of a malformed record) cannot grow it without bound.
-var (
-	attrCache     sync.Map // string -> metric.MeasurementOption
-	attrCacheSize atomic.Int64
-)
-
-const attrCacheMax = 4096
-
-// attrKey identifies a cached attribute set: topic, optional schema, at
-// most one more string attribute.
-type attrKey struct {
-	topic, schema string
-	hasSchema     bool
-	extra         attribute.Key
-	extraValue    string
-}
-
-func cachedAttrs(k attrKey) metric.MeasurementOption {
-	if o, ok := attrCache.Load(k); ok {
-		return o.(metric.MeasurementOption)
-	}
-	kvs := []attribute.KeyValue{attrTopic.String(k.topic)}
-	if k.hasSchema {
-		kvs = append(kvs, attrSchema.String(k.schema))
-	}
-	if k.extra != "" {
-		kvs = append(kvs, k.extra.String(k.extraValue))
-	}
-	o := metric.WithAttributeSet(attribute.NewSet(kvs...))
-	if attrCacheSize.Load() < attrCacheMax {
-		if _, loaded := attrCache.LoadOrStore(k, o); !loaded {
-			attrCacheSize.Add(1)
-		}
-	}
-	return o
-}
-
-func topicAttrs(topic string) metric.MeasurementOption {
-	return cachedAttrs(attrKey{topic: topic})
-}
+func topicAttrs(topic string) metric.MeasurementOption { return itel.TopicAttrs(topic) }
 
 // eventAttrs returns the attributes topic, schema and extra, a string
 // attribute or none.
 func eventAttrs(env *Envelope, extra ...attribute.KeyValue) metric.MeasurementOption {
-	k := attrKey{topic: env.Topic, schema: env.ContentSchema, hasSchema: true}
+	k := itel.AttrKey{Topic: env.Topic, Schema: env.ContentSchema, HasSchema: true}
 	if len(extra) > 0 {
-		k.extra, k.extraValue = extra[0].Key, extra[0].Value.AsString()
+		k.Extra, k.ExtraValue = extra[0].Key, extra[0].Value.AsString()
 	}
-	return cachedAttrs(k)
+	return itel.CachedAttrs(k)
 }
 
 // committed counts the events of a committed transaction.
@@ -275,86 +147,46 @@ func (t *telemetry) rebalance(role, change string, parts map[string][]int32) {
 	if n == 0 {
 		return
 	}
-	t.rebalances.Add(context.Background(), 1, metric.WithAttributes(attrRole.String(role), attrChange.String(change)))
+	t.ins.Rebalances.Add(context.Background(), 1, metric.WithAttributes(attrRole.String(role), attrChange.String(change)))
 }
 
-// noteHighWatermark remembers the high watermark of a fetched partition,
-// for the lag gauge. A fetch only raises it: its watermark may be older than
-// the lag poller's last listing.
+// noteHighWatermark raises a fetched partition's high watermark (see
+// itel.Watermarks.Fetched).
 func (t *telemetry) noteHighWatermark(topic string, partition int32, hwm int64) {
-	if hwm < 0 {
-		return
-	}
-	tp := topicPartition{topic, partition}
-	t.hwmMu.Lock()
-	if hwm > t.hwm[tp] {
-		t.hwm[tp] = hwm
-	}
-	t.hwmMu.Unlock()
+	t.marks.Fetched(itel.Partition{Topic: topic, Partition: partition}, hwm)
 }
 
-// setHighWatermark records a partition's high watermark as listed by the lag
-// poller, the authority (it may also lower it, after a truncation).
+// setHighWatermark records a partition's high watermark as listed by the
+// lag poller, the authority.
+func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {
+	t.marks.Listed(itel.Partition{Topic: topic, Partition: partition}, hwm)
+}
+
 // setLogStart sets a partition's log start offset, listed by the lag
 // poller.
 func (t *telemetry) setLogStart(topic string, partition int32, lwm int64) {
-	t.hwmMu.Lock()
-	t.lwm[topicPartition{topic, partition}] = lwm
-	t.hwmMu.Unlock()
+	t.marks.SetLogStart(itel.Partition{Topic: topic, Partition: partition}, lwm)
+}
+
+// partitionEnds returns a handled partition's high watermark and log
+// start offset (see itel.Watermarks.Ends).
+func (t *telemetry) partitionEnds(topic string, partition int32) (hwm, logStart int64, ok bool) {
+	return t.marks.Ends(itel.Partition{Topic: topic, Partition: partition})
 }
 
 // fetchRestarted counts a restart of a partition's fetching, by how
 // (set_offsets, resubscribe).
 func (t *telemetry) fetchRestarted(tp consume.TopicPartition, how string) {
-	t.fetchRestarts.Add(context.Background(), 1, metric.WithAttributes(attrTopic.String(tp.Topic),
-		attrPartition.String(strconv.Itoa(int(tp.Partition))), attrReason.String(how)))
-}
-
-// partitionEnds returns a handled partition's high watermark (listed or
-// fetched) and log start offset (listed; 0 when not listed yet); ok is
-// false when no watermark is known.
-func (t *telemetry) partitionEnds(topic string, partition int32) (hwm, logStart int64, ok bool) {
-	t.hwmMu.Lock()
-	defer t.hwmMu.Unlock()
-	tp := topicPartition{topic, partition}
-	hwm, ok = t.hwm[tp]
-	return hwm, t.lwm[tp], ok
-}
-
-func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {
-	if hwm < 0 {
-		return
-	}
-	t.hwmMu.Lock()
-	t.hwm[topicPartition{topic, partition}] = hwm
-	t.hwmMu.Unlock()
+	t.ins.FetchRestarts.Add(context.Background(), 1, itel.PartitionAttrs(tp.Topic, tp.Partition, attrReason.String(how)))
 }
 
 // startHandle starts the span of one handling attempt. Its parent is the
 // trace context recorded with the event (a remote parent), or the span in
 // ctx when the event carries none.
 func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Context, trace.Span) {
-	if meta.TraceParent != "" {
-		ctx = traceContext.Extract(ctx, propagation.MapCarrier{
-			HeaderTraceParent: meta.TraceParent,
-			HeaderTraceState:  meta.TraceState,
-		})
-	}
-	ctx, span := t.tracer.Start(ctx, meta.Topic+" process", trace.WithSpanKind(trace.SpanKindConsumer))
-	if span.IsRecording() {
-		span.SetAttributes(
-			attribute.String("messaging.system", "kafka"),
-			attribute.String("messaging.operation.type", "process"),
-			attrTopic.String(meta.Topic),
-			attrPartition.String(strconv.Itoa(int(meta.Partition))),
-			attribute.Int64("messaging.kafka.offset", meta.Offset),
-			attribute.String("messaging.kafka.message.key", meta.PartitionKey),
-			attribute.String("messaging.message.id", meta.IdempotencyKey),
-			attrSchema.String(meta.ContentSchema),
-			attribute.Int("outbox.attempt", meta.Attempt),
-		)
-	}
-	return ctx, span
+	return itel.StartHandle(ctx, t.tracer, itel.HandleSpan{TraceParent: meta.TraceParent, TraceState: meta.TraceState,
+		Topic: meta.Topic, Partition: meta.Partition, Offset: meta.Offset, PartitionKey: meta.PartitionKey,
+		IdempotencyKey: meta.IdempotencyKey, ContentSchema: meta.ContentSchema, Attempt: meta.Attempt})
 }
 
 // endHandle ends a handling attempt's span and records its duration and
@@ -380,72 +212,12 @@ func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelop
 		span.SetAttributes(attrOutcome.String(outcome))
 	}
 	span.End()
-	t.handleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
-}
-
-// batchLinks returns links to the recorded traces of a batch's events (at
-// most maxBatchLinks).
-func batchLinks(items []publish.Item) []trace.Link {
-	var links []trace.Link
-	for _, it := range items {
-		if len(links) == maxBatchLinks {
-			break
-		}
-		carrier := propagation.MapCarrier{}
-		for _, h := range it.Record.Headers {
-			if h.Key == HeaderTraceParent || h.Key == HeaderTraceState {
-				carrier[h.Key] = string(h.Value)
-			}
-		}
-		if len(carrier) == 0 {
-			continue
-		}
-		sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), carrier))
-		if sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
-	return links
+	t.ins.HandleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
 }
 
 // publishHooks adds the publish metrics and span to the test hooks.
 func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
-	nextFailed := h.Failed
-	h.Failed = func(tp publish.TopicPartition, it publish.Item, cause error) {
-		reason := "refused"
-		if it.Err != nil {
-			reason = "unreadable"
-		}
-		t.publishFailed.Add(context.Background(), 1, cachedAttrs(attrKey{topic: tp.Topic, extra: attrReason, extraValue: reason}))
-		if nextFailed != nil {
-			nextFailed(tp, it, cause)
-		}
-	}
-	next := h.Produced
-	h.Produced = func(tp publish.TopicPartition, items []publish.Item, start, end time.Time, acked int) {
-		ctx := context.Background()
-		links := batchLinks(items)
-		_, span := t.tracer.Start(ctx, tp.Topic+" publish",
-			trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithTimestamp(start),
-			trace.WithLinks(links...),
-			trace.WithAttributes(
-				attribute.String("messaging.system", "kafka"),
-				attribute.String("messaging.operation.type", "send"),
-				attrTopic.String(tp.Topic),
-				attrPartition.String(strconv.Itoa(int(tp.Partition))),
-				attribute.Int("messaging.batch.message_count", acked),
-			))
-		span.End(trace.WithTimestamp(end))
-		if acked > 0 {
-			t.published.Add(ctx, int64(acked), topicAttrs(tp.Topic))
-		}
-		t.publishDuration.Record(ctx, end.Sub(start).Seconds(), topicAttrs(tp.Topic))
-		if next != nil {
-			next(tp, items, start, end, acked)
-		}
-	}
-	return h
+	return t.ins.PublishHooks(t.tracer, h)
 }
 
 // storeStatus returns the storage status, at most maxAge old.
@@ -487,14 +259,13 @@ func (c *Client) registerGauges() (unregister func()) {
 			} else if cons := t.cons.Load(); cons != nil {
 				n = len(cons.set.Owned())
 			}
-			o.ObserveInt64(t.ownedG, int64(n), metric.WithAttributes(attrRole.String(role)))
+			o.ObserveInt64(t.ins.Owned, int64(n), metric.WithAttributes(attrRole.String(role)))
 		}
 		for tp, lag := range t.consumerLag() {
-			o.ObserveInt64(t.lagG, lag, metric.WithAttributes(attrTopic.String(tp.topic),
-				attrPartition.String(strconv.Itoa(int(tp.partition)))))
+			o.ObserveInt64(t.ins.Lag, lag, itel.PartitionAttrs(tp.Topic, tp.Partition))
 		}
 		if cons := t.cons.Load(); cons != nil {
-			t.observeConsumer(o, cons)
+			t.ins.ObserveConsumer(o, cons.set.Stats(), cons.set.Waits())
 		}
 		st, err := c.storeStatus(ctx, backlogCacheTTL)
 		if err != nil {
@@ -503,28 +274,28 @@ func (c *Client) registerGauges() (unregister func()) {
 		seen := make(map[string]bool, len(st.Topics))
 		for _, b := range st.Topics {
 			seen[b.Topic] = true
-			o.ObserveInt64(t.pendingG, b.Pending, topicAttrs(b.Topic))
-			o.ObserveInt64(t.failedG, b.Failed, topicAttrs(b.Topic))
-			o.ObserveInt64(t.heldKeysG, b.HeldKeys, topicAttrs(b.Topic))
-			o.ObserveInt64(t.heldEventsG, b.HeldEvents, topicAttrs(b.Topic))
-			o.ObserveFloat64(t.oldestG, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
+			o.ObserveInt64(t.ins.Pending, b.Pending, topicAttrs(b.Topic))
+			o.ObserveInt64(t.ins.Failed, b.Failed, topicAttrs(b.Topic))
+			o.ObserveInt64(t.ins.HeldKeys, b.HeldKeys, topicAttrs(b.Topic))
+			o.ObserveInt64(t.ins.HeldEvents, b.HeldEvents, topicAttrs(b.Topic))
+			o.ObserveFloat64(t.ins.OldestPending, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
 		}
 		// Topics with nothing waiting read 0 rather than vanishing, so that
 		// dashboards and absence alerts see a steady series.
 		for _, topic := range c.cfg.PublishTopics {
 			if !seen[topic] {
-				o.ObserveInt64(t.pendingG, 0, topicAttrs(topic))
-				o.ObserveInt64(t.failedG, 0, topicAttrs(topic))
-				o.ObserveInt64(t.heldKeysG, 0, topicAttrs(topic))
-				o.ObserveInt64(t.heldEventsG, 0, topicAttrs(topic))
-				o.ObserveFloat64(t.oldestG, 0, topicAttrs(topic))
+				o.ObserveInt64(t.ins.Pending, 0, topicAttrs(topic))
+				o.ObserveInt64(t.ins.Failed, 0, topicAttrs(topic))
+				o.ObserveInt64(t.ins.HeldKeys, 0, topicAttrs(topic))
+				o.ObserveInt64(t.ins.HeldEvents, 0, topicAttrs(topic))
+				o.ObserveFloat64(t.ins.OldestPending, 0, topicAttrs(topic))
 			}
 		}
-		o.ObserveInt64(t.parkedG, st.Parked)
-		o.ObserveInt64(t.heldG, st.Held)
+		o.ObserveInt64(t.ins.ParkedNow, st.Parked)
+		o.ObserveInt64(t.ins.Held, st.Held)
 		return nil
-	}, t.pendingG, t.failedG, t.parkedG, t.heldG, t.ownedG, t.lagG, t.oldestG, t.heldKeysG, t.heldEventsG,
-		t.inFlightG, t.waitingG, t.waitAgeG)
+	}, t.ins.Pending, t.ins.Failed, t.ins.ParkedNow, t.ins.Held, t.ins.Owned, t.ins.Lag, t.ins.OldestPending, t.ins.HeldKeys, t.ins.HeldEvents,
+		t.ins.InFlight, t.ins.Waiting, t.ins.WaitAge)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}
@@ -532,60 +303,39 @@ func (c *Client) registerGauges() (unregister func()) {
 	return func() { _ = reg.Unregister() }
 }
 
-// observeConsumer observes the consumer's partitions: events in flight,
-// and what they wait on.
-func (t *telemetry) observeConsumer(o metric.Observer, cons *consumer) {
-	for tp, st := range cons.set.Stats() {
-		o.ObserveInt64(t.inFlightG, int64(st.InFlight), metric.WithAttributes(attrTopic.String(tp.Topic),
-			attrPartition.String(strconv.Itoa(int(tp.Partition)))))
-	}
-	type waitKey struct {
-		tp   consume.TopicPartition
-		what string
-	}
-	counts := map[waitKey]int64{}
-	oldest := map[consume.TopicPartition]time.Time{}
-	for _, w := range cons.set.Waits() {
-		counts[waitKey{w.Partition, w.What}]++
-		if o, ok := oldest[w.Partition]; !ok || w.Since.Before(o) {
-			oldest[w.Partition] = w.Since
-		}
-	}
-	for k, n := range counts {
-		o.ObserveInt64(t.waitingG, n, metric.WithAttributes(attrTopic.String(k.tp.Topic),
-			attrPartition.String(strconv.Itoa(int(k.tp.Partition))), attrWait.String(k.what)))
-	}
-	for tp, since := range oldest {
-		o.ObserveFloat64(t.waitAgeG, time.Since(since).Seconds(), metric.WithAttributes(attrTopic.String(tp.Topic),
-			attrPartition.String(strconv.Itoa(int(tp.Partition)))))
-	}
-}
-
-// consumerLag returns, per handled partition, the high watermark (listed
-// or fetched) minus the committed offset, or minus the log start offset
-// when the group committed nothing for the partition yet (a new group
-// stalled on its first record shows its lag too); partitions without a
-// listed or fetched watermark are left out.
-func (t *telemetry) consumerLag() map[topicPartition]int64 {
+// consumerLag returns the lag of each handled partition (see
+// itel.Watermarks.Lag), measured from the group's committed offsets.
+func (t *telemetry) consumerLag() map[itel.Partition]int64 {
 	cons := t.cons.Load()
 	if cons == nil || cons.cl == nil {
 		return nil
 	}
 	committed := cons.cl.CommittedOffsets()
-	out := map[topicPartition]int64{}
-	t.hwmMu.Lock()
-	defer t.hwmMu.Unlock()
-	for _, ctp := range cons.set.Owned() {
-		tp := topicPartition{ctp.Topic, ctp.Partition}
-		hwm, ok := t.hwm[tp]
-		if !ok {
-			continue
-		}
-		from := t.lwm[tp]
-		if co, ok := committed[cons.c.cfg.kafkaTopic(tp.topic)][tp.partition]; ok && co.Offset >= 0 {
-			from = co.Offset
-		}
-		out[tp] = max(hwm-from, 0)
+	owned := cons.set.Owned()
+	ps := make([]itel.Partition, len(owned))
+	for i, tp := range owned {
+		ps[i] = itel.Partition{Topic: tp.Topic, Partition: tp.Partition}
 	}
-	return out
+	return t.marks.Lag(ps, func(p itel.Partition) (int64, bool) {
+		co, ok := committed[cons.c.cfg.kafkaTopic(p.Topic)][p.Partition]
+		return co.Offset, ok
+	})
+}
+
+// Rate-limited logs: internal/telemetry's RateLog under the names the
+// root's loops call.
+const (
+	errorRelog   = itel.ErrorRelog
+	waitLogEvery = itel.WaitLogEvery
+)
+
+// rateLog logs each kind of repeated message once, then at most once per
+// period (see itel.RateLog).
+type rateLog struct{ *itel.RateLog }
+
+func newRateLog(every time.Duration) *rateLog { return &rateLog{itel.NewRateLog(every)} }
+
+// warn logs msg under kind unless kind was logged less than a period ago.
+func (r *rateLog) warn(log *slog.Logger, msg, kind string, args ...any) {
+	r.Warn(log, msg, kind, args...)
 }

@@ -14,6 +14,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // otelBundle wires in-memory OpenTelemetry SDK providers into a config.
@@ -44,7 +46,7 @@ func (o *otelBundle) collect(t *testing.T) map[string]metricdata.Aggregation {
 	require.NoError(t, o.reader.Collect(context.Background(), &rm))
 	out := map[string]metricdata.Aggregation{}
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != instrumentationName {
+		if sm.Scope.Name != itel.InstrumentationName {
 			continue
 		}
 		for _, m := range sm.Metrics {

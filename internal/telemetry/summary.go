@@ -1,4 +1,4 @@
-package outbox
+package telemetry
 
 import (
 	"context"
@@ -9,15 +9,14 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// The periodic summary: one info line per Config.LogSummaryInterval with
-// the events recorded, published, failed, handled and parked meanwhile,
-// only when there were some, so that an operator sees events flow without
-// a line per event. The counts come from the same calls that feed the
-// metrics: each counted instrument (summedCounter) adds to a summary
-// counter too.
+// The periodic summary: one info line per interval with the events
+// recorded, published, failed, handled and parked meanwhile, only when
+// there were some, so that an operator sees events flow without a line per
+// event. The counts come from the same calls that feed the metrics: each
+// counted instrument (summedCounter) adds to a summary count too.
 
-// summary holds the counts of the current interval.
-type summary struct {
+// Summary holds the counts of the current interval.
+type Summary struct {
 	recorded, published, failed, handled, parked atomic.Int64
 }
 
@@ -41,11 +40,11 @@ func summed(c metric.Int64Counter, n *atomic.Int64) metric.Int64Counter {
 	return summedCounter{Int64Counter: c, n: n}
 }
 
-// logSummaries logs the summary every Config.LogSummaryInterval until ctx
-// ends, then once more for the last, partial, interval. Run owns the
-// goroutine that calls it.
-func (c *Client) logSummaries(ctx context.Context) {
-	every := c.cfg.LogSummaryInterval
+// LogSummaries logs the summary every interval until ctx ends, then once
+// more for the last, partial, interval. It returns at once when every is
+// not positive. The caller owns the goroutine that runs it; it stops when
+// ctx ends.
+func (s *Summary) LogSummaries(ctx context.Context, every time.Duration, log *slog.Logger, replica string) {
 	if every <= 0 {
 		return
 	}
@@ -55,25 +54,24 @@ func (c *Client) logSummaries(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			c.logSummary(time.Since(last))
+			s.Log(log, replica, time.Since(last))
 			return
 		case now := <-t.C:
-			c.logSummary(now.Sub(last))
+			s.Log(log, replica, now.Sub(last))
 			last = now
 		}
 	}
 }
 
-// logSummary logs and resets the counts of an interval of length d, when
-// any is not zero.
-func (c *Client) logSummary(d time.Duration) {
-	s := &c.tel.sum
+// Log logs and resets the counts of an interval of length d, when any is
+// not zero.
+func (s *Summary) Log(log *slog.Logger, replica string, d time.Duration) {
 	rec, pub, fail := s.recorded.Swap(0), s.published.Swap(0), s.failed.Swap(0)
 	hand, park := s.handled.Swap(0), s.parked.Swap(0)
 	if rec == 0 && pub == 0 && fail == 0 && hand == 0 && park == 0 {
 		return
 	}
-	attrs := []any{slog.String("outbox.replica", c.cfg.ReplicaID), slog.String("interval", d.Round(time.Second).String())}
+	attrs := []any{slog.String("outbox.replica", replica), slog.String("interval", d.Round(time.Second).String())}
 	for _, a := range []struct {
 		name string
 		n    int64
@@ -82,5 +80,5 @@ func (c *Client) logSummary(d time.Duration) {
 			attrs = append(attrs, slog.Int64(a.name, a.n))
 		}
 	}
-	c.cfg.Logger.Info("outbox: events", attrs...)
+	log.Info("outbox: events", attrs...)
 }

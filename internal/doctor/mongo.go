@@ -1,8 +1,7 @@
-package outbox
+package doctor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -20,9 +19,8 @@ const clockTolerance = 5 * time.Second
 
 // mongo runs the MongoDB checks. It fails only when MongoDB does not
 // answer hello.
-func (d *doctorRun) mongo(ctx context.Context) error {
-	db := d.a.outbox.Database()
-	client := db.Client()
+func (d *run) mongo(ctx context.Context) error {
+	client := d.store.Database().Client()
 	admin := client.Database("admin")
 
 	// Replica set, and the clock difference.
@@ -129,26 +127,28 @@ func oplogBounds(ctx context.Context, client *mongo.Client) (first, last time.Ti
 	return first, last, err
 }
 
-func (d *doctorRun) expectedOutage() time.Duration {
+// expectedOutage is Options.ExpectedOutage or its default.
+func (d *run) expectedOutage() time.Duration {
 	if d.opts.ExpectedOutage > 0 {
 		return d.opts.ExpectedOutage
 	}
-	return defaultExpectedOutage
+	return DefaultExpectedOutage
 }
 
-func (d *doctorRun) handlerTimeout() time.Duration {
+// handlerTimeout is Options.HandlerTimeout or the configuration's default.
+func (d *run) handlerTimeout() time.Duration {
 	if d.opts.HandlerTimeout > 0 {
 		return d.opts.HandlerTimeout
 	}
-	return 45 * time.Second
+	return d.opts.Defaults.HandlerTimeout
 }
 
 // mongoCollections checks the indexes of the outbox, inbox and outbox_meta
 // collections and the inbox's owner, and fills the options' defaults that
 // come from them (retentions, consumer group).
-func (d *doctorRun) mongoCollections(ctx context.Context) error {
-	db := d.a.outbox.Database()
-	meta := db.Collection(metaCollection)
+func (d *run) mongoCollections(ctx context.Context) error {
+	db := d.store.Database()
+	outbox, inbox, meta := d.store.OutboxName(), d.store.InboxName(), d.store.MetaName()
 	names, err := db.ListCollectionNames(ctx, bson.D{})
 	if err != nil {
 		return fmt.Errorf("outbox: doctor: list the collections of %s: %w", db.Name(), err)
@@ -159,66 +159,62 @@ func (d *doctorRun) mongoCollections(ctx context.Context) error {
 	}
 
 	// The inbox stamp names its owner.
-	var stamp *inboxStamp
-	if exists[metaCollection] {
-		var st inboxStamp
-		err := meta.FindOne(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "inbox", Value: d.a.inbox.Name()}}}}).Decode(&st)
-		switch {
-		case err == nil:
-			stamp = &st
-		case !errors.Is(err, mongo.ErrNoDocuments):
-			d.couldNot("mongo.inbox_owner", "collection "+db.Name()+"."+d.a.inbox.Name(), "its stamp in "+metaCollection, err)
+	var stamp *Owner
+	if exists[meta] {
+		stamp, err = d.store.InboxOwner(ctx)
+		if err != nil {
+			d.couldNot("mongo.inbox_owner", "collection "+db.Name()+"."+inbox, "its stamp in "+meta, err)
 		}
 	}
 	if d.opts.ConsumerGroup == "" && stamp != nil {
 		d.opts.ConsumerGroup = stamp.ConsumerGroup
 	}
-	consumes := exists[d.a.inbox.Name()] || len(d.opts.ConsumeTopics) > 0
+	consumes := exists[inbox] || len(d.opts.ConsumeTopics) > 0
 	if d.opts.Consumes != nil {
 		consumes = *d.opts.Consumes
 	}
 	if consumes {
 		d.checks++
-		d.findings = append(d.findings, judgeInboxOwner(db.Name(), d.a.inbox.Name(), stamp, d.opts.ConsumerGroup, exists[d.a.inbox.Name()])...)
+		d.findings = append(d.findings, judgeInboxOwner(db.Name(), inbox, meta, stamp, d.opts.ConsumerGroup, exists[inbox])...)
 	}
 
 	// A collection that does not exist yet has no indexes to check: Run
 	// creates both.
-	list := func(coll *mongo.Collection) ([]bson.D, bool) {
-		if !exists[coll.Name()] {
-			d.add(Finding{Severity: SeverityNote, Check: "mongo.indexes", Subject: "collection " + db.Name() + "." + coll.Name(),
+	list := func(coll string) ([]bson.D, bool) {
+		if !exists[coll] {
+			d.add(Finding{Severity: SeverityNote, Check: "mongo.indexes", Subject: "collection " + db.Name() + "." + coll,
 				Read: "the collection does not exist", Problem: "its indexes were not checked", Guarantee: "-",
 				Fix: "run the service: Run creates its collections' indexes at start (check -db, -outbox and -inbox if it ran)"})
 			return nil, false
 		}
-		ixs, err := listIndexes(ctx, coll)
+		ixs, err := d.store.ListIndexes(ctx, coll)
 		if err != nil {
-			d.couldNot("mongo.indexes", "collection "+db.Name()+"."+coll.Name(), "its indexes", err)
+			d.couldNot("mongo.indexes", "collection "+db.Name()+"."+coll, "its indexes", err)
 			return nil, false
 		}
 		return ixs, true
 	}
-	outboxIdx, okOut := list(d.a.outbox)
+	outboxIdx, okOut := list(outbox)
 	var inboxIdx []bson.D
 	okIn := false
 	if consumes {
-		inboxIdx, okIn = list(d.a.inbox)
+		inboxIdx, okIn = list(inbox)
 	}
 	metaIdx, okMeta := list(meta)
 
-	// Retentions: given, else the TTL indexes', else Config's defaults.
-	specsFor := func(outboxRet, inboxRet time.Duration) *Client {
-		return &Client{cfg: Config{OutboxRetention: outboxRet, InboxRetention: inboxRet}}
-	}
-	def := Config{}.withDefaults()
-	probe := specsFor(def.OutboxRetention, def.InboxRetention)
-	ttlOf := func(ixs []bson.D, specs []indexSpec, name string) time.Duration {
-		for _, s := range specs {
-			if s.name != name {
+	// Retentions: given, else the TTL indexes', else the configuration's
+	// defaults. A collection has one TTL index, whatever its retention.
+	def := d.opts.Defaults
+	ttlOf := func(ixs []bson.D, want Indexes) time.Duration {
+		for _, s := range want.Specs {
+			if s.TTL == nil {
 				continue
 			}
-			for _, ix := range findEquivalents(ixs, s) {
-				if ttl, ok := indexTTL(ix); ok {
+			for _, ix := range ixs {
+				if !s.Matches(ix) {
+					continue
+				}
+				if ttl, ok := want.TTL(ix); ok {
 					return time.Duration(ttl) * time.Second
 				}
 			}
@@ -227,27 +223,26 @@ func (d *doctorRun) mongoCollections(ctx context.Context) error {
 	}
 	givenOut, givenIn := d.opts.OutboxRetention > 0, d.opts.InboxRetention > 0
 	if !givenOut {
-		d.opts.OutboxRetention = cmp0(ttlOf(outboxIdx, probe.outboxIndexes(), indexOutboxTTL), def.OutboxRetention)
+		d.opts.OutboxRetention = cmp0(ttlOf(outboxIdx, d.store.OutboxIndexes(def.OutboxRetention)), def.OutboxRetention)
 	}
 	if !givenIn {
-		d.opts.InboxRetention = cmp0(ttlOf(inboxIdx, probe.inboxIndexes(), indexInboxTTL), def.InboxRetention)
+		d.opts.InboxRetention = cmp0(ttlOf(inboxIdx, d.store.InboxIndexes(def.InboxRetention)), def.InboxRetention)
 	}
-	want := specsFor(d.opts.OutboxRetention, d.opts.InboxRetention)
 	collName := func(c string) string { return db.Name() + "." + c }
 	if okOut {
 		d.checks++
-		d.findings = append(d.findings, judgeIndexes(collName(d.a.outbox.Name()), outboxIdx, want.outboxIndexes(), givenOut,
-			bson.D{{Key: "published", Value: true}}, "unpublished events", "published events")...)
+		d.findings = append(d.findings, judgeIndexes(collName(outbox), outboxIdx, d.store.OutboxIndexes(d.opts.OutboxRetention), givenOut,
+			"unpublished events", "published events")...)
 	}
 	if okIn {
 		d.checks++
-		d.findings = append(d.findings, judgeIndexes(collName(d.a.inbox.Name()), inboxIdx, want.inboxIndexes(), givenIn,
-			bson.D{{Key: "handled", Value: true}}, "unhandled and parked events", "handled events")...)
+		d.findings = append(d.findings, judgeIndexes(collName(inbox), inboxIdx, d.store.InboxIndexes(d.opts.InboxRetention), givenIn,
+			"unhandled and parked events", "handled events")...)
 	}
 	if okMeta {
 		d.checks++
-		d.findings = append(d.findings, judgeIndexes(collName(metaCollection), metaIdx, metaIndexes(), false,
-			bson.D{{Key: "kind", Value: replicaKind}}, "inbox stamps and partition counts", "replica liveness records")...)
+		d.findings = append(d.findings, judgeIndexes(collName(meta), metaIdx, d.store.MetaIndexes(), false,
+			"inbox stamps and partition counts", "replica liveness records")...)
 	}
 	return nil
 }
@@ -333,55 +328,59 @@ func judgeWriteConcern(w any, source string) []Finding {
 		Fix:       `setDefaultRWConcern with defaultWriteConcern: {w: "majority"}`}}
 }
 
-// judgeIndexes compares a collection's indexes with the specs the
-// framework needs. retentionGiven says that the specs' TTLs are the
-// configured retentions (not read from the indexes). expiresOnly is the
-// only partial filter a TTL index on this collection may have (the
-// framework's own), what names what other TTL indexes would delete, and
-// expires what the framework's TTL index deletes.
-func judgeIndexes(coll string, existing []bson.D, specs []indexSpec, retentionGiven bool, expiresOnly bson.D, what, expires string) []Finding {
+// judgeIndexes compares a collection's indexes with the ones the
+// framework needs (want). retentionGiven says that the specs' TTLs are the
+// configured retentions (not read from the indexes). what names what a TTL
+// index other than the framework's would delete, expires what the
+// framework's TTL index deletes.
+func judgeIndexes(coll string, existing []bson.D, want Indexes, retentionGiven bool, what, expires string) []Finding {
 	var out []Finding
 	subject := "collection " + coll
-	for _, s := range specs {
-		same := findEquivalents(existing, s)
+	for _, s := range want.Specs {
+		var same []bson.D
+		for _, ix := range existing {
+			if s.Matches(ix) {
+				same = append(same, ix)
+			}
+		}
 		if len(same) == 0 {
 			conflict := false
 			for _, ix := range existing {
-				if indexName(ix) == s.name {
+				if want.name(ix) == s.Name {
 					conflict = true
 					out = append(out, Finding{Severity: SeverityBreaks, Check: "mongo.indexes", Subject: subject,
-						Read:      fmt.Sprintf("index %s is %s, needed %s", s.name, formatIndex(ix), formatIndex(s.document())),
+						Read:      fmt.Sprintf("index %s is %s, needed %s", s.Name, want.Format(ix), want.Format(s.Doc)),
 						Problem:   "Run refuses to start (ErrIndexConflict): nothing is published or handled",
 						Guarantee: GuaranteePublishing,
-						Fix:       "drop or rename the index " + s.name + "; Run then creates the framework's"})
+						Fix:       "drop or rename the index " + s.Name + "; Run then creates the framework's"})
 				}
 			}
 			if conflict {
 				continue
 			}
 			problem := "queries that need it scan the collection"
-			if s.ttl != nil {
+			if s.TTL != nil {
 				problem = expires + " never expire: the collection grows without bound"
 			}
 			out = append(out, Finding{Severity: SeverityRisk, Check: "mongo.indexes", Subject: subject,
-				Read:      "index " + s.name + " " + formatIndex(s.document()) + " is missing",
+				Read:      "index " + s.Name + " " + want.Format(s.Doc) + " is missing",
 				Problem:   problem,
 				Guarantee: GuaranteeCleanup,
 				Fix:       "run the service (Run creates its indexes at start) or call Client.EnsureIndexes"})
 			continue
 		}
 		for _, ix := range same {
-			if err := indexMismatch(ix, s); err != "" {
+			if err := indexMismatch(ix, s, want); err != "" {
 				out = append(out, Finding{Severity: SeverityBreaks, Check: "mongo.indexes", Subject: subject,
-					Read:      fmt.Sprintf("index %s: %s", formatIndex(ix), err),
+					Read:      fmt.Sprintf("index %s: %s", want.Format(ix), err),
 					Problem:   "Run refuses to start (ErrIndexConflict): nothing is published or handled",
 					Guarantee: GuaranteePublishing,
-					Fix:       "drop the index " + indexName(ix) + "; Run then creates the framework's"})
+					Fix:       "drop the index " + want.name(ix) + "; Run then creates the framework's"})
 				continue
 			}
-			if ttl, ok := indexTTL(ix); ok && s.ttl != nil && retentionGiven && ttl != int64(*s.ttl) {
+			if ttl, ok := want.TTL(ix); ok && s.TTL != nil && retentionGiven && ttl != int64(*s.TTL) {
 				out = append(out, Finding{Severity: SeverityNote, Check: "mongo.indexes", Subject: subject,
-					Read:      fmt.Sprintf("index %s expires after %s, the configured retention is %s", indexName(ix), fmtDuration(time.Duration(ttl)*time.Second), fmtDuration(time.Duration(*s.ttl)*time.Second)),
+					Read:      fmt.Sprintf("index %s expires after %s, the configured retention is %s", want.name(ix), fmtDuration(time.Duration(ttl)*time.Second), fmtDuration(time.Duration(*s.TTL)*time.Second)),
 					Problem:   "the retention in force is not the configured one",
 					Guarantee: GuaranteeCleanup,
 					Fix:       "run the service: Run updates the TTL at start (collMod)"})
@@ -391,26 +390,26 @@ func judgeIndexes(coll string, existing []bson.D, specs []indexSpec, retentionGi
 	// A TTL index other than the framework's deletes documents whatever
 	// their state, unless it is restricted as the framework's are.
 	for _, ix := range existing {
-		if _, ok := indexTTL(ix); !ok || isSpecIndex(ix, specs) {
+		if _, ok := want.TTL(ix); !ok || isSpecIndex(ix, want.Specs) {
 			continue
 		}
-		partial, _ := lookup(ix, "partialFilterExpression")
-		if partial != nil && sameBSON(partial, expiresOnly, false) {
+		partial, _ := want.Field(ix, "partialFilterExpression")
+		if partial != nil && want.Expiring(partial) {
 			continue
 		}
 		out = append(out, Finding{Severity: SeverityBreaks, Check: "mongo.indexes", Subject: subject,
-			Read:      "TTL index " + formatIndex(ix),
+			Read:      "TTL index " + want.Format(ix),
 			Problem:   "it deletes " + what + " when they expire: they are lost",
 			Guarantee: GuaranteePublishing,
-			Fix:       "drop the index " + indexName(ix) + " (the framework's own TTL index is partial and keeps them)"})
+			Fix:       "drop the index " + want.name(ix) + " (the framework's own TTL index is partial and keeps them)"})
 	}
 	return out
 }
 
 // isSpecIndex reports whether ix is equivalent to one of specs.
-func isSpecIndex(ix bson.D, specs []indexSpec) bool {
+func isSpecIndex(ix bson.D, specs []IndexSpec) bool {
 	for _, s := range specs {
-		if len(findEquivalents([]bson.D{ix}, s)) > 0 {
+		if s.Matches(ix) {
 			return true
 		}
 	}
@@ -418,28 +417,42 @@ func isSpecIndex(ix bson.D, specs []indexSpec) bool {
 }
 
 // indexMismatch says why an index with a spec's key and filter cannot
-// serve as it (what adjustIndex refuses), or "".
-func indexMismatch(ix bson.D, s indexSpec) string {
-	_, hasTTL := indexTTL(ix)
+// serve as it (what EnsureIndexes refuses to adjust), or "".
+func indexMismatch(ix bson.D, s IndexSpec, want Indexes) string {
+	_, hasTTL := want.TTL(ix)
 	switch {
-	case indexBool(ix, "unique") != s.unique:
+	case want.flag(ix, "unique") != s.Unique:
 		return "it differs in uniqueness"
-	case indexBool(ix, "sparse"):
+	case want.flag(ix, "sparse"):
 		return "it is sparse"
-	case s.ttl == nil && hasTTL:
+	case s.TTL == nil && hasTTL:
 		return "it expires documents"
-	case s.ttl != nil && !hasTTL:
+	case s.TTL != nil && !hasTTL:
 		return "it is not a TTL index"
 	}
 	return ""
 }
 
-func judgeInboxOwner(db, inbox string, stamp *inboxStamp, group string, inboxExists bool) []Finding {
+// name returns an index document's name.
+func (want Indexes) name(ix bson.D) string {
+	v, _ := want.Field(ix, "name")
+	s, _ := v.(string)
+	return s
+}
+
+// flag returns a boolean option of an index document (false when absent).
+func (want Indexes) flag(ix bson.D, key string) bool {
+	v, _ := want.Field(ix, key)
+	b, _ := v.(bool)
+	return b
+}
+
+func judgeInboxOwner(db, inbox, meta string, stamp *Owner, group string, inboxExists bool) []Finding {
 	subject := "collection " + db + "." + inbox
 	switch {
 	case stamp == nil && inboxExists:
 		return []Finding{{Severity: SeverityNote, Check: "mongo.inbox_owner", Subject: subject,
-			Read:      "the inbox has no owner stamp in " + metaCollection,
+			Read:      "the inbox has no owner stamp in " + meta,
 			Problem:   "written by another library or an older version: nothing keeps a second consumer group from sharing it (two groups sharing an inbox skip each other's events)",
 			Guarantee: GuaranteeProcessing,
 			Fix:       "run the service once: Run stamps the inbox for its consumer group"}}

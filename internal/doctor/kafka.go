@@ -1,7 +1,9 @@
-package outbox
+package doctor
 
 import (
+	"bytes"
 	"cmp"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/kafkax"
 )
@@ -81,31 +82,14 @@ func (f *topicFacts) subject() string {
 }
 
 // kafka runs the Kafka checks.
-func (d *doctorRun) kafka(ctx context.Context) {
+func (d *run) kafka(ctx context.Context) {
 	adm := d.opts.Kafka
 	d.groupProtocol(ctx)
-	db := d.a.outbox.Database()
-	meta := db.Collection(metaCollection)
-
 	// Partition counts stored by the service; they also name its publish
 	// topics when none are given.
-	stored := map[string]int{}
-	cur, err := meta.Find(ctx, bson.D{{Key: "_id.outbox", Value: d.a.outbox.Name()}, {Key: "partitions", Value: bson.D{{Key: "$exists", Value: true}}}})
-	if err == nil {
-		var docs []struct {
-			ID struct {
-				Topic string `bson:"topic"`
-			} `bson:"_id"`
-			Partitions int `bson:"partitions"`
-		}
-		if err = cur.All(ctx, &docs); err == nil {
-			for _, doc := range docs {
-				stored[doc.ID.Topic] = doc.Partitions
-			}
-		}
-	}
+	stored, err := d.store.StoredPartitions(ctx)
 	if err != nil {
-		d.couldNot("kafka.partitions", "collection "+db.Name()+"."+metaCollection, "the stored partition counts", err)
+		d.couldNot("kafka.partitions", "collection "+d.store.Database().Name()+"."+d.store.MetaName(), "the stored partition counts", err)
 	}
 	publish := d.opts.PublishTopics
 	if publish == nil {
@@ -176,7 +160,7 @@ func (d *doctorRun) kafka(ctx context.Context) {
 	}
 	if len(byTopic) == 0 {
 		d.add(Finding{Severity: SeverityNote, Check: "kafka.topics", Subject: "Kafka",
-			Read: "no publish topic stored in " + metaCollection + ", no consumer group commits", Problem: "no topic to check", Guarantee: "-",
+			Read: "no publish topic stored in " + d.store.MetaName() + ", no consumer group commits", Problem: "no topic to check", Guarantee: "-",
 			Fix: "run the doctor after the service ran once, or name the topics (outboxctl: -publish, -consume, -group)"})
 		return
 	}
@@ -214,7 +198,7 @@ func judgeProducerCompression(codec string) []Finding {
 }
 
 // gatherTopics reads the topics' partitions, replicas, configs and offsets.
-func (d *doctorRun) gatherTopics(ctx context.Context, facts []*topicFacts, names []string, commits kadm.OffsetResponses) {
+func (d *run) gatherTopics(ctx context.Context, facts []*topicFacts, names []string, commits kadm.OffsetResponses) {
 	adm := d.opts.Kafka
 	details, err := adm.ListTopics(ctx, names...)
 	if err != nil {
@@ -293,33 +277,10 @@ func (d *doctorRun) gatherTopics(ctx context.Context, facts []*topicFacts, names
 // gatherSizes estimates the record sizes of the latest outbox events, per
 // topic: the sizes of the event's fields that go into the record plus
 // recordOverhead.
-func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFacts) {
-	strLen := func(f string) bson.D {
-		return bson.D{{Key: "$strLenBytes", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + f, ""}}}}}
-	}
-	cur, err := d.a.outbox.Aggregate(ctx, bson.A{
-		bson.D{{Key: "$sort", Value: bson.D{{Key: "_id", Value: -1}}}},
-		bson.D{{Key: "$limit", Value: sizeSample}},
-		bson.D{{Key: "$project", Value: bson.D{
-			{Key: "_id", Value: 1}, {Key: "topic", Value: 1}, {Key: "created_at", Value: 1},
-			{Key: "size", Value: bson.D{{Key: "$add", Value: bson.A{
-				strLen("payload"), strLen("key"), strLen("schema"), strLen("idempotency_key"),
-				strLen("traceparent"), strLen("tracestate"), strLen("source"),
-			}}}},
-		}}},
-	})
+func (d *run) gatherSizes(ctx context.Context, byTopic map[string]*topicFacts) {
+	docs, err := d.store.LatestEvents(ctx, sizeSample)
 	if err != nil {
-		d.couldNot("kafka.max_message_bytes", "collection "+d.a.outbox.Database().Name()+"."+d.a.outbox.Name(), "the sizes of the latest events", err)
-		return
-	}
-	var docs []struct {
-		ID        any       `bson:"_id"`
-		Topic     string    `bson:"topic"`
-		CreatedAt time.Time `bson:"created_at"`
-		Size      int64     `bson:"size"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		d.couldNot("kafka.max_message_bytes", "collection "+d.a.outbox.Database().Name()+"."+d.a.outbox.Name(), "the sizes of the latest events", err)
+		d.couldNot("kafka.max_message_bytes", "collection "+d.store.Database().Name()+"."+d.store.OutboxName(), "the sizes of the latest events", err)
 		return
 	}
 	oldest := map[string]time.Time{}
@@ -349,7 +310,7 @@ func (d *doctorRun) gatherSizes(ctx context.Context, byTopic map[string]*topicFa
 }
 
 // codec is the publisher's codec name.
-func (d *doctorRun) codec() string {
+func (d *run) codec() string {
 	if d.opts.ProducerCompression == "" {
 		return "gzip"
 	}
@@ -359,25 +320,25 @@ func (d *doctorRun) codec() string {
 // compressedSize estimates the size of the largest sampled event as the
 // publisher sends it: its fields compressed with gzip (for the other
 // codecs too: an estimate) plus recordOverhead.
-func (d *doctorRun) compressedSize(ctx context.Context, f *topicFacts) {
-	var doc struct {
-		Payload        string `bson:"payload"`
-		Key            string `bson:"key"`
-		Schema         string `bson:"schema"`
-		IdempotencyKey string `bson:"idempotency_key"`
-		TraceParent    string `bson:"traceparent"`
-		TraceState     string `bson:"tracestate"`
-		Source         string `bson:"source"`
-	}
-	if err := d.a.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: f.largestID}}).Decode(&doc); err != nil {
+func (d *run) compressedSize(ctx context.Context, f *topicFacts) {
+	fields, err := d.store.EventFields(ctx, f.largestID)
+	if err != nil {
 		return // gone meanwhile (TTL): the uncompressed estimate stands
 	}
-	fields := doc.Payload + doc.Key + doc.Schema + doc.IdempotencyKey + doc.TraceParent + doc.TraceState + doc.Source
 	f.largestSent = gzipSize([]byte(fields)) + recordOverhead
 }
 
+// gzipSize is the size of b compressed with gzip at the default level.
+func gzipSize(b []byte) int64 {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	_, _ = w.Write(b)
+	_ = w.Close()
+	return int64(buf.Len())
+}
+
 // judgeTopic runs every Kafka check on one topic.
-func (d *doctorRun) judgeTopic(f *topicFacts, group string) {
+func (d *run) judgeTopic(f *topicFacts, group string) {
 	subject := f.subject()
 	d.checks++
 	if f.err != nil {
@@ -386,7 +347,7 @@ func (d *doctorRun) judgeTopic(f *topicFacts, group string) {
 		if strings.Contains(f.err.Error(), "UNKNOWN_TOPIC") || strings.Contains(f.err.Error(), "not in the metadata") {
 			problem = "the topic does not exist: events recorded for it wait unpublished (Record fails while its partition count is unknown), its consumers wait"
 		}
-		d.add(Finding{Severity: sev, Check: "kafka.topic", Subject: subject, Read: redactSecrets(f.err.Error()),
+		d.add(Finding{Severity: sev, Check: "kafka.topic", Subject: subject, Read: d.redact(f.err.Error()),
 			Problem: problem, Guarantee: GuaranteePublishing,
 			Fix: "create the topic (kadm, kafka-topics.sh), or set Config.CreateTopicPartitions"})
 		return
@@ -400,7 +361,7 @@ func (d *doctorRun) judgeTopic(f *topicFacts, group string) {
 	if f.publish {
 		d.checks += 2
 		d.findings = append(d.findings, judgeMaxMessageBytes(subject, f.config("max.message.bytes"), f.sizes, f.largestSent, d.codec())...)
-		d.findings = append(d.findings, judgePartitionCount(subject, f.partitions, f.stored)...)
+		d.findings = append(d.findings, judgePartitionCount(subject, f.partitions, f.stored, d.store.MetaName())...)
 	}
 	if f.consume && group != "" {
 		d.checks++
@@ -602,11 +563,11 @@ func judgeMaxMessageBytes(subject, v string, sizes []int64, sent int64, codec st
 	return nil
 }
 
-func judgePartitionCount(subject string, kafkaN, storedN int) []Finding {
+func judgePartitionCount(subject string, kafkaN, storedN int, meta string) []Finding {
 	if storedN == 0 || kafkaN == storedN {
 		return nil
 	}
-	read := fmt.Sprintf("%d partitions in Kafka, %d stored in %s (the count events were recorded with)", kafkaN, storedN, metaCollection)
+	read := fmt.Sprintf("%d partitions in Kafka, %d stored in %s (the count events were recorded with)", kafkaN, storedN, meta)
 	problem := "partitions were added since events were recorded: a key's later events go to another partition than its earlier ones, and a consumer may handle them before the earlier ones"
 	if kafkaN < storedN {
 		problem = "the topic has fewer partitions than events were recorded for (it was recreated): events recorded for the missing partitions cannot be published"
@@ -645,7 +606,7 @@ func judgeExpiredUnread(subject, group string, committed, start map[int32]int64)
 // groupProtocol reports the group protocol the service asks for and
 // whether every broker serves Kafka 4's (ConsumerGroupHeartbeat v1, which
 // franz-go requires; it falls back to the classic protocol otherwise).
-func (d *doctorRun) groupProtocol(ctx context.Context) {
+func (d *run) groupProtocol(ctx context.Context) {
 	versions, err := d.opts.Kafka.ApiVersions(ctx)
 	if err != nil {
 		d.couldNot("kafka.group_protocol", "Kafka", "the brokers' API versions", err)
@@ -696,15 +657,16 @@ func (d *doctorRun) groupProtocol(ctx context.Context) {
 		}
 	}
 	d.checks++
-	d.findings = append(d.findings, judgeGroupProtocol(d.opts.GroupProtocol, with, without, session)...)
+	d.findings = append(d.findings, judgeGroupProtocol(d.opts.GroupProtocol, d.opts.ConsumerProtocol, with, without, session)...)
 }
 
 // judgeGroupProtocol reports the group protocol in use: a note naming it
 // and the brokers' support for KIP-848, a risk when GroupConsumer is asked
 // of brokers that do not all serve it (franz-go then runs the classic
 // protocol, with Config.SessionTimeout rather than the broker's settings).
-// session is the brokers' KIP-848 session timeout when read, else 0.
-func judgeGroupProtocol(p GroupProtocol, with, without []int32, session time.Duration) []Finding {
+// p names the protocol asked for, kip848 says it is GroupConsumer; session
+// is the brokers' KIP-848 session timeout when read, else 0.
+func judgeGroupProtocol(p string, kip848 bool, with, without []int32, session time.Duration) []Finding {
 	support := fmt.Sprintf("brokers %v serve ConsumerGroupHeartbeat v1 (KIP-848)", with)
 	switch {
 	case len(with) == 0:
@@ -715,8 +677,8 @@ func judgeGroupProtocol(p GroupProtocol, with, without []int32, session time.Dur
 	if session > 0 {
 		support += fmt.Sprintf("; their %s is %s", kafkax.BrokerConsumerSessionTimeout, fmtDuration(session))
 	}
-	read := "Config.GroupProtocol " + p.String() + "; " + support
-	if p == GroupConsumer && len(without) > 0 {
+	read := "Config.GroupProtocol " + p + "; " + support
+	if kip848 && len(without) > 0 {
 		return []Finding{{Severity: SeverityRisk, Check: "kafka.group_protocol", Subject: "consumer groups",
 			Read:      read,
 			Problem:   "the groups do not run the protocol asked for: franz-go falls back to the classic protocol when the coordinator does not serve ConsumerGroupHeartbeat v1, so the classic rules apply (client-side assignment, Config.SessionTimeout and HeartbeatInterval), not the broker's group.consumer.* settings",
@@ -725,7 +687,7 @@ func judgeGroupProtocol(p GroupProtocol, with, without []int32, session time.Dur
 	}
 	f := Finding{Severity: SeverityNote, Check: "kafka.group_protocol", Subject: "consumer groups", Read: read, Guarantee: "-", Fix: "none needed"}
 	switch {
-	case p == GroupConsumer:
+	case kip848:
 		f.Problem = "none: the groups run Kafka 4's protocol (KIP-848); the brokers' group.consumer.session.timeout.ms and heartbeat interval apply, and the publisher's lease is that session timeout minus FenceMargin"
 	case len(with) > 0 && len(without) == 0:
 		f.Problem = "none: the groups run the classic protocol; the brokers also serve Kafka 4's (Config.GroupProtocol GroupConsumer, see docs/guarantees.md)"

@@ -1,4 +1,4 @@
-package outbox
+package telemetry
 
 import (
 	"errors"
@@ -10,19 +10,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// errorRelog is how often a repeated error is logged again.
-const errorRelog = 30 * time.Second
+// ErrorRelog is how often a repeated error is logged again.
+const ErrorRelog = 30 * time.Second
 
-// waitLogEvery is how often a wait that blocks the service's start or its
+// WaitLogEvery is how often a wait that blocks the service's start or its
 // recording (MongoDB or Kafka down) is logged again: every few seconds, so
 // that an operator watching the log sees what it waits for.
-const waitLogEvery = 5 * time.Second
+const WaitLogEvery = 5 * time.Second
 
-// rateLog logs each kind of repeated message once, then at most once per
+// RateLog logs each kind of repeated message once, then at most once per
 // period with the number of repeats since: an error that comes back
 // thousands of times a second (a broker refusing every fetch) costs a line
 // per period, not a flood.
-type rateLog struct {
+type RateLog struct {
 	every time.Duration
 	mu    sync.Mutex
 	seen  map[string]*rateEntry
@@ -33,13 +33,14 @@ type rateEntry struct {
 	repeats int
 }
 
-func newRateLog(every time.Duration) *rateLog {
-	return &rateLog{every: every, seen: map[string]*rateEntry{}}
+// NewRateLog returns a RateLog that logs each kind at most once per every.
+func NewRateLog(every time.Duration) *RateLog {
+	return &RateLog{every: every, seen: map[string]*rateEntry{}}
 }
 
-// warn logs msg at warning level under kind, unless kind was logged less
+// Warn logs msg at warning level under kind, unless kind was logged less
 // than a period ago (then it only counts the repeat).
-func (r *rateLog) warn(log *slog.Logger, msg, kind string, args ...any) {
+func (r *RateLog) Warn(log *slog.Logger, msg, kind string, args ...any) {
 	now := time.Now()
 	r.mu.Lock()
 	e := r.seen[kind]
@@ -70,9 +71,9 @@ func (r *rateLog) warn(log *slog.Logger, msg, kind string, args ...any) {
 	log.Warn(msg, args...)
 }
 
-// errorKind names the kind of an error for rateLog: the Kafka error code's
+// ErrorKind names the kind of an error for RateLog: the Kafka error code's
 // name, else the error's type.
-func errorKind(err error) string {
+func ErrorKind(err error) string {
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
 		return ke.Message
@@ -80,8 +81,8 @@ func errorKind(err error) string {
 	return fmt.Sprintf("%T", err)
 }
 
-// kerrFor is the error of a Kafka error code.
-func kerrFor(code int16) error {
+// KerrFor is the error of a Kafka error code.
+func KerrFor(code int16) error {
 	if err := kerr.ErrorForCode(code); err != nil {
 		return err
 	}
