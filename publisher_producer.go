@@ -33,6 +33,10 @@ package outbox
 // Both producers share the publisher's producer options; their goroutines
 // are kgo's, ended by close (which runs when the publisher returns, after
 // every worker stopped).
+//
+// A producer that fails a record with UNKNOWN_TOPIC_ID holds the id of a
+// topic deleted and created again; it is replaced by a new client (renew),
+// never made to forget the topic (see renew for why).
 
 import (
 	"context"
@@ -67,19 +71,20 @@ type producers struct {
 	kafka func(topic string) string
 	log   *slog.Logger
 
-	solo *kgo.Client
-
+	// mu guards the clients, replaced when the limits change (update) or
+	// when one fails a record with UNKNOWN_TOPIC_ID (renew).
 	mu      sync.RWMutex
 	main    *kgo.Client
+	solo    *kgo.Client
 	limits  map[string]int   // by bare topic: what main was built with
 	byKafka map[string]int32 // the same by Kafka topic, clamped as kgo takes it
 
-	old     sync.WaitGroup // replaced main producers finishing their records
+	old     sync.WaitGroup // replaced producers finishing their records
 	closing context.Context
 	closed  context.CancelFunc
 
-	purgeMu sync.Mutex
-	purged  map[string]time.Time // Kafka topics forgotten (watch), and when
+	renewMu sync.Mutex
+	renewed map[*kgo.Client]bool // clients being replaced (renew)
 }
 
 // newProducers creates the producers with opts; limits are the topics'
@@ -92,13 +97,7 @@ func newProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) stri
 	if err != nil {
 		return nil, err
 	}
-	// The largest request kgo may write (BrokerMaxWriteBytes, 100 MiB by
-	// default) bounds the solo producer's batch.
-	soloMax, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
-	if soloMax <= 0 {
-		soloMax = defaultBatchMaxBytes
-	}
-	solo, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...), kgo.ProducerBatchMaxBytes(min(soloMax, 1<<30)))...)
+	solo, err := p.newSolo(main)
 	if err != nil {
 		main.Close()
 		return nil, err
@@ -124,57 +123,123 @@ func (p *producers) newMain(limits map[string]int) (*kgo.Client, map[string]int3
 	return cl, byKafka, err
 }
 
+// newSolo returns a solo producer: the largest request kgo may write
+// (BrokerMaxWriteBytes, 100 MiB by default; read from main, built with the
+// same options) bounds its batch.
+func (p *producers) newSolo(main *kgo.Client) (*kgo.Client, error) {
+	soloMax, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	if soloMax <= 0 {
+		soloMax = defaultBatchMaxBytes
+	}
+	return kgo.NewClient(append(append([]kgo.Opt{}, p.opts...), kgo.ProducerBatchMaxBytes(min(soloMax, 1<<30)))...)
+}
+
 // Produce hands r to the main producer.
 func (p *producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	p.main.Produce(ctx, r, p.watch(promise))
+	p.main.Produce(ctx, r, p.watch(p.main, promise))
 }
 
-// watch wraps a promise to notice a topic deleted and created again: kgo
-// keeps the topic id it first learnt and fails every record of the topic
-// with UNKNOWN_TOPIC_ID for good (by design, franz-go issue 908) until the
-// topic is purged from the client. The worker retries the records; the
-// producers forget the topic (at most once per recreatedAfter), so that
-// the retries learn the new topic.
-func (p *producers) watch(promise func(*kgo.Record, error)) func(*kgo.Record, error) {
+// watch wraps a promise of cl to notice a topic deleted and created again:
+// kgo keeps the topic id it first learnt and fails every record of the
+// topic with UNKNOWN_TOPIC_ID for good (by design, franz-go issue 908). The
+// worker retries the records; the producer that failed them is replaced
+// (renew), so that the retries learn the new topic.
+func (p *producers) watch(cl *kgo.Client, promise func(*kgo.Record, error)) func(*kgo.Record, error) {
 	return func(r *kgo.Record, err error) {
 		if errors.Is(err, kerr.UnknownTopicID) {
-			p.forget(r.Topic)
+			p.renew(cl, r.Topic)
 		}
 		promise(r, err)
 	}
 }
 
-// forget purges a Kafka topic from both producers, at most once per
-// recreatedAfter per topic.
-func (p *producers) forget(kafkaTopic string) {
-	p.purgeMu.Lock()
-	if time.Since(p.purged[kafkaTopic]) < recreatedAfter {
-		p.purgeMu.Unlock()
+// renew replaces cl, which failed a record of kafkaTopic with
+// UNKNOWN_TOPIC_ID, by a new client built alike, unless cl was replaced
+// already (its late failures say nothing of the producer in use).
+//
+// A new client, not a purge of the topic from cl: an idempotent producer
+// numbers each partition's batches from zero under its producer id and
+// epoch, and a purge restarts the numbering without a new id or epoch. The
+// broker keeps the sequence numbers of the id's last batches per partition
+// and answers a batch that repeats one of them (same first and last
+// sequence) as a duplicate: acknowledged, at the earlier batch's offset, and
+// not written. So a producer that had already written to the new topic (one
+// built after the recreation, while another producer of the publisher
+// still held the old id) would have its next batch dropped, and the event
+// marked published would never be delivered. A new client has a new
+// producer id, which the broker has no sequence of.
+func (p *producers) renew(cl *kgo.Client, kafkaTopic string) {
+	// Once per client: every record of the topic it holds fails alike. No
+	// p.mu here: kgo may run a promise inside Produce, under its read lock.
+	p.renewMu.Lock()
+	if p.renewed[cl] {
+		p.renewMu.Unlock()
 		return
 	}
-	if p.purged == nil {
-		p.purged = map[string]time.Time{}
+	if p.renewed == nil {
+		p.renewed = map[*kgo.Client]bool{}
 	}
-	p.purged[kafkaTopic] = time.Now()
-	p.purgeMu.Unlock()
-	p.log.Warn("outbox publisher: topic deleted and created again (UNKNOWN_TOPIC_ID); producing to the new topic", "kafka_topic", kafkaTopic)
-	// From another goroutine (a promise runs in the client's own), which
-	// close waits for.
+	p.renewed[cl] = true
+	p.renewMu.Unlock()
+	// From another goroutine (a promise runs in the client's own, and the
+	// old client is flushed and closed), which close waits for.
 	p.old.Go(func() {
-		p.mu.RLock()
-		p.main.PurgeTopicsFromClient(kafkaTopic)
-		p.mu.RUnlock()
-		p.solo.PurgeTopicsFromClient(kafkaTopic)
+		p.mu.Lock()
+		if p.closing.Err() != nil { // close closes the clients
+			p.mu.Unlock()
+			return
+		}
+		var err error
+		switch cl {
+		case p.main:
+			var fresh *kgo.Client
+			var byKafka map[string]int32
+			if fresh, byKafka, err = p.newMain(p.limits); err == nil {
+				p.main, p.byKafka = fresh, byKafka
+			}
+		case p.solo:
+			var fresh *kgo.Client
+			if fresh, err = p.newSolo(p.main); err == nil {
+				p.solo = fresh
+			}
+		default: // replaced meanwhile: update flushes and closes it
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		if err != nil { // the options were accepted before: not expected
+			p.log.Warn("outbox publisher: cannot build a new producer for a recreated topic; records of the topic fail until the publisher restarts",
+				"kafka_topic", kafkaTopic, "error", err)
+			p.forgetRenewed(cl) // the next failure tries again
+			return
+		}
+		p.log.Warn("outbox publisher: topic deleted and created again (UNKNOWN_TOPIC_ID); producing to the new topic", "kafka_topic", kafkaTopic)
+		// Nothing is produced on cl any more (Produce holds the read
+		// lock): its records of other topics are delivered, those of
+		// kafkaTopic fail and are retried on the new client.
+		_ = cl.Flush(p.closing)
+		cl.Close()
+		p.forgetRenewed(cl)
 	})
+}
+
+// forgetRenewed drops a closed client from renewed: it runs no promise
+// any more.
+func (p *producers) forgetRenewed(cl *kgo.Client) {
+	p.renewMu.Lock()
+	delete(p.renewed, cl)
+	p.renewMu.Unlock()
 }
 
 // soloProducer sends through the solo producer (publish.WorkerConfig.Solo).
 type soloProducer struct{ p *producers }
 
 func (s soloProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
-	s.p.solo.Produce(ctx, r, s.p.watch(promise))
+	s.p.mu.RLock()
+	defer s.p.mu.RUnlock()
+	s.p.solo.Produce(ctx, r, s.p.watch(s.p.solo, promise))
 }
 
 // maxBatchBytes returns the main producer's batch limit for a Kafka topic
@@ -214,6 +279,7 @@ func (p *producers) update(limits map[string]int) {
 		// (the delivery timeout bounds it), or when the publisher stops.
 		_ = old.Flush(p.closing)
 		old.Close()
+		p.forgetRenewed(old)
 	})
 }
 
@@ -221,8 +287,8 @@ func (p *producers) update(limits map[string]int) {
 // (new partitions).
 func (p *producers) forceMetadataRefresh() {
 	p.mu.RLock()
+	defer p.mu.RUnlock()
 	p.main.ForceMetadataRefresh()
-	p.mu.RUnlock()
 	p.solo.ForceMetadataRefresh()
 }
 
@@ -231,8 +297,8 @@ func (p *producers) close() {
 	p.closed()
 	p.old.Wait()
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.main.Close()
-	p.mu.Unlock()
 	p.solo.Close()
 }
 
