@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/internal/doctor"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // TestRunReportsBreakingSettings: a service started on a compacted topic

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox/internal/publish"
-	"github.com/event-outbox/outbox/internal/syncbuf"
+	"github.com/event-outbox/outbox/internal/testkit"
 )
 
 // A producer that still holds a recreated topic's old id fails with
@@ -28,7 +28,7 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	topic := b.kafkaTopic(ordersTopic)
-	var logs syncbuf.Buffer
+	var logs testkit.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	t.Cleanup(func() {
 		if t.Failed() {
