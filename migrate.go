@@ -12,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // EventOutboxMigration reports what MigrateEventOutbox changed, or would
@@ -229,7 +231,7 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 		name string
 		keys bson.D
 	}{
-		{a.outbox, "idempotency", libraryIdempotencyKeys},
+		{a.outbox, store.LibraryIdempotencyIndex, libraryIdempotencyKeys},
 		{a.outbox, "expiration", bson.D{{Key: "published_at", Value: int32(1)}}},
 		{a.inbox, "expiration", bson.D{{Key: "handled_at", Value: int32(1)}}},
 	}
@@ -244,7 +246,7 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 			return dropped, fmt.Errorf("outbox: list indexes of %s: %w", l.coll.Name(), err)
 		}
 		for _, s := range specs {
-			if s.Name != l.name || !sameIndexKeys(s.KeysDocument, l.keys) {
+			if s.Name != l.name || !store.SameIndexKeys(s.KeysDocument, l.keys) {
 				continue
 			}
 			if !dryRun {
@@ -256,23 +258,4 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 		}
 	}
 	return dropped, nil
-}
-
-// sameIndexKeys compares an index key document with want, whatever numeric
-// type the server used for the directions.
-func sameIndexKeys(raw bson.Raw, want bson.D) bool {
-	elems, err := raw.Elements()
-	if err != nil || len(elems) != len(want) {
-		return false
-	}
-	for i, e := range elems {
-		if e.Key() != want[i].Key {
-			return false
-		}
-		dir, ok := e.Value().AsInt64OK()
-		if !ok || dir != int64(want[i].Value.(int32)) {
-			return false
-		}
-	}
-	return true
 }
