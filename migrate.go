@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -81,7 +80,7 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 	var ids []any
 	var missing []string
 	for _, raw := range raws {
-		d, err := convertEventOutboxDoc(raw, partitions, now)
+		d, err := store.ConvertLibraryDoc(raw, partitions, now)
 		if err != nil {
 			if d != nil && d.Topic != "" && partitions[d.Topic] <= 0 {
 				if !slices.Contains(missing, d.Topic) {
@@ -144,82 +143,6 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 		}
 	}
 	return rep, nil
-}
-
-// convertEventOutboxDoc converts one library outbox document. On a missing
-// partition count it returns the document (for its topic) and an error.
-func convertEventOutboxDoc(raw bson.Raw, partitions map[string]int, now time.Time) (*outboxDoc, error) {
-	id, ok := raw.Lookup("_id").ObjectIDOK()
-	if !ok {
-		return nil, fmt.Errorf("_id is not an ObjectId")
-	}
-	var lib struct {
-		Payload bson.D `bson:"payload"`
-	}
-	if err := bson.Unmarshal(raw, &lib); err != nil || lib.Payload == nil {
-		return nil, fmt.Errorf("no payload document")
-	}
-	d := &outboxDoc{ID: id, Format: FormatEventOutbox.String(), CreatedAt: now}
-	var fields bson.D
-	var occurred string
-	var partKey int64
-	for _, e := range lib.Payload {
-		switch e.Key {
-		case "topic":
-			d.Topic, _ = e.Value.(string)
-		case "content_schema":
-			d.Schema, _ = e.Value.(string)
-		case "idempotency_key":
-			d.IdempotencyKey, _ = e.Value.(string)
-		case "occurred_at":
-			occurred, _ = e.Value.(string)
-		case "partition_key":
-			switch v := e.Value.(type) {
-			case int32:
-				partKey = int64(v)
-			case int64:
-				partKey = v
-			case float64:
-				partKey = int64(v)
-			default:
-				return nil, fmt.Errorf("payload.partition_key is not an integer")
-			}
-		default:
-			fields = append(fields, e)
-		}
-	}
-	switch {
-	case d.Topic == "":
-		return nil, fmt.Errorf("missing payload.topic")
-	case d.Schema == "":
-		return nil, fmt.Errorf("missing payload.content_schema")
-	case d.IdempotencyKey == "":
-		return nil, fmt.Errorf("missing payload.idempotency_key")
-	case len(d.Topic) > maxNameLen || len(d.Schema) > maxNameLen || len(d.IdempotencyKey) > maxKeyLen:
-		return nil, fmt.Errorf("envelope field too long")
-	}
-	if occurred != "" {
-		t, err := time.Parse(time.RFC3339Nano, occurred)
-		if err != nil {
-			return nil, fmt.Errorf("payload.occurred_at: %w", err)
-		}
-		d.OccurredAt = t.UTC()
-	}
-	n := partitions[d.Topic]
-	if n <= 0 {
-		return d, fmt.Errorf("no partition count for topic %q", d.Topic)
-	}
-	d.Key = strconv.FormatInt(partKey, 10)
-	d.Partition = int32(((partKey % int64(n)) + int64(n)) % int64(n))
-	if fields == nil {
-		fields = bson.D{}
-	}
-	payload, err := bson.MarshalExtJSON(fields, false, false)
-	if err != nil {
-		return nil, fmt.Errorf("payload fields to JSON: %w", err)
-	}
-	d.Payload = string(payload)
-	return d, nil
 }
 
 // dropLibraryIndexes drops the Python library's indexes, recognised by name
