@@ -170,9 +170,9 @@ func (q parkedQuery) filter() bson.D {
 	}
 	switch q.View {
 	case "heads":
-		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}})
+		f = append(f, bson.E{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: false}}})
 	case "held":
-		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}})
+		f = append(f, bson.E{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: true}}})
 	}
 	return f
 }
