@@ -9,6 +9,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Admin inspects and repairs the outbox and inbox collections of a service
@@ -46,12 +48,12 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	now := time.Now().UTC()
 	st := StoreStatus{CheckedAt: now}
 	cur, err := a.outbox.Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "published", Value: false}}}},
+		{{Key: "$match", Value: bson.D{{Key: store.OutboxPublished, Value: false}}}},
 		{{Key: "$group", Value: bson.D{
-			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$topic"}, {Key: "failed", Value: "$failed"}}},
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$" + store.OutboxTopic}, {Key: "failed", Value: "$" + store.OutboxFailed}}},
 			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
-			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$created_at"}}},
-			{Key: "last", Value: bson.D{{Key: "$max", Value: "$partition"}}},
+			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$" + store.OutboxCreatedAt}}},
+			{Key: "last", Value: bson.D{{Key: "$max", Value: "$" + store.OutboxPartition}}},
 		}}},
 	})
 	if err != nil {
@@ -103,37 +105,37 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		st.Topics = append(st.Topics, *b)
 	}
 	slices.SortFunc(st.Topics, func(x, y TopicBacklog) int { return cmp.Compare(x.Topic, y.Topic) })
-	if st.Parked, err = a.inbox.CountDocuments(ctx, bson.D{{Key: "parked", Value: true}}); err != nil {
+	if st.Parked, err = a.inbox.CountDocuments(ctx, bson.D{{Key: store.InboxParked, Value: true}}); err != nil {
 		return st, fmt.Errorf("outbox: count parked events: %w", err)
 	}
 	if st.Parked > 0 {
 		st.Held, err = a.inbox.CountDocuments(ctx, bson.D{
-			{Key: "parked", Value: true},
-			{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}},
+			{Key: store.InboxParked, Value: true},
+			{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: true}}},
 		})
 		if err != nil {
 			return st, fmt.Errorf("outbox: count held events: %w", err)
 		}
 		st.RedriveRequested, err = a.inbox.CountDocuments(ctx, bson.D{
-			{Key: "parked", Value: true},
-			{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
+			{Key: store.InboxParked, Value: true},
+			{Key: store.InboxRedriveRequestedAt, Value: bson.D{{Key: "$exists", Value: true}}},
 		})
 		if err != nil {
 			return st, fmt.Errorf("outbox: count re-drive requests: %w", err)
 		}
 		if st.RedriveRequested > 0 {
 			st.RedriveDeferred, err = a.inbox.CountDocuments(ctx, bson.D{
-				{Key: "parked", Value: true},
-				{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
-				{Key: "redrive_deferred", Value: bson.D{{Key: "$exists", Value: true}}},
+				{Key: store.InboxParked, Value: true},
+				{Key: store.InboxRedriveRequestedAt, Value: bson.D{{Key: "$exists", Value: true}}},
+				{Key: store.InboxRedriveDeferred, Value: bson.D{{Key: "$exists", Value: true}}},
 			})
 			if err != nil {
 				return st, fmt.Errorf("outbox: count deferred re-drive requests: %w", err)
 			}
 		}
 		st.ParkedNoHandler, err = a.inbox.CountDocuments(ctx, bson.D{
-			{Key: "parked", Value: true},
-			{Key: "park_reason", Value: reasonNoHandler},
+			{Key: store.InboxParked, Value: true},
+			{Key: store.InboxParkReason, Value: reasonNoHandler},
 		})
 		if err != nil {
 			return st, fmt.Errorf("outbox: count events parked without a handler: %w", err)
@@ -178,10 +180,10 @@ func (a *Admin) unroutable(ctx context.Context, st *StoreStatus, byTopic map[str
 		}
 		// Served by outbox_pending (published false, topic, partition).
 		n, err := a.outbox.CountDocuments(ctx, bson.D{
-			{Key: "published", Value: false},
-			{Key: "topic", Value: d.ID.Topic},
-			{Key: "partition", Value: bson.D{{Key: "$gte", Value: d.Partitions}}},
-			{Key: "failed", Value: false},
+			{Key: store.OutboxPublished, Value: false},
+			{Key: store.OutboxTopic, Value: d.ID.Topic},
+			{Key: store.OutboxPartition, Value: bson.D{{Key: "$gte", Value: d.Partitions}}},
+			{Key: store.OutboxFailed, Value: false},
 		})
 		if err != nil {
 			return fmt.Errorf("outbox: count events beyond the partition count: %w", err)

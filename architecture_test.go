@@ -182,3 +182,25 @@ func TestNamedPathsFindsPaths(t *testing.T) {
 	require.Equal(t, []string{"client.go", "internal/consume", "docs/", "ARCHITECTURE.md",
 		"testdata/api", "internal/nosuch/file.go", "go.mod"}, got)
 }
+
+// TestInternalImportsNoRoot keeps the layering ARCHITECTURE.md describes:
+// the root package is the API over the internal packages, so no internal
+// package (nor a package under one) imports the root, which would make
+// the mechanism depend on the API it serves.
+func TestInternalImportsNoRoot(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/event-outbox/outbox"
+	pkgs, err := packageDirs(".")
+	require.NoError(t, err)
+	checked := 0
+	for _, dir := range pkgs {
+		if !strings.HasPrefix(dir, "internal/") {
+			continue
+		}
+		checked++
+		imports, err := nonTestImports(dir)
+		require.NoError(t, err)
+		require.NotContains(t, imports, module, "%s imports the root package", dir)
+	}
+	require.NotZero(t, checked, "the walk finds the internal packages")
+}

@@ -227,7 +227,7 @@ func FuzzStoredDocuments(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var od outboxDoc
 		if err := bson.Unmarshal(raw, &od); err == nil {
-			env := od.envelope()
+			env := outboxEnvelope(&od)
 			rec := encodeRecord(&env, []byte(od.Payload))
 			require.Equal(t, od.Topic, rec.Topic)
 			if _, _, err := decodeRecord(rec); err != nil {

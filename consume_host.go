@@ -158,7 +158,7 @@ func (d *duplicateAt) Error() string {
 // with a duplicate key error at its index: *duplicateAt).
 func (c *Client) claimAll(ctx context.Context, evs []*consume.Event, now time.Time) error {
 	if len(evs) == 1 {
-		err := c.claim(ctx, &deliveryOf(evs[0]).env, evs[0].Offset, nil, now)
+		err := c.claim(ctx, &deliveryOf(evs[0]).env, evs[0].Offset, now)
 		if errors.Is(err, errAlreadyDone) {
 			return &duplicateAt{0}
 		}
@@ -166,7 +166,7 @@ func (c *Client) claimAll(ctx context.Context, evs []*consume.Event, now time.Ti
 	}
 	models := make([]mongo.WriteModel, len(evs))
 	for i, e := range evs {
-		filter, update := claimUpdate(&deliveryOf(e).env, e.Offset, nil, now)
+		filter, update := claimUpdate(&deliveryOf(e).env, e.Offset, now)
 		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
 	}
 	_, err := c.inbox.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(true))
@@ -312,8 +312,8 @@ func (h *consumeHost) Error(err error) { h.c.tel.setError(err) }
 // release or a re-drive; evt is nil when the payload does not decode (err
 // says why) or no handler accepts the event.
 func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
-	env := d.envelope()
-	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.unreadable()}
+	env := inboxEnvelope(d)
+	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable}
 	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts), Failures: int(d.Failures)}
 	if dl.unreadable {
 		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, d.ID)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // The errors of the package: every sentinel and error type a caller may
@@ -34,7 +36,7 @@ var ErrDuplicateHandler = errors.New("outbox: a handler is already registered fo
 // or not, unique, sparse) differ. Retrying cannot fix it: drop or rename the
 // index, or point the client at other collections. The error names the
 // collection and both definitions.
-var ErrIndexConflict = errors.New("outbox: conflicting index")
+var ErrIndexConflict = store.ErrIndexConflict
 
 // ErrInboxOwned is returned by EnsureIndexes, and ends Run, when the inbox
 // collection belongs to another consumer group. An inbox collection belongs

@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // ErrEventOutboxNotMigrated is returned by EnsureIndexes (and ends Run)
@@ -23,15 +24,7 @@ var ErrEventOutboxNotMigrated = errors.New("outbox: the outbox collection is the
 
 // libraryIdempotencyKeys is the key of the Python library's unique
 // "idempotency" outbox index.
-var libraryIdempotencyKeys = bson.D{{Key: "payload.topic", Value: int32(1)},
-	{Key: "payload.content_schema", Value: int32(1)}, {Key: "payload.idempotency_key", Value: int32(1)}}
-
-// libraryPendingFilter matches the library's unpublished outbox documents
-// that MigrateEventOutbox converts: its form has no top-level topic, and
-// the idempotency key inside the payload (one without a key is refused by
-// the migration and left alone, so it is not counted here).
-var libraryPendingFilter = bson.D{{Key: "published", Value: false}, {Key: "topic", Value: bson.D{{Key: "$exists", Value: false}}},
-	{Key: "payload.idempotency_key", Value: bson.D{{Key: "$exists", Value: true}}}}
+var libraryIdempotencyKeys = store.LibraryIdempotencyKeys()
 
 // checkNotLibraryOutbox refuses an outbox collection that a Python
 // event-outbox service still uses, or that was not migrated from one (see
@@ -46,7 +39,7 @@ func (c *Client) checkNotLibraryOutbox(ctx context.Context) error {
 		return fmt.Errorf("outbox: list indexes of %s: %w", c.outbox.Name(), err)
 	}
 	for _, s := range specs {
-		if sameIndexKeys(s.KeysDocument, libraryIdempotencyKeys) {
+		if store.SameIndexKeys(s.KeysDocument, libraryIdempotencyKeys) {
 			return fmt.Errorf("%w: %s.%s has the library's index %q on payload.topic, payload.content_schema, payload.idempotency_key "+
 				"(a Python replica ran EventOutbox.create_indexes), which refuses this framework's events",
 				ErrEventOutboxNotMigrated, c.outbox.Database().Name(), c.outbox.Name(), s.Name)
@@ -55,7 +48,7 @@ func (c *Client) checkNotLibraryOutbox(ctx context.Context) error {
 	var first struct {
 		ID any `bson:"_id"`
 	}
-	err = c.outbox.FindOne(ctx, libraryPendingFilter).Decode(&first)
+	err = c.outbox.FindOne(ctx, store.LibraryPendingFilter()).Decode(&first)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil
 	}

@@ -12,6 +12,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // partitionKeys identifies the keys of one partition.
@@ -24,7 +26,7 @@ type partitionKeys struct {
 // (topic, partition, key) of the failed events, and the pending events of
 // those keys.
 func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[string]*TopicBacklog) error {
-	cur, err := a.outbox.Find(ctx, bson.D{{Key: "failed", Value: true}},
+	cur, err := a.outbox.Find(ctx, bson.D{{Key: store.OutboxFailed, Value: true}},
 		optionsProjection("topic", "partition", "key"))
 	if err != nil {
 		return fmt.Errorf("outbox: read failed events: %w", err)
@@ -38,9 +40,9 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 			Key       string
 		}
 		var ok1, ok2, ok3 bool
-		d.Topic, ok1 = cur.Current.Lookup("topic").StringValueOK()
-		d.Partition, ok2 = cur.Current.Lookup("partition").Int32OK()
-		d.Key, ok3 = cur.Current.Lookup("key").StringValueOK()
+		d.Topic, ok1 = cur.Current.Lookup(store.OutboxTopic).StringValueOK()
+		d.Partition, ok2 = cur.Current.Lookup(store.OutboxPartition).Int32OK()
+		d.Key, ok3 = cur.Current.Lookup(store.OutboxKey).StringValueOK()
 		if !ok1 || !ok2 || !ok3 || d.Key == "" {
 			// A keyless failed event holds nothing (keyless events promise
 			// no order), nor does a document whose key cannot be read.
@@ -70,11 +72,11 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 		}
 		// Served by outbox_pending (published false, topic, partition).
 		n, err := a.outbox.CountDocuments(ctx, bson.D{
-			{Key: "published", Value: false},
-			{Key: "topic", Value: pk.topic},
-			{Key: "partition", Value: pk.partition},
-			{Key: "failed", Value: false},
-			{Key: "key", Value: bson.D{{Key: "$in", Value: in}}},
+			{Key: store.OutboxPublished, Value: false},
+			{Key: store.OutboxTopic, Value: pk.topic},
+			{Key: store.OutboxPartition, Value: pk.partition},
+			{Key: store.OutboxFailed, Value: false},
+			{Key: store.OutboxKey, Value: bson.D{{Key: "$in", Value: in}}},
 		})
 		if err != nil {
 			return fmt.Errorf("outbox: count held events: %w", err)
@@ -115,16 +117,16 @@ type FailedFilter struct {
 }
 
 func (f FailedFilter) query() bson.D {
-	q := bson.D{{Key: "failed", Value: true}}
+	q := bson.D{{Key: store.OutboxFailed, Value: true}}
 	if f.Topic != "" {
-		q = append(q, bson.E{Key: "topic", Value: f.Topic})
+		q = append(q, bson.E{Key: store.OutboxTopic, Value: f.Topic})
 	}
 	return q
 }
 
 // FailedEvents lists failed outbox events, oldest failure first.
 func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent, error) {
-	opts := options.Find().SetSort(bson.D{{Key: "failed_at", Value: 1}, {Key: "_id", Value: 1}})
+	opts := options.Find().SetSort(bson.D{{Key: store.OutboxFailedAt, Value: 1}, {Key: store.OutboxID, Value: 1}})
 	if f.Limit > 0 {
 		opts.SetLimit(int64(f.Limit))
 	}
@@ -159,24 +161,24 @@ func failedEventOf(raw bson.Raw) FailedEvent {
 		return e
 	}
 	var e FailedEvent
-	if oid, ok := raw.Lookup("_id").ObjectIDOK(); ok {
+	if oid, ok := raw.Lookup(store.OutboxID).ObjectIDOK(); ok {
 		e.ID = oid.Hex()
 	} else {
-		e.ID = raw.Lookup("_id").String()
+		e.ID = raw.Lookup(store.OutboxID).String()
 	}
-	e.Topic, _ = raw.Lookup("topic").StringValueOK()
-	e.Partition, _ = raw.Lookup("partition").Int32OK()
-	e.PartitionKey, _ = raw.Lookup("key").StringValueOK()
-	e.ContentSchema, _ = raw.Lookup("schema").StringValueOK()
-	e.IdempotencyKey, _ = raw.Lookup("idempotency_key").StringValueOK()
-	e.Error, _ = raw.Lookup("error").StringValueOK()
-	if t, ok := raw.Lookup("created_at").TimeOK(); ok {
+	e.Topic, _ = raw.Lookup(store.OutboxTopic).StringValueOK()
+	e.Partition, _ = raw.Lookup(store.OutboxPartition).Int32OK()
+	e.PartitionKey, _ = raw.Lookup(store.OutboxKey).StringValueOK()
+	e.ContentSchema, _ = raw.Lookup(store.OutboxSchema).StringValueOK()
+	e.IdempotencyKey, _ = raw.Lookup(store.OutboxIdempotencyKey).StringValueOK()
+	e.Error, _ = raw.Lookup(store.OutboxError).StringValueOK()
+	if t, ok := raw.Lookup(store.OutboxCreatedAt).TimeOK(); ok {
 		e.CreatedAt = t.UTC()
 	}
-	if t, ok := raw.Lookup("failed_at").TimeOK(); ok {
+	if t, ok := raw.Lookup(store.OutboxFailedAt).TimeOK(); ok {
 		e.FailedAt = t.UTC()
 	}
-	e.PayloadSize = len(raw.Lookup("payload").Value)
+	e.PayloadSize = len(raw.Lookup(store.OutboxPayload).Value)
 	return e
 }
 
@@ -191,8 +193,8 @@ func failedEventOf(raw bson.Raw) FailedEvent {
 func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
 	return a.onFailed(ctx, f, ids, dryRun, func(q bson.D) (int64, error) {
 		res, err := a.outbox.UpdateMany(ctx, q, bson.D{
-			{Key: "$set", Value: bson.D{{Key: "failed", Value: false}}},
-			{Key: "$unset", Value: bson.D{{Key: "failed_at", Value: ""}}},
+			{Key: "$set", Value: bson.D{{Key: store.OutboxFailed, Value: false}}},
+			{Key: "$unset", Value: bson.D{{Key: store.OutboxFailedAt, Value: ""}}},
 		})
 		if err != nil {
 			return 0, fmt.Errorf("outbox: retry failed events: %w", err)
@@ -250,12 +252,12 @@ func (f FailedFilter) withIDs(ids []string) (bson.D, error) {
 		}
 		oids = append(oids, oid)
 	}
-	return append(q, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: oids}}}), nil
+	return append(q, bson.E{Key: store.OutboxID, Value: bson.D{{Key: "$in", Value: oids}}}), nil
 }
 
 // optionsProjection returns find options projecting fields (no _id).
 func optionsProjection(fields ...string) *options.FindOptionsBuilder {
-	p := bson.D{{Key: "_id", Value: 0}}
+	p := bson.D{{Key: store.OutboxID, Value: 0}}
 	for _, f := range fields {
 		p = append(p, bson.E{Key: f, Value: 1})
 	}

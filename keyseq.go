@@ -12,26 +12,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Key sequences (Config.PoisonPolicy HoldKey).
-//
-// The parked inbox documents of one partition key in one partition, in
-// offset order, are the key's sequence: the key is held exactly when it has
-// one, and its first document is its head. Nothing else says so: no
-// pointer names the head, no flag says a key is held, so no crash or
-// cancellation between two writes can leave them disagreeing, and no
-// sweep has to look for what they would leave behind. Storage contract
-// (index inbox_parked_partition serves every query here):
-//
-//   - a parked event: parked: true, park_reason ("handler_error",
-//     "handler_parked", "malformed", "no_handler", "attempts_exhausted"),
-//     last_error, attempts, the payload;
-//   - a held event (it waits, it never failed): parked: true and held_by,
-//     the head of its key when it was held (for operators; nothing reads
-//     it to decide). Tools count held events with {held_by: {$exists:
-//     true}}. A held event that cannot be handled (unreadable, malformed)
-//     keeps why in fault.
+// Key sequences (Config.PoisonPolicy HoldKey): the consumer host's
+// operations on them. What a sequence is in storage, and why no pointer or
+// flag duplicates it, is in internal/store's keyseq.go.
 //
 // Every operation is one transaction (txn.go) that writes the key's
 // current head, so two operations on one key always conflict and one of
@@ -55,33 +41,19 @@ import (
 // the owner goes on with it.
 
 // inventedKeyPrefix starts the idempotency key the consumer gives a record
-// that has none (its position). Documents parked before the unreadable
-// flag existed are given it on start (migrateInbox).
-const inventedKeyPrefix = "malformed:"
+// that has none (its position).
+const inventedKeyPrefix = store.InventedKeyPrefix
 
 // seqFilter selects the sequence of key in a partition.
 func seqFilter(tp consume.TopicPartition, key string) bson.D {
-	return bson.D{{Key: "parked", Value: true}, {Key: "_id.topic", Value: tp.Topic},
-		{Key: "partition", Value: tp.Partition}, {Key: "partition_key", Value: key}}
+	return store.SeqFilter(tp.Topic, tp.Partition, key)
 }
 
 // headDoc is a sequence member as the head queries read it.
-type headDoc struct {
-	ID           InboxID       `bson:"_id"`
-	PartitionKey string        `bson:"partition_key"`
-	Offset       int64         `bson:"offset"`
-	HeldBy       bson.RawValue `bson:"held_by"`
-	ParkReason   string        `bson:"park_reason"`
-	ParkedAt     time.Time     `bson:"parked_at"`
-}
+type headDoc = store.HeadDoc[InboxID]
 
-var headProjection = bson.D{{Key: "_id", Value: 1}, {Key: "partition_key", Value: 1}, {Key: "offset", Value: 1},
-	{Key: "held_by", Value: 1}, {Key: "park_reason", Value: 1}, {Key: "parked_at", Value: 1}}
-
-func (d *headDoc) held() bool { return isHeld(d.HeldBy) }
-
-// isHeld reports whether a held_by value marks a held event.
-func isHeld(v bson.RawValue) bool { return v.Type != 0 && v.Type != bson.TypeNull }
+// firstInSeq sorts a sequence's members, head first.
+var firstInSeq = bson.D{{Key: store.InboxOffset, Value: 1}}
 
 // head is the consume.Head of a sequence's first document. A head is
 // releasable when it only waited (held), or was parked for want of a
@@ -89,7 +61,7 @@ func isHeld(v bson.RawValue) bool { return v.Type != 0 && v.Type != bson.TypeNul
 // (noHandlerReleasable).
 func (c *Client) head(d *headDoc) consume.Head {
 	return consume.Head{ID: d.ID.String(), Since: d.ParkedAt,
-		Releasable: d.held() || (d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID))}
+		Releasable: d.Held() || (d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID))}
 }
 
 // noHandlerReleasable reports whether a head parked for want of a handler
@@ -100,14 +72,14 @@ func (c *Client) noHandlerReleasable(id InboxID) bool {
 	return c.cfg.SkipUnknownEvents || c.handlerFor(id.Topic, id.ContentSchema) != nil
 }
 
-const reasonNoHandler = "no_handler"
+const reasonNoHandler = store.ParkReasonNoHandler
 
 // Sequences returns the held keys of a partition: one query on its parked
 // documents, sorted by key and offset.
 func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) (map[string]consume.Head, error) {
 	c := h.c
-	cur, err := c.inbox.Find(ctx, bson.D{{Key: "parked", Value: true}, {Key: "_id.topic", Value: tp.Topic}, {Key: "partition", Value: tp.Partition}},
-		options.Find().SetSort(bson.D{{Key: "partition_key", Value: 1}, {Key: "offset", Value: 1}}).SetProjection(headProjection))
+	cur, err := c.inbox.Find(ctx, store.PartitionParked(tp.Topic, tp.Partition),
+		options.Find().SetSort(store.SeqOrder()).SetProjection(store.HeadProjection()))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
 	}
@@ -141,7 +113,7 @@ func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) 
 // (or outside one); ok is false when the key holds nothing.
 func (c *Client) firstOf(ctx context.Context, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
 	err = c.inbox.FindOne(ctx, seqFilter(tp, key),
-		options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}}).SetProjection(headProjection)).Decode(&d)
+		options.FindOne().SetSort(firstInSeq).SetProjection(store.HeadProjection())).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return d, false, nil
 	}
@@ -163,7 +135,7 @@ func (h *consumeHost) Head(ctx context.Context, tp consume.TopicPartition, key s
 // touchHead writes the head of a sequence, so that the transaction
 // conflicts with every other one that changes the sequence.
 func (c *Client) touchHead(ctx context.Context, head InboxID, offset int64) error {
-	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: head}}, bson.D{{Key: "$max", Value: bson.D{{Key: "held_tail", Value: offset}}}})
+	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: store.InboxID, Value: head}}, store.TouchHeadUpdate(offset))
 	return err
 }
 
@@ -183,23 +155,22 @@ func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *co
 		if err := c.touchHead(tctx, head.ID, e.Offset); err != nil {
 			return err
 		}
-		stored, note := storedPayload(d.payload)
+		stored, note := store.StoredPayload(d.payload)
 		set := bson.D{
-			{Key: "parked", Value: true}, {Key: "parked_at", Value: now}, {Key: "held_by", Value: head.ID},
-			{Key: "payload", Value: stored}, {Key: "last_error", Value: "held behind " + head.ID.String()},
+			{Key: store.InboxParked, Value: true}, {Key: store.InboxParkedAt, Value: now}, {Key: store.InboxHeldBy, Value: head.ID},
+			{Key: store.InboxPayload, Value: stored}, {Key: store.InboxLastError, Value: "held behind " + head.ID.String()},
 		}
 		if note != "" {
-			set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(d.payload)})
+			set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(d.payload)})
 		}
 		if d.unreadable {
-			set = append(set, bson.E{Key: "unreadable", Value: true})
+			set = append(set, bson.E{Key: store.InboxUnreadable, Value: true})
 		}
 		if e.Fault != nil {
-			set = append(set, bson.E{Key: "fault", Value: truncate(e.Fault.Error(), 4096)})
+			set = append(set, bson.E{Key: store.InboxFault, Value: store.Truncate(e.Fault.Error(), store.MaxErrorLen)})
 		}
-		onInsert := append(deliveryFields(&d.env, e.Offset, nil, now, false), bson.E{Key: "attempts", Value: int32(0)})
-		_, err = c.inbox.UpdateOne(tctx,
-			bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
+		onInsert := append(deliveryAt(&d.env, e.Offset).Fields(now, nil), bson.E{Key: store.InboxAttempts, Value: int32(0)})
+		_, err = c.inbox.UpdateOne(tctx, store.NotDone(inboxIDOf(&d.env)),
 			bson.D{{Key: "$set", Value: set}, {Key: "$setOnInsert", Value: onInsert}},
 			options.UpdateOne().SetUpsert(true))
 		if mongo.IsDuplicateKeyError(err) {
@@ -213,9 +184,9 @@ func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *co
 // more failures, and returns the stored counts.
 func (h *consumeHost) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc, fails int, reason string) (consume.Tally, error) {
 	d := deliveryOf(e)
-	extra := bson.D{{Key: "parked", Value: true}, {Key: "parked_at", Value: time.Now().UTC()}, {Key: "park_reason", Value: reason}}
+	extra := bson.D{{Key: store.InboxParked, Value: true}, {Key: store.InboxParkedAt, Value: time.Now().UTC()}, {Key: store.InboxParkReason, Value: reason}}
 	if d.unreadable {
-		extra = append(extra, bson.E{Key: "unreadable", Value: true})
+		extra = append(extra, bson.E{Key: store.InboxUnreadable, Value: true})
 	}
 	return h.c.noteDelivery(ctx, d, e.Offset, cause, inc, fails, extra)
 }
@@ -232,27 +203,26 @@ func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition
 // or consume.ErrDone when the event is handled or parked.
 func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, cause error, inc, fails int, extra bson.D) (consume.Tally, error) {
 	now := time.Now().UTC()
-	msg := truncate(cause.Error(), 4096)
-	stored, note := storedPayload(d.payload)
+	msg := store.Truncate(cause.Error(), store.MaxErrorLen)
+	stored, note := store.StoredPayload(d.payload)
 	if note != "" {
 		msg += " (" + note + ")"
 	}
-	set := append(bson.D{{Key: "last_error", Value: msg}, {Key: "payload", Value: stored}}, extra...)
+	set := append(bson.D{{Key: store.InboxLastError, Value: msg}, {Key: store.InboxPayload, Value: stored}}, extra...)
 	if note != "" {
-		set = append(set, bson.E{Key: "payload_truncated", Value: true}, bson.E{Key: "payload_size", Value: len(d.payload)})
+		set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(d.payload)})
 	}
-	onInsert := deliveryFields(&d.env, offset, nil, now, false)
+	onInsert := deliveryAt(&d.env, offset).Fields(now, nil)
 	if len(extra) == 0 {
-		onInsert = append(onInsert, bson.E{Key: "parked", Value: false})
+		onInsert = append(onInsert, bson.E{Key: store.InboxParked, Value: false})
 	}
-	var got tally
+	var got store.Tally
 	err := c.txOnce(ctx, func(tctx context.Context) error {
-		err := c.inbox.FindOneAndUpdate(tctx,
-			bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}},
-			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(fails)}}},
+		err := c.inbox.FindOneAndUpdate(tctx, store.NotDone(inboxIDOf(&d.env)),
+			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(inc)}, {Key: store.InboxFailures, Value: int32(fails)}}},
 				{Key: "$setOnInsert", Value: onInsert}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
-				SetProjection(tallyProjection)).Decode(&got)
+				SetProjection(store.TallyProjection())).Decode(&got)
 		if mongo.IsDuplicateKeyError(err) {
 			return consume.ErrDone
 		}
@@ -264,21 +234,13 @@ func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, ca
 		}
 		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(&d.env), err)
 	}
-	return got.tally(), nil
+	return tallyOf(got), nil
 }
 
-// tally is the part of an inbox document that counts runs.
-type tally struct {
-	Attempts int32 `bson:"attempts"`
-	Failures int32 `bson:"failures"`
-}
-
-func (t tally) tally() consume.Tally {
+// tallyOf converts the stored counts of runs.
+func tallyOf(t store.Tally) consume.Tally {
 	return consume.Tally{Attempts: int(t.Attempts), Failures: int(t.Failures)}
 }
-
-// tallyProjection reads a tally.
-var tallyProjection = bson.D{{Key: "attempts", Value: 1}, {Key: "failures", Value: 1}}
 
 // Lookup reads the inbox state of evs; with count it also counts one
 // attempt of each event not done, in the same transaction.
@@ -290,18 +252,12 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 	}
 	out := make([]consume.Stored, len(evs))
 	read := func(ctx context.Context) error {
-		cur, err := c.inbox.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
-			options.Find().SetProjection(bson.D{{Key: "handled", Value: 1}, {Key: "parked", Value: 1}, {Key: "attempts", Value: 1}, {Key: "failures", Value: 1}}))
+		cur, err := c.inbox.Find(ctx, bson.D{{Key: store.InboxID, Value: bson.D{{Key: "$in", Value: ids}}}},
+			options.Find().SetProjection(append(bson.D{{Key: store.InboxHandled, Value: 1}, {Key: store.InboxParked, Value: 1}}, store.TallyProjection()...)))
 		if err != nil {
 			return err
 		}
-		var docs []struct {
-			ID       InboxID `bson:"_id"`
-			Handled  bool    `bson:"handled"`
-			Parked   bool    `bson:"parked"`
-			Attempts int32   `bson:"attempts"`
-			Failures int32   `bson:"failures"`
-		}
+		var docs []inboxDoc
 		if err := cur.All(ctx, &docs); err != nil {
 			return err
 		}
@@ -335,9 +291,9 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 			out[i].Attempts++
 			d := deliveryOf(e)
 			models = append(models, mongo.NewUpdateOneModel().
-				SetFilter(bson.D{{Key: "_id", Value: inboxIDOf(&d.env)}, {Key: "handled", Value: false}, {Key: "parked", Value: bson.D{{Key: "$ne", Value: true}}}}).
-				SetUpdate(bson.D{{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(1)}}},
-					{Key: "$setOnInsert", Value: append(deliveryFields(&d.env, e.Offset, nil, now, false), bson.E{Key: "parked", Value: false})}}).
+				SetFilter(store.NotDone(inboxIDOf(&d.env))).
+				SetUpdate(bson.D{{Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(1)}}},
+					{Key: "$setOnInsert", Value: append(deliveryAt(&d.env, e.Offset).Fields(now, nil), bson.E{Key: store.InboxParked, Value: false})}}).
 				SetUpsert(true))
 		}
 		if len(models) == 0 {
@@ -403,9 +359,9 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	defer t.end(actx)
 	var d inboxDoc
 	if want != nil && key == "" {
-		err = c.inbox.FindOne(t.ctx, bson.D{{Key: "_id", Value: *want}, {Key: "parked", Value: true}}).Decode(&d)
+		err = c.inbox.FindOne(t.ctx, parkedOne(*want)).Decode(&d)
 	} else {
-		err = c.inbox.FindOne(t.ctx, seqFilter(tp, key), options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}})).Decode(&d)
+		err = c.inbox.FindOne(t.ctx, seqFilter(tp, key), options.FindOne().SetSort(firstInSeq)).Decode(&d)
 	}
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, consume.Result{Kind: consume.Empty}
@@ -424,7 +380,7 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	if err != nil && e.NoHandler && c.cfg.SkipUnknownEvents {
 		// No replica of the service takes it: it is skipped, as it would
 		// have been had it met a free key, and the key moves on.
-		if _, err := c.inbox.UpdateOne(t.ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}}, skipUpdate(reasonNoHandler)); err != nil {
+		if _, err := c.inbox.UpdateOne(t.ctx, parkedOne(d.ID), store.SkipUpdate(reasonNoHandler, time.Now().UTC())); err != nil {
 			return nil, infraResult(ctx, lockedOr(err))
 		}
 		if err := t.commit(actx); err != nil {
@@ -437,7 +393,7 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	}
 	if err != nil {
 		// It can never run here: it becomes the head for good, saying why.
-		reason, why := "malformed", err.Error()
+		reason, why := store.ParkReasonMalformed, err.Error()
 		if d.Fault != "" {
 			why = d.Fault
 		}
@@ -458,7 +414,7 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	timeout = dl.h.timeout(c)
 	hctx, hcancel := context.WithTimeout(t.ctx, timeout)
 	defer hcancel()
-	res2, err := c.inbox.UpdateOne(t.ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "handled", Value: false}}, unparkUpdate())
+	res2, err := c.inbox.UpdateOne(t.ctx, parkedNotHandled(d.ID), store.UnparkUpdate(time.Now().UTC()))
 	if err != nil {
 		return e, infraResult(ctx, lockedOr(err))
 	}
@@ -494,35 +450,22 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	return e, consume.Result{Kind: consume.Handled}
 }
 
-// skipUpdate takes a parked event off its key's sequence without running
-// it: handled (so a redelivery is skipped as a duplicate, and the inbox TTL
-// removes it), with skipped_at and skip_reason saying why.
-func skipUpdate(reason string) bson.D {
-	now := time.Now().UTC()
-	return bson.D{
-		{Key: "$set", Value: bson.D{{Key: "handled", Value: true}, {Key: "handled_at", Value: now}, {Key: "parked", Value: false},
-			{Key: "skipped_at", Value: now}, {Key: "skip_reason", Value: reason}}},
-		{Key: "$unset", Value: bson.D{{Key: "parked_at", Value: ""}, {Key: "held_by", Value: ""}, {Key: "redrive_requested_at", Value: ""}}},
-	}
-}
-
 // parkHead parks a sequence's head for good in the context's transaction:
 // it holds its key until an operator acts.
 func (c *Client) parkHead(ctx context.Context, d *inboxDoc, why string, inc int, reason string) error {
-	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}},
-		parkHeadUpdate(why, inc, reason, d.Unreadable || d.unreadable()))
+	_, err := c.inbox.UpdateOne(ctx, parkedOne(d.ID), store.ParkHeadUpdate(why, inc, reason, d.Unreadable, time.Now().UTC()))
 	return err
 }
 
-// parkHeadUpdate parks a sequence's head for good, with inc more attempts
-// and failures.
-func parkHeadUpdate(why string, inc int, reason string, unreadable bool) bson.D {
-	set := bson.D{{Key: "last_error", Value: truncate(why, 4096)}, {Key: "park_reason", Value: reason}, {Key: "parked_at", Value: time.Now().UTC()}}
-	if unreadable {
-		set = append(set, bson.E{Key: "unreadable", Value: true})
-	}
-	return bson.D{{Key: "$set", Value: set}, {Key: "$unset", Value: bson.D{{Key: "held_by", Value: ""}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(inc)}}}}
+// parkedOne selects the inbox document of id while it is parked.
+func parkedOne(id InboxID) bson.D {
+	return bson.D{{Key: store.InboxID, Value: id}, {Key: store.InboxParked, Value: true}}
+}
+
+// parkedNotHandled selects the inbox document of id while it is parked and
+// not handled.
+func parkedNotHandled(id InboxID) bson.D {
+	return append(parkedOne(id), bson.E{Key: store.InboxHandled, Value: false})
 }
 
 // NoteReleaseFailure stores a failed attempt of a sequence's head, and
@@ -530,15 +473,15 @@ func parkHeadUpdate(why string, inc int, reason string, unreadable bool) bson.D 
 func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (consume.Tally, error) {
 	c := h.c
 	id := inboxIDOf(&deliveryOf(e).env)
-	update := bson.D{{Key: "$set", Value: bson.D{{Key: "last_error", Value: truncate(cause.Error(), 4096)}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: int32(inc)}, {Key: "failures", Value: int32(inc)}}}}
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: store.InboxLastError, Value: store.Truncate(cause.Error(), store.MaxErrorLen)}}},
+		{Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(inc)}, {Key: store.InboxFailures, Value: int32(inc)}}}}
 	if park {
-		update = parkHeadUpdate(cause.Error(), inc, reason, false)
+		update = store.ParkHeadUpdate(cause.Error(), inc, reason, false, time.Now().UTC())
 	}
-	var got tally
+	var got store.Tally
 	err := c.txOnce(ctx, func(tctx context.Context) error {
-		return c.inbox.FindOneAndUpdate(tctx, bson.D{{Key: "_id", Value: id}, {Key: "parked", Value: true}, {Key: "handled", Value: false}}, update,
-			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(tallyProjection)).Decode(&got)
+		return c.inbox.FindOneAndUpdate(tctx, parkedNotHandled(id), update,
+			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(store.TallyProjection())).Decode(&got)
 	})
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return consume.Tally{}, consume.ErrDone
@@ -546,5 +489,5 @@ func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPa
 	if err != nil {
 		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", id, err)
 	}
-	return got.tally(), nil
+	return tallyOf(got), nil
 }

@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // EventOutboxMigration reports what MigrateEventOutbox changed, or would
@@ -79,7 +80,7 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 	var ids []any
 	var missing []string
 	for _, raw := range raws {
-		d, err := convertEventOutboxDoc(raw, partitions, now)
+		d, err := store.ConvertLibraryDoc(raw, partitions, now)
 		if err != nil {
 			if d != nil && d.Topic != "" && partitions[d.Topic] <= 0 {
 				if !slices.Contains(missing, d.Topic) {
@@ -144,82 +145,6 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 	return rep, nil
 }
 
-// convertEventOutboxDoc converts one library outbox document. On a missing
-// partition count it returns the document (for its topic) and an error.
-func convertEventOutboxDoc(raw bson.Raw, partitions map[string]int, now time.Time) (*outboxDoc, error) {
-	id, ok := raw.Lookup("_id").ObjectIDOK()
-	if !ok {
-		return nil, fmt.Errorf("_id is not an ObjectId")
-	}
-	var lib struct {
-		Payload bson.D `bson:"payload"`
-	}
-	if err := bson.Unmarshal(raw, &lib); err != nil || lib.Payload == nil {
-		return nil, fmt.Errorf("no payload document")
-	}
-	d := &outboxDoc{ID: id, Format: FormatEventOutbox.String(), CreatedAt: now}
-	var fields bson.D
-	var occurred string
-	var partKey int64
-	for _, e := range lib.Payload {
-		switch e.Key {
-		case "topic":
-			d.Topic, _ = e.Value.(string)
-		case "content_schema":
-			d.Schema, _ = e.Value.(string)
-		case "idempotency_key":
-			d.IdempotencyKey, _ = e.Value.(string)
-		case "occurred_at":
-			occurred, _ = e.Value.(string)
-		case "partition_key":
-			switch v := e.Value.(type) {
-			case int32:
-				partKey = int64(v)
-			case int64:
-				partKey = v
-			case float64:
-				partKey = int64(v)
-			default:
-				return nil, fmt.Errorf("payload.partition_key is not an integer")
-			}
-		default:
-			fields = append(fields, e)
-		}
-	}
-	switch {
-	case d.Topic == "":
-		return nil, fmt.Errorf("missing payload.topic")
-	case d.Schema == "":
-		return nil, fmt.Errorf("missing payload.content_schema")
-	case d.IdempotencyKey == "":
-		return nil, fmt.Errorf("missing payload.idempotency_key")
-	case len(d.Topic) > maxNameLen || len(d.Schema) > maxNameLen || len(d.IdempotencyKey) > maxKeyLen:
-		return nil, fmt.Errorf("envelope field too long")
-	}
-	if occurred != "" {
-		t, err := time.Parse(time.RFC3339Nano, occurred)
-		if err != nil {
-			return nil, fmt.Errorf("payload.occurred_at: %w", err)
-		}
-		d.OccurredAt = t.UTC()
-	}
-	n := partitions[d.Topic]
-	if n <= 0 {
-		return d, fmt.Errorf("no partition count for topic %q", d.Topic)
-	}
-	d.Key = strconv.FormatInt(partKey, 10)
-	d.Partition = int32(((partKey % int64(n)) + int64(n)) % int64(n))
-	if fields == nil {
-		fields = bson.D{}
-	}
-	payload, err := bson.MarshalExtJSON(fields, false, false)
-	if err != nil {
-		return nil, fmt.Errorf("payload fields to JSON: %w", err)
-	}
-	d.Payload = string(payload)
-	return d, nil
-}
-
 // dropLibraryIndexes drops the Python library's indexes, recognised by name
 // and keys: "idempotency" and "expiration" on the outbox, "expiration" on
 // the inbox. It returns them as "collection.name".
@@ -229,7 +154,7 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 		name string
 		keys bson.D
 	}{
-		{a.outbox, "idempotency", libraryIdempotencyKeys},
+		{a.outbox, store.LibraryIdempotencyIndex, libraryIdempotencyKeys},
 		{a.outbox, "expiration", bson.D{{Key: "published_at", Value: int32(1)}}},
 		{a.inbox, "expiration", bson.D{{Key: "handled_at", Value: int32(1)}}},
 	}
@@ -244,7 +169,7 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 			return dropped, fmt.Errorf("outbox: list indexes of %s: %w", l.coll.Name(), err)
 		}
 		for _, s := range specs {
-			if s.Name != l.name || !sameIndexKeys(s.KeysDocument, l.keys) {
+			if s.Name != l.name || !store.SameIndexKeys(s.KeysDocument, l.keys) {
 				continue
 			}
 			if !dryRun {
@@ -256,23 +181,4 @@ func (a *Admin) dropLibraryIndexes(ctx context.Context, dryRun bool) ([]string, 
 		}
 	}
 	return dropped, nil
-}
-
-// sameIndexKeys compares an index key document with want, whatever numeric
-// type the server used for the directions.
-func sameIndexKeys(raw bson.Raw, want bson.D) bool {
-	elems, err := raw.Elements()
-	if err != nil || len(elems) != len(want) {
-		return false
-	}
-	for i, e := range elems {
-		if e.Key() != want[i].Key {
-			return false
-		}
-		dir, ok := e.Value().AsInt64OK()
-		if !ok || dir != int64(want[i].Value.(int32)) {
-			return false
-		}
-	}
-	return true
 }

@@ -17,43 +17,14 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
-// outboxDoc is the stored form of a recorded event. Field names are part of
-// the storage format (indexes, the publisher's queries, outboxctl).
-type outboxDoc struct {
-	ID             bson.ObjectID `bson:"_id"`
-	Topic          string        `bson:"topic"`
-	Partition      int32         `bson:"partition"`
-	Key            string        `bson:"key"`
-	Schema         string        `bson:"schema"`
-	IdempotencyKey string        `bson:"idempotency_key"`
-	OccurredAt     time.Time     `bson:"occurred_at"`
-	Payload        string        `bson:"payload"` // the event's JSON
-	TraceParent    string        `bson:"traceparent,omitempty"`
-	TraceState     string        `bson:"tracestate,omitempty"`
-	// Format is the wire format chosen when the event was recorded (see
-	// Format); empty for native. Source is its CloudEvents source.
-	Format string `bson:"format,omitempty"`
-	Source string `bson:"source,omitempty"`
-	// Seq orders events for publishing. It is stored as an empty timestamp,
-	// which MongoDB replaces at insert with a fresh tick of its cluster
-	// clock: a transaction that starts after another committed always gets
-	// larger values, whichever process records it.
-	Seq         bson.Timestamp `bson:"seq"`
-	CreatedAt   time.Time      `bson:"created_at"`
-	Published   bool           `bson:"published"`
-	PublishedAt *time.Time     `bson:"published_at,omitempty"`
-	// Failed marks an event Kafka refused permanently (for example larger
-	// than the topic's maximum message size). It stays unpublished, is not
-	// retried, and is visible to operators with its Error.
-	Failed   bool       `bson:"failed"`
-	FailedAt *time.Time `bson:"failed_at,omitempty"`
-	Error    string     `bson:"error,omitempty"`
-	Attempts int32      `bson:"attempts,omitempty"`
-}
+// outboxDoc is the stored form of a recorded event (see store.OutboxDoc).
+type outboxDoc = store.OutboxDoc
 
-func (d *outboxDoc) envelope() Envelope {
+// outboxEnvelope rebuilds the envelope of a recorded event.
+func outboxEnvelope(d *outboxDoc) Envelope {
 	return Envelope{
 		Topic:          d.Topic,
 		ContentSchema:  d.Schema,
@@ -349,7 +320,7 @@ func (c *Client) checkSize(d *outboxDoc) error {
 	if !ok || len(d.Payload)+len(d.Key)+sizeSlack < limit {
 		return nil
 	}
-	rec := d.item(c.cfg.TopicPrefix).Record
+	rec := outboxItem(d, c.cfg.TopicPrefix).Record
 	size := publish.RecordBatchBytes(rec)
 	if size <= limit {
 		return nil

@@ -8,6 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // flushError wraps the error of the outbox insert of n events: a duplicate
@@ -49,33 +51,12 @@ func (c *Client) ensureUniqueIndex(ctx context.Context) error {
 	return nil
 }
 
-// indexOutboxIdempotency is the name of the unique index of
-// Config.UniqueIdempotencyKeys.
-const indexOutboxIdempotency = "outbox_idempotency"
+// outboxIdempotencyKeys is the key of the unique index of
+// Config.UniqueIdempotencyKeys (see store.OutboxIdempotencyKeys).
+func outboxIdempotencyKeys() bson.D { return store.OutboxIdempotencyKeys() }
 
-// outboxIdempotencyKeys is the key of the unique index that
-// Config.UniqueIdempotencyKeys adds to the outbox (named
-// indexOutboxIdempotency): the stored topic, content schema and idempotency
-// key, as the Python library's "idempotency" index on its payload fields.
-// It holds only while the first event's document is kept: published events
-// expire after Config.OutboxRetention.
-func outboxIdempotencyKeys() bson.D {
-	return bson.D{{Key: "topic", Value: 1}, {Key: "schema", Value: 1}, {Key: "idempotency_key", Value: 1}}
-}
-
-// outboxIdempotencySpec is the unique index of Config.UniqueIdempotencyKeys.
-// It is partial, on the documents that have an idempotency key of their
-// own: a service that took over a Python event-outbox database (Admin.
-// MigrateEventOutbox) keeps the library's published documents until they
-// expire, and those have the key inside their payload only; in a full
-// index they would all collide on {null, null, null}. The earlier,
-// non-partial definition is replaced on start.
+// outboxIdempotencySpec is the unique index of Config.UniqueIdempotencyKeys
+// (see store.OutboxIdempotencySpec).
 func outboxIdempotencySpec() indexSpec {
-	return indexSpec{name: indexOutboxIdempotency, keys: outboxIdempotencyKeys(), unique: true,
-		partial: bson.D{{Key: "idempotency_key", Value: bson.D{{Key: "$type", Value: "string"}}}},
-		replaces: func(ix bson.D) bool {
-			key, _ := lookup(ix, "key")
-			_, partial := lookup(ix, "partialFilterExpression")
-			return !partial && indexBool(ix, "unique") && sameBSON(key, outboxIdempotencyKeys(), true)
-		}}
+	return specsOf([]store.IndexSpec{store.OutboxIdempotencySpec()})[0]
 }

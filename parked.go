@@ -15,6 +15,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Parked events management.
@@ -76,28 +77,28 @@ type ParkedFilter struct {
 }
 
 func (f ParkedFilter) query() bson.D {
-	q := bson.D{{Key: "parked", Value: true}}
+	q := bson.D{{Key: store.InboxParked, Value: true}}
 	if len(f.IDs) > 0 {
 		ids := make(bson.A, len(f.IDs))
 		for i, id := range f.IDs {
 			ids[i] = id
 		}
-		q = append(q, bson.E{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}})
+		q = append(q, bson.E{Key: store.InboxID, Value: bson.D{{Key: "$in", Value: ids}}})
 	}
 	if f.Topic != "" {
-		q = append(q, bson.E{Key: "_id.topic", Value: f.Topic})
+		q = append(q, bson.E{Key: store.InboxIDTopic, Value: f.Topic})
 	}
 	if f.ContentSchema != "" {
-		q = append(q, bson.E{Key: "_id.content_schema", Value: f.ContentSchema})
+		q = append(q, bson.E{Key: store.InboxIDContentSchema, Value: f.ContentSchema})
 	}
 	if !f.ParkedBefore.IsZero() {
-		q = append(q, bson.E{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: f.ParkedBefore.UTC()}}})
+		q = append(q, bson.E{Key: store.InboxParkedAt, Value: bson.D{{Key: "$lt", Value: f.ParkedBefore.UTC()}}})
 	}
 	if f.redrivable {
 		q = append(q, bson.E{Key: "$nor", Value: unreadableConds()})
 	}
 	if f.headsOnly {
-		q = append(q, bson.E{Key: "held_by", Value: nil})
+		q = append(q, bson.E{Key: store.InboxHeldBy, Value: nil})
 	}
 	return q
 }
@@ -210,14 +211,14 @@ const (
 // (the event it waited for was handled or purged) is released with the rest.
 func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	var d inboxDoc
-	err := c.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	err := c.inbox.FindOne(ctx, bson.D{{Key: store.InboxID, Value: id}}).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) || (err == nil && !d.Parked) {
 		return fmt.Errorf("%w: %+v", ErrNotParked, id)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox: redrive: %w", err)
 	}
-	if d.unreadable() {
+	if d.Unreadable {
 		return fmt.Errorf("%w: %s", ErrNotRedrivable, id)
 	}
 	tp := consume.TopicPartition{Topic: id.Topic, Partition: d.Partition}
@@ -318,7 +319,7 @@ func (c *Client) host() *consumeHost {
 // when the key holds nothing.
 func firstParked(ctx context.Context, inbox *mongo.Collection, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
 	err = inbox.FindOne(ctx, seqFilter(tp, key),
-		options.FindOne().SetSort(bson.D{{Key: "offset", Value: 1}}).SetProjection(headProjection)).Decode(&d)
+		options.FindOne().SetSort(firstInSeq).SetProjection(store.HeadProjection())).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return d, false, nil
 	}
@@ -330,7 +331,7 @@ func firstParked(ctx context.Context, inbox *mongo.Collection, tp consume.TopicP
 
 // ParkedEvents lists the parked events f selects, oldest first.
 func (a *Admin) ParkedEvents(ctx context.Context, f ParkedFilter) ([]ParkedEvent, error) {
-	opts := options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}})
+	opts := options.Find().SetSort(bson.D{{Key: store.InboxParkedAt, Value: 1}, {Key: store.InboxID, Value: 1}})
 	if f.Limit > 0 {
 		opts.SetLimit(int64(f.Limit))
 	}
@@ -399,8 +400,8 @@ func (a *Admin) RequestRedrive(ctx context.Context, f ParkedFilter, dryRun bool)
 	f.redrivable = true
 	f.headsOnly = len(f.IDs) == 0
 	return a.updateParked(ctx, f, dryRun, "request re-drive of", bson.D{
-		{Key: "$set", Value: bson.D{{Key: "redrive_requested_at", Value: time.Now().UTC()}}},
-		{Key: "$unset", Value: bson.D{{Key: "redrive_not_before", Value: ""}, {Key: "redrive_deferred", Value: ""}}},
+		{Key: "$set", Value: bson.D{{Key: store.InboxRedriveRequestedAt, Value: time.Now().UTC()}}},
+		{Key: "$unset", Value: bson.D{{Key: store.InboxRedriveNotBefore, Value: ""}, {Key: store.InboxRedriveDeferred, Value: ""}}},
 	})
 }
 
@@ -419,13 +420,13 @@ func (a *Admin) PurgeParked(ctx context.Context, f ParkedFilter, dryRun bool) (i
 	now := time.Now().UTC()
 	return a.updateParked(ctx, f, dryRun, "purge", bson.D{
 		{Key: "$set", Value: bson.D{
-			{Key: "parked", Value: false},
-			{Key: "handled", Value: true},
-			{Key: "handled_at", Value: now},
-			{Key: "discarded_at", Value: now},
+			{Key: store.InboxParked, Value: false},
+			{Key: store.InboxHandled, Value: true},
+			{Key: store.InboxHandledAt, Value: now},
+			{Key: store.InboxDiscardedAt, Value: now},
 		}},
-		{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""}, {Key: "redrive_not_before", Value: ""},
-			{Key: "redrive_deferred", Value: ""}, {Key: "held_by", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: store.InboxRedriveRequestedAt, Value: ""}, {Key: store.InboxRedriveNotBefore, Value: ""},
+			{Key: store.InboxRedriveDeferred, Value: ""}, {Key: store.InboxHeldBy, Value: ""}}},
 	})
 }
 
@@ -492,14 +493,14 @@ func (c *Client) startRedriveRequests(ctx context.Context) (wait func()) {
 func (c *Client) serveRedriveRequests(ctx context.Context) error {
 	now := time.Now().UTC()
 	due := bson.E{Key: "$or", Value: bson.A{
-		bson.D{{Key: "redrive_not_before", Value: bson.D{{Key: "$exists", Value: false}}}},
-		bson.D{{Key: "redrive_not_before", Value: bson.D{{Key: "$lte", Value: now}}}},
+		bson.D{{Key: store.InboxRedriveNotBefore, Value: bson.D{{Key: "$exists", Value: false}}}},
+		bson.D{{Key: store.InboxRedriveNotBefore, Value: bson.D{{Key: "$lte", Value: now}}}},
 	}}
 	cur, err := c.inbox.Find(ctx, bson.D{
-		{Key: "parked", Value: true},
-		{Key: "redrive_requested_at", Value: bson.D{{Key: "$exists", Value: true}}},
+		{Key: store.InboxParked, Value: true},
+		{Key: store.InboxRedriveRequestedAt, Value: bson.D{{Key: "$exists", Value: true}}},
 		due,
-	}, options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}}).SetLimit(100))
+	}, options.Find().SetSort(bson.D{{Key: store.InboxParkedAt, Value: 1}}).SetLimit(100))
 	if err != nil {
 		return fmt.Errorf("outbox: find re-drive requests: %w", err)
 	}
@@ -521,8 +522,8 @@ func (c *Client) serveRedriveRequests(ctx context.Context) error {
 			lease += h.timeout(c)
 		}
 		res, err := c.inbox.UpdateOne(ctx,
-			bson.D{{Key: "_id", Value: d.ID}, {Key: "parked", Value: true}, {Key: "redrive_requested_at", Value: *rr}, due},
-			bson.D{{Key: "$set", Value: bson.D{{Key: "redrive_not_before", Value: time.Now().UTC().Add(lease)}}}})
+			bson.D{{Key: store.InboxID, Value: d.ID}, {Key: store.InboxParked, Value: true}, {Key: store.InboxRedriveRequestedAt, Value: *rr}, due},
+			bson.D{{Key: "$set", Value: bson.D{{Key: store.InboxRedriveNotBefore, Value: time.Now().UTC().Add(lease)}}}})
 		if err != nil {
 			return fmt.Errorf("outbox: claim re-drive request: %w", err)
 		}
@@ -578,20 +579,20 @@ const redriveLease = time.Minute
 func (c *Client) settleRedriveRequest(ctx context.Context, id InboxID, requestedAt time.Time, err error) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replicaWriteTimeout)
 	defer cancel()
-	filter := bson.D{{Key: "_id", Value: id}, {Key: "redrive_requested_at", Value: requestedAt}}
+	filter := bson.D{{Key: store.InboxID, Value: id}, {Key: store.InboxRedriveRequestedAt, Value: requestedAt}}
 	var update bson.D
 	var deferred *RedriveDeferredError
 	switch {
 	case errors.As(err, &deferred):
 		update = bson.D{{Key: "$set", Value: bson.D{
-			{Key: "redrive_not_before", Value: time.Now().UTC().Add(deferred.RetryAfter)},
-			{Key: "redrive_deferred", Value: truncate(deferred.Reason+": "+deferred.Err.Error(), 1024)},
+			{Key: store.InboxRedriveNotBefore, Value: time.Now().UTC().Add(deferred.RetryAfter)},
+			{Key: store.InboxRedriveDeferred, Value: store.Truncate(deferred.Reason+": "+deferred.Err.Error(), 1024)},
 		}}}
 	case err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		update = bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_not_before", Value: ""}}}}
+		update = bson.D{{Key: "$unset", Value: bson.D{{Key: store.InboxRedriveNotBefore, Value: ""}}}}
 	default:
-		update = bson.D{{Key: "$unset", Value: bson.D{{Key: "redrive_requested_at", Value: ""},
-			{Key: "redrive_not_before", Value: ""}, {Key: "redrive_deferred", Value: ""}}}}
+		update = bson.D{{Key: "$unset", Value: bson.D{{Key: store.InboxRedriveRequestedAt, Value: ""},
+			{Key: store.InboxRedriveNotBefore, Value: ""}, {Key: store.InboxRedriveDeferred, Value: ""}}}}
 	}
 	if _, err := c.inbox.UpdateOne(wctx, filter, update); err != nil {
 		// The claim's lease ends: the request is served again.

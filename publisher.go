@@ -57,6 +57,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/kafkax"
 )
@@ -472,21 +473,12 @@ type outboxStore struct {
 }
 
 func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit publish.Limit, exclude []string) ([]publish.Item, bool, error) {
-	// Served by the partial index outbox_pending {topic, partition, seq, _id}
-	// where published is false. Held keys are filtered on the server while
-	// it walks the index in order; their events are few (they wait for an
-	// operator).
-	filter := bson.D{
-		{Key: "published", Value: false},
-		{Key: "topic", Value: tp.Topic},
-		{Key: "partition", Value: tp.Partition},
-		{Key: "failed", Value: false},
-	}
-	if len(exclude) > 0 {
-		filter = append(filter, bson.E{Key: "key", Value: bson.D{{Key: "$nin", Value: exclude}}})
-	}
+	// Held keys are filtered on the server while it walks the index in
+	// order (see store.PendingFilter); their events are few (they wait for
+	// an operator).
+	filter := store.PendingFilter(tp.Topic, tp.Partition, exclude)
 	opts := options.Find().
-		SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
+		SetSort(store.PendingOrder()).
 		SetLimit(int64(limit.Events)).
 		SetBatchSize(int32(limit.Events)) // the whole batch in one round trip (the server caps a reply at 16 MiB)
 	cur, err := s.coll.Find(ctx, filter, opts)
@@ -519,14 +511,14 @@ func (s outboxStore) decode(raw bson.Raw) publish.Item {
 	var d outboxDoc
 	err := bson.Unmarshal(raw, &d)
 	if err == nil {
-		return d.item(s.prefix)
+		return outboxItem(&d, s.prefix)
 	}
-	var id any = raw.Lookup("_id")
-	if oid, ok := raw.Lookup("_id").ObjectIDOK(); ok {
+	var id any = raw.Lookup(store.OutboxID)
+	if oid, ok := raw.Lookup(store.OutboxID).ObjectIDOK(); ok {
 		id = oid
 	}
 	it := publish.Item{ID: id, Record: &kgo.Record{}, Err: unreadableDocError{err}}
-	if key, ok := raw.Lookup("key").StringValueOK(); ok {
+	if key, ok := raw.Lookup(store.OutboxKey).StringValueOK(); ok {
 		it.Record.Key = []byte(key)
 	}
 	return it
@@ -542,8 +534,8 @@ func (e unreadableDocError) Unwrap() error { return e.err }
 
 // item is d's record, produced to the Kafka topic prefix + d.Topic
 // (Config.TopicPrefix). The record's body and headers name the bare topic.
-func (d *outboxDoc) item(prefix string) publish.Item {
-	env := d.envelope()
+func outboxItem(d *outboxDoc, prefix string) publish.Item {
+	env := outboxEnvelope(d)
 	rec := encodeRecord(&env, []byte(d.Payload))
 	rec.Topic = prefix + rec.Topic
 	return publish.Item{ID: d.ID, Record: rec}
@@ -557,38 +549,20 @@ func decodeOutboxEvent(prefix string) func(raw bson.Raw) (publish.TopicPartition
 		if err := bson.Unmarshal(raw, &d); err != nil {
 			return publish.TopicPartition{}, publish.Item{}, fmt.Errorf("decode outbox document: %w", err)
 		}
-		return publish.TopicPartition{Topic: d.Topic, Partition: d.Partition}, d.item(prefix), nil
+		return publish.TopicPartition{Topic: d.Topic, Partition: d.Partition}, outboxItem(&d, prefix), nil
 	}
 }
 
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
 	_, err := s.coll.UpdateMany(ctx,
-		bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}},
-		bson.D{{Key: "$set", Value: bson.D{
-			{Key: "published", Value: true},
-			{Key: "published_at", Value: at.UTC()},
-		}}})
+		bson.D{{Key: store.OutboxID, Value: bson.D{{Key: "$in", Value: ids}}}}, store.MarkPublishedUpdate(at))
 	return err
 }
 
 func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
-	msg := cause.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
-	update := bson.D{
-		{Key: "$set", Value: bson.D{
-			{Key: "failed", Value: true},
-			{Key: "failed_at", Value: at.UTC()},
-			{Key: "error", Value: msg},
-		}},
-		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
-	}
-	if errors.As(cause, new(unreadableDocError)) {
-		// Its attempts field may be what cannot be read: $inc would fail.
-		update = update[:1]
-	}
-	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, update)
+	// An unreadable document's attempts field may be what cannot be read.
+	update := store.MarkFailedUpdate(cause.Error(), at, !errors.As(cause, new(unreadableDocError)))
+	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: store.OutboxID, Value: id}}, update)
 	return err
 }
 
@@ -597,13 +571,8 @@ func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at tim
 // outbox_failed (failed is true); they are few, as each waits for an
 // operator.
 func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) ([]string, error) {
-	filter := bson.D{
-		{Key: "failed", Value: true},
-		{Key: "topic", Value: tp.Topic},
-		{Key: "partition", Value: tp.Partition},
-	}
-	cur, err := s.coll.Find(ctx, filter, options.Find().
-		SetProjection(bson.D{{Key: "_id", Value: 0}, {Key: "key", Value: 1}}))
+	cur, err := s.coll.Find(ctx, store.FailedInPartition(tp.Topic, tp.Partition), options.Find().
+		SetProjection(bson.D{{Key: store.OutboxID, Value: 0}, {Key: store.OutboxKey, Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("find failed events: %w", err)
 	}
@@ -612,7 +581,7 @@ func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) 
 	for cur.Next(ctx) {
 		// A key that is not a string (an unreadable document) holds
 		// nothing: no event of the partition has that key.
-		if k, ok := cur.Current.Lookup("key").StringValueOK(); ok {
+		if k, ok := cur.Current.Lookup(store.OutboxKey).StringValueOK(); ok {
 			keys = append(keys, k)
 		}
 	}

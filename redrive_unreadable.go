@@ -7,6 +7,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Unreadable records.
@@ -41,24 +43,18 @@ func unreadable(err error) error { return &unreadableError{err} }
 
 // unreadableConds matches the parked documents that cannot be re-driven.
 func unreadableConds() bson.A {
-	return bson.A{bson.D{{Key: "unreadable", Value: true}}}
+	return bson.A{bson.D{{Key: store.InboxUnreadable, Value: true}}}
 }
-
-// unreadable reports whether a stored parked event can never be re-driven:
-// by its flag only (an idempotency key chosen by a producer may start with
-// inventedKeyPrefix too; documents parked before the flag existed are given
-// it on start, see migrateUnreadable).
-func (d *inboxDoc) unreadable() bool { return d.Unreadable }
 
 // migrateUnreadable flags the parked documents stored before the
 // unreadable flag existed, which only their invented idempotency key told
 // apart. Idempotent; run by EnsureIndexes for a consuming client.
 func (c *Client) migrateUnreadable(ctx context.Context) error {
 	_, err := c.inbox.UpdateMany(ctx, bson.D{
-		{Key: "parked", Value: true},
-		{Key: "_id.idempotency_key", Value: bson.D{{Key: "$regex", Value: "^" + inventedKeyPrefix}}},
-		{Key: "unreadable", Value: bson.D{{Key: "$exists", Value: false}}},
-	}, bson.D{{Key: "$set", Value: bson.D{{Key: "unreadable", Value: true}}}})
+		{Key: store.InboxParked, Value: true},
+		{Key: store.InboxIDIdempotencyKey, Value: bson.D{{Key: "$regex", Value: "^" + inventedKeyPrefix}}},
+		{Key: store.InboxUnreadable, Value: bson.D{{Key: "$exists", Value: false}}},
+	}, bson.D{{Key: "$set", Value: bson.D{{Key: store.InboxUnreadable, Value: true}}}})
 	if err != nil {
 		return fmt.Errorf("outbox: flag unreadable parked events: %w", err)
 	}
@@ -73,7 +69,7 @@ func (a *Admin) refuseUnreadable(ctx context.Context, f ParkedFilter) error {
 		return nil
 	}
 	q := append(f.query(), bson.E{Key: "$or", Value: unreadableConds()})
-	cur, err := a.inbox.Find(ctx, q, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}).SetLimit(4))
+	cur, err := a.inbox.Find(ctx, q, options.Find().SetProjection(bson.D{{Key: store.InboxID, Value: 1}}).SetLimit(4))
 	if err != nil {
 		return fmt.Errorf("outbox: request re-drive of parked events: %w", err)
 	}

@@ -174,7 +174,7 @@ func TestWaitsShowInStatusAndLog(t *testing.T) {
 	defer sess.EndSession(context.Background())
 	require.NoError(t, sess.StartTransaction())
 	sctx := mongo.NewSessionContext(context.Background(), sess)
-	require.NoError(t, c.claim(sctx, &env, 0, nil, time.Now()))
+	require.NoError(t, c.claim(sctx, &env, 0, time.Now()))
 
 	start(t, c)
 	b.produce(t, env, b.payload(t, "o", 1))

@@ -159,7 +159,7 @@ func TestPythonModelReadsOurRecords(t *testing.T) {
 	var recs []*kgo.Record
 	for _, d := range docs {
 		for range 2 { // two deliveries of the same outbox document
-			rec := d.item("").Record
+			rec := outboxItem(&d, "").Record
 			recs = append(recs, rec)
 			values = append(values, rec.Value)
 		}

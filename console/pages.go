@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // overviewService is one service's part of the overview.
@@ -101,10 +102,10 @@ func (c *Console) overviewOf(ctx context.Context, s *service, o *overviewService
 		o.Topics = append(o.Topics, *t)
 	}
 	slices.SortFunc(o.Topics, func(a, b overviewTopic) int { return strings.Compare(a.Topic, b.Topic) })
-	if o.Published, err = perMinute(ctx, s.outbox, "published", "published_at", now); err != nil {
+	if o.Published, err = perMinute(ctx, s.outbox, store.OutboxPublished, store.OutboxPublishedAt, now); err != nil {
 		return err
 	}
-	if o.Handled, err = perMinute(ctx, s.inbox, "handled", "handled_at", now); err != nil {
+	if o.Handled, err = perMinute(ctx, s.inbox, store.InboxHandled, store.InboxHandledAt, now); err != nil {
 		return err
 	}
 	for i := range o.Published {

@@ -14,47 +14,19 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // The console's own reads, for what outbox.Admin does not offer. Each
 // names the index that serves it. The field names are the framework's
-// storage format (inbox.go, outbox.go of the root package).
+// storage format, spelled once in internal/store.
 
 // inboxDoc is an inbox document as the console shows it. HeldBy is set on a
 // held event: parked behind the head of its key, which it names (written
 // by the consumer's poison handling; absent in older data).
 type inboxDoc struct {
-	ID                 outbox.InboxID  `bson:"_id"`
-	Handled            bool            `bson:"handled"`
-	HandledAt          *time.Time      `bson:"handled_at"`
-	Parked             bool            `bson:"parked"`
-	ParkedAt           *time.Time      `bson:"parked_at"`
-	HeldBy             *outbox.InboxID `bson:"held_by"`
-	Attempts           int32           `bson:"attempts"`
-	LastError          string          `bson:"last_error"`
-	Partition          int32           `bson:"partition"`
-	Offset             int64           `bson:"offset"`
-	PartitionKey       string          `bson:"partition_key"`
-	OccurredAt         *time.Time      `bson:"occurred_at"`
-	ReceivedAt         *time.Time      `bson:"received_at"`
-	TraceParent        string          `bson:"traceparent"`
-	Payload            string          `bson:"payload"`
-	RedriveRequestedAt *time.Time      `bson:"redrive_requested_at"`
-	// RedriveDeferred says why the last try of the pending re-drive
-	// request could not run (outbox.ParkedEvent.RedriveDeferred);
-	// RedriveNotBefore is its next try at the latest.
-	RedriveDeferred  string     `bson:"redrive_deferred"`
-	RedriveNotBefore *time.Time `bson:"redrive_not_before"`
-	DiscardedAt      *time.Time `bson:"discarded_at"`
-	// Unreadable marks a record parked because its envelope could not be
-	// read (the root package's redrive_unreadable.go).
-	Unreadable bool `bson:"unreadable"`
+	store.InboxRecord[outbox.InboxID] `bson:",inline"`
 }
-
-// inventedKeyPrefix starts the idempotency key the consumer invents for a
-// malformed record that had none (the root package's inventedKeyPrefix):
-// such a record can never be re-driven either.
-const inventedKeyPrefix = "malformed:"
 
 // NotRedrivable says why the event cannot be re-driven on its own, or ""
 // when it can: the console offers no Re-drive button then, and shows this
@@ -63,7 +35,7 @@ func (d *inboxDoc) NotRedrivable() string {
 	switch {
 	case !d.Parked:
 		return ""
-	case d.Unreadable || strings.HasPrefix(d.ID.IdempotencyKey, inventedKeyPrefix):
+	case d.Unreadable || strings.HasPrefix(d.ID.IdempotencyKey, store.InventedKeyPrefix):
 		return "This record's envelope could not be read (a malformed record): no handler can ever take it, so it cannot be re-driven. Purge it once you have kept what you need from its payload."
 	case d.HeldBy != nil:
 		return "This event is held behind an earlier parked event of its partition key: re-drive that event, and this one follows in order."
@@ -72,24 +44,7 @@ func (d *inboxDoc) NotRedrivable() string {
 }
 
 // outboxDoc is an outbox document as the console shows it.
-type outboxDoc struct {
-	ID             bson.ObjectID `bson:"_id"`
-	Topic          string        `bson:"topic"`
-	Partition      int32         `bson:"partition"`
-	Key            string        `bson:"key"`
-	Schema         string        `bson:"schema"`
-	IdempotencyKey string        `bson:"idempotency_key"`
-	OccurredAt     *time.Time    `bson:"occurred_at"`
-	Payload        string        `bson:"payload"`
-	TraceParent    string        `bson:"traceparent"`
-	CreatedAt      *time.Time    `bson:"created_at"`
-	Published      bool          `bson:"published"`
-	PublishedAt    *time.Time    `bson:"published_at"`
-	Failed         bool          `bson:"failed"`
-	FailedAt       *time.Time    `bson:"failed_at"`
-	Error          string        `bson:"error"`
-	Attempts       int32         `bson:"attempts"`
-}
+type outboxDoc = store.OutboxRecord
 
 // parkedTopic counts the parked events of a topic: heads (parked on their
 // own account) and held events (parked behind a head), and the keys held.
@@ -105,9 +60,9 @@ type parkedTopic struct {
 // parked documents are read.
 func parkedByTopic(ctx context.Context, s *service) (map[string]*parkedTopic, error) {
 	cur, err := s.inbox.Aggregate(ctx, mongo.Pipeline{
-		{{Key: "$match", Value: bson.D{{Key: "parked", Value: true}}}},
+		{{Key: "$match", Value: bson.D{{Key: store.InboxParked, Value: true}}}},
 		{{Key: "$group", Value: bson.D{
-			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$_id.topic"}, {Key: "head", Value: "$held_by"}}},
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$" + store.InboxIDTopic}, {Key: "head", Value: "$" + store.InboxHeldBy}}},
 			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
 		}}},
 	})
@@ -193,15 +148,15 @@ type parkedQuery struct {
 }
 
 func (q parkedQuery) filter() bson.D {
-	f := bson.D{{Key: "parked", Value: true}}
+	f := bson.D{{Key: store.InboxParked, Value: true}}
 	if q.Topic != "" {
-		f = append(f, bson.E{Key: "_id.topic", Value: q.Topic})
+		f = append(f, bson.E{Key: store.InboxIDTopic, Value: q.Topic})
 	}
 	if q.Schema != "" {
-		f = append(f, bson.E{Key: "_id.content_schema", Value: q.Schema})
+		f = append(f, bson.E{Key: store.InboxIDContentSchema, Value: q.Schema})
 	}
 	if q.Key != "" {
-		f = append(f, bson.E{Key: "partition_key", Value: q.Key})
+		f = append(f, bson.E{Key: store.InboxPartitionKey, Value: q.Key})
 	}
 	if !q.After.IsZero() || !q.Before.IsZero() {
 		r := bson.D{}
@@ -211,13 +166,13 @@ func (q parkedQuery) filter() bson.D {
 		if !q.Before.IsZero() {
 			r = append(r, bson.E{Key: "$lt", Value: q.Before.UTC()})
 		}
-		f = append(f, bson.E{Key: "parked_at", Value: r})
+		f = append(f, bson.E{Key: store.InboxParkedAt, Value: r})
 	}
 	switch q.View {
 	case "heads":
-		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: false}}})
+		f = append(f, bson.E{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: false}}})
 	case "held":
-		f = append(f, bson.E{Key: "held_by", Value: bson.D{{Key: "$exists", Value: true}}})
+		f = append(f, bson.E{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: true}}})
 	}
 	return f
 }
@@ -232,7 +187,7 @@ func (q parkedQuery) adminFilter() (f outbox.ParkedFilter, ok bool) {
 }
 
 // listFields leaves the payload out of listings.
-var listFields = bson.D{{Key: "payload", Value: 0}}
+var listFields = bson.D{{Key: store.InboxPayload, Value: 0}}
 
 // listParked returns a page of the parked events q selects, oldest first,
 // and how many it selects.
@@ -248,7 +203,7 @@ func listParked(ctx context.Context, s *service, q parkedQuery, size int) ([]inb
 		return nil, 0, fmt.Errorf("count parked events: %w", err)
 	}
 	cur, err := s.inbox.Find(ctx, f, options.Find().
-		SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}}).
+		SetSort(bson.D{{Key: store.InboxParkedAt, Value: 1}, {Key: store.InboxID, Value: 1}}).
 		SetSkip(int64(q.Page*size)).SetLimit(int64(size)).SetProjection(listFields))
 	if err != nil {
 		return nil, 0, fmt.Errorf("list parked events: %w", err)
@@ -282,7 +237,7 @@ func eachParkedPage(ctx context.Context, s *service, q parkedQuery, size int, fn
 		ParkedAt time.Time      `bson:"parked_at"`
 	}
 	read := func(f bson.D, opts *options.FindOptionsBuilder) ([]idAt, error) {
-		cur, err := s.inbox.Find(ctx, f, opts.SetProjection(bson.D{{Key: "_id", Value: 1}, {Key: "parked_at", Value: 1}}))
+		cur, err := s.inbox.Find(ctx, f, opts.SetProjection(bson.D{{Key: store.InboxID, Value: 1}, {Key: store.InboxParkedAt, Value: 1}}))
 		if err != nil {
 			return nil, fmt.Errorf("select parked events: %w", err)
 		}
@@ -304,9 +259,9 @@ func eachParkedPage(ctx context.Context, s *service, q parkedQuery, size int, fn
 	for {
 		f := match
 		if below != nil {
-			f = bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "parked_at", Value: bson.D{{Key: "$lt", Value: *below}}}}}}}
+			f = bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: store.InboxParkedAt, Value: bson.D{{Key: "$lt", Value: *below}}}}}}}
 		}
-		page, err := read(f, options.Find().SetSort(bson.D{{Key: "parked_at", Value: -1}}).SetLimit(int64(size)))
+		page, err := read(f, options.Find().SetSort(bson.D{{Key: store.InboxParkedAt, Value: -1}}).SetLimit(int64(size)))
 		if err != nil || len(page) == 0 {
 			return err
 		}
@@ -325,7 +280,7 @@ func eachParkedPage(ctx context.Context, s *service, q parkedQuery, size int, fn
 				return err
 			}
 		}
-		tie, err := read(bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: "parked_at", Value: last}}}}}, options.Find())
+		tie, err := read(bson.D{{Key: "$and", Value: bson.A{match, bson.D{{Key: store.InboxParkedAt, Value: last}}}}}, options.Find())
 		if err != nil {
 			return err
 		}
@@ -343,7 +298,7 @@ func eachParkedPage(ctx context.Context, s *service, q parkedQuery, size int, fn
 // getInbox reads one inbox document. Query: find by _id (the _id index).
 func getInbox(ctx context.Context, s *service, id outbox.InboxID) (*inboxDoc, error) {
 	var d inboxDoc
-	err := s.inbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	err := s.inbox.FindOne(ctx, bson.D{{Key: store.InboxID, Value: id}}).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil
 	}
@@ -360,8 +315,9 @@ func getInbox(ctx context.Context, s *service, id outbox.InboxID) (*inboxDoc, er
 // held_by.content_schema, held_by.idempotency_key}, served by the partial
 // index inbox_parked.
 func heldBehind(ctx context.Context, s *service, head outbox.InboxID, size int) ([]inboxDoc, int64, error) {
-	f := bson.D{{Key: "parked", Value: true}, {Key: "held_by.topic", Value: head.Topic},
-		{Key: "held_by.content_schema", Value: head.ContentSchema}, {Key: "held_by.idempotency_key", Value: head.IdempotencyKey}}
+	f := bson.D{{Key: store.InboxParked, Value: true}, {Key: store.InboxHeldBy + "." + store.IDTopic, Value: head.Topic},
+		{Key: store.InboxHeldBy + "." + store.IDContentSchema, Value: head.ContentSchema},
+		{Key: store.InboxHeldBy + "." + store.IDIdempotencyKey, Value: head.IdempotencyKey}}
 	n, err := s.inbox.CountDocuments(ctx, f)
 	if err != nil {
 		return nil, 0, fmt.Errorf("count held events: %w", err)
@@ -369,7 +325,7 @@ func heldBehind(ctx context.Context, s *service, head outbox.InboxID, size int) 
 	if n == 0 {
 		return nil, 0, nil
 	}
-	cur, err := s.inbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: "parked_at", Value: 1}, {Key: "_id", Value: 1}}).
+	cur, err := s.inbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: store.InboxParkedAt, Value: 1}, {Key: store.InboxID, Value: 1}}).
 		SetLimit(int64(size)).SetProjection(listFields))
 	if err != nil {
 		return nil, 0, fmt.Errorf("list held events: %w", err)
@@ -384,7 +340,7 @@ func heldBehind(ctx context.Context, s *service, head outbox.InboxID, size int) 
 // getOutbox reads one outbox document. Query: find by _id (the _id index).
 func getOutbox(ctx context.Context, s *service, id bson.ObjectID) (*outboxDoc, error) {
 	var d outboxDoc
-	err := s.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
+	err := s.outbox.FindOne(ctx, bson.D{{Key: store.OutboxID, Value: id}}).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil
 	}
@@ -416,15 +372,15 @@ func EnsureFindIndexes(ctx context.Context, s Service) error {
 		return fmt.Errorf("%w: Service.Database is required", ErrOptions)
 	}
 	_, err := s.Database.Collection(s.OutboxCollection).Indexes().CreateMany(ctx, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "idempotency_key", Value: 1}}, Options: options.Index().SetName(indexOutboxIdem)},
-		{Keys: bson.D{{Key: "key", Value: 1}}, Options: options.Index().SetName(indexOutboxKey)},
+		{Keys: bson.D{{Key: store.OutboxIdempotencyKey, Value: 1}}, Options: options.Index().SetName(indexOutboxIdem)},
+		{Keys: bson.D{{Key: store.OutboxKey, Value: 1}}, Options: options.Index().SetName(indexOutboxKey)},
 	})
 	if err != nil {
 		return fmt.Errorf("console: create find indexes on %s: %w", s.OutboxCollection, err)
 	}
 	_, err = s.Database.Collection(s.InboxCollection).Indexes().CreateMany(ctx, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "_id.idempotency_key", Value: 1}}, Options: options.Index().SetName(indexInboxIdem)},
-		{Keys: bson.D{{Key: "partition_key", Value: 1}}, Options: options.Index().SetName(indexInboxKey)},
+		{Keys: bson.D{{Key: store.InboxIDIdempotencyKey, Value: 1}}, Options: options.Index().SetName(indexInboxIdem)},
+		{Keys: bson.D{{Key: store.InboxPartitionKey, Value: 1}}, Options: options.Index().SetName(indexInboxKey)},
 	})
 	if err != nil {
 		return fmt.Errorf("console: create find indexes on %s: %w", s.InboxCollection, err)
@@ -488,9 +444,9 @@ type journey struct {
 // EnsureFindIndexes creates, sorted by the index order, limited.
 func findEvents(ctx context.Context, s *service, by, q string, limit int) (journey, error) {
 	j := journey{Service: s.Name}
-	of, oi, ifield, ii := "idempotency_key", indexOutboxIdem, "_id.idempotency_key", indexInboxIdem
+	of, oi, ifield, ii := store.OutboxIdempotencyKey, indexOutboxIdem, store.InboxIDIdempotencyKey, indexInboxIdem
 	if by == "partition" {
-		of, oi, ifield, ii = "key", indexOutboxKey, "partition_key", indexInboxKey
+		of, oi, ifield, ii = store.OutboxKey, indexOutboxKey, store.InboxPartitionKey, indexInboxKey
 	}
 	cur, err := s.outbox.Find(ctx, bson.D{{Key: of, Value: q}},
 		options.Find().SetHint(oi).SetLimit(int64(limit)).SetProjection(listFields))
@@ -521,8 +477,8 @@ func findEvents(ctx context.Context, s *service, by, q string, limit int) (journ
 // failed: false, key} sorted by {seq, _id}, served by the partial index
 // outbox_pending (topic, partition, seq, _id).
 func heldBehindFailed(ctx context.Context, s *service, d *outboxDoc, size int) ([]outboxDoc, int64, error) {
-	f := bson.D{{Key: "published", Value: false}, {Key: "topic", Value: d.Topic}, {Key: "partition", Value: d.Partition},
-		{Key: "failed", Value: false}, {Key: "key", Value: d.Key}}
+	f := bson.D{{Key: store.OutboxPublished, Value: false}, {Key: store.OutboxTopic, Value: d.Topic}, {Key: store.OutboxPartition, Value: d.Partition},
+		{Key: store.OutboxFailed, Value: false}, {Key: store.OutboxKey, Value: d.Key}}
 	n, err := s.outbox.CountDocuments(ctx, f)
 	if err != nil {
 		return nil, 0, fmt.Errorf("count held outbox events: %w", err)
@@ -530,7 +486,7 @@ func heldBehindFailed(ctx context.Context, s *service, d *outboxDoc, size int) (
 	if n == 0 {
 		return nil, 0, nil
 	}
-	cur, err := s.outbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: "seq", Value: 1}, {Key: "_id", Value: 1}}).
+	cur, err := s.outbox.Find(ctx, f, options.Find().SetSort(bson.D{{Key: store.OutboxSeq, Value: 1}, {Key: store.OutboxID, Value: 1}}).
 		SetLimit(int64(size)).SetProjection(listFields))
 	if err != nil {
 		return nil, 0, fmt.Errorf("list held outbox events: %w", err)

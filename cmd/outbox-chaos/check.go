@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // check verifies the invariants against MongoDB, the Kafka topics, the
@@ -119,15 +120,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	})
 
 	// Outbox.
-	var outboxDocs []struct {
-		Key         string     `bson:"idempotency_key"`
-		Topic       string     `bson:"topic"`
-		Published   bool       `bson:"published"`
-		PublishedAt *time.Time `bson:"published_at"`
-		Failed      bool       `bson:"failed"`
-	}
-	if err := h.findAll(ctx, "outbox", bson.D{}, bson.D{{Key: "idempotency_key", Value: 1}, {Key: "topic", Value: 1},
-		{Key: "published", Value: 1}, {Key: "published_at", Value: 1}, {Key: "failed", Value: 1}}, &outboxDocs); err != nil {
+	var outboxDocs []store.OutboxRecord
+	if err := h.findAll(ctx, "outbox", bson.D{}, bson.D{{Key: store.OutboxIdempotencyKey, Value: 1}, {Key: store.OutboxTopic, Value: 1},
+		{Key: store.OutboxPublished, Value: 1}, {Key: store.OutboxPublishedAt, Value: 1}, {Key: store.OutboxFailed, Value: 1}}, &outboxDocs); err != nil {
 		return nil, err
 	}
 	inOutbox := make(map[string]bool, len(outboxDocs))
@@ -139,26 +134,26 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			continue // the Python library's documents (-migrated): judgeMigration
 		}
 		if d.Topic == recreateTopic() {
-			recreatedOutbox[d.Key] = outboxFact{Published: d.Published, Failed: d.Failed}
+			recreatedOutbox[d.IdempotencyKey] = outboxFact{Published: d.Published, Failed: d.Failed}
 			continue // judgeRecreated
 		}
-		inOutbox[d.Key] = true
+		inOutbox[d.IdempotencyKey] = true
 		if d.PublishedAt != nil {
-			markedAt[eventRef(d.Topic, d.Key)] = *d.PublishedAt
+			markedAt[eventRef(d.Topic, d.IdempotencyKey)] = *d.PublishedAt
 		}
 		if d.Topic == chainTopic() {
-			chainOutbox[d.Key] = append(chainOutbox[d.Key], outboxFact{Published: d.Published, Failed: d.Failed})
+			chainOutbox[d.IdempotencyKey] = append(chainOutbox[d.IdempotencyKey], outboxFact{Published: d.Published, Failed: d.Failed})
 		}
 		switch {
-		case aborted[d.Key]:
-			leaked[d.Key] = true
-			v.fail("leaked", "leaked: event %s of an aborted transaction is in the outbox", d.Key)
-		case byID[d.Key] == nil && d.Topic != chainTopic(): // the chain check judges those
-			v.fail("outbox-unknown", "outbox event %s is not in the ledger", d.Key)
+		case aborted[d.IdempotencyKey]:
+			leaked[d.IdempotencyKey] = true
+			v.fail("leaked", "leaked: event %s of an aborted transaction is in the outbox", d.IdempotencyKey)
+		case byID[d.IdempotencyKey] == nil && d.Topic != chainTopic(): // the chain check judges those
+			v.fail("outbox-unknown", "outbox event %s is not in the ledger", d.IdempotencyKey)
 		case d.Failed:
-			v.fail("outbox-failed", "outbox event %s marked failed at the end", d.Key)
+			v.fail("outbox-failed", "outbox event %s marked failed at the end", d.IdempotencyKey)
 		case !d.Published:
-			v.fail("outbox-unpublished", "outbox event %s not published", d.Key)
+			v.fail("outbox-unpublished", "outbox event %s not published", d.IdempotencyKey)
 		}
 	}
 	h.op.mu.Lock()

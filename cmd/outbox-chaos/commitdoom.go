@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
@@ -245,7 +246,7 @@ func unparks(cmd bson.Raw) bool {
 	if !ok {
 		return false
 	}
-	parked, ok1 := q.Lookup("parked").BooleanOK()
-	handled, ok2 := q.Lookup("handled").BooleanOK()
+	parked, ok1 := q.Lookup(store.InboxParked).BooleanOK()
+	handled, ok2 := q.Lookup(store.InboxHandled).BooleanOK()
 	return ok1 && ok2 && parked && !handled
 }

@@ -196,7 +196,7 @@ func (r *inboxRecorder) apply(raw bson.Raw) error {
 		f = nf
 	case "update":
 		if f == nil {
-			f = &inboxFields{ID: id}
+			f = &inboxFields{}
 		}
 		if err := f.apply(ev.UpdateDescription.UpdatedFields, ev.UpdateDescription.RemovedFields); err != nil {
 			return err

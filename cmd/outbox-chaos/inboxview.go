@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // The harness's one view of the inbox's storage: every read of an inbox
@@ -66,27 +66,24 @@ func (s inboxState) waiting() bool { return s == inboxParked || s == inboxHeld }
 // inboxFields are the fields of an inbox document the harness reads (never
 // the payload).
 type inboxFields struct {
-	ID           outbox.InboxID `bson:"_id"`
-	Handled      bool           `bson:"handled"`
-	Parked       bool           `bson:"parked"`
-	HeldBy       bson.RawValue  `bson:"held_by"` // today's held events
-	Held         bool           `bson:"held"`    // held events after the consumer rebuild
-	DiscardedAt  *time.Time     `bson:"discarded_at"`
-	Partition    int32          `bson:"partition"`
-	Offset       int64          `bson:"offset"`
-	PartitionKey string         `bson:"partition_key"`
-	LastError    string         `bson:"last_error"`
-	ParkReason   string         `bson:"park_reason"` // e.g. "no_handler"
+	store.InboxRecord[outbox.InboxID] `bson:",inline"`
+	// Held marks held events in a layout where a flag, not the head's id
+	// (HeldBy), says so; the harness accepts both.
+	Held bool `bson:"held"`
 }
+
+// inboxHeldFlag is the field of Held.
+const inboxHeldFlag = "held"
 
 // inboxTracked are the inbox fields inboxFields reads, for projections and
 // for following updates in the change stream.
-var inboxTracked = []string{"handled", "parked", "held_by", "held", "discarded_at", "partition", "offset", "partition_key", "last_error", "park_reason"}
+var inboxTracked = []string{store.InboxHandled, store.InboxParked, store.InboxHeldBy, inboxHeldFlag, store.InboxDiscardedAt,
+	store.InboxPartition, store.InboxOffset, store.InboxPartitionKey, store.InboxLastError, store.InboxParkReason}
 
 // isHeld reports whether a parked document waits behind an earlier parked
 // event of its key.
 func (f *inboxFields) isHeld() bool {
-	return f.Held || f.HeldBy.Type != 0 && f.HeldBy.Type != bson.TypeNull
+	return f.Held || f.HeldBy != nil
 }
 
 // state derives the document's state.
@@ -114,19 +111,19 @@ func (f *inboxFields) apply(updated bson.Raw, removed []string) error {
 	}
 	for _, name := range removed {
 		switch name {
-		case "handled":
+		case store.InboxHandled:
 			f.Handled = false
-		case "parked":
+		case store.InboxParked:
 			f.Parked = false
-		case "held_by":
-			f.HeldBy = bson.RawValue{}
-		case "held":
+		case store.InboxHeldBy:
+			f.HeldBy = nil
+		case inboxHeldFlag:
 			f.Held = false
-		case "discarded_at":
+		case store.InboxDiscardedAt:
 			f.DiscardedAt = nil
-		case "last_error":
+		case store.InboxLastError:
 			f.LastError = ""
-		case "park_reason":
+		case store.InboxParkReason:
 			f.ParkReason = ""
 		}
 	}
@@ -143,7 +140,7 @@ func (f *inboxFields) apply(updated bson.Raw, removed []string) error {
 
 // inboxProjection leaves the payload out of the harness's inbox reads.
 func inboxProjection() bson.D {
-	p := bson.D{{Key: "_id", Value: 1}}
+	p := bson.D{{Key: store.InboxID, Value: 1}}
 	for _, name := range inboxTracked {
 		p = append(p, bson.E{Key: name, Value: 1})
 	}
@@ -166,7 +163,7 @@ func (h *harness) readInbox(ctx context.Context) (map[outbox.InboxID]*inboxField
 // inboxStateOf reads one event's state now.
 func (h *harness) inboxStateOf(ctx context.Context, id outbox.InboxID) (inboxState, error) {
 	var f inboxFields
-	err := h.db.Collection("inbox").FindOne(ctx, bson.D{{Key: "_id", Value: id}},
+	err := h.db.Collection("inbox").FindOne(ctx, bson.D{{Key: store.InboxID, Value: id}},
 		options.FindOne().SetProjection(inboxProjection())).Decode(&f)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return inboxAbsent, nil
@@ -189,8 +186,8 @@ func parkedIsHeld(p *outbox.ParkedEvent) bool { return p.State == outbox.ParkedS
 // first, for a FAIL line.
 func (h *harness) describeKey(ctx context.Context, topic string, partition int32, key string) string {
 	var docs []inboxFields
-	err := h.findAll(ctx, "inbox", bson.D{{Key: "_id.topic", Value: topic}, {Key: "partition", Value: partition},
-		{Key: "partition_key", Value: key}, {Key: "parked", Value: true}}, inboxProjection(), &docs)
+	err := h.findAll(ctx, "inbox", bson.D{{Key: store.InboxIDTopic, Value: topic}, {Key: store.InboxPartition, Value: partition},
+		{Key: store.InboxPartitionKey, Value: key}, {Key: store.InboxParked, Value: true}}, inboxProjection(), &docs)
 	if err != nil {
 		return fmt.Sprintf("unreadable: %v", err)
 	}

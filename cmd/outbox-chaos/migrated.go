@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // A migrated dataset (-migrated, issue 20's sixth defect): the run starts
@@ -47,7 +48,7 @@ func (h *harness) seedMigrated(ctx context.Context) error {
 			{Key: "topic", Value: legacyTopic}, {Key: "content_schema", Value: "PaymentRequested"},
 			{Key: "partition_key", Value: int32(i)}, {Key: "idempotency_key", Value: fmt.Sprintf("lib-%d", i)},
 			{Key: "occurred_at", Value: "2026-01-02T03:04:05.123456Z"}, {Key: "amount", Value: 12.5}}},
-			{Key: "published", Value: true}, {Key: "published_at", Value: published}}
+			{Key: store.OutboxPublished, Value: true}, {Key: store.OutboxPublishedAt, Value: published}}
 	}
 	if _, err := outboxColl.InsertMany(ctx, docs); err != nil {
 		return fmt.Errorf("migrated dataset: %w", err)
@@ -56,16 +57,15 @@ func (h *harness) seedMigrated(ctx context.Context) error {
 		return bson.D{{Key: "topic", Value: legacyTopic}, {Key: "content_schema", Value: "PaymentRequested"}, {Key: "idempotency_key", Value: k}}
 	}
 	if _, err := inbox.InsertMany(ctx, []any{
-		bson.D{{Key: "_id", Value: libID("lib-handled")}, {Key: "handled", Value: true}, {Key: "handled_at", Value: published}},
-		bson.D{{Key: "_id", Value: libID("lib-handled-2")}, {Key: "handled", Value: true}, {Key: "handled_at", Value: published}},
+		bson.D{{Key: store.InboxID, Value: libID("lib-handled")}, {Key: store.InboxHandled, Value: true}, {Key: store.InboxHandledAt, Value: published}},
+		bson.D{{Key: store.InboxID, Value: libID("lib-handled-2")}, {Key: store.InboxHandled, Value: true}, {Key: store.InboxHandledAt, Value: published}},
 	}); err != nil {
 		return fmt.Errorf("migrated dataset: %w", err)
 	}
 	if _, err := outboxColl.Indexes().CreateMany(ctx, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "payload.topic", Value: 1}, {Key: "payload.content_schema", Value: 1}, {Key: "payload.idempotency_key", Value: 1}},
-			Options: options.Index().SetName("idempotency").SetUnique(true)},
-		{Keys: bson.D{{Key: "published_at", Value: 1}}, Options: options.Index().SetName("expiration").
-			SetPartialFilterExpression(bson.D{{Key: "published", Value: true}}).SetExpireAfterSeconds(86400)},
+		{Keys: store.LibraryIdempotencyKeys(), Options: options.Index().SetName(store.LibraryIdempotencyIndex).SetUnique(true)},
+		{Keys: bson.D{{Key: store.OutboxPublishedAt, Value: 1}}, Options: options.Index().SetName("expiration").
+			SetPartialFilterExpression(bson.D{{Key: store.OutboxPublished, Value: true}}).SetExpireAfterSeconds(86400)},
 	}); err != nil {
 		return fmt.Errorf("migrated dataset: library indexes: %w", err)
 	}
@@ -125,12 +125,12 @@ func (h *harness) migrationFacts(ctx context.Context) (*migrationFacts, error) {
 		return nil, fmt.Errorf("outbox indexes: %w", err)
 	}
 	for _, ix := range ixs {
-		if ix["name"] == "outbox_idempotency" {
+		if ix["name"] == store.IndexOutboxIdempotency {
 			f.Index = ix
 		}
 	}
 	f.LegacyLeft, err = h.db.Collection("outbox").CountDocuments(ctx, bson.D{{Key: "payload.topic", Value: legacyTopic},
-		{Key: "published", Value: true}, {Key: "topic", Value: bson.D{{Key: "$exists", Value: false}}}})
+		{Key: store.OutboxPublished, Value: true}, {Key: store.OutboxTopic, Value: bson.D{{Key: "$exists", Value: false}}}})
 	if err != nil {
 		return nil, fmt.Errorf("library documents: %w", err)
 	}

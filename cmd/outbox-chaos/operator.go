@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // operator plays the on-call engineer: every operatorEvery it looks at
@@ -282,18 +283,16 @@ func (o *operator) failedEvents(ctx context.Context) error {
 	// An event held behind a failed one (publisher side, HoldKey) is not
 	// refused by Kafka; should the framework mark it failed as well, its
 	// hold marker tells it apart.
-	var heldDocs []struct {
-		Key string `bson:"idempotency_key"`
-	}
-	if err := o.h.findAll(ctx, "outbox", bson.D{{Key: "failed", Value: true}, {Key: "$or", Value: bson.A{
-		bson.D{{Key: "held_by", Value: bson.D{{Key: "$ne", Value: nil}}}},
-		bson.D{{Key: "held", Value: true}},
-	}}}, bson.D{{Key: "idempotency_key", Value: 1}}, &heldDocs); err != nil {
+	var heldDocs []store.OutboxRecord
+	if err := o.h.findAll(ctx, "outbox", bson.D{{Key: store.OutboxFailed, Value: true}, {Key: "$or", Value: bson.A{
+		bson.D{{Key: store.InboxHeldBy, Value: bson.D{{Key: "$ne", Value: nil}}}},
+		bson.D{{Key: inboxHeldFlag, Value: true}},
+	}}}, bson.D{{Key: store.OutboxIdempotencyKey, Value: 1}}, &heldDocs); err != nil {
 		return err
 	}
 	held := map[string]bool{}
 	for _, d := range heldDocs {
-		held[d.Key] = true
+		held[d.IdempotencyKey] = true
 	}
 	o.mu.Lock()
 	for _, f := range failed {

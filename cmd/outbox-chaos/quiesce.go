@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Quiescence: after the load, the run waits until every piece of work is
@@ -168,15 +169,11 @@ func (h *harness) unsettled(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	var parts []string
-	var pending []struct {
-		Key   string `bson:"idempotency_key"`
-		Topic string `bson:"topic"`
-		Part  int32  `bson:"partition"`
-	}
-	if err := h.findAllLimit(ctx, "outbox", bson.D{{Key: "published", Value: false}}, 10, &pending); err == nil && len(pending) > 0 {
+	var pending []store.OutboxRecord
+	if err := h.findAllLimit(ctx, "outbox", bson.D{{Key: store.OutboxPublished, Value: false}}, 10, &pending); err == nil && len(pending) > 0 {
 		s := make([]string, len(pending))
 		for i, p := range pending {
-			s[i] = fmt.Sprintf("%s (%s/%d)", p.Key, p.Topic, p.Part)
+			s[i] = fmt.Sprintf("%s (%s/%d)", p.IdempotencyKey, p.Topic, p.Partition)
 		}
 		parts = append(parts, "unpublished: "+strings.Join(s, ", "))
 	}

@@ -1,0 +1,95 @@
+package store
+
+// MetaCollection holds the framework's metadata documents in the
+// configured database, next to the outbox and inbox collections:
+//
+//   - {_id: {inbox: <inbox collection>}, consumer_group, service,
+//     stamped_at}: the consumer group that owns an inbox collection;
+//   - {_id: {outbox: <outbox collection>, topic}, partitions, read_at}: the
+//     partition count of a publish topic at the last successful Kafka
+//     metadata read;
+//   - {_id: "replica:<instance id>", kind: "replica", ..., last_seen}: the
+//     liveness record of a running client;
+//   - {_id: {recreated: <consumer group>, topic, id}, claimed_at, done_at,
+//     replica}: the reset of the group's offsets of a topic deleted and
+//     created again, claimed by one replica and done once.
+//
+// A collection of its own rather than reserved documents in the inbox and
+// outbox: every query on those collections (claims, parked and held lists,
+// status counts, the publisher's scans and change stream, outboxctl, the
+// Python event-outbox library in mixed fleets and migrations) would
+// otherwise have to know to skip them, and a document whose _id is not an
+// inbox id would break any code that decodes a whole inbox. Its name is
+// fixed, not configurable, so that two services sharing a database always
+// meet the same stamps. Its only index besides _id is a TTL index on
+// last_seen restricted to the replica records (kind "replica"): stamps and
+// counts never expire.
+const MetaCollection = "outbox_meta"
+
+// Field names of an outbox document (OutboxDoc). They are the storage
+// format: indexes, the publisher's queries, the console, outboxctl and the
+// Python event-outbox library in mixed fleets read them.
+const (
+	OutboxID             = "_id"
+	OutboxTopic          = "topic"
+	OutboxPartition      = "partition"
+	OutboxKey            = "key"
+	OutboxSchema         = "schema"
+	OutboxIdempotencyKey = "idempotency_key"
+	OutboxOccurredAt     = "occurred_at"
+	OutboxPayload        = "payload"
+	OutboxTraceParent    = "traceparent"
+	OutboxTraceState     = "tracestate"
+	OutboxFormat         = "format"
+	OutboxSource         = "source"
+	OutboxSeq            = "seq"
+	OutboxCreatedAt      = "created_at"
+	OutboxPublished      = "published"
+	OutboxPublishedAt    = "published_at"
+	OutboxFailed         = "failed"
+	OutboxFailedAt       = "failed_at"
+	OutboxError          = "error"
+	OutboxAttempts       = "attempts"
+)
+
+// Field names of an inbox document (InboxDoc). Its _id is the ordered
+// subdocument {topic, content_schema, idempotency_key}, which the Python
+// event-outbox library shares; the InboxIDTopic... paths reach into it.
+const (
+	InboxID                 = "_id"
+	InboxIDTopic            = "_id.topic"
+	InboxIDContentSchema    = "_id.content_schema"
+	InboxIDIdempotencyKey   = "_id.idempotency_key"
+	InboxHandled            = "handled"
+	InboxHandledAt          = "handled_at"
+	InboxParked             = "parked"
+	InboxParkedAt           = "parked_at"
+	InboxAttempts           = "attempts"
+	InboxFailures           = "failures"
+	InboxLastError          = "last_error"
+	InboxPartition          = "partition"
+	InboxOffset             = "offset"
+	InboxPartitionKey       = "partition_key"
+	InboxOccurredAt         = "occurred_at"
+	InboxTraceParent        = "traceparent"
+	InboxTraceState         = "tracestate"
+	InboxPayload            = "payload"
+	InboxReceivedAt         = "received_at"
+	InboxHeldBy             = "held_by"
+	InboxPayloadTruncated   = "payload_truncated"
+	InboxUnreadable         = "unreadable"
+	InboxParkReason         = "park_reason"
+	InboxFault              = "fault"
+	InboxRedriveRequestedAt = "redrive_requested_at"
+	InboxRedriveDeferred    = "redrive_deferred"
+	InboxRedriveNotBefore   = "redrive_not_before"
+	InboxDiscardedAt        = "discarded_at"
+)
+
+// Fields of the inbox id subdocument, as they sit inside _id and inside
+// held_by (which names its key's head by its id).
+const (
+	IDTopic          = "topic"
+	IDContentSchema  = "content_schema"
+	IDIdempotencyKey = "idempotency_key"
+)

@@ -1,0 +1,108 @@
+package store
+
+import (
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// OutboxDoc is the stored form of a recorded event, as Record inserts it
+// and the publisher reads it.
+type OutboxDoc struct {
+	ID             bson.ObjectID `bson:"_id"`
+	Topic          string        `bson:"topic"`
+	Partition      int32         `bson:"partition"`
+	Key            string        `bson:"key"`
+	Schema         string        `bson:"schema"`
+	IdempotencyKey string        `bson:"idempotency_key"`
+	OccurredAt     time.Time     `bson:"occurred_at"`
+	Payload        string        `bson:"payload"` // the event's JSON
+	TraceParent    string        `bson:"traceparent,omitempty"`
+	TraceState     string        `bson:"tracestate,omitempty"`
+	// Format is the wire format chosen when the event was recorded; empty
+	// for native. Source is its CloudEvents source.
+	Format string `bson:"format,omitempty"`
+	Source string `bson:"source,omitempty"`
+	// Seq orders events for publishing. It is stored as an empty timestamp,
+	// which MongoDB replaces at insert with a fresh tick of its cluster
+	// clock: a transaction that starts after another committed always gets
+	// larger values, whichever process records it.
+	Seq         bson.Timestamp `bson:"seq"`
+	CreatedAt   time.Time      `bson:"created_at"`
+	Published   bool           `bson:"published"`
+	PublishedAt *time.Time     `bson:"published_at,omitempty"`
+	// Failed marks an event Kafka refused permanently (for example larger
+	// than the topic's maximum message size). It stays unpublished, is not
+	// retried, and is visible to operators with its Error.
+	Failed   bool       `bson:"failed"`
+	FailedAt *time.Time `bson:"failed_at,omitempty"`
+	Error    string     `bson:"error,omitempty"`
+	Attempts int32      `bson:"attempts,omitempty"`
+}
+
+// PendingFilter selects the events of a partition of topic that wait to
+// be published, but for those of the keys in exclude (held keys). Served
+// by the partial index outbox_pending {topic, partition, seq, _id} where
+// published is false, walked in PendingOrder; held keys are filtered on the
+// server as it walks.
+func PendingFilter(topic string, partition int32, exclude []string) bson.D {
+	f := bson.D{
+		{Key: OutboxPublished, Value: false},
+		{Key: OutboxTopic, Value: topic},
+		{Key: OutboxPartition, Value: partition},
+		{Key: OutboxFailed, Value: false},
+	}
+	if len(exclude) > 0 {
+		f = append(f, bson.E{Key: OutboxKey, Value: bson.D{{Key: "$nin", Value: exclude}}})
+	}
+	return f
+}
+
+// PendingOrder is the publishing order: commit order (seq), then _id for
+// events of one transaction.
+func PendingOrder() bson.D {
+	return bson.D{{Key: OutboxSeq, Value: 1}, {Key: OutboxID, Value: 1}}
+}
+
+// MarkPublishedUpdate marks events published at at.
+func MarkPublishedUpdate(at time.Time) bson.D {
+	return bson.D{{Key: "$set", Value: bson.D{
+		{Key: OutboxPublished, Value: true},
+		{Key: OutboxPublishedAt, Value: at.UTC()},
+	}}}
+}
+
+// MaxOutboxErrorLen is the longest error text an outbox document stores.
+const MaxOutboxErrorLen = 1000
+
+// MarkFailedUpdate marks an event failed at at, for msg (cut to
+// MaxOutboxErrorLen bytes). countAttempt adds an attempt; leave it out for
+// a document that cannot be read, whose attempts field may be what cannot
+// be read (an $inc on it would fail).
+func MarkFailedUpdate(msg string, at time.Time, countAttempt bool) bson.D {
+	if len(msg) > MaxOutboxErrorLen {
+		msg = msg[:MaxOutboxErrorLen]
+	}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: OutboxFailed, Value: true},
+			{Key: OutboxFailedAt, Value: at.UTC()},
+			{Key: OutboxError, Value: msg},
+		}},
+	}
+	if countAttempt {
+		update = append(update, bson.E{Key: "$inc", Value: bson.D{{Key: OutboxAttempts, Value: 1}}})
+	}
+	return update
+}
+
+// FailedInPartition selects the failed events of a partition of topic,
+// through the partial index outbox_failed (failed is true); they are few,
+// as each waits for an operator.
+func FailedInPartition(topic string, partition int32) bson.D {
+	return bson.D{
+		{Key: OutboxFailed, Value: true},
+		{Key: OutboxTopic, Value: topic},
+		{Key: OutboxPartition, Value: partition},
+	}
+}

@@ -1,0 +1,104 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+func TestSameBSONComparesIndexDefinitions(t *testing.T) {
+	t.Parallel()
+	key := bson.D{{Key: "a", Value: int32(1)}, {Key: "b", Value: int64(-1)}}
+	require.True(t, SameBSON(key, bson.D{{Key: "a", Value: 1.0}, {Key: "b", Value: -1}}, true), "numbers by value")
+	require.False(t, SameBSON(key, bson.D{{Key: "b", Value: -1}, {Key: "a", Value: 1}}, true), "a key pattern is ordered")
+	filter := bson.D{{Key: "x", Value: true}, {Key: "y", Value: "s"}}
+	require.True(t, SameBSON(filter, bson.M{"y": "s", "x": true}, false), "a partial filter is a conjunction")
+	require.False(t, SameBSON(filter, bson.D{{Key: "x", Value: true}}, false))
+	require.False(t, SameBSON(bson.D{}, 1, false))
+}
+
+func TestFindEquivalentsMatchesByDefinitionNotName(t *testing.T) {
+	t.Parallel()
+	spec := InboxIndexes(time.Hour)[2]
+	require.Equal(t, IndexInboxTTL, spec.Name)
+	other := bson.D{{Key: "key", Value: bson.D{{Key: InboxHandledAt, Value: int32(1)}}}, {Key: "name", Value: "expiration"},
+		{Key: "partialFilterExpression", Value: bson.D{{Key: InboxHandled, Value: true}}}, {Key: "expireAfterSeconds", Value: int32(60)}}
+	unrelated := bson.D{{Key: "key", Value: bson.D{{Key: InboxHandledAt, Value: int32(1)}}}, {Key: "name", Value: IndexInboxTTL}}
+	require.Equal(t, []bson.D{other}, FindEquivalents([]bson.D{unrelated, other}, spec))
+	ttl, ok := IndexTTL(other)
+	require.True(t, ok)
+	require.EqualValues(t, 60, ttl)
+	require.Equal(t, "expiration", IndexName(other))
+}
+
+func TestSameIndexKeysNeverPanics(t *testing.T) {
+	t.Parallel()
+	raw, err := bson.Marshal(bson.D{{Key: "payload.topic", Value: 1.0}, {Key: "payload.content_schema", Value: int64(1)},
+		{Key: "payload.idempotency_key", Value: int32(1)}})
+	require.NoError(t, err)
+	require.True(t, SameIndexKeys(raw, LibraryIdempotencyKeys()))
+	require.False(t, SameIndexKeys(raw, bson.D{{Key: "payload.topic", Value: "1"}, {Key: "payload.content_schema", Value: 1},
+		{Key: "payload.idempotency_key", Value: 1}}), "a want of another type is no match, not a panic")
+	require.False(t, SameIndexKeys(bson.Raw{1, 2}, LibraryIdempotencyKeys()))
+}
+
+func TestEnsureIndexesAdjustsTTLAndReportsConflicts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := mongotest.Start(t).DB(t)
+	coll := db.Collection("outbox")
+	require.NoError(t, EnsureIndexes(ctx, coll, OutboxIndexes(time.Hour, true)...))
+	require.NoError(t, EnsureIndexes(ctx, coll, OutboxIndexes(2*time.Hour, true)...), "idempotent, and a new retention")
+	ixs, err := ListIndexes(ctx, coll)
+	require.NoError(t, err)
+	found := false
+	for _, ix := range ixs {
+		if IndexName(ix) == IndexOutboxTTL {
+			ttl, _ := IndexTTL(ix)
+			require.EqualValues(t, 7200, ttl)
+			found = true
+		}
+	}
+	require.True(t, found)
+
+	other := db.Collection("other")
+	_, err = other.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "x", Value: 1}},
+		Options: options.Index().SetName(IndexOutboxFailed)})
+	require.NoError(t, err)
+	err = EnsureIndexes(ctx, other, OutboxIndexes(time.Hour, false)...)
+	require.ErrorIs(t, err, ErrIndexConflict)
+
+	none, err := ListIndexes(ctx, db.Collection("absent"))
+	require.NoError(t, err)
+	require.Empty(t, none)
+}
+
+func TestStampInboxKeepsTheFirstOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	meta := mongotest.Start(t).DB(t).Collection(MetaCollection)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = StampInbox(ctx, meta, "in", "g1", "s1")
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	st, err := StampInbox(ctx, meta, "in", "g2", "s2")
+	require.NoError(t, err)
+	require.Equal(t, "g1", st.ConsumerGroup, "set on insert only")
+	require.Equal(t, "s1", st.Service)
+}
