@@ -35,7 +35,7 @@ func (c *Client) beginTx(ctx context.Context) (*tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: start session: %w", err)
 	}
-	if err := c.sessions.note(ctx, sess.ID()); err != nil {
+	if err := c.sessions.Note(ctx, sess.ID()); err != nil {
 		sess.EndSession(context.WithoutCancel(ctx))
 		return nil, err
 	}
