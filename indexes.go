@@ -152,10 +152,8 @@ func findEquivalents(existing []bson.D, s indexSpec) []bson.D {
 }
 
 func formatIndex(ix bson.D) string            { return store.FormatIndex(ix) }
-func lookup(d bson.D, key string) (any, bool) { return store.Lookup(d, key) }
-func indexName(ix bson.D) string              { return store.IndexName(ix) }
-func indexBool(ix bson.D, key string) bool    { return store.IndexBool(ix, key) }
 func indexTTL(ix bson.D) (int64, bool)        { return store.IndexTTL(ix) }
+func lookup(d bson.D, key string) (any, bool) { return store.Lookup(d, key) }
 func sameBSON(a, b any, ordered bool) bool    { return store.SameBSON(a, b, ordered) }
 
 func listIndexes(ctx context.Context, coll *mongo.Collection) ([]bson.D, error) {
