@@ -112,6 +112,45 @@ func TestKafkaFlags(t *testing.T) {
 	}
 }
 
+// TestApacheKillCadence: with -kafka apache, unless -kill-every or
+// -replay-every are given, the schedule's abrupt replica kills (kills and
+// offset-rewind replays) come on average at least two of the real
+// broker's session timeouts (6 s) apart: a dead member keeps its
+// partitions and holds every rebalance for a session timeout, so kfake's
+// cadence kept the group rebalancing with dead members most of the time.
+// On kfake, and for flags given, the cadence stays as asked.
+func TestApacheKillCadence(t *testing.T) {
+	t.Parallel()
+	const session = 6 * time.Second
+	meanGap := func(cfg config) time.Duration {
+		const d = 10 * time.Minute
+		kills := 0
+		for _, a := range schedule(2, d, 3, cfg.killEvery, cfg.faultEvery, cfg.scenarioEvery, cfg.replayEvery, true, true) {
+			if a.kind == actKill || a.kind == fOffsetRewind {
+				kills++
+			}
+		}
+		require.NotZero(t, kills)
+		return d / time.Duration(kills)
+	}
+	kfakeDefaults := config{killEvery: 3 * time.Second, faultEvery: 500 * time.Millisecond, scenarioEvery: 5 * time.Second, replayEvery: 4 * time.Second}
+
+	apache := kfakeDefaults
+	apache.kafka = kafkaApache
+	apache.spaceKillsForRealKafka(map[string]bool{})
+	require.GreaterOrEqual(t, meanGap(apache), 2*session, "replica kills on a real broker")
+
+	kfake := kfakeDefaults
+	kfake.spaceKillsForRealKafka(map[string]bool{})
+	require.Equal(t, kfakeDefaults, kfake, "kfake keeps its cadence")
+
+	asked := kfakeDefaults
+	asked.kafka = kafkaApache
+	asked.spaceKillsForRealKafka(map[string]bool{"kill-every": true, "replay-every": true})
+	require.Equal(t, 3*time.Second, asked.killEvery, "a cadence given on the command line is kept")
+	require.Equal(t, 4*time.Second, asked.replayEvery)
+}
+
 // TestProduceWatch: the Produce responses of a connection are decoded from
 // the bytes read, however they are split, and every partition refused for
 // want of in-sync replicas is counted; other responses and other errors

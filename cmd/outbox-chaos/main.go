@@ -14,7 +14,7 @@
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
-//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file]
+//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file] [-cpuprofile file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-group-protocol classic|consumer] [-v]
 //	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 4m] [-broker-refuse-every 4m]]
 //
@@ -111,7 +111,10 @@
 // fault at a time, each followed by a wait until every replica is in sync
 // again: kill -9 of the broker leading the most partitions, of a
 // partition's leader, and of the active controller, in turn, every
-// -broker-kill-every, each restarted 2-10 s later; every
+// -broker-kill-every, each restarted 2-10 s later (replica kills and
+// replays then come every 30 s and 20 s unless -kill-every and
+// -replay-every are given: a killed member holds its partitions and
+// every rebalance for its session timeout); every
 // -broker-pause-every, the consumer group's coordinator paused (SIGSTOP)
 // past the session timeout and the broker's controller session; and every
 // -broker-refuse-every, the main topic refusing acks=all writes for
@@ -242,6 +245,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -267,11 +271,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.seed, "seed", 1, "seed of the fault schedule")
 	fs.IntVar(&cfg.keys, "keys", 200, "partition keys")
 	fs.IntVar(&cfg.partitions, "partitions", 12, "partitions of the topic")
-	fs.DurationVar(&cfg.killEvery, "kill-every", 3*time.Second, "mean time between replica kills (0: none)")
+	fs.DurationVar(&cfg.killEvery, "kill-every", 3*time.Second, "mean time between replica kills (0: none; 30s by default with -kafka apache)")
 	fs.DurationVar(&cfg.faultEvery, "fault-every", 500*time.Millisecond, "mean time between injected faults (0: none)")
 	fs.DurationVar(&cfg.stall, "stall", 60*time.Second, "after the load, fail when nothing progressed for this long before everything settled")
 	fs.StringVar(&cfg.stacks, "stacks", "", "write every goroutine's stack to this file once nothing progressed for 10s after the load (to explain a stall)")
-	fs.DurationVar(&cfg.replayEvery, "replay-every", 4*time.Second, "mean time between replays: consumer offsets rewound, records produced again by a rogue producer (0: none)")
+	fs.DurationVar(&cfg.replayEvery, "replay-every", 4*time.Second, "mean time between replays: consumer offsets rewound, records produced again by a rogue producer (0: none; 20s by default with -kafka apache)")
 	fs.IntVar(&cfg.chainPct, "chain", 25, "percent of step events whose handler records a follow-up event on the second topic")
 	fs.IntVar(&cfg.transient, "transient", 5, "percent of step events whose first handling attempt fails")
 	fs.Float64Var(&cfg.poison, "poison", 0.01, "probability that a transaction also records a poison event")
@@ -298,6 +302,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.TextVar(&cfg.groupProtocol, "group-protocol", outbox.GroupClassic, "Config.GroupProtocol of every replica: classic, or consumer (Kafka 4's KIP-848 groups; the broker's group.consumer.* settings give the session timeout)")
 	skip := fs.String("skip", "", "comma-separated action kinds to leave out of the schedule (kill, join, kafka-produce-stall...)")
 	verbose := fs.Bool("v", false, "progress lines and framework warnings on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -324,6 +329,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "outbox-chaos: -kafka-nodes must be at least 1")
 		return 2
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg.spaceKillsForRealKafka(set)
 	cfg.skip = map[actionKind]bool{}
 	for _, k := range splitList(*skip) {
 		cfg.skip[actionKind(k)] = true
@@ -344,6 +352,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// away: say what runs now.
 	fmt.Fprintf(stderr, "outbox-chaos: %v of load and faults (seed %d, %d replicas, %d events/s, %s group protocol), then settling and judging; -v prints progress\n",
 		cfg.duration, cfg.seed, cfg.replicas, cfg.rate, cfg.groupProtocol)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "outbox-chaos:", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "outbox-chaos:", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
+	}
 	res, err := runHarness(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "outbox-chaos:", err)
@@ -358,4 +379,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// Replica kills on a real broker: a killed replica's group member keeps its
+// partitions, unconsumed, until its session times out (6 s), and every
+// rebalance begun meanwhile waits for it (Apache Kafka's coordinator holds
+// the group in PreparingRebalance until each member has rejoined or
+// expired). At kfake's cadence (a kill every 3 s, an offset-rewind replay,
+// which kills too, every 8 s) kills come faster than the group drops the
+// dead: it rebalanced most of the time with half its members dead, and
+// consumption fell to a few events a second. Spaced by five session
+// timeouts, each kill costs its own partitions one session timeout, as a
+// crash costs a real service.
+const (
+	apacheKillEvery   = 30 * time.Second
+	apacheReplayEvery = 20 * time.Second
+)
+
+// spaceKillsForRealKafka sets, with -kafka apache, the real broker's
+// cadence of replica kills and replays in place of kfake's defaults; set
+// names the flags given on the command line, which are kept.
+func (c *config) spaceKillsForRealKafka(set map[string]bool) {
+	if c.kafka != kafkaApache {
+		return
+	}
+	if !set["kill-every"] {
+		c.killEvery = apacheKillEvery
+	}
+	if !set["replay-every"] {
+		c.replayEvery = apacheReplayEvery
+	}
 }
