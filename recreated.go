@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/retry"
 )
 
@@ -341,14 +340,11 @@ func (cons *consumer) resubscribe(ctx context.Context, t string, id kadm.TopicID
 func (cons *consumer) readdTopic(t string, before func()) {
 	cons.readdMu.Lock()
 	defer cons.readdMu.Unlock()
-	bare := cons.c.cfg.bareTopic(t)
-	var owned []consume.TopicPartition
-	for _, tp := range cons.set.Owned() {
-		if tp.Topic == bare {
-			owned = append(owned, tp)
-		}
-	}
-	cons.set.Lose(owned)
+	// Every worker of the topic, also one a rebalance is stopping with a
+	// commit in flight: a commit built after the purge would name the
+	// topic's new incarnation with an offset of the old one, and a replica
+	// starting there would skip the new topic's first records.
+	cons.set.LoseTopic(cons.c.cfg.bareTopic(t))
 	if before != nil {
 		before()
 	}

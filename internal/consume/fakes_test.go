@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -154,7 +155,8 @@ type fakeHost struct {
 	seqCalls int
 	// commitGate, when set, makes commits wait for it (a slow broker).
 	commitGate chan struct{}
-	canceled   []string // events whose handler saw its context end
+	atGate     atomic.Int32 // commits waiting for commitGate
+	canceled   []string     // events whose handler saw its context end
 }
 
 func newFakeHost(obs *recObserver, policy Policy) *fakeHost {
@@ -698,7 +700,9 @@ func (f *fakeHost) Commit(ctx context.Context, tp TopicPartition, offset int64, 
 	gate := f.commitGate
 	f.mu.Unlock()
 	if gate != nil {
+		f.atGate.Add(1)
 		<-gate
+		f.atGate.Add(-1)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -390,3 +390,38 @@ func TestWorkerResumeRestartsTheQuietClock(t *testing.T) {
 		handed.Format(time.RFC3339Nano), f.Quiet.Format(time.RFC3339Nano))
 	h.w.Stop()
 }
+
+// LoseTopic waits for the workers of the topic that another call is
+// stopping already: a lost partition's worker whose commit is still in
+// flight (a slow broker) must stop before the caller drops the client's
+// state of the topic, or the commit would be built after the purge and
+// name the recreated topic. Workers of other topics are left alone.
+func TestSetLoseTopicWaitsForAStoppingWorker(t *testing.T) {
+	h := newSetHarness(t, nil)
+	tp, other := TopicPartition{"orders", 1}, TopicPartition{"payments", 1}
+	h.s.Assign([]TopicPartition{tp, other})
+	gate := make(chan struct{})
+	h.f.mu.Lock()
+	h.f.commitGate = gate
+	h.f.mu.Unlock()
+	id := fmt.Sprintf("%s@%d", tp, 0)
+	h.s.Enqueue(tp, []*kgo.Record{fakeRecord(tp, 0, "a", id, "ok")})
+	waitFor(t, "the event handled, its commit in flight", func() bool { return h.f.atGate.Load() == 1 })
+	lost := make(chan struct{})
+	go func() { h.s.Lose([]TopicPartition{tp}); close(lost) }()
+	waitFor(t, "the loss took the worker", func() bool { return len(h.s.Owned()) == 1 })
+	dropped := make(chan struct{})
+	go func() { h.s.LoseTopic("orders"); close(dropped) }()
+	select {
+	case <-dropped:
+		t.Fatal("LoseTopic returned while a worker of the topic still had a commit in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	h.f.mu.Lock()
+	h.f.commitGate = nil
+	h.f.mu.Unlock()
+	close(gate)
+	<-dropped
+	<-lost
+	require.Equal(t, []TopicPartition{other}, h.s.Owned(), "the other topic's worker runs on")
+}

@@ -62,6 +62,29 @@ func (s *Set) Revoke(tps []TopicPartition) { s.stop(s.remove(tps), false) }
 // have stopped.
 func (s *Set) Lose(tps []TopicPartition) { s.stop(s.remove(tps), true) }
 
+// LoseTopic stops, as Lose does, every worker of topic: those of its owned
+// partitions and those a Revoke, Lose or Close is stopping already, and
+// returns when all have stopped. A worker being stopped may still have a
+// commit in flight; whoever drops the client's state of the topic (a purge
+// of a recreated topic) must wait for it, or the commit, built after the
+// purge, would name the topic's new incarnation with an offset of the old.
+func (s *Set) LoseTopic(topic string) {
+	s.mu.Lock()
+	var tps []TopicPartition
+	for tp := range s.workers {
+		if tp.Topic == topic {
+			tps = append(tps, tp)
+		}
+	}
+	for w := range s.stopping {
+		if w.tp.Topic == topic && !slices.Contains(tps, w.tp) {
+			tps = append(tps, w.tp)
+		}
+	}
+	s.mu.Unlock()
+	s.Lose(tps)
+}
+
 // Close stops every worker as Revoke does.
 func (s *Set) Close() {
 	s.mu.Lock()
