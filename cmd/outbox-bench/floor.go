@@ -13,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	outbox "github.com/event-outbox/outbox"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // The floor phase is the relay's own MongoDB work with Kafka taken away:
@@ -40,30 +41,9 @@ var floorSink atomic.Int64
 // floorBatch is the framework's default Config.PublishBatchSize.
 const floorBatch = 500
 
-// floorDoc has the fields of the framework's outbox document (outboxDoc),
-// so decoding costs what the publisher's decoding costs.
-type floorDoc struct {
-	ID             bson.ObjectID  `bson:"_id"`
-	Topic          string         `bson:"topic"`
-	Partition      int32          `bson:"partition"`
-	Key            string         `bson:"key"`
-	Schema         string         `bson:"schema"`
-	IdempotencyKey string         `bson:"idempotency_key"`
-	OccurredAt     time.Time      `bson:"occurred_at"`
-	Payload        string         `bson:"payload"`
-	TraceParent    string         `bson:"traceparent,omitempty"`
-	TraceState     string         `bson:"tracestate,omitempty"`
-	Format         string         `bson:"format,omitempty"`
-	Source         string         `bson:"source,omitempty"`
-	Seq            bson.Timestamp `bson:"seq"`
-	CreatedAt      time.Time      `bson:"created_at"`
-	Published      bool           `bson:"published"`
-	PublishedAt    *time.Time     `bson:"published_at,omitempty"`
-	Failed         bool           `bson:"failed"`
-	FailedAt       *time.Time     `bson:"failed_at,omitempty"`
-	Error          string         `bson:"error,omitempty"`
-	Attempts       int32          `bson:"attempts,omitempty"`
-}
+// floorDoc is the framework's outbox document, so decoding costs what the
+// publisher's decoding costs.
+type floorDoc = store.OutboxDoc
 
 // floorMarker is the publisher's Marker reduced to what a backlog uses:
 // acknowledged ids wait in one queue for every partition, and a flush
