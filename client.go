@@ -74,7 +74,8 @@ type testKnobs struct {
 	fetchRestartHook func(tp consume.TopicPartition, reason string)
 	// resetWait is how long a resubscribing replica waits for another
 	// replica's reset of a recreated topic's offsets, and resetHook
-	// crashes a reset at a step when it returns true (recreated.go).
+	// crashes a reset at a step when it returns true (internal/kafkawatch,
+	// RecreationWatch.Crash).
 	resetWait time.Duration
 	resetHook func(ctx context.Context, step string) (crashed bool)
 	// reapedHook hears each replica record whose sessions a reap ended,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/kafkawatch"
+	"github.com/event-outbox/outbox/internal/store"
 	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/internal/tuning"
 )
@@ -35,9 +36,9 @@ import (
 //     and stop the partition workers (consume.Set): a revoked partition's
 //     worker finishes its running transactions and commits before the
 //     callback returns; a lost one's is canceled and commits nothing.
-//   - The lag poller and the fetch watch (internal/kafkawatch), the
-//     recreation watcher (recreated.go) and the re-drive request loop
-//     (parked.go) are started and stopped by runConsumer.
+//   - The lag poller, the fetch watch and the recreation watcher
+//     (internal/kafkawatch) and the re-drive request loop (parked.go) are
+//     started and stopped by runConsumer.
 //
 // When Run's context ends, the poll loop, the lag poller, the recreation
 // watcher and the re-drive loop stop, every worker finishes its running transactions and commits
@@ -83,8 +84,8 @@ type consumer struct {
 	// errLog rate-limits the poll loop's repeated errors.
 	errLog *rateLog
 	// recreated watches the topics answering UNKNOWN_TOPIC_ID
-	// (recreated.go).
-	recreated *recreationWatch
+	// (internal/kafkawatch).
+	recreated *kafkawatch.RecreationWatch
 	// readdMu serializes readdTopic.
 	readdMu sync.Mutex
 }
@@ -170,6 +171,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 		return fmt.Errorf("outbox: consumer: %w", err)
 	}
 	cons.cl = cl
+	cons.recreated = cons.recreationWatch(topics)
 	c.tel.cons.Store(cons)
 	defer c.tel.cons.Store(nil)
 	// Re-drive requests (Admin.RequestRedrive) are served while consuming,
@@ -199,8 +201,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	if !tuning.NoFetchWatch.Load() {
 		defer cons.startFetchWatch(ctx)()
 	}
-	cons.recreated = newRecreationWatch(cons)
-	defer cons.recreated.start(ctx, c.cfg.kafkaTopics(topics))()
+	defer startStoppable(ctx, cons.recreated.Run)()
 	for {
 		fetches := cl.PollRecords(ctx, maxQueue)
 		// At once: records of partitions assigned after this mark are from
@@ -210,7 +211,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(cons.fetchError)
-		cons.recreated.note(fetches)
+		cons.recreated.Note(fetches)
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			// Past this point topics are bare (Config.TopicPrefix): the
 			// records' too, before anything reads them.
@@ -291,24 +292,11 @@ func (cons *consumer) commit(ctx context.Context, tp consume.TopicPartition, off
 	}
 	cons.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err == nil {
-			err = offsetCommitErr(resp)
+			err = kafkawatch.OffsetCommitErr(resp)
 		}
 		failed = err
 	})
 	return failed
-}
-
-// offsetCommitErr is the first partition error of an offset commit's
-// response, or nil.
-func offsetCommitErr(resp *kmsg.OffsetCommitResponse) error {
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if p.ErrorCode != 0 {
-				return fmt.Errorf("partition %d: %w", p.Partition, itel.KerrFor(p.ErrorCode))
-			}
-		}
-	}
-	return nil
 }
 
 // startLagPoller starts the lag poller of the subscribed topics
@@ -365,6 +353,50 @@ func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
 		RestartEvery: c.test.fetchRestartEvery,
 	}
 	return startStoppable(ctx, w.Run)
+}
+
+// recreationWatch makes the watcher of the subscribed topics deleted and
+// created again (internal/kafkawatch), over the consumer's client; its
+// reset claims are outbox_meta documents (internal/store).
+func (cons *consumer) recreationWatch(topics []string) *kafkawatch.RecreationWatch {
+	c := cons.c
+	return &kafkawatch.RecreationWatch{
+		Client:      cons.cl,
+		Group:       c.cfg.ConsumerGroup,
+		Topics:      c.cfg.kafkaTopics(topics),
+		BareTopic:   c.cfg.bareTopic,
+		Readd:       cons.readdTopic,
+		Resets:      store.TopicResets{Meta: c.meta, Group: c.cfg.ConsumerGroup, Replica: c.cfg.ReplicaID},
+		Log:         cons.log,
+		Failed:      c.tel.setError,
+		Backoff:     c.cfg.backoff(),
+		WaitVisible: waitVisible,
+		ResetWait:   c.test.resetWait,
+		Crash:       c.test.resetHook,
+	}
+}
+
+// readdTopic drops the client's whole state of the Kafka topic t and
+// subscribes it again: the workers of its owned partitions stop as lost
+// (without committing: another member may own them after the rebalance,
+// and redeliveries are skipped), before runs, then the client purges the
+// topic (its cursors, its partitions' fetch session entries and pending
+// offset loads) and adds it back, which rebalances the group. The
+// recreation watcher uses it to follow a recreated topic, the fetch watch
+// as its last resort; one at a time.
+func (cons *consumer) readdTopic(t string, before func()) {
+	cons.readdMu.Lock()
+	defer cons.readdMu.Unlock()
+	// Every worker of the topic, also one a rebalance is stopping with a
+	// commit in flight: a commit built after the purge would name the
+	// topic's new incarnation with an offset of the old one, and a replica
+	// starting there would skip the new topic's first records.
+	cons.set.LoseTopic(cons.c.cfg.bareTopic(t))
+	if before != nil {
+		before()
+	}
+	cons.cl.PurgeTopicsFromClient(t)
+	cons.cl.AddConsumeTopics(t)
 }
 
 // groupHook returns the fatal-error hook for one of the framework's group

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/testkit"
 )
 
@@ -54,8 +54,8 @@ func TestConsumerFollowsARecreatedTopic(t *testing.T) {
 	require.LessOrEqual(t, strings.Count(logs.String(), "fetch error"), 3*2, "one line per partition and kind, then one per period")
 }
 
-// Issue 31 item 3, the publisher's side: events recorded after their
-// topic was deleted and created again are published to the new topic.
+// The publisher's side: events recorded after their topic was deleted and
+// created again are published to the new topic.
 func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -80,13 +80,12 @@ func TestPublisherFollowsARecreatedTopic(t *testing.T) {
 	require.Len(t, recs, 1, "the new topic holds the new event")
 }
 
-// Issue 31 item 3, a partition of a recreated topic assigned to a replica
-// that never fetched it: the replica still holds the old topic id, its
-// offset fetch answers UNKNOWN_TOPIC_ID a few times, and kgo hands one
-// error to the poll and drops the partition from the assignment. The
-// consumer used to wait for the error to repeat, which it never does: the
-// partition was handled by nobody until the next rebalance (the chaos run's
-// recreate-stuck). It now asks the broker for the topic's id and
+// A partition of a recreated topic assigned to a replica that never
+// fetched it: the replica still holds the old topic id, its offset fetch
+// answers UNKNOWN_TOPIC_ID a few times, and kgo hands one error to the poll
+// and drops the partition from the assignment. The error never repeats, so
+// a consumer waiting for it to would leave the partition to nobody until
+// the next rebalance: the watcher asks the broker for the topic's id and
 // resubscribes when it is not the one its client uses.
 func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
 	t.Parallel()
@@ -129,55 +128,12 @@ func TestConsumerTakesOverARecreatedTopicItNeverFetched(t *testing.T) {
 	eventually(t, "the event handled by the replica that took the partition over", handled(3))
 }
 
-// decideRecreated's table: a recreation is taken from ids when they are
-// known, from the error's length when not, and a topic the broker does not
-// know is watched until it comes back.
-func TestDecideRecreated(t *testing.T) {
-	t.Parallel()
-	now := time.Now()
-	old, newID := kadm.TopicID{1}, kadm.TopicID{2}
-	once := unknownTopic{first: now.Add(-time.Second), last: now.Add(-time.Second)}
-	withID := once
-	withID.clientID = old
-	lasting := unknownTopic{first: now.Add(-2 * recreatedAfter), last: now.Add(-100 * time.Millisecond)}
-	stopped := unknownTopic{first: now.Add(-3 * recreatedAfter), last: now.Add(-2 * recreatedAfter)}
-	for _, c := range []struct {
-		name     string
-		u        unknownTopic
-		known    kadm.TopicID
-		brokerID kadm.TopicID
-		exists   bool
-		want     recreateVerdict
-	}{
-		{"the error's id is not the broker's", withID, kadm.TopicID{}, newID, true, verdictRecreated},
-		{"a single error, the known id is not the broker's (kgo's offset fetch)", once, old, newID, true, verdictRecreated},
-		{"a single error, the same id (a topic being created)", once, newID, newID, true, verdictWait},
-		{"the error's id wins over the known one", withID, newID, old, true, verdictWait},
-		{"deleted, not created again yet", withID, old, kadm.TopicID{}, false, verdictWait},
-		{"deleted, and the errors stopped (a dropped partition)", stopped, old, kadm.TopicID{}, false, verdictWait},
-		{"no id known, the error lasted", lasting, kadm.TopicID{}, newID, true, verdictRecreated},
-		{"no id known, a single error", once, kadm.TopicID{}, newID, true, verdictWait},
-		{"no id known, the errors stopped", stopped, kadm.TopicID{}, newID, true, verdictRecovered},
-		{"the same id, the errors stopped", stopped, newID, newID, true, verdictRecovered},
-	} {
-		require.Equal(t, c.want, decideRecreated(c.u, c.known, nil, c.brokerID, c.exists, now), c.name)
-	}
-	// After a resubscription the old id's fetches may still answer once:
-	// no second resubscription.
-	retired := map[kadm.TopicID]bool{old: true}
-	require.Equal(t, verdictRecovered, decideRecreated(stopped, newID, retired, newID, true, now), "a retired id's late error")
-	require.Equal(t, verdictWait, decideRecreated(withID, newID, retired, newID, true, now), "a retired id's error, still answering")
-	require.Equal(t, verdictRecreated, decideRecreated(withID, newID, nil, newID, true, now), "the same error before the resubscription")
-}
-
-// Issue 31 item 7, the recreated topic's part: every replica that held the
-// old topic id resubscribes, some late (one assigned a partition of the
-// topic only later). Each used to set the group's offsets of every
-// partition of the topic to its start, rewinding partitions other replicas
-// already consumed on the new topic: their workers, with nothing new to
-// commit, left them behind for good (the chaos short run's stalled
-// partitions, 5 to 8 records behind with every event handled). The reset
-// is now done once per recreation: a late resubscription rewinds nothing.
+// Every replica that held the old topic id resubscribes, some late (one
+// assigned a partition of the topic only later). The group's offsets are
+// reset once per recreation: a late resubscription that set every
+// partition of the topic to its start again would rewind partitions other
+// replicas already consumed on the new topic, and their workers, with
+// nothing new to commit, would leave them behind, every event handled.
 func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -208,7 +164,7 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	require.NoError(t, err)
 	cons := replicas[0].tel.cons.Load()
 	require.NotNil(t, cons)
-	cons.resubscribe(ctx, topic, details[topic].ID)
+	cons.recreated.Resubscribe(ctx, topic, details[topic].ID)
 	eventually(t, "the group's offsets at the new topic's ends after a late resubscription", caughtUp)
 	require.EqualValues(t, 4, calls.Load()-int64(strings.Count(logs.String(), "handling failed")), "nothing handled twice")
 }
@@ -396,8 +352,8 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 				t.Fatal("the first replica never reached the step it dies at")
 			}
 			// Kafka dropped the old topic's offsets with it; a worker that
-			// commits late, by topic name, puts them back on the new topic
-			// (seen in the chaos runs). The dying replica does it here, in
+			// commits late, by topic name, puts them back on the new topic.
+			// The dying replica does it here, in
 			// its own name: only a reset after it keeps the survivor from
 			// skipping the first three records of each partition.
 			details, err := adm.ListTopics(ctx, topic)
@@ -405,20 +361,15 @@ func TestRecreatedTopicResetSurvivesACrashAtEachWrite(t *testing.T) {
 			id := details[topic].ID
 			cons := replicas[0].tel.cons.Load()
 			require.NotNil(t, cons)
-			require.NoError(t, cons.commitTopicOffsets(ctx, topic, id, kadm.ListedOffsets{topic: {
+			require.NoError(t, cons.recreated.CommitOffsets(ctx, topic, id, kadm.ListedOffsets{topic: {
 				0: {Topic: topic, Partition: 0, Offset: 3}, 1: {Topic: topic, Partition: 1, Offset: 3},
 			}}))
 			stops[0]()
 
 			eventually(t, "every record of the new topic handled", handled(16))
 			eventually(t, "the group's offsets at the new topic's ends", groupAtEnds(adm, group, topic))
-			var doc struct {
-				DoneAt  *time.Time `bson:"done_at"`
-				Replica string     `bson:"replica"`
-			}
-			require.NoError(t, replicas[1].meta.FindOne(ctx, bson.D{{Key: "_id", Value: bson.D{
-				{Key: "recreated", Value: group}, {Key: "topic", Value: topic}, {Key: "id", Value: hex.EncodeToString(id[:])},
-			}}}).Decode(&doc))
+			var doc store.TopicReset
+			require.NoError(t, replicas[1].meta.FindOne(ctx, bson.D{{Key: "_id", Value: store.TopicResetID(group, topic, id)}}).Decode(&doc))
 			require.NotNil(t, doc.DoneAt, "the claim is done")
 			require.Equal(t, replicas[1].cfg.ReplicaID, doc.Replica, "by the survivor")
 		})

@@ -12,11 +12,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/kafkawatch"
 )
 
-// recreated.go sets the group's offsets of a recreated topic to its start
-// once and counts on no member committing an offset of the old topic
-// afterwards: a member still consuming the old topic id commits through
+// The recreation watch (internal/kafkawatch) sets the group's offsets of a
+// recreated topic to its start once and counts on no member committing an
+// offset of the old topic afterwards: a member still consuming the old topic id commits through
 // its client (consumer.commit), which names the topic by the id its
 // offsets were fetched under, and either refuses the commit itself (its
 // metadata knows the new id) or sends it by that id (OffsetCommit v10),
@@ -44,6 +45,7 @@ func TestOldTopicCommitAfterTheResetMovesNoOffset(t *testing.T) {
 	require.NoError(t, err)
 	defer cl.Close()
 	cons := &consumer{c: &Client{cfg: cfg}, cl: cl, log: debugLogger}
+	watch := &kafkawatch.RecreationWatch{Client: cl, Group: cfg.ConsumerGroup, Log: debugLogger, Backoff: cfg.backoff()}
 	for fetched := 0; fetched < 5; {
 		fs := cl.PollFetches(ctx)
 		require.NoError(t, ctx.Err(), "the old topic's records fetched")
@@ -67,7 +69,7 @@ func TestOldTopicCommitAfterTheResetMovesNoOffset(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	require.NoError(t, cons.commitTopicStart(ctx, topic, newID), "the reset, as resetTopicOnce sends it")
+	require.NoError(t, watch.CommitStart(ctx, topic, newID), "the reset, as the recreation watch sends it")
 
 	// The member's workers still hold the old topic's records: a commit
 	// past them, as a worker sends it.

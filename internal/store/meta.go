@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,4 +47,77 @@ func StampInbox(ctx context.Context, meta *mongo.Collection, inbox, group, servi
 		return InboxStamp{}, fmt.Errorf("outbox: read the stamp of inbox collection %q: %w", inbox, err)
 	}
 	return st, nil
+}
+
+// TopicResetID is the _id of the claim, in MetaCollection, of the reset of
+// the consumer group's offsets of the Kafka topic of that topic id (a topic
+// deleted and created again): one per group, topic and id.
+func TopicResetID(group, topic string, id [16]byte) bson.D {
+	return bson.D{{Key: "recreated", Value: group}, {Key: "topic", Value: topic}, {Key: "id", Value: hex.EncodeToString(id[:])}}
+}
+
+// TopicReset is the claim of the reset of a recreated topic's offsets:
+// the replica that claimed it or set the offsets, and when they were set
+// (nil until then).
+type TopicReset struct {
+	ClaimedAt time.Time  `bson:"claimed_at"`
+	DoneAt    *time.Time `bson:"done_at"`
+	Replica   string     `bson:"replica"`
+}
+
+// TopicResets are the reset claims of one consumer group in Meta, written
+// in the name of one replica. The consumer's watcher of recreated topics
+// (internal/kafkawatch) uses them so that the group's offsets of a
+// recreated topic are set once, by the first replica that claims them.
+type TopicResets struct {
+	Meta           *mongo.Collection
+	Group, Replica string
+}
+
+// Claim inserts the claim of the reset of topic (of that id) unless there
+// is one; it reports whether this call inserted it.
+func (r TopicResets) Claim(ctx context.Context, topic string, id [16]byte) (bool, error) {
+	res, err := r.Meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: TopicResetID(r.Group, topic, id)}},
+		bson.D{{Key: "$setOnInsert", Value: bson.D{
+			{Key: "claimed_at", Value: time.Now().UTC()},
+			{Key: "replica", Value: r.Replica},
+		}}},
+		options.UpdateOne().SetUpsert(true))
+	if mongo.IsDuplicateKeyError(err) {
+		return false, nil // inserted by another replica at the same moment
+	}
+	if err != nil {
+		return false, err
+	}
+	return res.UpsertedCount == 1, nil
+}
+
+// State reads the claim of the reset of topic (of that id): found is false
+// when there is none, done once its offsets were set.
+func (r TopicResets) State(ctx context.Context, topic string, id [16]byte) (found, done bool, replica string, err error) {
+	var doc TopicReset
+	err = r.Meta.FindOne(ctx, bson.D{{Key: "_id", Value: TopicResetID(r.Group, topic, id)}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return false, false, "", nil
+	}
+	if err != nil {
+		return false, false, "", err
+	}
+	return true, doc.DoneAt != nil, doc.Replica, nil
+}
+
+// Finish marks the claim of the reset of topic (of that id) done by this
+// replica, making it if it is missing.
+func (r TopicResets) Finish(ctx context.Context, topic string, id [16]byte) error {
+	_, err := r.Meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: TopicResetID(r.Group, topic, id)}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "done_at", Value: time.Now().UTC()}, {Key: "replica", Value: r.Replica}}}},
+		options.UpdateOne().SetUpsert(true))
+	return err
+}
+
+// Withdraw deletes the claim of the reset of topic (of that id) unless it
+// is done, so that the next replica to resubscribe sets the offsets.
+func (r TopicResets) Withdraw(ctx context.Context, topic string, id [16]byte) error {
+	_, err := r.Meta.DeleteOne(ctx, bson.D{{Key: "_id", Value: TopicResetID(r.Group, topic, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
+	return err
 }

@@ -102,3 +102,41 @@ func TestStampInboxKeepsTheFirstOwner(t *testing.T) {
 	require.Equal(t, "g1", st.ConsumerGroup, "set on insert only")
 	require.Equal(t, "s1", st.Service)
 }
+
+// The reset claim of a recreated topic is claimed once, per group, topic
+// and topic id; a withdrawal leaves a done claim alone.
+func TestTopicResetsClaimOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	meta := mongotest.Start(t).DB(t).Collection(MetaCollection)
+	a := TopicResets{Meta: meta, Group: "g", Replica: "a"}
+	b := TopicResets{Meta: meta, Group: "g", Replica: "b"}
+	id, other := [16]byte{1}, [16]byte{2}
+
+	found, _, _, err := a.State(ctx, "t", id)
+	require.NoError(t, err)
+	require.False(t, found)
+	claimed, err := a.Claim(ctx, "t", id)
+	require.NoError(t, err)
+	require.True(t, claimed)
+	claimed, err = b.Claim(ctx, "t", id)
+	require.NoError(t, err)
+	require.False(t, claimed, "claimed by a")
+	claimed, err = b.Claim(ctx, "t", other)
+	require.NoError(t, err)
+	require.True(t, claimed, "another topic id is another reset")
+
+	found, done, replica, err := b.State(ctx, "t", id)
+	require.NoError(t, err)
+	require.Equal(t, []any{true, false, "a"}, []any{found, done, replica})
+	require.NoError(t, b.Withdraw(ctx, "t", other))
+	found, _, _, err = b.State(ctx, "t", other)
+	require.NoError(t, err)
+	require.False(t, found, "withdrawn")
+
+	require.NoError(t, b.Finish(ctx, "t", id))
+	require.NoError(t, a.Withdraw(ctx, "t", id))
+	found, done, replica, err = a.State(ctx, "t", id)
+	require.NoError(t, err)
+	require.Equal(t, []any{true, true, "b"}, []any{found, done, replica}, "a done claim stays")
+}
