@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -151,37 +152,23 @@ func (a *Admin) unroutable(ctx context.Context, st *StoreStatus, byTopic map[str
 	if len(lastPartition) == 0 {
 		return nil
 	}
-	ids := make(bson.A, 0, len(lastPartition))
-	for t := range lastPartition {
-		ids = append(ids, bson.D{{Key: "outbox", Value: a.outbox.Name()}, {Key: "topic", Value: t}})
-	}
-	meta := a.outbox.Database().Collection(metaCollection)
-	cur, err := meta.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+	docs, err := store.ReadTopicMetas(ctx, a.outbox.Database().Collection(metaCollection), a.outbox.Name(), slices.Collect(maps.Keys(lastPartition))...)
 	if err != nil {
 		return fmt.Errorf("outbox: read partition counts: %w", err)
 	}
-	var docs []struct {
-		ID struct {
-			Topic string `bson:"topic"`
-		} `bson:"_id"`
-		Partitions int `bson:"partitions"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return fmt.Errorf("outbox: read partition counts: %w", err)
-	}
 	for _, d := range docs {
-		b := byTopic[d.ID.Topic]
+		b := byTopic[d.Topic]
 		if b == nil || d.Partitions <= 0 {
 			continue
 		}
 		b.Partitions = d.Partitions
-		if lastPartition[d.ID.Topic] < int64(d.Partitions) {
+		if lastPartition[d.Topic] < int64(d.Partitions) {
 			continue
 		}
 		// Served by outbox_pending (published false, topic, partition).
 		n, err := a.outbox.CountDocuments(ctx, bson.D{
 			{Key: store.OutboxPublished, Value: false},
-			{Key: store.OutboxTopic, Value: d.ID.Topic},
+			{Key: store.OutboxTopic, Value: d.Topic},
 			{Key: store.OutboxPartition, Value: bson.D{{Key: "$gte", Value: d.Partitions}}},
 			{Key: store.OutboxFailed, Value: false},
 		})

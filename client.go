@@ -17,6 +17,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/liveness"
+	"github.com/event-outbox/outbox/internal/topicmeta"
 )
 
 // Client is the framework's entry point in a service: it records events in
@@ -33,7 +34,7 @@ type Client struct {
 	meta          *mongo.Collection // metaCollection: inbox stamps, partition counts, replica records
 	validate      *validator.Validate
 	publishTopics map[string]bool
-	topics        *partitionCounts
+	topics        *topicmeta.Topics
 	compressor    func() kgo.Compressor        // the producer's codec, for Record's size check (publisher_producer.go)
 	pub           atomic.Pointer[publisher]    // the running publisher, for status
 	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
@@ -61,7 +62,7 @@ type testKnobs struct {
 	// redriveEvery is the period of the re-drive request loop (parked.go).
 	redriveEvery time.Duration
 	// metadataEvery is the period of Run's partition count refresh
-	// (partitions.go).
+	// (internal/topicmeta).
 	metadataEvery time.Duration
 	// replicaEvery is the period of Run's liveness record refresh
 	// (internal/liveness).
@@ -102,7 +103,17 @@ func New(cfg Config) (*Client, error) {
 		meta:          db.Collection(metaCollection, options.Collection().SetWriteConcern(writeconcern.Majority())),
 		handlers:      map[handlerKey]*handler{},
 	}
-	c.topics = newPartitionCounts(&c.cfg, c.meta)
+	c.topics = topicmeta.New(topicmeta.Config{
+		Topics:           c.cfg.PublishTopics,
+		KafkaTopic:       c.cfg.kafkaTopic,
+		KafkaOptions:     append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...)),
+		CreatePartitions: c.cfg.CreateTopicPartitions,
+		Meta:             c.meta,
+		Database:         c.cfg.Database,
+		Outbox:           c.cfg.OutboxCollection,
+		Log:              c.cfg.Logger,
+		Backoff:          c.cfg.backoff(),
+	})
 	c.compressor = sync.OnceValue(func() kgo.Compressor {
 		return producerCompressor(append([]kgo.Opt{c.cfg.producerCompression()}, c.cfg.KafkaOptions...))
 	})

@@ -129,7 +129,7 @@ func TestRecordRefusals(t *testing.T) {
 	t.Parallel()
 	c, err := New(validConfig(t))
 	require.NoError(t, err)
-	c.topics.set("orders", 6)
+	c.topics.Set("orders", 6)
 	ctx := context.Background()
 	require.ErrorIs(t, Record(ctx, testEvent{ID: "a"}), ErrNoTransaction)
 

@@ -264,7 +264,7 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 		Logger:          debugLogger,
 	})
 	require.NoError(t, err)
-	c.topics.set(ordersTopic, 1)
+	c.topics.Set(ordersTopic, 1)
 	p.c = c
 	handle := func(ctx context.Context, name, key, mode string, m Metadata) error {
 		if p.gate != nil {

@@ -20,6 +20,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/event-outbox/outbox/internal/doctor"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Severity says how much a Finding matters.
@@ -288,23 +289,13 @@ func (s doctorStore) MetaName() string          { return metaCollection }
 // StoredPartitions reads the partition counts the service stored in
 // outbox_meta for its outbox collection.
 func (s doctorStore) StoredPartitions(ctx context.Context) (map[string]int, error) {
-	cur, err := s.Database().Collection(metaCollection).Find(ctx, bson.D{
-		{Key: "_id.outbox", Value: s.a.outbox.Name()}, {Key: "partitions", Value: bson.D{{Key: "$exists", Value: true}}}})
+	docs, err := store.ReadTopicMetas(ctx, s.Database().Collection(metaCollection), s.a.outbox.Name())
 	if err != nil {
-		return nil, err
-	}
-	var docs []struct {
-		ID struct {
-			Topic string `bson:"topic"`
-		} `bson:"_id"`
-		Partitions int `bson:"partitions"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
 		return nil, err
 	}
 	stored := make(map[string]int, len(docs))
 	for _, doc := range docs {
-		stored[doc.ID.Topic] = doc.Partitions
+		stored[doc.Topic] = doc.Partitions
 	}
 	return stored, nil
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // findingsOf returns the findings of one check and the worst severity
@@ -106,7 +108,7 @@ func TestDoctorKafkaChecks(t *testing.T) {
 			},
 			func(t *testing.T) {
 				// What Run's refresh does within a minute.
-				_, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: c.topics.id(ordersTopic)}},
+				_, err := c.meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: store.TopicMetaID(c.outbox.Name(), ordersTopic)}},
 					bson.D{{Key: "$set", Value: bson.D{{Key: "partitions", Value: 4}}}})
 				require.NoError(t, err)
 			}, "4 partitions in Kafka, 3 stored"},

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/event-outbox/outbox/internal/store"
+	"github.com/event-outbox/outbox/internal/topicmeta"
 )
 
 // The errors of the package: every sentinel and error type a caller may
@@ -143,11 +144,11 @@ var ErrDuplicateEvent = errors.New("outbox: an event with this topic, content sc
 // It happens only on a service's first-ever start during a Kafka outage
 // (or for a topic that does not exist): later starts use the persisted
 // counts.
-var ErrPartitionsUnknown = errors.New("outbox: partition count of topic unknown")
+var ErrPartitionsUnknown = topicmeta.ErrPartitionsUnknown
 
 // ErrTopicMetadata wraps failures to learn a topic's partition count from
 // Kafka.
-var ErrTopicMetadata = errors.New("outbox: cannot read topic metadata")
+var ErrTopicMetadata = topicmeta.ErrTopicMetadata
 
 // Consuming events.
 

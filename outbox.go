@@ -108,8 +108,8 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 // attempt, the one that committed when the error is nil.
 func (c *Client) inTransaction(ctx context.Context, fn func(ctx context.Context) error, wrapFlush func(error) error) (*txState, error) {
 	// Partition counts are learnt now, never inside the transaction:
-	// Record only reads them from memory (see partitions.go).
-	c.topics.prepare(ctx)
+	// Record only reads them from memory (internal/topicmeta).
+	c.topics.Prepare(ctx)
 	if err := c.ensureUniqueIndex(ctx); err != nil {
 		return nil, err
 	}
@@ -281,7 +281,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
 	}
-	partitions, err := c.topics.get(topic)
+	partitions, err := c.topics.Get(topic)
 	if err != nil {
 		return nil, err
 	}
@@ -316,7 +316,7 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 // max.message.bytes, when that is known (ErrEventTooLarge). The record is
 // built and compressed only for an event near or above the limit.
 func (c *Client) checkSize(d *outboxDoc) error {
-	limit, ok := c.topics.maxMessageBytes(d.Topic)
+	limit, ok := c.topics.MaxMessageBytes(d.Topic)
 	if !ok || len(d.Payload)+len(d.Key)+sizeSlack < limit {
 		return nil
 	}

@@ -102,7 +102,7 @@ func TestRecordFirstStartKafkaDownFailsFast(t *testing.T) {
 	cfg := b.config("first-start")
 	cfg.Brokers = []string{blackHole(t)}
 	c := b.client(t, cfg)
-	c.topics.lookupTimeout = 300 * time.Millisecond
+	c.topics.SetLookupTimeout(300 * time.Millisecond)
 
 	for _, key := range []string{"o-1", "o-2"} { // the second without a Kafka read
 		err := transactWithin(t, c, b, key)
@@ -131,7 +131,7 @@ func TestRecordFirstStartKafkaRefusesFailsFast(t *testing.T) {
 	cfg := b.config("refused")
 	cfg.Brokers = []string{addr}
 	c := b.client(t, cfg)
-	c.topics.lookupTimeout = 300 * time.Millisecond
+	c.topics.SetLookupTimeout(300 * time.Millisecond)
 	err = transactWithin(t, c, b, "o-1")
 	require.ErrorIs(t, err, ErrPartitionsUnknown)
 	require.True(t, errors.Is(err, ErrTopicMetadata), "the cause is kept: %v", err)
@@ -147,7 +147,7 @@ func TestRunPersistsPartitionCounts(t *testing.T) {
 	eventually(t, "counts persisted", func() bool {
 		return count(t, c.meta, bson.D{{Key: "partitions", Value: 3}}) == 2
 	})
-	require.Equal(t, map[string]int{ordersTopic: 3, paymentsTopic: 3}, c.topics.snapshot())
+	require.Equal(t, map[string]int{ordersTopic: 3, paymentsTopic: 3}, c.topics.Snapshot())
 }
 
 func (b *bundle) orders() *mongo.Collection { return b.db.Collection("orders") }
@@ -170,7 +170,7 @@ func TestRunRefreshesPartitionCountsAfterIncrease(t *testing.T) {
 	_, err := b.kafka.Admin().CreatePartitions(context.Background(), 4, b.kafkaTopic(ordersTopic))
 	require.NoError(t, err)
 	eventually(t, "7 partitions stored", stored(7))
-	eventually(t, "7 partitions in memory", func() bool { return c.topics.snapshot()[ordersTopic] == 7 })
+	eventually(t, "7 partitions in memory", func() bool { return c.topics.Snapshot()[ordersTopic] == 7 })
 
 	key := "o-grow"
 	for i := 0; kafkax.Partition([]byte(key), 7) == kafkax.Partition([]byte(key), 3); i++ {

@@ -191,7 +191,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		kgo.RecordDeliveryTimeout(deliveryTimeout),
 	)
 	popts = append(popts, o.producerOpts...)
-	prods, err := newProducers(popts, c.topics.limitsSnapshot(), cfg.kafkaTopic, log)
+	prods, err := newProducers(popts, c.topics.Limits(), cfg.kafkaTopic, log)
 	if err != nil {
 		return fmt.Errorf("outbox: publisher: create Kafka producer: %w", err)
 	}
@@ -415,23 +415,19 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 // published without waiting for metadataMaxAge.
 func (c *Client) followTopics(ctx context.Context, prods *producers, group *kgo.Client, sizeRefused <-chan struct{}) {
 	read := func() {
-		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
-		counts, limits, err := c.topics.fetch(rctx, prods.solo, c.cfg.PublishTopics)
-		cancel()
-		c.topics.apply(ctx, counts, limits)
-		if err != nil && ctx.Err() == nil {
+		if err := c.topics.Refresh(ctx, prods.solo); err != nil && ctx.Err() == nil {
 			c.cfg.Logger.Debug("outbox publisher: reading topic metadata failed", "error", err)
 		}
 	}
-	known := c.topics.snapshot()
+	known := c.topics.Snapshot()
 	read()
 	readAt := time.Now()
 	every := time.NewTicker(limitRefreshInterval)
 	defer every.Stop()
 	for {
-		changed := c.topics.watch()
-		prods.update(c.topics.limitsSnapshot())
-		now := c.topics.snapshot()
+		changed := c.topics.Watch()
+		prods.update(c.topics.Limits())
+		now := c.topics.Snapshot()
 		for t, n := range now {
 			if n > known[t] && known[t] > 0 {
 				c.cfg.Logger.Info("outbox publisher: topic gained partitions; refreshing metadata", "topic", t, "partitions", n, "before", known[t])
@@ -593,8 +589,12 @@ func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) 
 
 // consumerSessionRefresh is how often the publisher reads again the
 // session timeout the brokers apply to its KIP-848 group; a lowered
-// setting shortens the lease within about this.
-const consumerSessionRefresh = 30 * time.Second
+// setting shortens the lease within about this; consumerSessionTimeout
+// bounds each read.
+const (
+	consumerSessionRefresh = 30 * time.Second
+	consumerSessionTimeout = 10 * time.Second
+)
 
 // consumerSession renews the publisher's lease from the heartbeats of a
 // KIP-848 group (Config.GroupConsumer), whose session timeout is the
@@ -640,7 +640,7 @@ func (s *consumerSession) set(session time.Duration) error {
 func (s *consumerSession) follow(ctx context.Context, cl *kgo.Client, group string, b retry.Backoff, stats *publish.Stats, log *slog.Logger) {
 	failures := 0
 	for {
-		rctx, cancel := context.WithTimeout(ctx, metadataTimeout)
+		rctx, cancel := context.WithTimeout(ctx, consumerSessionTimeout)
 		session, err := kafkax.ConsumerGroupSessionTimeout(rctx, cl, group)
 		cancel()
 		if err == nil {

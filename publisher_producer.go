@@ -11,7 +11,7 @@ package outbox
 // two producers:
 //
 //   - The main producer batches. Its limit per topic is the topic's
-//     max.message.bytes as read from Kafka (partitionCounts.readLimits; the
+//     max.message.bytes as read from Kafka (internal/topicmeta; the
 //     client's default while unknown), so its batches are never too large
 //     for Kafka, compressed or not. The limits are read when the publisher
 //     starts, every limitRefreshInterval, whenever a record is refused for

@@ -79,7 +79,7 @@ func TestPublisherPublishesOnAddedPartitions(t *testing.T) {
 	}
 	added := time.Now()
 	rec := b.client(t, cfg)
-	rec.topics.apply(ctx, map[string]int{ordersTopic: 6}, nil) // it read the new count
+	rec.topics.Apply(ctx, map[string]int{ordersTopic: 6}, nil) // it read the new count
 	r := newRecorder(b, rec)
 	var keys []string
 	for i := 0; len(keys) < 6; i++ {
@@ -220,7 +220,7 @@ func TestStatusNamesEventsBeyondThePartitionCount(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, pubConfig(b))
 	ctx := context.Background()
-	c.topics.apply(ctx, map[string]int{ordersTopic: 3}, nil) // as Run stores it
+	c.topics.Apply(ctx, map[string]int{ordersTopic: 3}, nil) // as Run stores it
 	for _, part := range []int32{1, 7, 9} {
 		_, err := c.outbox.InsertOne(ctx, outboxDoc{ID: bson.NewObjectID(), Topic: ordersTopic, Partition: part, Key: "k",
 			Schema: "X.v1", IdempotencyKey: "u-" + itoa(int(part)), CreatedAt: time.Now()})

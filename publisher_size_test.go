@@ -107,7 +107,7 @@ func TestRecordRefusesEventTooLargeForItsTopic(t *testing.T) {
 	c := b.client(t, pubConfig(b))
 	r := newRecorder(b, c)
 	r.record(t, "k") // the first Transact reads the topic's count and limit
-	limit, ok := c.topics.maxMessageBytes(ordersTopic)
+	limit, ok := c.topics.MaxMessageBytes(ordersTopic)
 	require.True(t, ok, "the limit is read with the partition count")
 
 	e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "k", Amount: 1, Seq: 1}, Pad: pad(1500000)}
@@ -208,7 +208,7 @@ func TestPublisherScanRoundsAreCappedByBytes(t *testing.T) {
 func TestPublisherReadsTheTopicLimitAtStart(t *testing.T) {
 	t.Parallel()
 	b, c, _ := largeScenario(t, 1500000, false, 4<<20)
-	n, _ := c.topics.maxMessageBytes(ordersTopic)
+	n, _ := c.topics.MaxMessageBytes(ordersTopic)
 	require.Equal(t, 4<<20, n, "read by the first Transact")
 	b.setMaxMessageBytes(t, 1<<20)
 	runPub(t, c, publisherOptions{})

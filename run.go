@@ -116,7 +116,7 @@ func (c *Client) Run(ctx context.Context) error {
 	wg.Go(func() { c.checkAtStart(gctx) })
 	wg.Go(func() { c.tel.ins.Sum.LogSummaries(gctx, c.cfg.LogSummaryInterval, c.cfg.Logger, c.cfg.ReplicaID) })
 	if len(c.cfg.PublishTopics) > 0 {
-		start(c.refreshPartitions)
+		start(func(ctx context.Context) error { return c.topics.Run(ctx, c.test.metadataEvery) })
 		start(c.runPublisher)
 	}
 	start(c.runConsumer)
@@ -160,9 +160,9 @@ func (c *Client) Ready() error {
 	case !started:
 		return fmt.Errorf("%w: %s: starting", ErrNotReady, c.cfg.Service)
 	}
-	if missing := c.topics.missing(); len(missing) > 0 {
+	if missing := c.topics.Missing(); len(missing) > 0 {
 		why := ""
-		err := c.topics.lastFailure()
+		err := c.topics.LastFailure()
 		if err != nil {
 			why = " (last failure: " + redactSecrets(err.Error()) + ")"
 		}

@@ -121,3 +121,71 @@ func (r TopicResets) Withdraw(ctx context.Context, topic string, id [16]byte) er
 	_, err := r.Meta.DeleteOne(ctx, bson.D{{Key: "_id", Value: TopicResetID(r.Group, topic, id)}, {Key: "done_at", Value: bson.D{{Key: "$exists", Value: false}}}})
 	return err
 }
+
+// TopicMetaID is the _id of the document, in MetaCollection, of the
+// publish topic topic (bare) of the outbox collection named outbox.
+func TopicMetaID(outbox, topic string) bson.D {
+	return bson.D{{Key: "outbox", Value: outbox}, {Key: "topic", Value: topic}}
+}
+
+// TopicMeta is a publish topic's document in MetaCollection: its partition
+// count and max.message.bytes (0: not known) as Kafka reported them at
+// ReadAt. Record computes partitions from the count, so a replica that
+// cannot reach Kafka records with the stored one.
+type TopicMeta struct {
+	Topic           string
+	Partitions      int
+	MaxMessageBytes int
+	ReadAt          time.Time
+}
+
+// ReadTopicMetas reads the stored documents of the publish topics of the
+// outbox collection named outbox: of topics, or, when none is given, of
+// every topic with a stored count.
+func ReadTopicMetas(ctx context.Context, meta *mongo.Collection, outbox string, topics ...string) ([]TopicMeta, error) {
+	filter := bson.D{{Key: "_id.outbox", Value: outbox}, {Key: "partitions", Value: bson.D{{Key: "$exists", Value: true}}}}
+	if len(topics) > 0 {
+		ids := make(bson.A, len(topics))
+		for i, t := range topics {
+			ids[i] = TopicMetaID(outbox, t)
+		}
+		filter = bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
+	}
+	cur, err := meta.Find(ctx, filter)
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		ID struct {
+			Topic string `bson:"topic"`
+		} `bson:"_id"`
+		Partitions      int       `bson:"partitions"`
+		MaxMessageBytes int       `bson:"max_message_bytes"`
+		ReadAt          time.Time `bson:"read_at"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	out := make([]TopicMeta, len(docs))
+	for i, d := range docs {
+		out[i] = TopicMeta{Topic: d.ID.Topic, Partitions: d.Partitions, MaxMessageBytes: d.MaxMessageBytes, ReadAt: d.ReadAt}
+	}
+	return out, nil
+}
+
+// SaveTopicMeta stores a publish topic's document of the outbox collection
+// named outbox (an upsert); a MaxMessageBytes of 0 leaves the stored limit
+// as it is. Replicas may save at once: an upsert that loses the insertion
+// race to another replica's is taken for saved, both having read Kafka.
+func SaveTopicMeta(ctx context.Context, meta *mongo.Collection, outbox string, m TopicMeta) error {
+	set := bson.D{{Key: "partitions", Value: m.Partitions}, {Key: "read_at", Value: m.ReadAt}}
+	if m.MaxMessageBytes > 0 {
+		set = append(set, bson.E{Key: "max_message_bytes", Value: m.MaxMessageBytes})
+	}
+	_, err := meta.UpdateOne(ctx, bson.D{{Key: "_id", Value: TopicMetaID(outbox, m.Topic)}},
+		bson.D{{Key: "$set", Value: set}}, options.UpdateOne().SetUpsert(true))
+	if mongo.IsDuplicateKeyError(err) {
+		return nil
+	}
+	return err
+}
