@@ -5,9 +5,9 @@ package store
 //
 //   - {_id: {inbox: <inbox collection>}, consumer_group, service,
 //     stamped_at}: the consumer group that owns an inbox collection;
-//   - {_id: {outbox: <outbox collection>, topic}, partitions, read_at}: the
-//     partition count of a publish topic at the last successful Kafka
-//     metadata read;
+//   - {_id: {outbox: <outbox collection>, topic}, partitions,
+//     max_message_bytes, read_at}: the partition count and size limit of a
+//     publish topic at the last successful Kafka metadata read (TopicMeta);
 //   - {_id: "replica:<instance id>", kind: "replica", ..., last_seen}: the
 //     liveness record of a running client;
 //   - {_id: {recreated: <consumer group>, topic, id}, claimed_at, done_at,
