@@ -144,7 +144,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	cons := &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}
-	host := &consumeHost{c: c, cons: cons}
+	host := c.newConsumeHost(cons)
 	// The set exists before the client: kgo may call the rebalance
 	// callbacks as soon as the client is created.
 	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cons}), work)
