@@ -25,8 +25,8 @@ import (
 // partition's events by key (Config.KeyConcurrency), runs them in
 // transactions, settles them and commits the lowest offset not yet
 // settled. This file wires the kgo client to them; consume_host.go gives
-// them the inbox, the handlers and the commits; keyseq.go keeps the held
-// keys' sequences.
+// them the handlers and the commits, and internal/inboxhost the inbox and
+// the held keys' sequences.
 //
 // Goroutines and how they stop:
 //   - The poll loop runs on runConsumer's goroutine (owned by Run) and stops

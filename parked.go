@@ -315,8 +315,8 @@ func (c *Client) host() *consumeHost {
 	return c.newConsumeHost(&consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)})
 }
 
-// firstParked reads the head of key's sequence (keyseq.go); ok is false
-// when the key holds nothing.
+// firstParked reads the head of key's sequence (internal/inboxhost's
+// keyseq.go); ok is false when the key holds nothing.
 func firstParked(ctx context.Context, inbox *mongo.Collection, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
 	err = inbox.FindOne(ctx, seqFilter(tp, key),
 		options.FindOne().SetSort(firstInSeq).SetProjection(store.HeadProjection())).Decode(&d)
