@@ -8,19 +8,29 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/inboxhost"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
-// consumeHost is the root package's side of internal/consume: it decodes
-// records, runs the handlers in transactions, keeps the inbox and its key
-// sequences (keyseq.go) and commits offsets. It observes the stages for
-// metrics and logs too.
+// consumeHost is the root package's side of internal/consume: the inbox,
+// its key sequences and the handling transactions are internal/inboxhost's
+// (the embedded Host, given a hostApp); the root adds decoding records,
+// committing offsets and ending dead replicas' sessions, and observes the
+// stages for metrics and logs.
 type consumeHost struct {
+	*inboxhost.Host
 	c    *Client
 	cons *consumer
+}
+
+// newConsumeHost returns the host of cons's workers.
+func (c *Client) newConsumeHost(cons *consumer) *consumeHost {
+	return &consumeHost{
+		Host: inboxhost.New(inboxhost.Config{Inbox: c.inbox, App: hostApp{c}, SkipUnknown: c.cfg.SkipUnknownEvents}),
+		c:    c, cons: cons,
+	}
 }
 
 // delivery is a record as the root package decoded it (consume.Event.Data).
@@ -34,6 +44,18 @@ type delivery struct {
 }
 
 func deliveryOf(e *consume.Event) *delivery { return e.Data.(*delivery) }
+
+// InboxID implements inboxhost.Delivery.
+func (d *delivery) InboxID() inboxhost.ID { return inboxhost.ID(inboxIDOf(&d.env)) }
+
+// At implements inboxhost.Delivery.
+func (d *delivery) At(offset int64) store.Delivery { return deliveryAt(&d.env, offset) }
+
+// Payload implements inboxhost.Delivery.
+func (d *delivery) Payload() []byte { return d.payload }
+
+// Unreadable implements inboxhost.Delivery.
+func (d *delivery) Unreadable() bool { return d.unreadable }
 
 // Decode reads a record: its envelope, its handler and its payload.
 func (h *consumeHost) Decode(rec *kgo.Record) *consume.Event {
@@ -72,176 +94,6 @@ func (h *consumeHost) Decode(rec *kgo.Record) *consume.Event {
 // defaultPolicy is the retry policy of handlers without options.
 func (c *Client) defaultPolicy() consume.Policy {
 	return consume.Policy{MaxAttempts: c.cfg.MaxAttempts, Backoff: c.cfg.backoff(), MaxSnoozes: c.cfg.MaxSnoozes}
-}
-
-// Handle runs evs in one transaction: one bulk claim of their inbox
-// entries, then their handlers in order, then the events they recorded
-// (one insertMany), then the commit; within the longest of their
-// handlers' timeouts. It is one attempt: the driver does not retry it, so a
-// write conflict comes back at once and the consumer decides what follows.
-func (h *consumeHost) Handle(ctx context.Context, tp consume.TopicPartition, evs []*consume.Event) consume.Result {
-	c := h.c
-	timeout := time.Duration(0)
-	for _, e := range evs {
-		timeout = max(timeout, deliveryOf(e).h.timeout(c))
-	}
-	actx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	start := time.Now()
-	type spanned struct {
-		ctx  context.Context
-		span trace.Span
-		meta *Metadata
-	}
-	spans := make([]spanned, 0, len(evs))
-	end := func(err error) {
-		for _, s := range spans {
-			c.tel.endHandle(s.ctx, s.span, &s.meta.Envelope, start, err)
-		}
-	}
-	t, err := c.beginTx(actx)
-	if err != nil {
-		return infraResult(ctx, err)
-	}
-	defer t.end(actx)
-	now := time.Now().UTC()
-	if err := c.claimAll(t.ctx, evs, now); err != nil {
-		var dup *duplicateAt
-		if errors.As(err, &dup) {
-			return consume.Result{Kind: consume.Duplicate, At: dup.index}
-		}
-		return infraResult(ctx, lockedOr(err))
-	}
-	for i, e := range evs {
-		d := deliveryOf(e)
-		meta := &Metadata{Envelope: d.env, Offset: e.Offset, Attempt: e.Attempt()}
-		sctx, span := c.tel.startHandle(t.ctx, meta)
-		spans = append(spans, spanned{sctx, span, meta})
-		if err := safeRun(sctx, d.h, d.evt, *meta); err != nil {
-			res := handlerResult(ctx, err)
-			res.At = i
-			end(&handlerError{err})
-			return res
-		}
-	}
-	if err := t.state.flush(t.ctx); err != nil {
-		res := flushResult(ctx, actx, err)
-		res.At = len(evs) - 1
-		if res.Kind == consume.Failed {
-			end(&handlerError{err})
-		} else {
-			end(err)
-		}
-		return res
-	}
-	if err := t.commit(actx); err != nil {
-		end(&commitError{err})
-		if ctx.Err() != nil {
-			return consume.Result{Kind: consume.Canceled, Err: err}
-		}
-		return consume.Result{Kind: consume.CommitFailed, At: len(evs) - 1, Err: &commitError{err}}
-	}
-	end(nil)
-	c.tel.committed(ctx, t.state)
-	return consume.Result{Kind: consume.Handled}
-}
-
-// duplicateAt is a claim that met an event handled or parked already.
-type duplicateAt struct{ index int }
-
-func (d *duplicateAt) Error() string {
-	return fmt.Sprintf("event %d of the batch is handled or parked", d.index)
-}
-
-// claimAll claims evs in the transaction of ctx: one update for one event,
-// an ordered bulk of upserts for more (a handled or parked event stops it
-// with a duplicate key error at its index: *duplicateAt).
-func (c *Client) claimAll(ctx context.Context, evs []*consume.Event, now time.Time) error {
-	if len(evs) == 1 {
-		err := c.claim(ctx, &deliveryOf(evs[0]).env, evs[0].Offset, now)
-		if errors.Is(err, errAlreadyDone) {
-			return &duplicateAt{0}
-		}
-		return err
-	}
-	models := make([]mongo.WriteModel, len(evs))
-	for i, e := range evs {
-		filter, update := claimUpdate(&deliveryOf(e).env, e.Offset, now)
-		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
-	}
-	_, err := c.inbox.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(true))
-	if err != nil && mongo.IsDuplicateKeyError(err) {
-		var bwe mongo.BulkWriteException
-		if errors.As(err, &bwe) && len(bwe.WriteErrors) > 0 {
-			return &duplicateAt{bwe.WriteErrors[0].Index}
-		}
-		return &duplicateAt{0}
-	}
-	return err
-}
-
-// handlerResult classifies a handler's error: ctx is the unit's context
-// (its end is a stop, not the event's failure).
-func handlerResult(ctx context.Context, err error) consume.Result {
-	var perr *ParkError
-	var snooze *SnoozeError
-	switch {
-	case ctx.Err() != nil:
-		return consume.Result{Kind: consume.Canceled, Err: err}
-	case errors.As(err, &perr):
-		return consume.Result{Kind: consume.Failed, Err: err, Park: true}
-	case errors.As(err, &snooze):
-		return consume.Result{Kind: consume.Snoozed, Err: err, Snooze: snooze.Duration}
-	case isTransientNotAborted(err):
-		return consume.Result{Kind: consume.Conflict, Err: err}
-	}
-	return consume.Result{Kind: consume.Failed, Err: err}
-}
-
-// flushResult classifies a failure to insert the events the handlers
-// recorded (txState.flush): ctx is the unit's context, hctx the handlers'
-// (their timeout). The insert is the framework's own write, so its failure
-// is the event's only when the handlers caused it: they recorded an event
-// the outbox refuses (a duplicate idempotency key under
-// Config.UniqueIdempotencyKeys, an event-outbox collection not migrated),
-// they used up their time, or the server ended the transaction under them
-// (NoSuchTransaction: most often a handler that outlived the transaction
-// lifetime, which a commit would meet too and count, or every attempt of a
-// slow handler would run for ever uncounted). A stop, a lock or a failure
-// MongoDB or the driver calls transient (a network error, a timeout, an
-// error labelled TransientTransactionError or RetryableWriteError) is not
-// an attempt of the event: counting it would park an event that never
-// failed (a re-drive cut short by its caller, a connection dropped). Any
-// other error counts, as it did: one that comes back every time (a
-// document validator of the outbox collection refusing the event, a
-// document over MongoDB's size limit) must end parked, not retried for
-// ever.
-func flushResult(ctx, hctx context.Context, err error) consume.Result {
-	var se mongo.ServerError
-	switch {
-	case ctx.Err() != nil:
-		return consume.Result{Kind: consume.Canceled, Err: err}
-	case errors.Is(err, ErrDuplicateEvent), errors.Is(err, ErrEventOutboxNotMigrated), hctx.Err() != nil,
-		errors.As(err, &se) && se.HasErrorCode(codeNoSuchTransaction):
-		return consume.Result{Kind: consume.Failed, Err: err}
-	case errors.Is(lockedOr(err), consume.ErrLocked), mongo.IsNetworkError(err), mongo.IsTimeout(err),
-		hasLabel(err, "TransientTransactionError"), hasLabel(err, "RetryableWriteError"):
-		return infraResult(ctx, lockedOr(err))
-	}
-	return consume.Result{Kind: consume.Failed, Err: err}
-}
-
-// infraResult classifies a failure of the framework's own calls: a lock
-// held by another session's transaction, MongoDB failing, or the unit's
-// context ending.
-func infraResult(ctx context.Context, err error) consume.Result {
-	switch {
-	case ctx.Err() != nil:
-		return consume.Result{Kind: consume.Canceled, Err: err}
-	case errors.Is(err, consume.ErrLocked):
-		return consume.Result{Kind: consume.Locked, Err: err}
-	}
-	return consume.Result{Kind: consume.Infra, Err: err}
 }
 
 // Commit commits a partition's offset.
@@ -308,23 +160,68 @@ func (h *consumeHost) Released(tp consume.TopicPartition, e *consume.Event) {
 
 func (h *consumeHost) Error(err error) { h.c.tel.setError(err) }
 
-// storedDelivery rebuilds the delivery of a stored inbox document, for a
-// release or a re-drive; evt is nil when the payload does not decode (err
-// says why) or no handler accepts the event.
-func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
-	env := inboxEnvelope(d)
+// hostApp is the root's side of internal/inboxhost: handlers, their
+// spans, the public errors that steer them, and the transactions.
+type hostApp struct{ c *Client }
+
+// Begin starts a transaction (majority write concern) in a new session,
+// whose id it first records for takeover (internal/liveness/takeover.go).
+// Its context carries the state that collects the events the handlers
+// record.
+func (a hostApp) Begin(ctx context.Context) (*inboxhost.Tx, error) {
+	c := a.c
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := c.ensureUniqueIndex(ctx); err != nil {
+		return nil, err
+	}
+	sess, err := c.cfg.Mongo.StartSession()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: start session: %w", err)
+	}
+	if err := c.sessions.Note(ctx, sess.ID()); err != nil {
+		sess.EndSession(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if err := sess.StartTransaction(txnOptions()); err != nil {
+		sess.EndSession(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("outbox: start transaction: %w", err)
+	}
+	st := &txState{client: c}
+	return &inboxhost.Tx{
+		Sess:      sess,
+		Ctx:       context.WithValue(mongo.NewSessionContext(ctx, sess), txKey{}, st),
+		Flush:     st.flush,
+		Committed: func(ctx context.Context) { c.tel.committed(ctx, st) },
+	}, nil
+}
+
+// Stored rebuilds the delivery of a stored inbox document, for a release
+// or a re-drive; it comes back with an error when the payload does not
+// decode or no handler accepts the event.
+func (a hostApp) Stored(d *inboxhost.Doc) (*consume.Event, error) {
+	c := a.c
+	id := InboxID(d.ID)
+	env := Envelope{Topic: id.Topic, ContentSchema: id.ContentSchema, IdempotencyKey: id.IdempotencyKey,
+		PartitionKey: d.PartitionKey, Partition: d.Partition, OccurredAt: d.OccurredAt,
+		TraceParent: d.TraceParent, TraceState: d.TraceState}
 	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable}
 	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts), Failures: int(d.Failures)}
 	if dl.unreadable {
-		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, d.ID)
+		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, id)
 	}
-	dl.h = c.handlerFor(d.ID.Topic, d.ID.ContentSchema)
+	dl.h = c.handlerFor(id.Topic, id.ContentSchema)
 	if dl.h == nil {
 		e.NoHandler = true
-		return e, fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, d.ID.Topic, d.ID.ContentSchema)
+		return e, fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
 	}
 	e.Policy = dl.h.policy(c)
-	evt, err := c.storedEvent(dl.h, d)
+	if d.PayloadTruncated {
+		e.Fault = fmt.Errorf("%w: %s", ErrPayloadTruncated, id)
+		return e, e.Fault
+	}
+	evt, err := dl.h.decode(c, dl.payload)
 	if err != nil {
 		e.Fault = err
 		return e, err
@@ -333,38 +230,52 @@ func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
 	return e, nil
 }
 
-// handlerError marks an error that comes from the user's handler (or from
-// the events it recorded), as opposed to the framework's own MongoDB calls.
-type handlerError struct{ err error }
+// Timeout bounds one run of e's handler.
+func (a hostApp) Timeout(e *consume.Event) time.Duration { return deliveryOf(e).h.timeout(a.c) }
 
-func (e *handlerError) Error() string { return e.err.Error() }
-func (e *handlerError) Unwrap() error { return e.err }
-
-// commitError marks a transaction that failed after the handler returned
-// nil: its commit (or the insert of the events it recorded) failed, for
-// example because the attempt outlived Config.HandlerTimeout or the
-// server's transaction lifetime. It counts as an attempt: retrying it as an
-// infrastructure failure would run a handler that always outlives the
-// transaction for ever.
-type commitError struct{ err error }
-
-func (e *commitError) Error() string {
-	return "transaction failed after the handler returned: " + e.err.Error()
+// Run runs e's handler in a span of its own.
+func (a hostApp) Run(ctx context.Context, e *consume.Event, attempt int, start time.Time) (func(error), error) {
+	d := deliveryOf(e)
+	meta := &Metadata{Envelope: d.env, Offset: e.Offset, Attempt: attempt}
+	sctx, span := a.c.tel.startHandle(ctx, meta)
+	end := func(err error) { a.c.tel.endHandle(sctx, span, &meta.Envelope, start, err) }
+	return end, safeRun(sctx, d.h, d.evt, *meta)
 }
-func (e *commitError) Unwrap() error { return e.err }
 
-// isTransientNotAborted reports an error labelled TransientTransactionError
-// (a write conflict, a failover) other than NoSuchTransaction: that one
-// means the server aborted the transaction under the handler, typically for
-// its age, and retrying it for free would loop for ever on a handler that
-// always outlives its transaction.
-func isTransientNotAborted(err error) bool {
-	if !hasLabel(err, "TransientTransactionError") {
-		return false
+// Steer reads a ParkError or a SnoozeError.
+func (hostApp) Steer(err error) (park bool, snooze time.Duration, snoozed bool) {
+	var perr *ParkError
+	var serr *SnoozeError
+	switch {
+	case errors.As(err, &perr):
+		return true, 0, false
+	case errors.As(err, &serr):
+		return false, serr.Duration, true
 	}
-	var se mongo.ServerError
-	return !errors.As(err, &se) || !se.HasErrorCode(codeNoSuchTransaction)
+	return false, 0, false
 }
 
-// codeNoSuchTransaction is MongoDB's NoSuchTransaction error code.
-const codeNoSuchTransaction = 251
+// Refused reports an event the outbox refuses: a duplicate idempotency key
+// under Config.UniqueIdempotencyKeys, or an event-outbox collection not
+// migrated.
+func (hostApp) Refused(err error) bool {
+	return errors.Is(err, ErrDuplicateEvent) || errors.Is(err, ErrEventOutboxNotMigrated)
+}
+
+// Releasable reports whether a head parked for want of a handler may be
+// released here.
+func (a hostApp) Releasable(id inboxhost.ID) bool { return a.c.noHandlerReleasable(InboxID(id)) }
+
+// noHandlerReleasable reports whether a head parked for want of a handler
+// may be released here: this process has its handler, or skips events
+// without one (Config.SkipUnknownEvents: such an event is skipped wherever
+// it meets its key, so a key it heads moves on).
+func (c *Client) noHandlerReleasable(id InboxID) bool {
+	return c.cfg.SkipUnknownEvents || c.handlerFor(id.Topic, id.ContentSchema) != nil
+}
+
+// releaseHead is the host's ReleaseHead for an operator's re-drive of want
+// (Redrive).
+func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key string, want *InboxID) (*consume.Event, consume.Result) {
+	return c.host().ReleaseHead(ctx, tp, key, (*inboxhost.ID)(want))
+}

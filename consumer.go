@@ -26,8 +26,8 @@ import (
 // partition's events by key (Config.KeyConcurrency), runs them in
 // transactions, settles them and commits the lowest offset not yet
 // settled. This file wires the kgo client to them; consume_host.go gives
-// them the inbox, the handlers and the commits; keyseq.go keeps the held
-// keys' sequences.
+// them the handlers and the commits, and internal/inboxhost the inbox and
+// the held keys' sequences.
 //
 // Goroutines and how they stop:
 //   - The poll loop runs on runConsumer's goroutine (owned by Run) and stops
@@ -145,7 +145,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	cons := &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}
-	host := &consumeHost{c: c, cons: cons}
+	host := c.newConsumeHost(cons)
 	// The set exists before the client: kgo may call the rebalance
 	// callbacks as soon as the client is created.
 	cons.set = consume.NewSet(c.consumeConfig(host, kafkaPauser{cons}), work)

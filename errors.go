@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/event-outbox/outbox/internal/inboxhost"
 	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/topicmeta"
 )
@@ -177,7 +178,7 @@ var ErrNoHandler = errors.New("outbox: no handler for the event")
 // ErrHeld is returned by Redrive for an event held behind a parked event
 // of its key (Config.PoisonPolicy HoldKey): re-drive that one, and the held
 // events follow in order.
-var ErrHeld = errors.New("outbox: event is held behind a parked event of its key")
+var ErrHeld = inboxhost.ErrHeld
 
 // ErrRedriveDeferred is wrapped by the error Client.Redrive returns when
 // the re-drive could not run for a reason that is not the handler's: the

@@ -2,42 +2,16 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/store"
 )
 
 // inboxDoc is the stored form of a received event (see store.InboxDoc).
 type inboxDoc = store.InboxDoc[InboxID]
-
-// errAlreadyDone reports that an event's inbox document is handled or parked.
-var errAlreadyDone = errors.New("outbox: event already handled or parked")
-
-// claim flips the event's inbox document to handled inside the transaction
-// of ctx, inserting it when absent: one round trip. When the document is
-// already handled (or parked) the filter does not match, the upsert collides
-// with the existing _id and MongoDB answers a duplicate key error, which
-// aborts the transaction: claim returns errAlreadyDone. Of two concurrent
-// claims one gets a write conflict and, retried, errAlreadyDone.
-func (c *Client) claim(ctx context.Context, env *Envelope, offset int64, now time.Time) error {
-	filter, update := claimUpdate(env, offset, now)
-	_, err := c.inbox.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
-	if mongo.IsDuplicateKeyError(err) {
-		return errAlreadyDone
-	}
-	return err
-}
-
-// claimUpdate is the filter and update of a claim (see claim).
-func claimUpdate(env *Envelope, offset int64, now time.Time) (filter, update bson.D) {
-	return store.Claim(inboxIDOf(env), deliveryAt(env, offset), now)
-}
 
 // deliveryAt is what the inbox keeps of the delivery of env at offset.
 func deliveryAt(env *Envelope, offset int64) store.Delivery {
@@ -49,20 +23,23 @@ func deliveryAt(env *Envelope, offset int64) store.Delivery {
 // (see store.StoredPayload).
 const maxStoredPayload = store.MaxStoredPayload
 
-// inboxEnvelope rebuilds the envelope of a stored event.
-func inboxEnvelope(d *inboxDoc) Envelope {
-	return Envelope{Topic: d.ID.Topic, ContentSchema: d.ID.ContentSchema, IdempotencyKey: d.ID.IdempotencyKey,
-		PartitionKey: d.PartitionKey, Partition: d.Partition, OccurredAt: d.OccurredAt,
-		TraceParent: d.TraceParent, TraceState: d.TraceState}
+// inventedKeyPrefix starts the idempotency key the consumer gives a record
+// that has none (its position).
+const inventedKeyPrefix = store.InventedKeyPrefix
+
+const reasonNoHandler = store.ParkReasonNoHandler
+
+// seqFilter selects the sequence of key in a partition (see
+// internal/store's keyseq.go).
+func seqFilter(tp consume.TopicPartition, key string) bson.D {
+	return store.SeqFilter(tp.Topic, tp.Partition, key)
 }
 
-// storedEvent decodes the stored payload of a parked event.
-func (c *Client) storedEvent(h *handler, d *inboxDoc) (Event, error) {
-	if d.PayloadTruncated {
-		return nil, fmt.Errorf("%w: %s", ErrPayloadTruncated, d.ID)
-	}
-	return h.decode(c, []byte(d.Payload))
-}
+// headDoc is a sequence member as the head queries read it.
+type headDoc = store.HeadDoc[InboxID]
+
+// firstInSeq sorts a sequence's members, head first.
+var firstInSeq = bson.D{{Key: store.InboxOffset, Value: 1}}
 
 // safeRun runs a handler and turns a panic into an error wrapping
 // ErrHandlerPanic and, when the panic's value is an error, that error.

@@ -1,11 +1,6 @@
 package outbox
 
-import (
-	"fmt"
-	"net/url"
-	"strings"
-	"unicode/utf8"
-)
+import "github.com/event-outbox/outbox/internal/inboxhost"
 
 // InboxID is the inbox document _id of an event: an ordered subdocument
 // {topic, content_schema, idempotency_key}, the field names and order of
@@ -29,62 +24,12 @@ func inboxIDOf(env *Envelope) InboxID {
 // content schema "OrderPlaced.v1/order" with key "42" is
 // "t/OrderPlaced.v1%2Forder/42", not the "t/OrderPlaced.v1/order/42" of
 // key "order/42"). The string is safe to print on a terminal and in JSON.
-func (id InboxID) String() string {
-	return escapeIDPart(id.Topic) + "/" + escapeIDPart(id.ContentSchema) + "/" + escapeIDPart(id.IdempotencyKey)
-}
+func (id InboxID) String() string { return inboxhost.ID(id).String() }
 
 // ParseInboxID reads "topic/schema/key" as InboxID.String writes it: three
 // parts separated by the only two slashes, each part unescaped (%XX is the
 // byte XX; write a slash inside a part as %2F and a percent sign as %25).
 func ParseInboxID(s string) (InboxID, error) {
-	parts := strings.Split(s, "/")
-	if len(parts) != 3 {
-		return InboxID{}, fmt.Errorf("outbox: inbox id %q: want topic/schema/key, three parts separated by two slashes "+
-			"(a slash inside a part is written %%2F, as \"parked list\" and the console print ids)", s)
-	}
-	var out [3]string
-	for i, p := range parts {
-		v, err := url.PathUnescape(p)
-		if err != nil {
-			return InboxID{}, fmt.Errorf("outbox: inbox id %q: %s: %w (a percent sign inside a part is written %%25)",
-				s, [3]string{"topic", "schema", "key"}[i], err)
-		}
-		out[i] = v
-	}
-	return InboxID{Topic: out[0], ContentSchema: out[1], IdempotencyKey: out[2]}, nil
-}
-
-// escapeIDPart escapes one part of an InboxID string: '%', '/', control
-// characters (C0 and DEL) and invalid UTF-8 bytes become %XX.
-func escapeIDPart(s string) string {
-	clean := true
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if needsEscape(r, n) {
-			clean = false
-			break
-		}
-		i += n
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if needsEscape(r, n) {
-			for _, c := range []byte(s[i : i+n]) {
-				fmt.Fprintf(&b, "%%%02X", c)
-			}
-		} else {
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-func needsEscape(r rune, n int) bool {
-	return r == '%' || r == '/' || r < 0x20 || r == 0x7f || (r == utf8.RuneError && n == 1)
+	id, err := inboxhost.ParseID(s)
+	return InboxID(id), err
 }

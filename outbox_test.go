@@ -168,10 +168,11 @@ func TestTransactRefusesAnotherClientsTransaction(t *testing.T) {
 	require.ErrorContains(t, inner, "outbox_b")
 	// A handler's transaction (the consumer's) is refused the same way.
 	inner = nil
-	require.NoError(t, c.txOnce(ctx, func(ctx context.Context) error {
-		inner = a.Transact(ctx, record)
-		return nil
-	}))
+	tx, err := hostApp{c}.Begin(ctx)
+	require.NoError(t, err)
+	inner = a.Transact(tx.Ctx, record)
+	require.NoError(t, tx.Commit(ctx))
+	tx.End(ctx)
 	require.ErrorIs(t, inner, ErrForeignTransaction)
 	require.Zero(t, count(t, a.outbox, bson.D{}))
 	require.Zero(t, count(t, c.outbox, bson.D{}))

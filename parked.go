@@ -310,13 +310,13 @@ func (c *Client) releaseKey(ctx context.Context, tp consume.TopicPartition, key 
 // host is a consumeHost for work outside the consumer (Redrive).
 func (c *Client) host() *consumeHost {
 	if cons := c.tel.cons.Load(); cons != nil {
-		return &consumeHost{c: c, cons: cons}
+		return c.newConsumeHost(cons)
 	}
-	return &consumeHost{c: c, cons: &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}}
+	return c.newConsumeHost(&consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)})
 }
 
-// firstParked reads the head of key's sequence (keyseq.go); ok is false
-// when the key holds nothing.
+// firstParked reads the head of key's sequence (internal/inboxhost's
+// keyseq.go); ok is false when the key holds nothing.
 func firstParked(ctx context.Context, inbox *mongo.Collection, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
 	err = inbox.FindOne(ctx, seqFilter(tp, key),
 		options.FindOne().SetSort(firstInSeq).SetProjection(store.HeadProjection())).Decode(&d)

@@ -18,6 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/testkit"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -174,7 +175,9 @@ func TestWaitsShowInStatusAndLog(t *testing.T) {
 	defer sess.EndSession(context.Background())
 	require.NoError(t, sess.StartTransaction())
 	sctx := mongo.NewSessionContext(context.Background(), sess)
-	require.NoError(t, c.claim(sctx, &env, 0, time.Now()))
+	filter, update := store.Claim(inboxIDOf(&env), deliveryAt(&env, 0), time.Now())
+	_, err = c.inbox.UpdateOne(sctx, filter, update, options.UpdateOne().SetUpsert(true))
+	require.NoError(t, err)
 
 	start(t, c)
 	b.produce(t, env, b.payload(t, "o", 1))

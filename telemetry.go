@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/event-outbox/outbox/internal/consume"
+	"github.com/event-outbox/outbox/internal/inboxhost"
 	"github.com/event-outbox/outbox/internal/publish"
 	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
@@ -192,16 +193,16 @@ func (t *telemetry) startHandle(ctx context.Context, meta *Metadata) (context.Co
 // endHandle ends a handling attempt's span and records its duration and
 // outcome (the events' counters are the consumer's, see consumeHost).
 func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelope, start time.Time, err error) {
-	var herr *handlerError
+	var herr *inboxhost.HandlerError
 	outcome := "handled"
 	switch {
 	case err == nil:
-	case errors.Is(err, errAlreadyDone):
+	case errors.Is(err, inboxhost.ErrAlreadyDone):
 		outcome = "duplicate"
 	case errors.As(err, &herr):
 		outcome = "handler_error"
-		span.RecordError(herr.err)
-		span.SetStatus(codes.Error, herr.err.Error())
+		span.RecordError(herr.Err)
+		span.SetStatus(codes.Error, herr.Err.Error())
 	default:
 		outcome = "infrastructure_error"
 		span.RecordError(err)

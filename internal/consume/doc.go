@@ -27,6 +27,7 @@
 // retry delay.
 //
 // Nothing here knows MongoDB or the inbox document format: the root
-// package provides a Host (decoding, the inbox and its key sequences,
-// handling transactions, offset commits) and an Observer (metrics, logs).
+// package provides a Host (decoding and offset commits of its own; the
+// inbox, its key sequences and the handling transactions through
+// internal/inboxhost) and an Observer (metrics, logs).
 package consume

@@ -17,7 +17,7 @@ import (
 
 // Fakes of the consumer's surroundings, for the Worker and Set tests: a
 // Host that keeps the inbox and its key sequences in memory as the Host
-// contract (consume.go) and the root package's keyseq.go describe them, a
+// contract (consume.go) and internal/inboxhost's keyseq.go describe them, a
 // Pauser that keeps pauses as kgo does, and an Observer that records.
 //
 // A record's Key is its partition key; its Value is "id|script" (then

@@ -24,7 +24,7 @@ import (
 // transactionLifetimeLimitSeconds (60 s by default) runs out, and until
 // then its locks stay on the inbox entries it was claiming. The replica
 // that is assigned the dead one's partitions meets those locks (a write
-// conflict: the root's txn.go makes every write of the handling path fail at once on
+// conflict: internal/inboxhost makes every write of the handling path fail at once on
 // a lock instead of waiting) and would wait for the lifetime to end. So:
 //
 //   - every consumer transaction runs in a session whose id the replica

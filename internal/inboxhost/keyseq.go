@@ -1,4 +1,4 @@
-package outbox
+package inboxhost
 
 import (
 	"context"
@@ -15,13 +15,13 @@ import (
 	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Key sequences (Config.PoisonPolicy HoldKey): the consumer host's
-// operations on them. What a sequence is in storage, and why no pointer or
-// flag duplicates it, is in internal/store's keyseq.go.
+// Key sequences (Config.PoisonPolicy HoldKey): the host's operations on
+// them. What a sequence is in storage, and why no pointer or flag
+// duplicates it, is in internal/store's keyseq.go.
 //
-// Every operation is one transaction (txn.go) that writes the key's
-// current head, so two operations on one key always conflict and one of
-// them runs again on what the other left:
+// Every operation is one transaction (Tx) that writes the key's current
+// head, so two operations on one key always conflict and one of them runs
+// again on what the other left:
 //
 //   - Hold: add a delivered event at the end of its key's sequence;
 //   - Park: park a delivered event (it starts its key's sequence, or
@@ -31,18 +31,15 @@ import (
 //     take it off the sequence; the next event becomes the head;
 //   - NoteReleaseFailure: count a failed attempt of the head, and park it
 //     for good when its attempts are used up;
-//   - Redrive (parked.go): handle a parked head on an operator's request;
-//   - PurgeParked: take events off their sequences for good.
+//   - ReleaseHead with want: handle a parked head on an operator's request
+//     (the root's Redrive);
+//   - the root's PurgeParked: take events off their sequences for good.
 //
 // The owner of a partition (its consumer worker) releases the releasable
 // heads it finds: when it is assigned the partition, and every few seconds
-// while some of its keys are held; Redrive releases inline too. A release
-// cut short (a crash, a cancellation) leaves the next head releasable, and
-// the owner goes on with it.
-
-// inventedKeyPrefix starts the idempotency key the consumer gives a record
-// that has none (its position).
-const inventedKeyPrefix = store.InventedKeyPrefix
+// while some of its keys are held; a re-drive releases inline too. A
+// release cut short (a crash, a cancellation) leaves the next head
+// releasable, and the owner goes on with it.
 
 // seqFilter selects the sequence of key in a partition.
 func seqFilter(tp consume.TopicPartition, key string) bson.D {
@@ -50,35 +47,24 @@ func seqFilter(tp consume.TopicPartition, key string) bson.D {
 }
 
 // headDoc is a sequence member as the head queries read it.
-type headDoc = store.HeadDoc[InboxID]
+type headDoc = store.HeadDoc[ID]
 
 // firstInSeq sorts a sequence's members, head first.
 var firstInSeq = bson.D{{Key: store.InboxOffset, Value: 1}}
 
 // head is the consume.Head of a sequence's first document. A head is
 // releasable when it only waited (held), or was parked for want of a
-// handler that this process has or, with Config.SkipUnknownEvents, skips
-// (noHandlerReleasable).
-func (c *Client) head(d *headDoc) consume.Head {
+// handler that this process has or, with Config.SkipUnknown, skips
+// (App.Releasable).
+func (h *Host) head(d *headDoc) consume.Head {
 	return consume.Head{ID: d.ID.String(), Since: d.ParkedAt,
-		Releasable: d.Held() || (d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID))}
+		Releasable: d.Held() || (d.ParkReason == store.ParkReasonNoHandler && h.app.Releasable(d.ID))}
 }
-
-// noHandlerReleasable reports whether a head parked for want of a handler
-// may be released here: this process has its handler, or skips events
-// without one (Config.SkipUnknownEvents: such an event is skipped wherever
-// it meets its key, so a key it heads moves on).
-func (c *Client) noHandlerReleasable(id InboxID) bool {
-	return c.cfg.SkipUnknownEvents || c.handlerFor(id.Topic, id.ContentSchema) != nil
-}
-
-const reasonNoHandler = store.ParkReasonNoHandler
 
 // Sequences returns the held keys of a partition: one query on its parked
 // documents, sorted by key and offset.
-func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) (map[string]consume.Head, error) {
-	c := h.c
-	cur, err := c.inbox.Find(ctx, store.PartitionParked(tp.Topic, tp.Partition),
+func (h *Host) Sequences(ctx context.Context, tp consume.TopicPartition) (map[string]consume.Head, error) {
+	cur, err := h.inbox.Find(ctx, store.PartitionParked(tp.Topic, tp.Partition),
 		options.Find().SetSort(store.SeqOrder()).SetProjection(store.HeadProjection()))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read held keys of %s: %w", tp, err)
@@ -94,13 +80,13 @@ func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) 
 			// An event without a key holds nothing; parked for want of a
 			// handler that this process has, it is released on its own,
 			// under a sequence key of its own (keylessSeq).
-			if h := c.head(&d); h.Releasable {
-				heads[keylessSeq(d.ID)] = h
+			if hd := h.head(&d); hd.Releasable {
+				heads[keylessSeq(d.ID)] = hd
 			}
 			continue
 		}
 		if _, ok := heads[d.PartitionKey]; !ok {
-			heads[d.PartitionKey] = c.head(&d)
+			heads[d.PartitionKey] = h.head(&d)
 		}
 	}
 	if err := cur.Err(); err != nil {
@@ -111,8 +97,8 @@ func (h *consumeHost) Sequences(ctx context.Context, tp consume.TopicPartition) 
 
 // firstOf reads the head of key's sequence in the context's transaction
 // (or outside one); ok is false when the key holds nothing.
-func (c *Client) firstOf(ctx context.Context, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
-	err = c.inbox.FindOne(ctx, seqFilter(tp, key),
+func (h *Host) firstOf(ctx context.Context, tp consume.TopicPartition, key string) (d headDoc, ok bool, err error) {
+	err = h.inbox.FindOne(ctx, seqFilter(tp, key),
 		options.FindOne().SetSort(firstInSeq).SetProjection(store.HeadProjection())).Decode(&d)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return d, false, nil
@@ -124,53 +110,53 @@ func (c *Client) firstOf(ctx context.Context, tp consume.TopicPartition, key str
 }
 
 // Head returns the head of key's sequence.
-func (h *consumeHost) Head(ctx context.Context, tp consume.TopicPartition, key string) (consume.Head, bool, error) {
-	d, ok, err := h.c.firstOf(ctx, tp, key)
+func (h *Host) Head(ctx context.Context, tp consume.TopicPartition, key string) (consume.Head, bool, error) {
+	d, ok, err := h.firstOf(ctx, tp, key)
 	if !ok || err != nil {
 		return consume.Head{}, false, err
 	}
-	return h.c.head(&d), true, nil
+	return h.head(&d), true, nil
 }
 
 // touchHead writes the head of a sequence, so that the transaction
 // conflicts with every other one that changes the sequence.
-func (c *Client) touchHead(ctx context.Context, head InboxID, offset int64) error {
-	_, err := c.inbox.UpdateOne(ctx, bson.D{{Key: store.InboxID, Value: head}}, store.TouchHeadUpdate(offset))
+func (h *Host) touchHead(ctx context.Context, head ID, offset int64) error {
+	_, err := h.inbox.UpdateOne(ctx, bson.D{{Key: store.InboxID, Value: head}}, store.TouchHeadUpdate(offset))
 	return err
 }
 
 // Hold adds e at the end of its key's sequence (see the top of the file).
-func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *consume.Event) error {
-	c := h.c
+func (h *Host) Hold(ctx context.Context, tp consume.TopicPartition, e *consume.Event) error {
 	d := deliveryOf(e)
 	now := time.Now().UTC()
-	return c.txOnce(ctx, func(tctx context.Context) error {
-		head, ok, err := c.firstOf(tctx, tp, e.Key)
+	return h.txOnce(ctx, func(tctx context.Context) error {
+		head, ok, err := h.firstOf(tctx, tp, e.Key)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			return consume.ErrKeyFree
 		}
-		if err := c.touchHead(tctx, head.ID, e.Offset); err != nil {
+		if err := h.touchHead(tctx, head.ID, e.Offset); err != nil {
 			return err
 		}
-		stored, note := store.StoredPayload(d.payload)
+		payload := d.Payload()
+		stored, note := store.StoredPayload(payload)
 		set := bson.D{
 			{Key: store.InboxParked, Value: true}, {Key: store.InboxParkedAt, Value: now}, {Key: store.InboxHeldBy, Value: head.ID},
 			{Key: store.InboxPayload, Value: stored}, {Key: store.InboxLastError, Value: "held behind " + head.ID.String()},
 		}
 		if note != "" {
-			set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(d.payload)})
+			set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(payload)})
 		}
-		if d.unreadable {
+		if d.Unreadable() {
 			set = append(set, bson.E{Key: store.InboxUnreadable, Value: true})
 		}
 		if e.Fault != nil {
 			set = append(set, bson.E{Key: store.InboxFault, Value: store.Truncate(e.Fault.Error(), store.MaxErrorLen)})
 		}
-		onInsert := append(deliveryAt(&d.env, e.Offset).Fields(now, nil), bson.E{Key: store.InboxAttempts, Value: int32(0)})
-		_, err = c.inbox.UpdateOne(tctx, store.NotDone(inboxIDOf(&d.env)),
+		onInsert := append(d.At(e.Offset).Fields(now, nil), bson.E{Key: store.InboxAttempts, Value: int32(0)})
+		_, err = h.inbox.UpdateOne(tctx, store.NotDone(d.InboxID()),
 			bson.D{{Key: "$set", Value: set}, {Key: "$setOnInsert", Value: onInsert}},
 			options.UpdateOne().SetUpsert(true))
 		if mongo.IsDuplicateKeyError(err) {
@@ -182,18 +168,18 @@ func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *co
 
 // Park parks a delivered event for cause with inc more attempts and fails
 // more failures, and returns the stored counts.
-func (h *consumeHost) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc, fails int, reason string) (consume.Tally, error) {
+func (h *Host) Park(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc, fails int, reason string) (consume.Tally, error) {
 	d := deliveryOf(e)
 	extra := bson.D{{Key: store.InboxParked, Value: true}, {Key: store.InboxParkedAt, Value: time.Now().UTC()}, {Key: store.InboxParkReason, Value: reason}}
-	if d.unreadable {
+	if d.Unreadable() {
 		extra = append(extra, bson.E{Key: store.InboxUnreadable, Value: true})
 	}
-	return h.c.noteDelivery(ctx, d, e.Offset, cause, inc, fails, extra)
+	return h.noteDelivery(ctx, d, e.Offset, cause, inc, fails, extra)
 }
 
 // NoteFailure stores a failed run of a delivered event (not parked).
-func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int) (consume.Tally, error) {
-	return h.c.noteDelivery(ctx, deliveryOf(e), e.Offset, cause, inc, 1, nil)
+func (h *Host) NoteFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int) (consume.Tally, error) {
+	return h.noteDelivery(ctx, deliveryOf(e), e.Offset, cause, inc, 1, nil)
 }
 
 // noteDelivery writes a delivered event's failure in one transaction: inc
@@ -201,24 +187,26 @@ func (h *consumeHost) NoteFailure(ctx context.Context, tp consume.TopicPartition
 // inspection and re-drive) and the extra fields; the document is inserted
 // when absent. It returns the stored counts (earlier processes' included),
 // or consume.ErrDone when the event is handled or parked.
-func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, cause error, inc, fails int, extra bson.D) (consume.Tally, error) {
+func (h *Host) noteDelivery(ctx context.Context, d Delivery, offset int64, cause error, inc, fails int, extra bson.D) (consume.Tally, error) {
 	now := time.Now().UTC()
 	msg := store.Truncate(cause.Error(), store.MaxErrorLen)
-	stored, note := store.StoredPayload(d.payload)
+	payload := d.Payload()
+	stored, note := store.StoredPayload(payload)
 	if note != "" {
 		msg += " (" + note + ")"
 	}
 	set := append(bson.D{{Key: store.InboxLastError, Value: msg}, {Key: store.InboxPayload, Value: stored}}, extra...)
 	if note != "" {
-		set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(d.payload)})
+		set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(payload)})
 	}
-	onInsert := deliveryAt(&d.env, offset).Fields(now, nil)
+	onInsert := d.At(offset).Fields(now, nil)
 	if len(extra) == 0 {
 		onInsert = append(onInsert, bson.E{Key: store.InboxParked, Value: false})
 	}
+	id := d.InboxID()
 	var got store.Tally
-	err := c.txOnce(ctx, func(tctx context.Context) error {
-		err := c.inbox.FindOneAndUpdate(tctx, store.NotDone(inboxIDOf(&d.env)),
+	err := h.txOnce(ctx, func(tctx context.Context) error {
+		err := h.inbox.FindOneAndUpdate(tctx, store.NotDone(id),
 			bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(inc)}, {Key: store.InboxFailures, Value: int32(fails)}}},
 				{Key: "$setOnInsert", Value: onInsert}},
 			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After).
@@ -232,7 +220,7 @@ func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, ca
 		if errors.Is(err, consume.ErrDone) || errors.Is(err, consume.ErrLocked) {
 			return consume.Tally{}, err
 		}
-		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", inboxIDOf(&d.env), err)
+		return consume.Tally{}, fmt.Errorf("outbox: note failure of %s: %w", id, err)
 	}
 	return tallyOf(got), nil
 }
@@ -244,29 +232,28 @@ func tallyOf(t store.Tally) consume.Tally {
 
 // Lookup reads the inbox state of evs; with count it also counts one
 // attempt of each event not done, in the same transaction.
-func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs []*consume.Event, count bool) ([]consume.Stored, error) {
-	c := h.c
+func (h *Host) Lookup(ctx context.Context, tp consume.TopicPartition, evs []*consume.Event, count bool) ([]consume.Stored, error) {
 	ids := make(bson.A, len(evs))
 	for i, e := range evs {
-		ids[i] = inboxIDOf(&deliveryOf(e).env)
+		ids[i] = deliveryOf(e).InboxID()
 	}
 	out := make([]consume.Stored, len(evs))
 	read := func(ctx context.Context) error {
-		cur, err := c.inbox.Find(ctx, bson.D{{Key: store.InboxID, Value: bson.D{{Key: "$in", Value: ids}}}},
+		cur, err := h.inbox.Find(ctx, bson.D{{Key: store.InboxID, Value: bson.D{{Key: "$in", Value: ids}}}},
 			options.Find().SetProjection(append(bson.D{{Key: store.InboxHandled, Value: 1}, {Key: store.InboxParked, Value: 1}}, store.TallyProjection()...)))
 		if err != nil {
 			return err
 		}
-		var docs []inboxDoc
+		var docs []Doc
 		if err := cur.All(ctx, &docs); err != nil {
 			return err
 		}
-		byID := make(map[InboxID]int, len(docs))
+		byID := make(map[ID]int, len(docs))
 		for i, d := range docs {
 			byID[d.ID] = i
 		}
 		for i, e := range evs {
-			if j, ok := byID[inboxIDOf(&deliveryOf(e).env)]; ok {
+			if j, ok := byID[deliveryOf(e).InboxID()]; ok {
 				out[i] = consume.Stored{Done: docs[j].Handled || docs[j].Parked, Attempts: int(docs[j].Attempts), Failures: int(docs[j].Failures)}
 			}
 		}
@@ -278,7 +265,7 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 		}
 		return out, nil
 	}
-	err := c.txOnce(ctx, func(tctx context.Context) error {
+	err := h.txOnce(ctx, func(tctx context.Context) error {
 		if err := read(tctx); err != nil {
 			return err
 		}
@@ -291,15 +278,15 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 			out[i].Attempts++
 			d := deliveryOf(e)
 			models = append(models, mongo.NewUpdateOneModel().
-				SetFilter(store.NotDone(inboxIDOf(&d.env))).
+				SetFilter(store.NotDone(d.InboxID())).
 				SetUpdate(bson.D{{Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(1)}}},
-					{Key: "$setOnInsert", Value: append(deliveryAt(&d.env, e.Offset).Fields(now, nil), bson.E{Key: store.InboxParked, Value: false})}}).
+					{Key: "$setOnInsert", Value: append(d.At(e.Offset).Fields(now, nil), bson.E{Key: store.InboxParked, Value: false})}}).
 				SetUpsert(true))
 		}
 		if len(models) == 0 {
 			return nil
 		}
-		_, err := c.inbox.BulkWrite(tctx, models, options.BulkWrite().SetOrdered(true))
+		_, err := h.inbox.BulkWrite(tctx, models, options.BulkWrite().SetOrdered(true))
 		return err
 	})
 	if err != nil {
@@ -316,11 +303,11 @@ func (h *consumeHost) Lookup(ctx context.Context, tp consume.TopicPartition, evs
 // be handled here (unreadable, its payload refused, no handler) is parked
 // for good instead, in the same transaction: HeadParked. A key made by
 // keylessSeq releases that event without a key.
-func (h *consumeHost) Release(ctx context.Context, tp consume.TopicPartition, key string) (*consume.Event, consume.Result) {
+func (h *Host) Release(ctx context.Context, tp consume.TopicPartition, key string) (*consume.Event, consume.Result) {
 	if id, ok := keylessID(key); ok {
-		return h.c.releaseHead(ctx, tp, "", &id)
+		return h.ReleaseHead(ctx, tp, "", &id)
 	}
-	return h.c.releaseHead(ctx, tp, key, nil)
+	return h.ReleaseHead(ctx, tp, key, nil)
 }
 
 // keylessSeqPrefix starts the sequence key of an event without a partition
@@ -330,60 +317,57 @@ const keylessSeqPrefix = "\x00id:"
 
 // keylessSeq is the sequence key of a parked event without a partition
 // key: a sequence of its own.
-func keylessSeq(id InboxID) string { return keylessSeqPrefix + id.String() }
+func keylessSeq(id ID) string { return keylessSeqPrefix + id.String() }
 
 // keylessID reads the id of keylessSeq's key.
-func keylessID(key string) (InboxID, bool) {
+func keylessID(key string) (ID, bool) {
 	s, ok := strings.CutPrefix(key, keylessSeqPrefix)
 	if !ok {
-		return InboxID{}, false
+		return ID{}, false
 	}
-	id, err := ParseInboxID(s)
+	id, err := ParseID(s)
 	return id, err == nil
 }
 
-// releaseHead is Release. With want (an operator's re-drive of a parked
+// ReleaseHead is Release. With want (an operator's re-drive of a parked
 // event), the event handled is want, even when it is parked for good, and
-// only when it is the head of its key (else the result's Err is ErrHeld);
-// an event without a key is handled on its own.
-func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key string, want *InboxID) (*consume.Event, consume.Result) {
-	var e *consume.Event
-	var res consume.Result
-	var timeout time.Duration
+// only when it is the head of its key (else the result's Err wraps
+// ErrHeld); an event without a key is handled on its own.
+func (h *Host) ReleaseHead(ctx context.Context, tp consume.TopicPartition, key string, want *ID) (*consume.Event, consume.Result) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	t, err := c.beginTx(actx)
+	t, err := h.app.Begin(actx)
 	if err != nil {
 		return nil, infraResult(ctx, err)
 	}
-	defer t.end(actx)
-	var d inboxDoc
+	defer t.End(actx)
+	var d Doc
 	if want != nil && key == "" {
-		err = c.inbox.FindOne(t.ctx, parkedOne(*want)).Decode(&d)
+		err = h.inbox.FindOne(t.Ctx, parkedOne(*want)).Decode(&d)
 	} else {
-		err = c.inbox.FindOne(t.ctx, seqFilter(tp, key), options.FindOne().SetSort(firstInSeq)).Decode(&d)
+		err = h.inbox.FindOne(t.Ctx, seqFilter(tp, key), options.FindOne().SetSort(firstInSeq)).Decode(&d)
 	}
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, consume.Result{Kind: consume.Empty}
 	}
 	if err != nil {
-		return nil, infraResult(ctx, lockedOr(err))
+		return nil, infraResult(ctx, LockedOr(err))
 	}
 	if want != nil && d.ID != *want {
 		return nil, consume.Result{Kind: consume.HeadParked, Err: fmt.Errorf("%w: %s is held behind %s", ErrHeld, *want, d.ID)}
 	}
 	held := d.HeldBy != nil
-	if !held && want == nil && !(d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID)) {
+	if !held && want == nil && !(d.ParkReason == store.ParkReasonNoHandler && h.app.Releasable(d.ID)) {
 		return nil, consume.Result{Kind: consume.HeadParked}
 	}
-	e, err = c.storedDelivery(&d)
-	if err != nil && e.NoHandler && c.cfg.SkipUnknownEvents {
+	e, err := h.app.Stored(&d)
+	if err != nil && e.NoHandler && h.skipUnknown {
 		// No replica of the service takes it: it is skipped, as it would
 		// have been had it met a free key, and the key moves on.
-		if _, err := c.inbox.UpdateOne(t.ctx, parkedOne(d.ID), store.SkipUpdate(reasonNoHandler, time.Now().UTC())); err != nil {
-			return nil, infraResult(ctx, lockedOr(err))
+		if _, err := h.inbox.UpdateOne(t.Ctx, parkedOne(d.ID), store.SkipUpdate(store.ParkReasonNoHandler, time.Now().UTC())); err != nil {
+			return nil, infraResult(ctx, LockedOr(err))
 		}
-		if err := t.commit(actx); err != nil {
+		if err := t.Commit(actx); err != nil {
 			return nil, infraResult(ctx, err)
 		}
 		return e, consume.Result{Kind: consume.Skipped}
@@ -398,89 +382,83 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 			why = d.Fault
 		}
 		if e.NoHandler {
-			reason = reasonNoHandler
+			reason = store.ParkReasonNoHandler
 		}
 		if held || d.ParkReason != reason {
-			if err := c.parkHead(t.ctx, &d, why, 0, reason); err != nil {
-				return nil, infraResult(ctx, lockedOr(err))
+			if err := h.parkHead(t.Ctx, &d, why, 0, reason); err != nil {
+				return nil, infraResult(ctx, LockedOr(err))
 			}
-			if err := t.commit(actx); err != nil {
+			if err := t.Commit(actx); err != nil {
 				return nil, infraResult(ctx, err)
 			}
 		}
 		return nil, consume.Result{Kind: consume.HeadParked}
 	}
-	dl := deliveryOf(e)
-	timeout = dl.h.timeout(c)
-	hctx, hcancel := context.WithTimeout(t.ctx, timeout)
+	hctx, hcancel := context.WithTimeout(t.Ctx, h.app.Timeout(e))
 	defer hcancel()
-	res2, err := c.inbox.UpdateOne(t.ctx, parkedNotHandled(d.ID), store.UnparkUpdate(time.Now().UTC()))
+	res, err := h.inbox.UpdateOne(t.Ctx, parkedNotHandled(d.ID), store.UnparkUpdate(time.Now().UTC()))
 	if err != nil {
-		return e, infraResult(ctx, lockedOr(err))
+		return e, infraResult(ctx, LockedOr(err))
 	}
-	if res2.MatchedCount == 0 {
+	if res.MatchedCount == 0 {
 		return e, consume.Result{Kind: consume.Empty}
 	}
-	meta := &Metadata{Envelope: dl.env, Offset: d.Offset, Attempt: int(d.Attempts) + 1}
-	start := time.Now()
-	sctx, span := c.tel.startHandle(hctx, meta)
-	if err := safeRun(sctx, dl.h, dl.evt, *meta); err != nil {
-		c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
-		res = handlerResult(ctx, err)
-		return e, res
+	end, err := h.app.Run(hctx, e, int(d.Attempts)+1, time.Now())
+	if err != nil {
+		end(&HandlerError{err})
+		return e, h.handlerResult(ctx, err)
 	}
-	if err := t.state.flush(hctx); err != nil {
-		res := flushResult(ctx, hctx, err)
+	if err := t.Flush(hctx); err != nil {
+		res := h.flushResult(ctx, hctx, err)
 		if res.Kind == consume.Failed {
-			c.tel.endHandle(sctx, span, &meta.Envelope, start, &handlerError{err})
+			end(&HandlerError{err})
 		} else {
-			c.tel.endHandle(sctx, span, &meta.Envelope, start, err)
+			end(err)
 		}
 		return e, res
 	}
-	if err := t.commit(hctx); err != nil {
-		c.tel.endHandle(sctx, span, &meta.Envelope, start, &commitError{err})
+	if err := t.Commit(hctx); err != nil {
+		end(&CommitError{err})
 		if ctx.Err() != nil {
 			return e, consume.Result{Kind: consume.Canceled, Err: err}
 		}
-		return e, consume.Result{Kind: consume.CommitFailed, Err: &commitError{err}}
+		return e, consume.Result{Kind: consume.CommitFailed, Err: &CommitError{err}}
 	}
-	c.tel.endHandle(sctx, span, &meta.Envelope, start, nil)
-	c.tel.committed(ctx, t.state)
+	end(nil)
+	t.Committed(ctx)
 	return e, consume.Result{Kind: consume.Handled}
 }
 
 // parkHead parks a sequence's head for good in the context's transaction:
 // it holds its key until an operator acts.
-func (c *Client) parkHead(ctx context.Context, d *inboxDoc, why string, inc int, reason string) error {
-	_, err := c.inbox.UpdateOne(ctx, parkedOne(d.ID), store.ParkHeadUpdate(why, inc, reason, d.Unreadable, time.Now().UTC()))
+func (h *Host) parkHead(ctx context.Context, d *Doc, why string, inc int, reason string) error {
+	_, err := h.inbox.UpdateOne(ctx, parkedOne(d.ID), store.ParkHeadUpdate(why, inc, reason, d.Unreadable, time.Now().UTC()))
 	return err
 }
 
 // parkedOne selects the inbox document of id while it is parked.
-func parkedOne(id InboxID) bson.D {
+func parkedOne(id ID) bson.D {
 	return bson.D{{Key: store.InboxID, Value: id}, {Key: store.InboxParked, Value: true}}
 }
 
 // parkedNotHandled selects the inbox document of id while it is parked and
 // not handled.
-func parkedNotHandled(id InboxID) bson.D {
+func parkedNotHandled(id ID) bson.D {
 	return append(parkedOne(id), bson.E{Key: store.InboxHandled, Value: false})
 }
 
 // NoteReleaseFailure stores a failed attempt of a sequence's head, and
 // parks it for good with park.
-func (h *consumeHost) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (consume.Tally, error) {
-	c := h.c
-	id := inboxIDOf(&deliveryOf(e).env)
+func (h *Host) NoteReleaseFailure(ctx context.Context, tp consume.TopicPartition, e *consume.Event, cause error, inc int, park bool, reason string) (consume.Tally, error) {
+	id := deliveryOf(e).InboxID()
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: store.InboxLastError, Value: store.Truncate(cause.Error(), store.MaxErrorLen)}}},
 		{Key: "$inc", Value: bson.D{{Key: store.InboxAttempts, Value: int32(inc)}, {Key: store.InboxFailures, Value: int32(inc)}}}}
 	if park {
 		update = store.ParkHeadUpdate(cause.Error(), inc, reason, false, time.Now().UTC())
 	}
 	var got store.Tally
-	err := c.txOnce(ctx, func(tctx context.Context) error {
-		return c.inbox.FindOneAndUpdate(tctx, parkedNotHandled(id), update,
+	err := h.txOnce(ctx, func(tctx context.Context) error {
+		return h.inbox.FindOneAndUpdate(tctx, parkedNotHandled(id), update,
 			options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(store.TallyProjection())).Decode(&got)
 	})
 	if errors.Is(err, mongo.ErrNoDocuments) {
