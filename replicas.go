@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/liveness"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Names of internal/liveness that other files of the root use.
@@ -28,13 +29,13 @@ const (
 )
 
 // metaIndexes are the indexes of the outbox_meta collection.
-func metaIndexes() []indexSpec {
+func metaIndexes() []store.IndexSpec {
 	ttl := int32(liveness.TTL.Seconds())
-	return []indexSpec{{
-		name:    liveness.IndexTTL,
-		keys:    bson.D{{Key: "last_seen", Value: 1}},
-		partial: bson.D{{Key: "kind", Value: replicaKind}},
-		ttl:     &ttl,
+	return []store.IndexSpec{{
+		Name:    liveness.IndexTTL,
+		Keys:    bson.D{{Key: "last_seen", Value: 1}},
+		Partial: bson.D{{Key: "kind", Value: replicaKind}},
+		TTL:     &ttl,
 	}}
 }
 
