@@ -20,13 +20,9 @@ import (
 	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Names of internal/liveness that other files of the root use.
-const (
-	// replicaKind is the kind field of replica records.
-	replicaKind = liveness.Kind
-	// replicaWriteTimeout bounds one write of a record in outbox_meta.
-	replicaWriteTimeout = liveness.WriteTimeout
-)
+// replicaKind is the kind field of replica records, which other files of
+// the root use.
+const replicaKind = liveness.Kind
 
 // metaIndexes are the indexes of the outbox_meta collection.
 func metaIndexes() []store.IndexSpec {
@@ -142,7 +138,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 // RetryMaxBackoff, never later than one refresh period); it never ends
 // Run. stop ends the goroutine, waits for it, and writes the record a last
 // time marked stopped (with runErr, if any), bounded by
-// replicaWriteTimeout.
+// liveness.WriteTimeout.
 func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 	rl := newRateLog(errorRelog) // once, then every errorRelog while MongoDB is down
 	r := liveness.NewRecord(liveness.Owner{
