@@ -101,8 +101,10 @@ type ParkedEvent struct {
 	// of its key under Config.PoisonPolicy HoldKey) and ParkedStateHeld for
 	// an event held behind another one of its key.
 	State string `json:"state"`
-	// HeldBy is the event a held event waits for (the head of its key's
-	// chain when the chain started); nil unless State is ParkedStateHeld.
+	// HeldBy is the event a held event waits for: the head of its key when
+	// listed. Nil unless State is ParkedStateHeld, and nil for a held event
+	// that heads its key itself (the event it waited for was handled or
+	// purged): it is released next.
 	HeldBy *InboxID `json:"held_by,omitempty"`
 	// PayloadTruncated is set when the payload was too large to store whole
 	// (near MongoDB's 16 MiB document limit): Payload holds its first bytes

@@ -125,7 +125,9 @@ func (in Inbox[I]) List(ctx context.Context, f ParkedFilter[I]) ([]Parked[I], er
 		return nil, fmt.Errorf("outbox: list parked events: %w", err)
 	}
 	docs := make([]Parked[I], len(raws))
-	heads := map[seqKey]*I{} // the head of each key met
+	// The head of each key met, whichever event it is: a held head is its
+	// key's head for the held events listed after it too.
+	heads := map[seqKey]*I{}
 	for i, raw := range raws {
 		p := &docs[i]
 		if err := bson.Unmarshal(raw, p); err != nil {
@@ -143,7 +145,7 @@ func (in Inbox[I]) List(ctx context.Context, f ParkedFilter[I]) ([]Parked[I], er
 			if err != nil {
 				return nil, fmt.Errorf("outbox: list parked events: %w", err)
 			}
-			if found && d.ID != p.Doc.ID {
+			if found {
 				head = &d.ID
 			}
 			heads[k] = head

@@ -70,16 +70,17 @@ func TestListGivesHeldEventsTheirKeysHeadNow(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	gone, head, a, b := idOf("t", "gone"), idOf("t", "head"), idOf("t", "a"), idOf("t", "b")
-	lone := idOf("t", "lone")
+	lone, behind := idOf("t", "lone"), idOf("t", "behind")
 	in := newInbox(t,
 		parkedDoc(head, "k", 1, t0, nil),
 		parkedDoc(a, "k", 2, t0.Add(time.Second), &gone),
 		parkedDoc(b, "k", 3, t0.Add(2*time.Second), &gone),
 		parkedDoc(lone, "j", 4, t0.Add(3*time.Second), &gone), // its head was purged: it heads key j now
+		parkedDoc(behind, "j", 5, t0.Add(4*time.Second), &gone),
 	)
 	got, err := in.List(ctx, ParkedFilter[testID]{})
 	require.NoError(t, err)
-	require.Len(t, got, 4)
+	require.Len(t, got, 5)
 	require.Equal(t, head, got[0].Doc.ID)
 	require.False(t, got[0].Held())
 	require.Nil(t, got[0].Head)
@@ -90,6 +91,9 @@ func TestListGivesHeldEventsTheirKeysHeadNow(t *testing.T) {
 	}
 	require.True(t, got[3].Held())
 	require.Nil(t, got[3].Head, "the head of its key itself: released next")
+	require.True(t, got[4].Held())
+	require.NotNil(t, got[4].Head, "listed after its key's held head, it still waits for it")
+	require.Equal(t, lone, *got[4].Head)
 
 	got, err = in.List(ctx, ParkedFilter[testID]{Limit: 1, ParkedBefore: t0.Add(time.Second)})
 	require.NoError(t, err)
