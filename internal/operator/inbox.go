@@ -34,6 +34,7 @@ type ID interface {
 // Inbox runs the operator's actions on the parked documents of an inbox
 // collection.
 type Inbox[I ID] struct {
+	// Coll is the inbox collection.
 	Coll *mongo.Collection
 }
 
@@ -93,10 +94,17 @@ func unreadableConds() bson.A {
 
 // Parked is a parked inbox document as the operator's actions read it.
 type Parked[I ID] struct {
-	Doc                store.InboxDoc[I] `bson:",inline"` // exported: the codec skips unexported fields
-	RedriveRequestedAt *time.Time        `bson:"redrive_requested_at,omitempty"`
-	RedriveDeferred    string            `bson:"redrive_deferred,omitempty"`
-	RedriveNotBefore   *time.Time        `bson:"redrive_not_before,omitempty"`
+	// Doc is the document as the consumer writes it (exported: the codec
+	// skips unexported fields).
+	Doc store.InboxDoc[I] `bson:",inline"`
+	// RedriveRequestedAt is when a pending re-drive was requested; nil
+	// when none is.
+	RedriveRequestedAt *time.Time `bson:"redrive_requested_at,omitempty"`
+	// RedriveDeferred is why the last try of the pending request could not
+	// run; RedriveNotBefore is when it is tried again, or until when a
+	// replica's claim on it lasts.
+	RedriveDeferred  string     `bson:"redrive_deferred,omitempty"`
+	RedriveNotBefore *time.Time `bson:"redrive_not_before,omitempty"`
 	// Head is set by List on a held event (Doc.HeldBy set): the head of
 	// its key now, which may have changed since it was held (Doc.HeldBy
 	// names that one). Nil when the held event is its key's head itself

@@ -16,6 +16,7 @@ import (
 // collection: events Kafka refused for good, which stay unpublished (and,
 // under the hold policy, hold their keys) until retried or discarded.
 type Outbox struct {
+	// Coll is the outbox collection.
 	Coll *mongo.Collection
 }
 
@@ -181,6 +182,8 @@ func (o Outbox) apply(ctx context.Context, f FailedFilter, ids []string, dryRun 
 // Held counts the keys failed events hold and the events waiting behind
 // them.
 type Held struct {
+	// Keys counts the held keys (topic, partition, key); Events the
+	// pending events of those keys.
 	Keys, Events int64
 }
 

@@ -12,13 +12,13 @@ import (
 	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Interval is how often Requests looks for re-drive requests by default.
-const Interval = 5 * time.Second
+// interval is how often Requests looks for re-drive requests by default.
+const interval = 5 * time.Second
 
-// ClaimMargin is how long a claimed request is left to the replica that
+// claimMargin is how long a claimed request is left to the replica that
 // claimed it beyond the re-drive's own bound (its handler's timeout),
 // before another replica may serve it.
-const ClaimMargin = time.Minute
+const claimMargin = time.Minute
 
 // settleTimeout bounds the write that settles a request. It runs after
 // the re-drive, whose context may have ended; should it fail, the claim's
@@ -32,8 +32,9 @@ const dueBatch = 100
 // RequestRedrive): every Every, it reads the requests due, claims each one
 // this process can serve, has Redrive run it and settles what it left.
 type Requests[I ID] struct {
+	// Inbox is where the requests are.
 	Inbox Inbox[I]
-	// Every is the period of the loop; 0 is Interval.
+	// Every is the period of the loop; 0 is interval (5 s).
 	Every time.Duration
 	// Log receives the warnings of the loop.
 	Log *slog.Logger
@@ -71,7 +72,7 @@ type Outcome struct {
 func (r *Requests[I]) Run(ctx context.Context) {
 	every := r.Every
 	if every <= 0 {
-		every = Interval
+		every = interval
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -110,7 +111,7 @@ func (r *Requests[I]) serve(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		claimed, err := r.Inbox.Claim(ctx, d.ID, requestedAt, now, ClaimMargin+bound)
+		claimed, err := r.Inbox.Claim(ctx, d.ID, requestedAt, now, claimMargin+bound)
 		if err != nil {
 			return err
 		}
