@@ -13,6 +13,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Tests of the consumer's corner cases around held keys, re-drives and the
@@ -260,7 +262,7 @@ func TestMigratedServiceWithUniqueIdempotencyKeysStarts(t *testing.T) {
 	require.NoError(t, err)
 	// The earlier definition of the index, as a service of the previous
 	// version would have left it.
-	_, err = lib.Indexes().CreateOne(ctx, mongoIndex(outboxIdempotencyKeys(), indexOutboxIdempotency, true))
+	_, err = lib.Indexes().CreateOne(ctx, mongoIndex(store.OutboxIdempotencyKeys(), store.IndexOutboxIdempotency, true))
 	require.Error(t, err, "the library's documents collide in a full unique index")
 
 	cfg := b.config("migrated")

@@ -16,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // effects records one document per handled event in the test's database,
@@ -129,7 +131,7 @@ func TestConsumerConcurrentHandlersCommitOnce(t *testing.T) {
 		require.NoError(t, err)
 		start(t, c)
 		eventually(t, name+" past its inbox check", func() bool {
-			_, ok := indexSpecs(t, c.inbox)[indexInboxTTL]
+			_, ok := indexSpecs(t, c.inbox)[store.IndexInboxTTL]
 			return ok
 		})
 	}

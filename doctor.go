@@ -371,7 +371,7 @@ func (s doctorStore) EventFields(ctx context.Context, id any) (string, error) {
 
 // ListIndexes lists a collection's index documents.
 func (s doctorStore) ListIndexes(ctx context.Context, coll string) ([]bson.D, error) {
-	return listIndexes(ctx, s.Database().Collection(coll))
+	return store.ListIndexes(ctx, s.Database().Collection(coll))
 }
 
 // OutboxIndexes are the outbox's indexes with the given retention.
@@ -393,16 +393,16 @@ func (s doctorStore) MetaIndexes() doctor.Indexes {
 
 // doctorIndexes describes specs for the doctor; expiring is the partial
 // filter of the collection's own TTL index.
-func doctorIndexes(specs []indexSpec, expiring bson.D) doctor.Indexes {
+func doctorIndexes(specs []store.IndexSpec, expiring bson.D) doctor.Indexes {
 	out := doctor.Indexes{
-		Expiring: func(partial any) bool { return sameBSON(partial, expiring, false) },
-		Field:    lookup,
-		Format:   formatIndex,
-		TTL:      indexTTL,
+		Expiring: func(partial any) bool { return store.SameBSON(partial, expiring, false) },
+		Field:    store.Lookup,
+		Format:   store.FormatIndex,
+		TTL:      store.IndexTTL,
 	}
 	for _, s := range specs {
-		out.Specs = append(out.Specs, doctor.IndexSpec{Name: s.name, Doc: s.document(), TTL: s.ttl, Unique: s.unique,
-			Matches: func(ix bson.D) bool { return len(findEquivalents([]bson.D{ix}, s)) > 0 }})
+		out.Specs = append(out.Specs, doctor.IndexSpec{Name: s.Name, Doc: s.Document(), TTL: s.TTL, Unique: s.Unique,
+			Matches: func(ix bson.D) bool { return len(store.FindEquivalents([]bson.D{ix}, s)) > 0 }})
 	}
 	return out
 }

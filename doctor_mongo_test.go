@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -78,12 +79,12 @@ func TestDoctorMongoChecks(t *testing.T) {
 			dropIndex(c.inbox, "expire_parked"), "expire_parked"},
 		{"an index under the framework's name with another key", "mongo.indexes", SeverityBreaks,
 			func(t *testing.T) {
-				dropIndex(c.outbox, indexOutboxFailed)(t)
-				createIndex(c.outbox, bson.D{{Key: "failed", Value: 1}}, options.Index().SetName(indexOutboxFailed))(t)
+				dropIndex(c.outbox, store.IndexOutboxFailed)(t)
+				createIndex(c.outbox, bson.D{{Key: "failed", Value: 1}}, options.Index().SetName(store.IndexOutboxFailed))(t)
 			},
-			func(t *testing.T) { dropIndex(c.outbox, indexOutboxFailed)(t); ensure(t) }, "index outbox_failed is"},
+			func(t *testing.T) { dropIndex(c.outbox, store.IndexOutboxFailed)(t); ensure(t) }, "index outbox_failed is"},
 		{"a missing TTL index", "mongo.indexes", SeverityRisk,
-			dropIndex(c.outbox, indexOutboxTTL), ensure, "index outbox_published_ttl"},
+			dropIndex(c.outbox, store.IndexOutboxTTL), ensure, "index outbox_published_ttl"},
 		{"an inbox owned by another consumer group", "mongo.inbox_owner", SeverityBreaks,
 			setOwner("someone-else"), setOwner(c.cfg.ConsumerGroup), `owned by consumer group "someone-else"`},
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/event-outbox/outbox/internal/inboxhost"
+	"github.com/event-outbox/outbox/internal/operator"
 	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/topicmeta"
 )
@@ -169,7 +170,7 @@ var ErrAttemptsExhausted = errors.New("outbox: attempts exhausted")
 // Parked events (Client.Redrive, Admin).
 
 // ErrNotParked is returned by Redrive for an event that is not parked.
-var ErrNotParked = errors.New("outbox: event is not parked")
+var ErrNotParked = operator.ErrNotParked
 
 // ErrNoHandler is returned by Redrive for an event no registered handler
 // accepts.
@@ -211,7 +212,7 @@ func (e *RedriveDeferredError) Unwrap() []error { return []error{ErrRedriveDefer
 // for a parked record whose envelope could not be read (see
 // ParkedEvent.LastError): it has no reliable identity and can never be
 // handled. Purge it (Admin.PurgeParked) instead.
-var ErrNotRedrivable = errors.New("outbox: malformed record cannot be re-driven (its envelope could not be read); purge it instead")
+var ErrNotRedrivable = operator.ErrNotRedrivable
 
 // ErrPayloadTruncated is returned when a parked event whose payload was too
 // large to store whole in the inbox is re-driven: only its first bytes are

@@ -32,7 +32,7 @@ var libraryIdempotencyKeys = store.LibraryIdempotencyKeys()
 func (c *Client) checkNotLibraryOutbox(ctx context.Context) error {
 	specs, err := c.outbox.Indexes().ListSpecifications(ctx)
 	var cmdErr mongo.CommandError
-	if errors.As(err, &cmdErr) && cmdErr.Code == codeNamespaceNotFound {
+	if errors.As(err, &cmdErr) && cmdErr.Code == store.CodeNamespaceNotFound {
 		return nil
 	}
 	if err != nil {

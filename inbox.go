@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/store"
 )
 
@@ -28,18 +25,6 @@ const maxStoredPayload = store.MaxStoredPayload
 const inventedKeyPrefix = store.InventedKeyPrefix
 
 const reasonNoHandler = store.ParkReasonNoHandler
-
-// seqFilter selects the sequence of key in a partition (see
-// internal/store's keyseq.go).
-func seqFilter(tp consume.TopicPartition, key string) bson.D {
-	return store.SeqFilter(tp.Topic, tp.Partition, key)
-}
-
-// headDoc is a sequence member as the head queries read it.
-type headDoc = store.HeadDoc[InboxID]
-
-// firstInSeq sorts a sequence's members, head first.
-var firstInSeq = bson.D{{Key: store.InboxOffset, Value: 1}}
 
 // safeRun runs a handler and turns a panic into an error wrapping
 // ErrHandlerPanic and, when the panic's value is an error, that error.

@@ -3,37 +3,19 @@ package outbox
 import (
 	"context"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-
 	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Index names, part of the storage format (internal/store owns them).
-const (
-	indexOutboxPending        = store.IndexOutboxPending
-	indexOutboxTTL            = store.IndexOutboxTTL
-	indexOutboxFailed         = store.IndexOutboxFailed
-	indexOutboxIdempotency    = store.IndexOutboxIdempotency
-	indexInboxTTL             = store.IndexInboxTTL
-	indexInboxParked          = store.IndexInboxParked
-	indexInboxParkedPartition = store.IndexInboxParkedPartition
-)
-
-// codeNamespaceNotFound is the code of a command on a collection that does
-// not exist (yet).
-const codeNamespaceNotFound = store.CodeNamespaceNotFound
-
 // outboxIndexes are the indexes of the outbox collection.
-func (c *Client) outboxIndexes() []indexSpec {
-	return specsOf(store.OutboxIndexes(c.cfg.OutboxRetention, c.cfg.UniqueIdempotencyKeys))
+func (c *Client) outboxIndexes() []store.IndexSpec {
+	return store.OutboxIndexes(c.cfg.OutboxRetention, c.cfg.UniqueIdempotencyKeys)
 }
 
 // inboxIndexes are the indexes of the inbox collection. Only a client that
 // consumes (has handlers) creates them, after checking that the inbox
 // belongs to its consumer group (see stampInbox).
-func (c *Client) inboxIndexes() []indexSpec {
-	return specsOf(store.InboxIndexes(c.cfg.InboxRetention))
+func (c *Client) inboxIndexes() []store.IndexSpec {
+	return store.InboxIndexes(c.cfg.InboxRetention)
 }
 
 // EnsureIndexes prepares the collections, and is idempotent. On the outbox:
@@ -84,11 +66,11 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := c.checkNotLibraryOutbox(ctx); err != nil {
 		return err
 	}
-	if err := ensureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
+	if err := store.EnsureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
 		return err
 	}
 	c.uniqueIndex.Store(c.cfg.UniqueIdempotencyKeys)
-	if err := ensureIndexes(ctx, c.meta, metaIndexes()...); err != nil {
+	if err := store.EnsureIndexes(ctx, c.meta, metaIndexes()...); err != nil {
 		return err
 	}
 	if !c.consumes() {
@@ -97,7 +79,7 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 	if err := c.stampInbox(ctx); err != nil {
 		return err
 	}
-	if err := ensureIndexes(ctx, c.inbox, c.inboxIndexes()...); err != nil {
+	if err := store.EnsureIndexes(ctx, c.inbox, c.inboxIndexes()...); err != nil {
 		return err
 	}
 	return c.migrateUnreadable(ctx)
@@ -108,54 +90,4 @@ func (c *Client) consumes() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.handlers) > 0
-}
-
-// indexSpec is the root's view of a store.IndexSpec, for the doctor's
-// judgements and the replica records' index, which build and read specs
-// by these names.
-type indexSpec struct {
-	name     string
-	keys     bson.D
-	partial  bson.D
-	ttl      *int32
-	unique   bool
-	replaces func(ix bson.D) bool
-}
-
-func specsOf(ss []store.IndexSpec) []indexSpec {
-	out := make([]indexSpec, len(ss))
-	for i, s := range ss {
-		out[i] = indexSpec{name: s.Name, keys: s.Keys, partial: s.Partial, ttl: s.TTL, unique: s.Unique, replaces: s.Replaces}
-	}
-	return out
-}
-
-func (s indexSpec) spec() store.IndexSpec {
-	return store.IndexSpec{Name: s.name, Keys: s.keys, Partial: s.partial, TTL: s.ttl, Unique: s.unique, Replaces: s.replaces}
-}
-
-// document renders the spec as listIndexes shows it.
-func (s indexSpec) document() bson.D { return s.spec().Document() }
-
-// ensureIndexes makes sure coll has an index equivalent to each spec (see
-// store.EnsureIndexes).
-func ensureIndexes(ctx context.Context, coll *mongo.Collection, specs ...indexSpec) error {
-	ss := make([]store.IndexSpec, len(specs))
-	for i, s := range specs {
-		ss[i] = s.spec()
-	}
-	return store.EnsureIndexes(ctx, coll, ss...)
-}
-
-func findEquivalents(existing []bson.D, s indexSpec) []bson.D {
-	return store.FindEquivalents(existing, s.spec())
-}
-
-func formatIndex(ix bson.D) string            { return store.FormatIndex(ix) }
-func indexTTL(ix bson.D) (int64, bool)        { return store.IndexTTL(ix) }
-func lookup(d bson.D, key string) (any, bool) { return store.Lookup(d, key) }
-func sameBSON(a, b any, ordered bool) bool    { return store.SameBSON(a, b, ordered) }
-
-func listIndexes(ctx context.Context, coll *mongo.Collection) ([]bson.D, error) {
-	return store.ListIndexes(ctx, coll)
 }

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -44,14 +45,14 @@ func TestEnsureIndexesIdempotentAndRetentionChange(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	specs := indexSpecs(t, c.outbox)
-	require.Contains(t, specs, indexOutboxPending)
-	require.EqualValues(t, 3600, specs[indexOutboxTTL]["expireAfterSeconds"])
-	require.Contains(t, indexSpecs(t, c.inbox), indexInboxTTL)
+	require.Contains(t, specs, store.IndexOutboxPending)
+	require.EqualValues(t, 3600, specs[store.IndexOutboxTTL]["expireAfterSeconds"])
+	require.Contains(t, indexSpecs(t, c.inbox), store.IndexInboxTTL)
 
 	cfg.OutboxRetention = 2 * time.Hour
 	c2 := b.client(t, cfg)
 	require.NoError(t, c2.EnsureIndexes(ctx))
-	require.EqualValues(t, 7200, indexSpecs(t, c.outbox)[indexOutboxTTL]["expireAfterSeconds"])
+	require.EqualValues(t, 7200, indexSpecs(t, c.outbox)[store.IndexOutboxTTL]["expireAfterSeconds"])
 }
 
 func TestTTLRemovesOnlyPublishedAndHandled(t *testing.T) {
@@ -133,13 +134,13 @@ func TestEnsureIndexesReusesEquivalentIndexesOfAnotherName(t *testing.T) {
 	require.NoError(t, c.EnsureIndexes(ctx), "idempotent")
 
 	out := indexSpecs(t, c.outbox)
-	require.NotContains(t, out, indexOutboxTTL, "the equivalent index is reused, not doubled")
+	require.NotContains(t, out, store.IndexOutboxTTL, "the equivalent index is reused, not doubled")
 	require.EqualValues(t, 3600, out["expiration"]["expireAfterSeconds"], "its TTL follows OutboxRetention")
-	require.Contains(t, out, indexOutboxPending)
+	require.Contains(t, out, store.IndexOutboxPending)
 	in := indexSpecs(t, c.inbox)
-	require.NotContains(t, in, indexInboxTTL)
+	require.NotContains(t, in, store.IndexInboxTTL)
 	require.EqualValues(t, 7200, in["expiration"]["expireAfterSeconds"], "its TTL follows InboxRetention")
-	require.Contains(t, in, indexInboxParked)
+	require.Contains(t, in, store.IndexInboxParked)
 
 	// Run starts on these collections instead of retrying forever.
 	stop := start(t, c)
@@ -158,7 +159,7 @@ func TestRunEndsOnIndexConflict(t *testing.T) {
 	t.Parallel()
 	cases := map[string]func(t *testing.T, c *Client){
 		"our name, another key": func(t *testing.T, c *Client) {
-			createIndex(t, c.outbox, indexOutboxTTL, bson.D{{Key: "created_at", Value: 1}}, nil, 60)
+			createIndex(t, c.outbox, store.IndexOutboxTTL, bson.D{{Key: "created_at", Value: 1}}, nil, 60)
 		},
 		"our key and filter, not TTL": func(t *testing.T, c *Client) {
 			createIndex(t, c.outbox, "by_hand", bson.D{{Key: "published_at", Value: 1}}, bson.D{{Key: "published", Value: true}}, -1)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Two services with the same Database and the default collection names would
@@ -41,7 +43,7 @@ func TestInboxOfAnotherGroupIsRefused(t *testing.T) {
 	// The refused client changed nothing of the owner's inbox: its TTL is
 	// still the owner's.
 	require.EqualValues(t, int64(first.cfg.InboxRetention.Seconds()),
-		indexSpecs(t, first.inbox)[indexInboxTTL]["expireAfterSeconds"])
+		indexSpecs(t, first.inbox)[store.IndexInboxTTL]["expireAfterSeconds"])
 
 	// The fix: an inbox collection of its own.
 	cfg.InboxCollection = "shipping_inbox"

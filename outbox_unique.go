@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/event-outbox/outbox/internal/store"
@@ -43,20 +42,10 @@ func (c *Client) ensureUniqueIndex(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, uniqueIndexTimeout)
 	defer cancel()
-	if err := ensureIndexes(ctx, c.outbox, outboxIdempotencySpec()); err != nil {
+	if err := store.EnsureIndexes(ctx, c.outbox, store.OutboxIdempotencySpec()); err != nil {
 		return fmt.Errorf("outbox: Config.UniqueIdempotencyKeys: the unique index %s of %s is not known to exist and could not be made (Client.EnsureIndexes makes it), so nothing is recorded: %w",
-			indexOutboxIdempotency, c.outbox.Name(), err)
+			store.IndexOutboxIdempotency, c.outbox.Name(), err)
 	}
 	c.uniqueIndex.Store(true)
 	return nil
-}
-
-// outboxIdempotencyKeys is the key of the unique index of
-// Config.UniqueIdempotencyKeys (see store.OutboxIdempotencyKeys).
-func outboxIdempotencyKeys() bson.D { return store.OutboxIdempotencyKeys() }
-
-// outboxIdempotencySpec is the unique index of Config.UniqueIdempotencyKeys
-// (see store.OutboxIdempotencySpec).
-func outboxIdempotencySpec() indexSpec {
-	return specsOf([]store.IndexSpec{store.OutboxIdempotencySpec()})[0]
 }

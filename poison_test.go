@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // holdEnv is a consumer (default PoisonPolicy: HoldKey), started by
@@ -467,13 +469,13 @@ func TestInboxHoldIndexes(t *testing.T) {
 	b := setup(t)
 	c := b.client(t, consumerConfig(b, "idx"))
 	ctx := context.Background()
-	require.NoError(t, ensureIndexes(ctx, c.inbox, c.inboxIndexes()...))
-	require.NoError(t, ensureIndexes(ctx, c.inbox, c.inboxIndexes()...))
+	require.NoError(t, store.EnsureIndexes(ctx, c.inbox, c.inboxIndexes()...))
+	require.NoError(t, store.EnsureIndexes(ctx, c.inbox, c.inboxIndexes()...))
 	specs, err := c.inbox.Indexes().ListSpecifications(ctx)
 	require.NoError(t, err)
 	found := false
 	for _, s := range specs {
-		found = found || s.Name == indexInboxParkedPartition
+		found = found || s.Name == store.IndexInboxParkedPartition
 	}
 	require.True(t, found)
 }

@@ -3,10 +3,8 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/internal/store"
 )
@@ -41,11 +39,6 @@ func (e *unreadableError) Unwrap() error { return e.err }
 // unreadable wraps the error of decodeRecord.
 func unreadable(err error) error { return &unreadableError{err} }
 
-// unreadableConds matches the parked documents that cannot be re-driven.
-func unreadableConds() bson.A {
-	return bson.A{bson.D{{Key: store.InboxUnreadable, Value: true}}}
-}
-
 // migrateUnreadable flags the parked documents stored before the
 // unreadable flag existed, which only their invented idempotency key told
 // apart. Idempotent; run by EnsureIndexes for a consuming client.
@@ -59,36 +52,4 @@ func (c *Client) migrateUnreadable(ctx context.Context) error {
 		return fmt.Errorf("outbox: flag unreadable parked events: %w", err)
 	}
 	return nil
-}
-
-// refuseUnreadable fails with ErrNotRedrivable, naming them, when the ids
-// f names include unreadable events. A selection without ids (a topic,
-// all) skips them instead (see ParkedFilter.query).
-func (a *Admin) refuseUnreadable(ctx context.Context, f ParkedFilter) error {
-	if len(f.IDs) == 0 {
-		return nil
-	}
-	q := append(f.query(), bson.E{Key: "$or", Value: unreadableConds()})
-	cur, err := a.inbox.Find(ctx, q, options.Find().SetProjection(bson.D{{Key: store.InboxID, Value: 1}}).SetLimit(4))
-	if err != nil {
-		return fmt.Errorf("outbox: request re-drive of parked events: %w", err)
-	}
-	var docs []struct {
-		ID InboxID `bson:"_id"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return fmt.Errorf("outbox: request re-drive of parked events: %w", err)
-	}
-	if len(docs) == 0 {
-		return nil
-	}
-	names := make([]string, 0, 3)
-	for i, d := range docs {
-		if i == 3 {
-			names = append(names, "...")
-			break
-		}
-		names = append(names, d.ID.String())
-	}
-	return fmt.Errorf("%w: %s", ErrNotRedrivable, strings.Join(names, ", "))
 }

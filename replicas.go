@@ -17,24 +17,21 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/liveness"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
-// Names of internal/liveness that other files of the root use.
-const (
-	// replicaKind is the kind field of replica records.
-	replicaKind = liveness.Kind
-	// replicaWriteTimeout bounds one write of a record in outbox_meta.
-	replicaWriteTimeout = liveness.WriteTimeout
-)
+// replicaKind is the kind field of replica records, which other files of
+// the root use.
+const replicaKind = liveness.Kind
 
 // metaIndexes are the indexes of the outbox_meta collection.
-func metaIndexes() []indexSpec {
+func metaIndexes() []store.IndexSpec {
 	ttl := int32(liveness.TTL.Seconds())
-	return []indexSpec{{
-		name:    liveness.IndexTTL,
-		keys:    bson.D{{Key: "last_seen", Value: 1}},
-		partial: bson.D{{Key: "kind", Value: replicaKind}},
-		ttl:     &ttl,
+	return []store.IndexSpec{{
+		Name:    liveness.IndexTTL,
+		Keys:    bson.D{{Key: "last_seen", Value: 1}},
+		Partial: bson.D{{Key: "kind", Value: replicaKind}},
+		TTL:     &ttl,
 	}}
 }
 
@@ -141,7 +138,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 // RetryMaxBackoff, never later than one refresh period); it never ends
 // Run. stop ends the goroutine, waits for it, and writes the record a last
 // time marked stopped (with runErr, if any), bounded by
-// replicaWriteTimeout.
+// liveness.WriteTimeout.
 func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 	rl := newRateLog(errorRelog) // once, then every errorRelog while MongoDB is down
 	r := liveness.NewRecord(liveness.Owner{

@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/wire/wiretest"
 )
 
@@ -314,7 +315,7 @@ func TestUniqueIdempotencyKeysBeforeEnsureIndexes(t *testing.T) {
 	cfg.OutboxCollection = "outbox_conflict"
 	d := b.client(t, cfg)
 	_, err := d.outbox.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: "topic", Value: 1}},
-		Options: options.Index().SetName(indexOutboxIdempotency)})
+		Options: options.Index().SetName(store.IndexOutboxIdempotency)})
 	require.NoError(t, err)
 	err = record(d)
 	require.ErrorIs(t, err, ErrIndexConflict)
