@@ -470,6 +470,10 @@ func TestCrashInvariantsCatchConcurrencyBugs(t *testing.T) {
 			_, err = runCrashPoint(t, srv, sc(tc.bug, tc.gate), nil, tc.point, "", 0)
 			require.ErrorContains(t, err, tc.want, "the planted defect")
 			sound := sc(nil, othersHandled)
+			// a1 and b1 meet in their handlers, so that the sound run has
+			// two transactions open at once however the machine schedules
+			// the units (recordCrashScenario requires it).
+			sound.barrier = []string{"a1", "b1"}
 			_, _, want, _ := recordCrashScenario(t, sound)
 			_, err = runCrashPoint(t, srv, sound, nil, tc.point, want, 1)
 			require.NoError(t, err, "the same crash point of a sound consumer")
