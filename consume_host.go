@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
 )
 
@@ -31,6 +32,9 @@ type delivery struct {
 	evt     Event
 	// unreadable: the envelope could not be read (see redrive_unreadable.go).
 	unreadable bool
+	// ref is the claim-check reference of a record whose payload was
+	// stored out of band; evt is nil until it is resolved (claimcheck.go).
+	ref string
 }
 
 func deliveryOf(e *consume.Event) *delivery { return e.Data.(*delivery) }
@@ -54,12 +58,16 @@ func (h *consumeHost) Decode(rec *kgo.Record) *consume.Event {
 		e.Fault = unreadable(err)
 		return e
 	}
+	d.ref, _ = claimcheck.RefOf(rec)
 	d.h = c.handlerFor(env.Topic, env.ContentSchema)
 	if d.h == nil {
 		e.NoHandler = true
 		return e
 	}
 	e.Policy = d.h.policy(c)
+	if d.ref != "" {
+		return e // resolved by Handle, which may do I/O
+	}
 	evt, err := d.h.decode(c, payload)
 	if err != nil {
 		e.Fault = err
@@ -87,6 +95,9 @@ func (h *consumeHost) Handle(ctx context.Context, tp consume.TopicPartition, evs
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if res, ok := c.resolveAll(ctx, actx, evs); !ok {
+		return res
+	}
 	start := time.Now()
 	type spanned struct {
 		ctx  context.Context
@@ -311,9 +322,11 @@ func (h *consumeHost) Error(err error) { h.c.tel.setError(err) }
 // storedDelivery rebuilds the delivery of a stored inbox document, for a
 // release or a re-drive; evt is nil when the payload does not decode (err
 // says why) or no handler accepts the event.
-func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
+// A payload stored out of band that the inbox could not keep whole is
+// resolved again, with ctx.
+func (c *Client) storedDelivery(ctx context.Context, d *inboxDoc) (*consume.Event, error) {
 	env := inboxEnvelope(d)
-	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable}
+	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable, ref: d.PayloadRef}
 	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts), Failures: int(d.Failures)}
 	if dl.unreadable {
 		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, d.ID)
@@ -324,7 +337,14 @@ func (c *Client) storedDelivery(d *inboxDoc) (*consume.Event, error) {
 		return e, fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, d.ID.Topic, d.ID.ContentSchema)
 	}
 	e.Policy = dl.h.policy(c)
-	evt, err := c.storedEvent(dl.h, d)
+	var evt Event
+	var err error
+	if dl.ref != "" && (d.Payload == "" || d.PayloadTruncated) {
+		err = c.resolvePayload(ctx, dl)
+		evt = dl.evt
+	} else {
+		evt, err = c.storedEvent(dl.h, d)
+	}
 	if err != nil {
 		e.Fault = err
 		return e, err

@@ -166,6 +166,9 @@ func (h *consumeHost) Hold(ctx context.Context, tp consume.TopicPartition, e *co
 		if d.unreadable {
 			set = append(set, bson.E{Key: store.InboxUnreadable, Value: true})
 		}
+		if d.ref != "" {
+			set = append(set, bson.E{Key: store.InboxPayloadRef, Value: d.ref})
+		}
 		if e.Fault != nil {
 			set = append(set, bson.E{Key: store.InboxFault, Value: store.Truncate(e.Fault.Error(), store.MaxErrorLen)})
 		}
@@ -211,6 +214,9 @@ func (c *Client) noteDelivery(ctx context.Context, d *delivery, offset int64, ca
 	set := append(bson.D{{Key: store.InboxLastError, Value: msg}, {Key: store.InboxPayload, Value: stored}}, extra...)
 	if note != "" {
 		set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(d.payload)})
+	}
+	if d.ref != "" {
+		set = append(set, bson.E{Key: store.InboxPayloadRef, Value: d.ref})
 	}
 	onInsert := deliveryAt(&d.env, offset).Fields(now, nil)
 	if len(extra) == 0 {
@@ -376,7 +382,12 @@ func (c *Client) releaseHead(ctx context.Context, tp consume.TopicPartition, key
 	if !held && want == nil && !(d.ParkReason == reasonNoHandler && c.noHandlerReleasable(d.ID)) {
 		return nil, consume.Result{Kind: consume.HeadParked}
 	}
-	e, err = c.storedDelivery(&d)
+	e, err = c.storedDelivery(t.ctx, &d)
+	if err != nil && transientPayloadError(err) {
+		// The claim-check database failing is not the event's fault: the
+		// release is tried again.
+		return e, infraResult(ctx, err)
+	}
 	if err != nil && e.NoHandler && c.cfg.SkipUnknownEvents {
 		// No replica of the service takes it: it is skipped, as it would
 		// have been had it met a free key, and the key moves on.

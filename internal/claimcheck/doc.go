@@ -1,0 +1,23 @@
+// Package claimcheck stores the payloads of events too large for a Kafka
+// record out of band, in MongoDB, and reads them back: the claim check.
+//
+// It owns the payload collection (store.PayloadsCollection) of the
+// claim-check database: its chunk documents, their indexes and their
+// expiry, the reference format Kafka records carry (the dataref), and the
+// record headers that carry it (HeaderNative for the native format,
+// HeaderCloudEvents, CloudEvents' dataref extension attribute, for
+// CloudEvents).
+//
+// A payload is cut into chunks of at most ChunkSize bytes, inserted in the
+// caller's transaction next to the outbox document that refers to them, so
+// both commit or neither does (GridFS's bucket API in the Go driver writes
+// its files and chunks outside any session's transaction, which is why
+// plain chunk documents are used). The chunks' ref is the outbox document's
+// _id. When the publisher marks events published it first marks their
+// chunks published at the same time (MarkPublished); a partial TTL index
+// on published_at deletes published chunks after the outbox retention
+// plus the configured margin. Unpublished chunks never expire.
+//
+// The package starts no goroutines; every call runs on its caller's
+// goroutine and honours its context. It does not import the root package.
+package claimcheck
