@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
@@ -209,10 +210,16 @@ func (c *Client) resolveAll(ctx, actx context.Context, evs []*consume.Event) (re
 			continue
 		case ctx.Err() != nil:
 			return consume.Result{Kind: consume.Canceled, Err: err}, false
-		case errors.Is(err, ErrPayloadUnavailable):
-			return consume.Result{Kind: consume.Failed, At: i, Err: err}, false
 		}
-		return consume.Result{Kind: consume.Failed, At: i, Err: err, Park: true}, false
+		reason, park := "malformed", true
+		switch {
+		case errors.Is(err, ErrPayloadUnavailable):
+			reason, park = "unavailable", false
+		case errors.Is(err, ErrClaimCheckNotConfigured):
+			reason = "not_configured"
+		}
+		c.tel.ins.Unresolved.Add(ctx, 1, metric.WithAttributes(attrTopic.String(d.env.Topic), attrReason.String(reason)))
+		return consume.Result{Kind: consume.Failed, At: i, Err: err, Park: park}, false
 	}
 	return consume.Result{}, true
 }

@@ -41,9 +41,18 @@ func recordPad(t *testing.T, b *bundle, c *Client, k string, seq, n int) error {
 // claim check) and returns the pad lengths its handler saw, by seq.
 func padConsumer(t *testing.T, b *bundle, service string, cc *ClaimCheck) (*Client, func() map[int]int) {
 	t.Helper()
+	return padConsumerWith(t, b, service, cc, nil)
+}
+
+// padConsumerWith is padConsumer with its metrics in o (nil: none).
+func padConsumerWith(t *testing.T, b *bundle, service string, cc *ClaimCheck, o **otelBundle) (*Client, func() map[int]int) {
+	t.Helper()
 	cfg := consumerConfig(b, service)
 	cfg.ClaimCheck = cc
 	cfg.MaxAttempts = 2
+	if o != nil {
+		*o = newOtel(t, &cfg)
+	}
 	c := b.client(t, cfg)
 	var mu sync.Mutex
 	seen := map[int]int{}
@@ -81,7 +90,9 @@ func TestClaimCheckCarriesEventOverTopicLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	c := b.client(t, claimPub(b, ClaimCheck{}))
+	cfg := claimPub(b, ClaimCheck{})
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
 	require.NoError(t, c.EnsureIndexes(ctx))
 	b.setMaxMessageBytes(t, 64<<10)
 	require.NoError(t, recordPad(t, b, c, "big", 0, 0))
@@ -96,6 +107,8 @@ func TestClaimCheckCarriesEventOverTopicLimit(t *testing.T) {
 	require.Greater(t, big.PayloadSize, int64(300000))
 	require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: big.ID}, {Key: store.PayloadPublished, Value: false}}))
 	require.EqualValues(t, 2, count(t, c.outbox, bson.D{{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: false}}}}))
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.stored"], attrTopic.String(ordersTopic)))
+	require.EqualValues(t, 3, sumOf(o.collect(t)["outbox.events.recorded"], attrTopic.String(ordersTopic)))
 
 	runPub(t, c, publisherOptions{})
 	eventually(t, "three events published", func() bool { return b.published(t, Config{}) == 3 })
@@ -181,7 +194,8 @@ func TestClaimCheckConsumerWithoutConfigParksThenRedrives(t *testing.T) {
 	ctx := context.Background()
 	publishOutOfBand(t, b)
 
-	cons, seen := padConsumer(t, b, "cons", nil)
+	var o *otelBundle
+	cons, seen := padConsumerWith(t, b, "cons", nil, &o)
 	stop := start(t, cons)
 	var d inboxDoc
 	eventually(t, "the event parked", func() bool {
@@ -193,6 +207,7 @@ func TestClaimCheckConsumerWithoutConfigParksThenRedrives(t *testing.T) {
 	require.Contains(t, d.LastError, "outbox-payload:")
 	require.True(t, strings.HasPrefix(d.PayloadRef, "outbox-payload:"))
 	require.EqualValues(t, 1, d.Attempts, "parked at once, not retried")
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("not_configured")))
 
 	fixed, seen2 := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
 	require.NoError(t, fixed.Redrive(ctx, d.ID))
@@ -212,7 +227,8 @@ func TestClaimCheckUnreachableStoreFailsAttemptsThenParks(t *testing.T) {
 		SetServerSelectionTimeout(100 * time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = dead.Disconnect(context.Background()) })
-	cons, seen := padConsumer(t, b, "cons", &ClaimCheck{Database: dead.Database("claims")})
+	var o *otelBundle
+	cons, seen := padConsumerWith(t, b, "cons", &ClaimCheck{Database: dead.Database("claims")}, &o)
 	start(t, cons)
 	var d inboxDoc
 	eventually(t, "the event parked after its attempts", func() bool {
@@ -221,6 +237,7 @@ func TestClaimCheckUnreachableStoreFailsAttemptsThenParks(t *testing.T) {
 	require.Empty(t, seen())
 	require.EqualValues(t, 2, d.Attempts)
 	require.Contains(t, d.LastError, ErrPayloadUnavailable.Error())
+	require.EqualValues(t, 2, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("unavailable")))
 }
 
 // The event-outbox format has no place for a reference: an event over the

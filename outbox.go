@@ -50,6 +50,7 @@ type txState struct {
 	docs   []any
 	chunks []any            // payload chunks of docs stored out of band (claimcheck.go)
 	counts map[string]int64 // events inserted by flush, by topic (metrics)
+	claims map[string]int64 // of which with their payload out of band
 }
 
 // describe names c in errors: its service and outbox collection.
@@ -202,7 +203,14 @@ func (tx *txState) flush(ctx context.Context) error {
 		tx.counts = map[string]int64{}
 	}
 	for _, d := range tx.docs {
-		tx.counts[d.(*outboxDoc).Topic]++
+		od := d.(*outboxDoc)
+		tx.counts[od.Topic]++
+		if od.PayloadRef != nil {
+			if tx.claims == nil {
+				tx.claims = map[string]int64{}
+			}
+			tx.claims[od.Topic]++
+		}
 	}
 	tx.docs = tx.docs[:0]
 	return nil
