@@ -24,8 +24,8 @@ import (
 // reads it from Kafka, see ErrEventTooLarge), or when its JSON is at least
 // Threshold bytes. The payload is cut into chunks of at most 8 MiB,
 // inserted in the caller's transaction with the outbox document, so both
-// commit or neither does (plain chunk documents rather than GridFS: the
-// driver's GridFS bucket writes outside the session's transaction). The
+// commit or neither does (plain chunk documents rather than GridFS, whose
+// chunks have no field a TTL index could expire them by). The
 // record keeps its key and headers; its value is empty and it carries the
 // reference "outbox-payload:<24 hex digits>": in the header outbox-dataref
 // for the native format, in CloudEvents' dataref extension attribute

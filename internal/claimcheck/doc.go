@@ -10,9 +10,11 @@
 //
 // A payload is cut into chunks of at most ChunkSize bytes, inserted in the
 // caller's transaction next to the outbox document that refers to them, so
-// both commit or neither does (GridFS's bucket API in the Go driver writes
-// its files and chunks outside any session's transaction, which is why
-// plain chunk documents are used). The chunks' ref is the outbox document's
+// both commit or neither does. Plain chunk documents rather than GridFS:
+// they are inserted with the outbox's documents, and they carry the
+// published flag and time a partial TTL index expires them by, which
+// GridFS's fixed chunk documents do not (the README says more). The
+// chunks' ref is the outbox document's
 // _id. When the publisher marks events published it first marks their
 // chunks published at the same time (MarkPublished); a partial TTL index
 // on published_at deletes published chunks after the outbox retention
