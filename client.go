@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/topicmeta"
@@ -40,6 +41,7 @@ type Client struct {
 	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
 	tel           *telemetry                   // metrics, spans, runtime state for Status
 	sessions      liveness.Sessions            // the consumer's sessions, for takeover (internal/liveness)
+	claims        *claimcheck.Store            // Config.ClaimCheck's payload collection; nil without one
 	uniqueIndex   atomic.Bool                  // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
 	test          testKnobs                    // settings only tests change; the zero value is production's
 
@@ -114,6 +116,7 @@ func New(cfg Config) (*Client, error) {
 		Log:              c.cfg.Logger,
 		Backoff:          c.cfg.backoff(),
 	})
+	c.claims = claimStore(&c.cfg)
 	c.compressor = sync.OnceValue(func() kgo.Compressor {
 		return producerCompressor(append([]kgo.Opt{c.cfg.producerCompression()}, c.cfg.KafkaOptions...))
 	})

@@ -129,6 +129,12 @@ type Config struct {
 	// fails instead of recording while it cannot: duplicates are never
 	// accepted for want of the index. Defaults to false.
 	UniqueIdempotencyKeys bool
+	// ClaimCheck, when set, stores payloads too large for their topic's
+	// records in MongoDB, and resolves the records that refer to such
+	// payloads (see ClaimCheck). Defaults to nil: Record refuses an event
+	// over its topic's limit (ErrEventTooLarge), and a record carrying a
+	// reference is parked (ErrClaimCheckNotConfigured).
+	ClaimCheck *ClaimCheck
 
 	// OutboxRetention is how long published outbox documents are kept before
 	// the TTL index deletes them. Defaults to 7 days.
@@ -375,7 +381,7 @@ func (c *Config) backoff() retry.Backoff {
 const maxKeyConcurrency = 1024
 
 func (c Config) withDefaults() Config {
-	c = c.wireDefaults()
+	c = c.wireDefaults().claimCheckDefaults()
 	c.OutboxCollection = cmp.Or(c.OutboxCollection, "outbox")
 	c.InboxCollection = cmp.Or(c.InboxCollection, "inbox")
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, c.Service)
@@ -508,6 +514,7 @@ func (c Config) validate() error {
 		seen[t] = true
 	}
 	errs = append(errs, c.validateWire()...)
+	errs = append(errs, c.validateClaimCheck()...)
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/inboxhost"
 	"github.com/event-outbox/outbox/internal/store"
@@ -41,6 +42,9 @@ type delivery struct {
 	evt     Event
 	// unreadable: the envelope could not be read (see redrive_unreadable.go).
 	unreadable bool
+	// ref is the claim-check reference of a record whose payload was
+	// stored out of band; evt is nil until it is resolved (claimcheck.go).
+	ref string
 }
 
 func deliveryOf(e *consume.Event) *delivery { return e.Data.(*delivery) }
@@ -56,6 +60,9 @@ func (d *delivery) Payload() []byte { return d.payload }
 
 // Unreadable implements inboxhost.Delivery.
 func (d *delivery) Unreadable() bool { return d.unreadable }
+
+// Ref implements inboxhost.Delivery.
+func (d *delivery) Ref() string { return d.ref }
 
 // Decode reads a record: its envelope, its handler and its payload.
 func (h *consumeHost) Decode(rec *kgo.Record) *consume.Event {
@@ -76,12 +83,16 @@ func (h *consumeHost) Decode(rec *kgo.Record) *consume.Event {
 		e.Fault = unreadable(err)
 		return e
 	}
+	d.ref, _ = claimcheck.RefOf(rec)
 	d.h = c.handlerFor(env.Topic, env.ContentSchema)
 	if d.h == nil {
 		e.NoHandler = true
 		return e
 	}
 	e.Policy = d.h.policy(c)
+	if d.ref != "" {
+		return e // resolved by Handle, which may do I/O
+	}
 	evt, err := d.h.decode(c, payload)
 	if err != nil {
 		e.Fault = err
@@ -199,14 +210,15 @@ func (a hostApp) Begin(ctx context.Context) (*inboxhost.Tx, error) {
 
 // Stored rebuilds the delivery of a stored inbox document, for a release
 // or a re-drive; it comes back with an error when the payload does not
-// decode or no handler accepts the event.
-func (a hostApp) Stored(d *inboxhost.Doc) (*consume.Event, error) {
+// decode or no handler accepts the event. A payload stored out of band
+// that the inbox could not keep whole is resolved again, with ctx.
+func (a hostApp) Stored(ctx context.Context, d *inboxhost.Doc) (*consume.Event, error) {
 	c := a.c
 	id := InboxID(d.ID)
 	env := Envelope{Topic: id.Topic, ContentSchema: id.ContentSchema, IdempotencyKey: id.IdempotencyKey,
 		PartitionKey: d.PartitionKey, Partition: d.Partition, OccurredAt: d.OccurredAt,
 		TraceParent: d.TraceParent, TraceState: d.TraceState}
-	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable}
+	dl := &delivery{env: env, payload: []byte(d.Payload), unreadable: d.Unreadable, ref: d.PayloadRef}
 	e := &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Data: dl, Policy: c.defaultPolicy(), Attempts: int(d.Attempts), Failures: int(d.Failures)}
 	if dl.unreadable {
 		return e, fmt.Errorf("%w: %s", ErrNotRedrivable, id)
@@ -217,11 +229,17 @@ func (a hostApp) Stored(d *inboxhost.Doc) (*consume.Event, error) {
 		return e, fmt.Errorf("%w: topic %q, content schema %q", ErrNoHandler, id.Topic, id.ContentSchema)
 	}
 	e.Policy = dl.h.policy(c)
-	if d.PayloadTruncated {
+	var evt Event
+	var err error
+	if dl.ref != "" && (d.Payload == "" || d.PayloadTruncated) {
+		err = c.resolvePayload(ctx, dl)
+		evt = dl.evt
+	} else if d.PayloadTruncated {
 		e.Fault = fmt.Errorf("%w: %s", ErrPayloadTruncated, id)
 		return e, e.Fault
+	} else {
+		evt, err = dl.h.decode(c, dl.payload)
 	}
-	evt, err := dl.h.decode(c, dl.payload)
 	if err != nil {
 		e.Fault = err
 		return e, err
@@ -229,6 +247,14 @@ func (a hostApp) Stored(d *inboxhost.Doc) (*consume.Event, error) {
 	dl.evt = evt
 	return e, nil
 }
+
+// Resolve resolves the payloads stored out of band (claimcheck.go).
+func (a hostApp) Resolve(ctx, actx context.Context, evs []*consume.Event) (consume.Result, bool) {
+	return a.c.resolveAll(ctx, actx, evs)
+}
+
+// Transient reports the claim-check store failing (claimcheck.go).
+func (a hostApp) Transient(err error) bool { return transientPayloadError(err) }
 
 // Timeout bounds one run of e's handler.
 func (a hostApp) Timeout(e *consume.Event) time.Duration { return deliveryOf(e).h.timeout(a.c) }

@@ -42,6 +42,12 @@ func (c *Client) inboxIndexes() []store.IndexSpec {
 //     where parked is true, for the held keys of a partition
 //     (Config.PoisonPolicy HoldKey).
 //
+// With Config.ClaimCheck, a client that publishes creates on the
+// claim-check database's outbox_payloads collection payloads_ref (unique
+// {ref, n}) and payloads_published_ttl (TTL on published_at where
+// published is true, deleting payloads OutboxRetention plus
+// ClaimCheck.Margin after their event's latest publication).
+//
 // On the outbox_meta collection, meta_replica_ttl: TTL on last_seen where
 // kind is "replica", deleting the liveness records of replicas (see
 // Admin.Replicas) ten minutes after their last refresh.
@@ -70,6 +76,11 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 		return err
 	}
 	c.uniqueIndex.Store(c.cfg.UniqueIdempotencyKeys)
+	if c.claims != nil && len(c.cfg.PublishTopics) > 0 {
+		if err := store.EnsureIndexes(ctx, c.claims.Coll, c.claimIndexes()...); err != nil {
+			return err
+		}
+	}
 	if err := store.EnsureIndexes(ctx, c.meta, metaIndexes()...); err != nil {
 		return err
 	}

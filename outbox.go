@@ -48,7 +48,9 @@ type txKey struct{}
 type txState struct {
 	client *Client
 	docs   []any
+	chunks []any            // payload chunks of docs stored out of band (claimcheck.go)
 	counts map[string]int64 // events inserted by flush, by topic (metrics)
+	claims map[string]int64 // of which with their payload out of band
 }
 
 // describe names c in errors: its service and outbox collection.
@@ -190,6 +192,10 @@ func (tx *txState) flush(ctx context.Context) error {
 	if len(tx.docs) == 0 {
 		return nil
 	}
+	if err := tx.client.claims.Insert(ctx, tx.chunks); err != nil {
+		return err
+	}
+	tx.chunks = tx.chunks[:0]
 	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
 		return flushError(len(tx.docs), err)
 	}
@@ -197,7 +203,14 @@ func (tx *txState) flush(ctx context.Context) error {
 		tx.counts = map[string]int64{}
 	}
 	for _, d := range tx.docs {
-		tx.counts[d.(*outboxDoc).Topic]++
+		od := d.(*outboxDoc)
+		tx.counts[od.Topic]++
+		if od.PayloadRef != nil {
+			if tx.claims == nil {
+				tx.claims = map[string]int64{}
+			}
+			tx.claims[od.Topic]++
+		}
 	}
 	tx.docs = tx.docs[:0]
 	return nil
@@ -222,11 +235,12 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	if tx == nil {
 		return ErrNoTransaction
 	}
-	doc, err := tx.client.newOutboxDoc(ctx, e, opts...)
+	doc, chunks, err := tx.client.newOutboxDoc(ctx, e, opts...)
 	if err != nil {
 		return err
 	}
 	tx.docs = append(tx.docs, doc)
+	tx.chunks = append(tx.chunks, chunks...)
 	return nil
 }
 
@@ -244,9 +258,11 @@ func isNil(e Event) bool {
 	return false
 }
 
-func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, error) {
+// newOutboxDoc builds the outbox document of e and, when its payload goes
+// out of band (Config.ClaimCheck), the chunks to insert with it.
+func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption) (*outboxDoc, []any, error) {
 	if isNil(e) {
-		return nil, fmt.Errorf("%w: nil event", ErrInvalidEvent)
+		return nil, nil, fmt.Errorf("%w: nil event", ErrInvalidEvent)
 	}
 	var o recordOptions
 	for _, opt := range opts {
@@ -254,24 +270,24 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	}
 	topic, schema, key := e.Topic(), e.ContentSchema(), e.PartitionKey()
 	if err := checkName("topic", topic); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := checkName("content schema", schema); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(key) > maxKeyLen {
-		return nil, fmt.Errorf("%w: %s: partition key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
+		return nil, nil, fmt.Errorf("%w: %s: partition key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
 	}
 	if !c.publishTopics[topic] {
-		return nil, fmt.Errorf("%w: %q (event %s)", ErrUnknownTopic, topic, schema)
+		return nil, nil, fmt.Errorf("%w: %q (event %s)", ErrUnknownTopic, topic, schema)
 	}
 	if err := c.validateEvent(schema, e); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if o.idempotencyKey == "" {
 		o.idempotencyKey = NewIdempotencyKey()
 	} else if len(o.idempotencyKey) > maxKeyLen {
-		return nil, fmt.Errorf("%w: %s: idempotency key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
+		return nil, nil, fmt.Errorf("%w: %s: idempotency key longer than %d bytes", ErrInvalidEvent, schema, maxKeyLen)
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	if o.occurredAt.IsZero() {
@@ -279,15 +295,15 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 	}
 	payload, err := json.Marshal(e)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
+		return nil, nil, fmt.Errorf("%w: %s: encode JSON: %w", ErrInvalidEvent, schema, err)
 	}
 	partitions, err := c.topics.Get(topic)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	wire, err := c.wireFields(e, topic, schema, key, o.idempotencyKey, payload, partitions)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
@@ -306,10 +322,11 @@ func (c *Client) newOutboxDoc(ctx context.Context, e Event, opts ...RecordOption
 		TraceState:     carrier.Get(HeaderTraceState),
 		CreatedAt:      now,
 	}
-	if err := c.checkSize(doc); err != nil {
-		return nil, err
+	chunks, err := c.claimCheck(doc)
+	if err != nil {
+		return nil, nil, err
 	}
-	return doc, nil
+	return doc, chunks, nil
 }
 
 // checkSize refuses an event whose record cannot fit in its topic's

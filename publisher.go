@@ -55,6 +55,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/store"
@@ -199,7 +200,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	p.prods = prods
 	sizeRefused := make(chan struct{}, 1) // a record was refused for its size: read the limits again
 
-	store := outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix}
+	store := outboxStore{coll: c.outbox, prefix: cfg.TopicPrefix, claims: c.claims}
 	marker := publish.NewMarker(store, markDelay, 4*cfg.PublishBatchSize)
 	marker.Timeout = markTimeout
 	marker.Backoff = cfg.backoff()
@@ -466,6 +467,8 @@ type outboxStore struct {
 	coll *mongo.Collection
 	// prefix is Config.TopicPrefix: the items' records go to its topics.
 	prefix string
+	// claims is Config.ClaimCheck's payload collection, nil without one.
+	claims *claimcheck.Store
 }
 
 func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit publish.Limit, exclude []string) ([]publish.Item, bool, error) {
@@ -533,6 +536,7 @@ func (e unreadableDocError) Unwrap() error { return e.err }
 func outboxItem(d *outboxDoc, prefix string) publish.Item {
 	env := outboxEnvelope(d)
 	rec := encodeRecord(&env, []byte(d.Payload))
+	addPayloadRef(d, &env, rec)
 	rec.Topic = prefix + rec.Topic
 	return publish.Item{ID: d.ID, Record: rec}
 }
@@ -550,6 +554,13 @@ func decodeOutboxEvent(prefix string) func(raw bson.Raw) (publish.TopicPartition
 }
 
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
+	// The payloads first: a crash between the two writes leaves the events
+	// unpublished, published again, and their payloads marked again.
+	if s.claims != nil {
+		if err := s.claims.MarkPublished(ctx, ids, at); err != nil {
+			return err
+		}
+	}
 	_, err := s.coll.UpdateMany(ctx,
 		bson.D{{Key: store.OutboxID, Value: bson.D{{Key: "$in", Value: ids}}}}, store.MarkPublishedUpdate(at))
 	return err

@@ -137,6 +137,9 @@ func (t *telemetry) committed(ctx context.Context, tx *txState) {
 	for topic, n := range tx.counts {
 		t.recorded.Add(ctx, n, topicAttrs(topic))
 	}
+	for topic, n := range tx.claims {
+		t.ins.ClaimStored.Add(ctx, n, topicAttrs(topic))
+	}
 }
 
 // rebalance counts one non-empty assignment change.

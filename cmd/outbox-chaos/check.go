@@ -340,6 +340,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	if err := h.checkExtras(ctx, res, or, byID, effectCount, v); err != nil {
 		return nil, err
 	}
+	if res.PaddedJudged, err = h.checkClaims(ctx, byID, v); err != nil {
+		return nil, err
+	}
 	judgeRedrives(redrives, final, func(ref string) (int, bool) {
 		e := byRef(byID, ref)
 		if e == nil || !e.handledKind() {
@@ -643,7 +646,12 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 			tr.published[ref] = true
 			tr.first[ref] = r.Offset
 		}
-		if !recordMatches(schema, r.Value, e) {
+		value, err := h.recordValue(ctx, r)
+		if err != nil {
+			v.fail("record-unresolved", "record %s of event %s: %v", malformedRef(pos), id, err)
+			return
+		}
+		if !recordMatches(schema, value, e) {
 			v.fail("record-mismatch", "record %s does not match its ledger entry %+v", malformedRef(pos), *e)
 			return
 		}

@@ -32,6 +32,10 @@ import (
 
 // config is the harness's configuration (the command's flags).
 type config struct {
+	// claimCheck runs the replicas with Config.ClaimCheck, and the
+	// workload records events large enough to go out of band (claim.go).
+	claimCheck bool
+
 	// skipUnknown runs the replicas with Config.SkipUnknownEvents, and the
 	// operator writes events of a type no handler takes on held keys.
 	skipUnknown bool
@@ -184,6 +188,9 @@ type result struct {
 	IgnoredSkipped int
 	// GroupProtocol is the replicas' Config.GroupProtocol.
 	GroupProtocol outbox.GroupProtocol
+	// PaddedJudged counts the handlings of padded events whose payload was
+	// judged against the recorded one (claim.go).
+	PaddedJudged int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -196,14 +203,14 @@ func (r *result) summary() string {
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
-		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s",
+		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s padded_judged=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
-		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol)
+		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol, r.PaddedJudged)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -447,6 +454,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	if cfg.migrated {
 		h.work.dupRatio = cmp.Or(cfg.dupRatio, 0.005)
 	}
+	if cfg.claimCheck {
+		h.work.claimRatio = claimRatio
+	}
 	if err := h.work.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -459,6 +469,7 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.env.skipUnknown = cfg.skipUnknown
 	h.env.topicPrefix = cfg.topicPrefix
 	h.env.unique = cfg.migrated
+	h.env.claimCheck = cfg.claimCheck
 	if h.broker != nil {
 		h.env.produceWatch = &produceWatch{}
 	}

@@ -28,7 +28,7 @@
 //	    no_handler_released=N retry_isolated=N takeovers=N takeover_max=Ns
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
-//	    ignored_skipped=N group_protocol=classic|consumer
+//	    ignored_skipped=N group_protocol=classic|consumer padded_judged=N
 //	    fetch_restarts=N fetch_resubscribes=N
 //	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N produce_refused=N broker_faults_skipped=N]
 //
@@ -289,6 +289,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", "chaos.", "Config.TopicPrefix of every replica (the Python library's records name the prefixed topic)")
 	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
 	fs.BoolVar(&cfg.skipUnknown, "skip-unknown", false, "run the replicas with Config.SkipUnknownEvents; the operator writes events of a type no handler takes on keys held behind a parked event (they must be skipped, never hold the key); leaves out no-handler-deploy, which needs such events kept")
+	fs.BoolVar(&cfg.claimCheck, "claim-check", false, "run the replicas with Config.ClaimCheck: about 5% of step transactions record an event whose payload goes out of band; every padded event must be handled with the payload recorded; leaves out small-max-message-bytes, whose oversize events would go out of band instead of being refused")
 	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
 	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")
@@ -335,6 +336,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg.skip = map[actionKind]bool{}
 	for _, k := range splitList(*skip) {
 		cfg.skip[actionKind(k)] = true
+	}
+	if cfg.claimCheck {
+		cfg.skip[fSmallMaxBytes] = true
 	}
 	if cfg.skipUnknown {
 		// no-handler-deploy needs the default that SkipUnknownEvents

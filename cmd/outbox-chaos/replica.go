@@ -58,6 +58,8 @@ type replicaEnv struct {
 	doom *commitDoom
 	// skipUnknown is the replicas' Config.SkipUnknownEvents (-skip-unknown).
 	skipUnknown bool
+	// claimCheck gives the replicas a Config.ClaimCheck (-claim-check).
+	claimCheck bool
 	// produceWatch, when set, counts the produce refusals the replicas'
 	// Kafka clients receive (on a cluster of the harness's own).
 	produceWatch *produceWatch
@@ -120,6 +122,7 @@ func startReplica(env *replicaEnv, name string, kafkaDown time.Duration, blackHo
 		KeyConcurrency:        env.keyConcurrency,
 		TopicPrefix:           env.topicPrefix,
 		UniqueIdempotencyKeys: env.unique,
+		ClaimCheck:            claimCheckOf(env.claimCheck),
 		RetryMinBackoff:       10 * time.Millisecond,
 		RetryMaxBackoff:       250 * time.Millisecond,
 		PublishBatchSize:      500,

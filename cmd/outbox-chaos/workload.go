@@ -145,6 +145,9 @@ type ledgerEntry struct {
 	// External marks a step event produced straight to Kafka in the Python
 	// event-outbox library's format (eventoutbox.go): never in the outbox.
 	External bool `bson:"external,omitempty"`
+	// PadSum is the digest of a padded step event's pad (padSum), which
+	// its handler must see whole.
+	PadSum string `bson:"pad_sum,omitempty"`
 }
 
 // Poison reports whether the entry is a poison event.
@@ -186,6 +189,7 @@ type workload struct {
 	poisonRatio float64     // probability that a transaction also records a poison event
 	abortRatio  float64     // probability that a transaction is aborted on purpose
 	sameKey     float64     // probability that a multi-event transaction records consecutive events of one key
+	claimRatio  float64     // probability that a transaction pads an event to claimPad (-claim-check)
 
 	attempted sync.Map // event id -> struct{}: every id any attempt generated
 	nextID    atomic.Int64
@@ -316,6 +320,9 @@ func (w *workload) newPlan(rng *rand.Rand) plan {
 		if rng.Float64() < 0.3 {
 			p.pads[rng.IntN(n)] = limit * 3 / 2
 		}
+	}
+	if w.claimRatio > 0 && rng.Float64() < w.claimRatio {
+		p.pads[rng.IntN(n)] = claimPad
 	}
 	p.poison = rng.Float64() < w.poisonRatio
 	p.poisonAt = 1 + rng.IntN(n)
@@ -451,7 +458,8 @@ func (w *workload) transact(ctx context.Context, client *outbox.Client, db *mong
 			if pads[i] == "" {
 				lastStep = &ev
 			}
-			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Seq: c.Seq, Place: c.Place, Kind: kindStep}); err != nil {
+			if _, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: k, Seq: c.Seq, Place: c.Place, Kind: kindStep,
+				PadSum: padSum(pads[i])}); err != nil {
 				return err
 			}
 			if p.poison && i+1 == p.poisonAt {
@@ -546,7 +554,7 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 		}
 		if _, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindStep}, {Key: "key", Value: e.Key},
 			{Key: "seq", Value: e.Seq}, {Key: "pos", Value: before.Pos + 1}, {Key: "chained", Value: chain}, {Key: "replica", Value: replica},
-			{Key: "at", Value: time.Now()}}); err != nil {
+			{Key: "at", Value: time.Now()}, {Key: "pad_sum", Value: padSum(e.Pad)}}); err != nil {
 			return err
 		}
 		if chain {

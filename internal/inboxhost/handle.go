@@ -25,6 +25,9 @@ func (h *Host) Handle(ctx context.Context, tp consume.TopicPartition, evs []*con
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	if res, ok := h.app.Resolve(ctx, actx, evs); !ok {
+		return res
+	}
 	start := time.Now()
 	ends := make([]func(error), 0, len(evs))
 	end := func(err error) {

@@ -37,6 +37,9 @@ type Delivery interface {
 	// Unreadable reports a record whose envelope could not be read: it is
 	// stored so, and can never be re-driven.
 	Unreadable() bool
+	// Ref is the claim-check reference of an event whose payload is
+	// stored out of band, kept with it in the inbox; empty otherwise.
+	Ref() string
 }
 
 func deliveryOf(e *consume.Event) Delivery { return e.Data.(Delivery) }
@@ -52,7 +55,16 @@ type App interface {
 	// or a re-drive. The event comes back with an error when it cannot run
 	// here: NoHandler set when no handler takes it, Fault set when its
 	// payload does not decode.
-	Stored(d *Doc) (*consume.Event, error)
+	Stored(ctx context.Context, d *Doc) (*consume.Event, error)
+	// Resolve reads, before their transaction, the payloads of evs that
+	// are stored out of band (the claim check; its database may be
+	// another deployment's). ok is false when one could not be: res says
+	// which and how it fails. actx is bounded by the handlers' timeout.
+	Resolve(ctx, actx context.Context, evs []*consume.Event) (res consume.Result, ok bool)
+	// Transient reports an error of Stored that is the store failing
+	// rather than the event (the claim-check database unreachable): the
+	// release is tried again instead of parking the event.
+	Transient(err error) bool
 	// Timeout bounds one run of e's handler (and its transaction).
 	Timeout(e *consume.Event) time.Duration
 	// Run runs e's handler under ctx as attempt number attempt, and

@@ -32,6 +32,7 @@ func (d *fakeDelivery) At(offset int64) store.Delivery {
 }
 func (d *fakeDelivery) Payload() []byte  { return d.payload }
 func (d *fakeDelivery) Unreadable() bool { return false }
+func (d *fakeDelivery) Ref() string      { return "" }
 
 // fakeApp runs handlers as run says, in transactions of client.
 type fakeApp struct {
@@ -55,7 +56,13 @@ func (a *fakeApp) Begin(ctx context.Context) (*Tx, error) {
 		Flush: func(context.Context) error { return nil }, Committed: func(context.Context) {}}, nil
 }
 
-func (a *fakeApp) Stored(d *Doc) (*consume.Event, error) {
+func (a *fakeApp) Resolve(context.Context, context.Context, []*consume.Event) (consume.Result, bool) {
+	return consume.Result{}, true
+}
+
+func (a *fakeApp) Transient(error) bool { return false }
+
+func (a *fakeApp) Stored(_ context.Context, d *Doc) (*consume.Event, error) {
 	return &consume.Event{Offset: d.Offset, Key: d.PartitionKey, Attempts: int(d.Attempts), Failures: int(d.Failures),
 		Data: &fakeDelivery{id: d.ID, partition: d.Partition, key: d.PartitionKey, payload: []byte(d.Payload)}}, nil
 }

@@ -152,6 +152,9 @@ func (h *Host) Hold(ctx context.Context, tp consume.TopicPartition, e *consume.E
 		if d.Unreadable() {
 			set = append(set, bson.E{Key: store.InboxUnreadable, Value: true})
 		}
+		if ref := d.Ref(); ref != "" {
+			set = append(set, bson.E{Key: store.InboxPayloadRef, Value: ref})
+		}
 		if e.Fault != nil {
 			set = append(set, bson.E{Key: store.InboxFault, Value: store.Truncate(e.Fault.Error(), store.MaxErrorLen)})
 		}
@@ -198,6 +201,9 @@ func (h *Host) noteDelivery(ctx context.Context, d Delivery, offset int64, cause
 	set := append(bson.D{{Key: store.InboxLastError, Value: msg}, {Key: store.InboxPayload, Value: stored}}, extra...)
 	if note != "" {
 		set = append(set, bson.E{Key: store.InboxPayloadTruncated, Value: true}, bson.E{Key: store.InboxPayloadSize, Value: len(payload)})
+	}
+	if ref := d.Ref(); ref != "" {
+		set = append(set, bson.E{Key: store.InboxPayloadRef, Value: ref})
 	}
 	onInsert := d.At(offset).Fields(now, nil)
 	if len(extra) == 0 {
@@ -360,7 +366,12 @@ func (h *Host) ReleaseHead(ctx context.Context, tp consume.TopicPartition, key s
 	if !held && want == nil && !(d.ParkReason == store.ParkReasonNoHandler && h.app.Releasable(d.ID)) {
 		return nil, consume.Result{Kind: consume.HeadParked}
 	}
-	e, err := h.app.Stored(&d)
+	e, err := h.app.Stored(t.Ctx, &d)
+	if err != nil && h.app.Transient(err) {
+		// The store the event's payload lives in failing is not the
+		// event's fault: the release is tried again.
+		return e, infraResult(ctx, err)
+	}
 	if err != nil && e.NoHandler && h.skipUnknown {
 		// No replica of the service takes it: it is skipped, as it would
 		// have been had it met a free key, and the key moves on.

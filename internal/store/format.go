@@ -50,6 +50,33 @@ const (
 	OutboxFailedAt       = "failed_at"
 	OutboxError          = "error"
 	OutboxAttempts       = "attempts"
+	// OutboxPayloadRef is set, instead of the payload, on an event whose
+	// payload the claim check stored in PayloadsCollection: the reference
+	// of its chunks (the outbox document's own _id). OutboxPayloadSize is
+	// then the payload's length in bytes.
+	OutboxPayloadRef  = "payload_ref"
+	OutboxPayloadSize = "payload_size"
+)
+
+// PayloadsCollection holds the payloads the claim check stores out of band
+// (internal/claimcheck), in the claim-check database: one document per
+// chunk, {_id, ref, n, count, size, data, published, published_at}, where
+// ref is the _id of the outbox document that refers to the payload, n the
+// chunk's index (from 0), count the number of chunks and size the
+// payload's length. Its name is fixed, so that the producer and its
+// consumers, configured separately, meet the same collection.
+const PayloadsCollection = "outbox_payloads"
+
+// Field names of a payload chunk document (PayloadsCollection).
+const (
+	PayloadID          = "_id"
+	PayloadRef         = "ref"
+	PayloadN           = "n"
+	PayloadCount       = "count"
+	PayloadSize        = "size"
+	PayloadData        = "data"
+	PayloadPublished   = "published"
+	PayloadPublishedAt = "published_at"
 )
 
 // Field names of an inbox document (InboxDoc). Its _id is the ordered
@@ -84,6 +111,10 @@ const (
 	InboxRedriveDeferred    = "redrive_deferred"
 	InboxRedriveNotBefore   = "redrive_not_before"
 	InboxDiscardedAt        = "discarded_at"
+	// InboxPayloadRef is the claim-check reference (dataref) of a record
+	// whose payload was stored out of band: a re-drive resolves it again
+	// when the inbox could not keep the whole payload.
+	InboxPayloadRef = "payload_ref"
 )
 
 // Fields of the inbox id subdocument, as they sit inside _id and inside

@@ -46,6 +46,9 @@ type InboxDoc[ID any] struct {
 	// Fault is why a held event cannot be handled (malformed), kept for
 	// when it becomes its key's head.
 	Fault string `bson:"fault,omitempty"`
+	// PayloadRef is the claim-check reference of a record whose payload
+	// was stored out of band (InboxPayloadRef).
+	PayloadRef string `bson:"payload_ref,omitempty"`
 }
 
 // Park reasons stored in park_reason that the framework reads back.

@@ -38,6 +38,11 @@ type OutboxDoc struct {
 	FailedAt *time.Time `bson:"failed_at,omitempty"`
 	Error    string     `bson:"error,omitempty"`
 	Attempts int32      `bson:"attempts,omitempty"`
+	// PayloadRef is set on an event whose payload the claim check stored
+	// in PayloadsCollection (Payload is then empty): the ref of its chunks,
+	// which is ID. PayloadSize is the payload's length.
+	PayloadRef  *bson.ObjectID `bson:"payload_ref,omitempty"`
+	PayloadSize int64          `bson:"payload_size,omitempty"`
 }
 
 // PendingFilter selects the events of a partition of topic that wait to

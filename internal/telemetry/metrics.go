@@ -60,6 +60,8 @@ type Metric struct {
 //	outbox.consumer.waiting     gauge      events waiting longer than a few seconds {topic, partition, wait: retry|snooze|conflict|infra|locked|running|release|fetch}
 //	outbox.consumer.fetch_restarts counter restarts of a partition's fetching that its Kafka client had stopped (the fetch watch) {topic, partition, reason: set_offsets|resubscribe}
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
+//	outbox.claimcheck.stored    counter    events committed with their payload out of band (claim check) {topic}
+//	outbox.claimcheck.unresolved counter   attempts whose payload stored out of band could not be read {topic, reason: unavailable|not_configured|malformed}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 var (
 	Recorded      = Metric{"outbox.events.recorded", Counter, "{event}", "Events committed to the outbox."}
@@ -71,6 +73,8 @@ var (
 	Retried       = Metric{"outbox.events.retried", Counter, "{event}", "Handler failures that are retried."}
 	Parked        = Metric{"outbox.events.parked", Counter, "{event}", "Events parked after their last attempt, or malformed."}
 	Rebalances    = Metric{"outbox.rebalances", Counter, "{change}", "Partition assignment changes of the framework's Kafka groups."}
+	ClaimStored   = Metric{"outbox.claimcheck.stored", Counter, "{event}", "Events committed with their payload stored out of band (claim check)."}
+	Unresolved    = Metric{"outbox.claimcheck.unresolved", Counter, "{attempt}", "Handling attempts whose payload, stored out of band, could not be read, by reason."}
 	FetchRestarts = Metric{"outbox.consumer.fetch_restarts", Counter, "{restart}", "Restarts of a handled partition's fetching that its Kafka client had stopped while the broker had records."}
 
 	PublishDuration = Metric{"outbox.publish.duration", Histogram, "s", "Duration of one Kafka batch, from the first send to the last acknowledgement."}
@@ -97,7 +101,7 @@ var (
 // Metrics lists every metric the framework reports.
 func Metrics() []Metric {
 	return []Metric{Recorded, Published, PublishFailed, StreamReopens, Handled, Skipped, Retried, Parked,
-		Rebalances, FetchRestarts, PublishDuration, HandleDuration, Pending, Failed, HeldKeys, HeldEvents,
+		Rebalances, FetchRestarts, ClaimStored, Unresolved, PublishDuration, HandleDuration, Pending, Failed, HeldKeys, HeldEvents,
 		ParkedNow, Held, Owned, Lag, InFlight, Waiting, WaitAge, OldestPending, DoctorFindings}
 }
 
@@ -114,6 +118,7 @@ type Instruments struct {
 	Handled, Skipped, Retried, Parked  metric.Int64Counter
 	Rebalances, StreamReopens          metric.Int64Counter
 	FetchRestarts                      metric.Int64Counter
+	ClaimStored, Unresolved            metric.Int64Counter
 	PublishDuration, HandleDuration    metric.Float64Histogram
 	Pending, Failed, ParkedNow, Owned  metric.Int64ObservableGauge
 	HeldKeys, HeldEvents, Held         metric.Int64ObservableGauge
@@ -161,6 +166,8 @@ func New(meter metric.Meter) (ins *Instruments, err error) {
 	ins.Parked = summed(counter(Parked), &s.parked)
 	ins.Rebalances = counter(Rebalances)
 	ins.FetchRestarts = counter(FetchRestarts)
+	ins.ClaimStored = counter(ClaimStored)
+	ins.Unresolved = counter(Unresolved)
 	ins.PublishDuration = hist(PublishDuration)
 	ins.HandleDuration = hist(HandleDuration)
 	ins.Pending = gauge(Pending)

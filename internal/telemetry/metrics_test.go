@@ -24,6 +24,8 @@ func TestMetricNames(t *testing.T) {
 		"outbox.events.parked counter {event}",
 		"outbox.rebalances counter {change}",
 		"outbox.consumer.fetch_restarts counter {restart}",
+		"outbox.claimcheck.stored counter {event}",
+		"outbox.claimcheck.unresolved counter {attempt}",
 		"outbox.publish.duration histogram s",
 		"outbox.handle.duration histogram s",
 		"outbox.pending gauge {event}",

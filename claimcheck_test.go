@@ -1,0 +1,453 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/claimcheck"
+	"github.com/event-outbox/outbox/internal/store"
+	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
+)
+
+// claimPub is a publisher config with the claim check on.
+func claimPub(b *bundle, cc ClaimCheck) Config {
+	cfg := pubConfig(b)
+	cfg.ClaimCheck = &cc
+	return cfg
+}
+
+// recordPad records one paddedOrder of key k, seq, padded with n bytes.
+func recordPad(t *testing.T, b *bundle, c *Client, k string, seq, n int) error {
+	t.Helper()
+	e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: k, Amount: 1, Seq: seq}}
+	if n > 0 {
+		e.Pad = pad(n)
+	}
+	return c.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, e) })
+}
+
+// padConsumer starts a consumer of the orders topic with cc (nil: no
+// claim check) and returns the pad lengths its handler saw, by seq.
+func padConsumer(t *testing.T, b *bundle, service string, cc *ClaimCheck) (*Client, func() map[int]int) {
+	t.Helper()
+	return padConsumerWith(t, b, service, cc, nil)
+}
+
+// padConsumerWith is padConsumer with its metrics in o (nil: none).
+func padConsumerWith(t *testing.T, b *bundle, service string, cc *ClaimCheck, o **otelBundle) (*Client, func() map[int]int) {
+	t.Helper()
+	cfg := consumerConfig(b, service)
+	cfg.ClaimCheck = cc
+	cfg.MaxAttempts = 2
+	if o != nil {
+		*o = newOtel(t, &cfg)
+	}
+	c := b.client(t, cfg)
+	var mu sync.Mutex
+	seen := map[int]int{}
+	MustHandle(c, func(_ context.Context, e paddedOrder, _ Metadata) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[e.Seq] = len(e.Pad)
+		return nil
+	})
+	return c, func() map[int]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[int]int{}
+		for k, v := range seen {
+			out[k] = v
+		}
+		return out
+	}
+}
+
+func headerOf(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// An event whose record would not fit in its topic goes out of band: its
+// payload in outbox_payloads, written in the transaction; Kafka carries an
+// empty value and the reference; a consumer with the claim check hands
+// the whole event to its handler.
+func TestClaimCheckCarriesEventOverTopicLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := claimPub(b, ClaimCheck{})
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
+	require.NoError(t, c.EnsureIndexes(ctx))
+	b.setMaxMessageBytes(t, 64<<10)
+	require.NoError(t, recordPad(t, b, c, "big", 0, 0))
+	require.NoError(t, recordPad(t, b, c, "big", 1, 300000))
+	require.NoError(t, recordPad(t, b, c, "big", 2, 0))
+
+	payloads := b.db.Collection(store.PayloadsCollection)
+	var big outboxDoc
+	require.NoError(t, c.outbox.FindOne(ctx, bson.D{{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: true}}}}).Decode(&big))
+	require.Empty(t, big.Payload)
+	require.Equal(t, big.ID, *big.PayloadRef)
+	require.Greater(t, big.PayloadSize, int64(300000))
+	require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: big.ID}, {Key: store.PayloadPublished, Value: false}}))
+	require.EqualValues(t, 2, count(t, c.outbox, bson.D{{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: false}}}}))
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.stored"], attrTopic.String(ordersTopic)))
+	require.EqualValues(t, 3, sumOf(o.collect(t)["outbox.events.recorded"], attrTopic.String(ordersTopic)))
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "three events published", func() bool { return b.published(t, Config{}) == 3 })
+	eventually(t, "the payload marked published", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: big.ID}, {Key: store.PayloadPublished, Value: true}}) == 1
+	})
+
+	recs := b.kafkaEvents(t, ordersTopic, 3)
+	var refs int
+	for _, r := range recs {
+		ref, ok := headerOf(r, claimcheck.HeaderNative)
+		if !ok {
+			require.NotEmpty(t, r.Value)
+			continue
+		}
+		refs++
+		require.Equal(t, "outbox-payload:"+big.ID.Hex(), ref)
+		require.Empty(t, r.Value, "a consumer that does not resolve sees the reference, not a cut payload")
+		require.Less(t, len(r.Key)+len(r.Value), 1<<10)
+		env, _, err := decodeRecord(r)
+		require.NoError(t, err, "the envelope is readable without resolving")
+		require.Equal(t, "OrderPlaced.v1", env.ContentSchema)
+	}
+	require.Equal(t, 1, refs)
+
+	cons, seen := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
+	start(t, cons)
+	eventually(t, "the three events handled whole", func() bool {
+		s := seen()
+		return len(s) == 3 && s[1] == 300000 && s[0] == 0 && s[2] == 0
+	})
+}
+
+// Above Threshold a payload goes out of band even when it fits; on a
+// CloudEvents topic the reference is the dataref extension attribute.
+func TestClaimCheckThresholdCloudEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := claimPub(b, ClaimCheck{Threshold: 10000})
+	cfg.WireFormats = map[string]Format{ordersTopic: FormatCloudEvents}
+	c := b.client(t, cfg)
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, recordPad(t, b, c, "k", 0, 20000))
+	require.NoError(t, recordPad(t, b, c, "k", 1, 100))
+	require.EqualValues(t, 1, count(t, b.db.Collection(store.PayloadsCollection), bson.D{}))
+	runPub(t, c, publisherOptions{})
+	recs := b.kafkaEvents(t, ordersTopic, 2)
+	var refs int
+	for _, r := range recs {
+		if _, ok := headerOf(r, claimcheck.HeaderCloudEvents); ok {
+			refs++
+			require.Empty(t, r.Value)
+			_, native := headerOf(r, claimcheck.HeaderNative)
+			require.False(t, native)
+		}
+	}
+	require.Equal(t, 1, refs)
+	cons, seen := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
+	start(t, cons)
+	eventually(t, "both handled whole", func() bool {
+		s := seen()
+		return len(s) == 2 && s[0] == 20000 && s[1] == 100
+	})
+}
+
+// publishOutOfBand publishes, with a publisher that runs until the test
+// ends, one event of key "k", seq 0, padded with 5000 bytes, whose payload
+// goes out of band.
+func publishOutOfBand(t *testing.T, b *bundle) {
+	t.Helper()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	require.NoError(t, recordPad(t, b, c, "k", 0, 5000))
+	runPub(t, c, publisherOptions{})
+}
+
+// A consumer without the claim check parks such a record, saying what to
+// configure; configured, a re-drive resolves it.
+func TestClaimCheckConsumerWithoutConfigParksThenRedrives(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	publishOutOfBand(t, b)
+
+	var o *otelBundle
+	cons, seen := padConsumerWith(t, b, "cons", nil, &o)
+	stop := start(t, cons)
+	var d inboxDoc
+	eventually(t, "the event parked", func() bool {
+		return cons.inbox.FindOne(ctx, bson.D{{Key: store.InboxParked, Value: true}}).Decode(&d) == nil
+	})
+	stop()
+	require.Empty(t, seen())
+	require.Contains(t, d.LastError, "Config.ClaimCheck")
+	require.Contains(t, d.LastError, "outbox-payload:")
+	require.True(t, strings.HasPrefix(d.PayloadRef, "outbox-payload:"))
+	require.EqualValues(t, 1, d.Attempts, "parked at once, not retried")
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("not_configured")))
+
+	fixed, seen2 := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
+	require.NoError(t, fixed.Redrive(ctx, d.ID))
+	require.Equal(t, map[int]int{0: 5000}, seen2())
+	require.EqualValues(t, 1, count(t, fixed.inbox, bson.D{{Key: store.InboxHandled, Value: true}}))
+}
+
+// A consumer that cannot reach the claim-check database fails its
+// attempts with a clear error, then parks the event as usual.
+func TestClaimCheckUnreachableStoreFailsAttemptsThenParks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	publishOutOfBand(t, b)
+
+	dead, err := mongo.Connect(options.Client().ApplyURI("mongodb://127.0.0.1:1/?directConnection=true").
+		SetServerSelectionTimeout(100 * time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = dead.Disconnect(context.Background()) })
+	var o *otelBundle
+	cons, seen := padConsumerWith(t, b, "cons", &ClaimCheck{Database: dead.Database("claims")}, &o)
+	start(t, cons)
+	var d inboxDoc
+	eventually(t, "the event parked after its attempts", func() bool {
+		return cons.inbox.FindOne(ctx, bson.D{{Key: store.InboxParked, Value: true}}).Decode(&d) == nil
+	})
+	require.Empty(t, seen())
+	require.EqualValues(t, 2, d.Attempts)
+	require.Contains(t, d.LastError, ErrPayloadUnavailable.Error())
+	require.EqualValues(t, 2, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("unavailable")))
+}
+
+// The event-outbox format has no place for a reference: an event over the
+// limit is refused with the reason, and Threshold does not apply.
+func TestClaimCheckEventOutboxFormatRefusesLargeEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := claimPub(b, ClaimCheck{Threshold: 1000})
+	cfg.WireFormats = map[string]Format{ordersTopic: FormatEventOutbox}
+	c := b.client(t, cfg)
+	b.setMaxMessageBytes(t, 64<<10)
+	err := recordPad(t, b, c, "7", 0, 200000)
+	require.ErrorIs(t, err, ErrEventTooLarge)
+	require.Contains(t, err.Error(), "event-outbox format")
+	require.NoError(t, recordPad(t, b, c, "7", 0, 5000), "under the limit it goes inline")
+	require.Zero(t, count(t, b.db.Collection(store.PayloadsCollection), bson.D{}))
+	require.EqualValues(t, 1, count(t, c.outbox, bson.D{}))
+}
+
+// The largest payload is claimcheck.MaxPayload: one above it is refused
+// at Record, nothing is written; the largest itself round-trips.
+func TestClaimCheckLargestPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	overhead := len(`{"run":"` + b.run + `","order_id":"k","amount":1,"seq":0,"pad":""}`)
+	err := recordPad(t, b, c, "k", 0, claimcheck.MaxPayload-overhead+2)
+	require.ErrorIs(t, err, ErrEventTooLarge)
+	require.Contains(t, err.Error(), "largest")
+	require.Zero(t, count(t, c.outbox, bson.D{}))
+	if testing.Short() {
+		t.Skip("the 64 MiB round trip is long")
+	}
+	require.NoError(t, recordPad(t, b, c, "k", 0, claimcheck.MaxPayload-overhead))
+	var d outboxDoc
+	require.NoError(t, c.outbox.FindOne(ctx, bson.D{}).Decode(&d))
+	require.EqualValues(t, claimcheck.MaxPayload, d.PayloadSize)
+	got, err := c.claims.Resolve(ctx, claimcheck.Ref(d.ID))
+	require.NoError(t, err)
+	require.Len(t, got, claimcheck.MaxPayload)
+	require.EqualValues(t, claimcheck.MaxPayload/claimcheck.ChunkSize, count(t, c.claims.Coll, bson.D{}))
+}
+
+// Payloads expire OutboxRetention plus Margin after their publication,
+// after the outbox documents that refer to them, and unpublished ones
+// never.
+func TestClaimCheckPayloadOutlivesOutboxByMargin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, mongotest.ServerOptions(mongofake.TTLInterval(50*time.Millisecond)))
+	if b.mongo.Real {
+		t.Skip("the TTL monitor of a real MongoDB runs every 60 s; covered on the embedded server")
+	}
+	ctx := context.Background()
+	cfg := claimPub(b, ClaimCheck{Threshold: 1000, Margin: 2 * time.Second})
+	cfg.OutboxRetention = time.Second
+	c := b.client(t, cfg)
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.EqualValues(t, 3, indexSpecs(t, c.claims.Coll)[claimcheck.IndexTTL]["expireAfterSeconds"])
+
+	// An unpublished payload: recorded, never published (its document is
+	// not one the publisher would see: it is inserted by hand).
+	pending := bson.NewObjectID()
+	require.NoError(t, c.claims.Insert(ctx, claimcheck.Chunks(pending, []byte(`{"pad":"x"}`))))
+
+	require.NoError(t, recordPad(t, b, c, "k", 0, 5000))
+	stop := runPub(t, c, publisherOptions{})
+	eventually(t, "published", func() bool { return b.published(t, Config{}) == 1 })
+	stop()
+	var ch claimcheck.Chunk
+	require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadPublished, Value: true}}).Decode(&ch))
+	require.NotNil(t, ch.PublishedAt)
+	eventually(t, "the outbox document expired", func() bool { return count(t, c.outbox, bson.D{}) == 0 })
+	require.EqualValues(t, 1, count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: ch.Ref}}),
+		"the payload outlives its outbox document")
+	eventually(t, "the payload expired", func() bool {
+		return count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: ch.Ref}}) == 0
+	})
+	require.GreaterOrEqual(t, time.Since(*ch.PublishedAt), 3*time.Second, "not before retention plus margin")
+	require.EqualValues(t, 1, count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: pending}}), "unpublished never expires")
+}
+
+// crashClient connects a client to b's embedded server that dies at the
+// at-th of its commands named cmd (after running it with afterRun), and
+// records the collection each of its inserts and updates names.
+func crashClient(t *testing.T, b *bundle, app, cmd string, at int, afterRun bool) (*mongo.Client, *mongofake.Crashed, func() []string) {
+	t.Helper()
+	cr, err := b.mongo.Server.Crash(mongofake.Crash{AppName: app, Commands: []string{cmd}, At: at, AfterRun: afterRun})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var colls []string
+	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		if e.CommandName == cmd {
+			mu.Lock()
+			defer mu.Unlock()
+			v, _ := e.Command.Lookup(cmd).StringValueOK()
+			colls = append(colls, v)
+		}
+	}}
+	mc, err := mongo.Connect(options.Client().ApplyURI(b.mongo.URI).SetAppName(app).SetMonitor(mon).SetServerSelectionTimeout(5 * time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mc.Disconnect(context.Background()) })
+	return mc, cr, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), colls...)
+	}
+}
+
+// Every write of Record with an out-of-band payload is crashed: the chunk
+// insert, the outbox insert, the commit (before it runs, and after with
+// its reply lost). The payload and its outbox document commit together or
+// not at all, and a fresh process records again.
+func TestClaimCheckCrashEveryRecordWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Server == nil {
+		t.Skip("crash points need the embedded server")
+	}
+	points := []struct {
+		cmd      string
+		at       int
+		afterRun bool
+		coll     string // the collection the crashed command names
+		commits  bool
+	}{
+		{"insert", 1, false, store.PayloadsCollection, false},
+		{"insert", 2, false, "outbox", false},
+		{"commitTransaction", 1, false, "", false},
+		{"commitTransaction", 1, true, "", true},
+	}
+	for i, p := range points {
+		db := b.mongo.Client.Database(b.db.Name() + "-" + itoa(i))
+		t.Cleanup(func() { _ = db.Drop(context.Background()) })
+		app := b.run + "-rec-" + itoa(i)
+		mc, cr, colls := crashClient(t, b, app, p.cmd, p.at, p.afterRun)
+		cfg := claimPub(b, ClaimCheck{Threshold: 1000})
+		cfg.Mongo, cfg.Database = mc, db.Name()
+		c := b.client(t, cfg)
+		c.topics.Set(ordersTopic, 3)
+		err := recordPad(t, b, c, "k", 0, 5000)
+		require.Error(t, err, "point %d", i)
+		<-cr.Fired()
+		if p.coll != "" {
+			got := colls()
+			require.Equal(t, p.coll, got[len(got)-1], "point %d crashed the write it names", i)
+		}
+		want := int64(0)
+		if p.commits {
+			want = 1
+		}
+		require.Equal(t, want, count(t, db.Collection("outbox"), bson.D{}), "point %d", i)
+		require.Equal(t, want, count(t, db.Collection(store.PayloadsCollection), bson.D{}), "point %d", i)
+
+		// A fresh process (the dead one's transaction still open) records.
+		fcfg := claimPub(b, ClaimCheck{Threshold: 1000})
+		fcfg.Database = db.Name()
+		fresh := b.client(t, fcfg)
+		fresh.topics.Set(ordersTopic, 3)
+		require.NoError(t, recordPad(t, b, fresh, "k", 1, 5000), "point %d", i)
+		require.Equal(t, want+1, count(t, db.Collection("outbox"), bson.D{}), "point %d", i)
+		require.Equal(t, want+1, count(t, db.Collection(store.PayloadsCollection), bson.D{}), "point %d", i)
+	}
+}
+
+// The publisher's mark of published events writes the payloads' mark,
+// then the outbox's; each is crashed. A payload is never left unmarked
+// under a published event (it would never expire) nor marked before an
+// earlier publication than its event's latest (it would expire early): the
+// event stays unpublished, is published again, and its payload is marked
+// again with the later time.
+func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Server == nil {
+		t.Skip("crash points need the embedded server")
+	}
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	for i, p := range []struct {
+		at       int
+		afterRun bool
+		coll     string
+	}{{1, false, store.PayloadsCollection}, {1, true, store.PayloadsCollection}, {2, false, "outbox"}, {2, true, "outbox"}} {
+		require.NoError(t, recordPad(t, b, c, "k"+itoa(i), 0, 5000))
+		var d outboxDoc
+		require.NoError(t, c.outbox.FindOne(ctx, bson.D{{Key: store.OutboxPublished, Value: false}}).Decode(&d))
+		mc, cr, colls := crashClient(t, b, b.run+"-mark-"+itoa(i), "update", p.at, p.afterRun)
+		db := mc.Database(b.db.Name())
+		dying := outboxStore{coll: db.Collection("outbox"), claims: &claimcheck.Store{Coll: db.Collection(store.PayloadsCollection)}}
+		first := time.Now().UTC().Truncate(time.Millisecond)
+		require.Error(t, dying.MarkPublished(ctx, []any{d.ID}, first))
+		<-cr.Fired()
+		got := colls()
+		require.Equal(t, p.coll, got[len(got)-1], "point %d", i)
+
+		published := count(t, c.outbox, bson.D{{Key: store.OutboxID, Value: d.ID}, {Key: store.OutboxPublished, Value: true}})
+		chunksMarked := count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: d.ID}, {Key: store.PayloadPublished, Value: true}})
+		if published == 1 {
+			require.EqualValues(t, 1, chunksMarked, "point %d: a published event's payload is marked", i)
+			continue
+		}
+		// Not marked: the publisher publishes it again and marks it later.
+		again := first.Add(time.Minute)
+		require.NoError(t, outboxStore{coll: c.outbox, claims: c.claims}.MarkPublished(ctx, []any{d.ID}, again))
+		var ch claimcheck.Chunk
+		require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: d.ID}}).Decode(&ch))
+		require.True(t, ch.Published)
+		require.True(t, ch.PublishedAt.Equal(again), "point %d: the payload's clock starts at the latest publication", i)
+	}
+}
