@@ -13,6 +13,7 @@ import (
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // ClaimCheck configures the claim check (Config.ClaimCheck): payloads too
@@ -218,7 +219,7 @@ func (c *Client) resolveAll(ctx, actx context.Context, evs []*consume.Event) (re
 		case errors.Is(err, ErrClaimCheckNotConfigured):
 			reason = "not_configured"
 		}
-		c.tel.ins.Unresolved.Add(ctx, 1, metric.WithAttributes(attrTopic.String(d.env.Topic), attrReason.String(reason)))
+		c.tel.ins.Unresolved.Add(ctx, 1, metric.WithAttributes(itel.AttrTopic.String(d.env.Topic), itel.AttrReason.String(reason)))
 		return consume.Result{Kind: consume.Failed, At: i, Err: err, Park: park}, false
 	}
 	return consume.Result{}, true

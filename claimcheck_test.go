@@ -16,6 +16,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -107,8 +108,8 @@ func TestClaimCheckCarriesEventOverTopicLimit(t *testing.T) {
 	require.Greater(t, big.PayloadSize, int64(300000))
 	require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: big.ID}, {Key: store.PayloadPublished, Value: false}}))
 	require.EqualValues(t, 2, count(t, c.outbox, bson.D{{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: false}}}}))
-	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.stored"], attrTopic.String(ordersTopic)))
-	require.EqualValues(t, 3, sumOf(o.collect(t)["outbox.events.recorded"], attrTopic.String(ordersTopic)))
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.stored"], itel.AttrTopic.String(ordersTopic)))
+	require.EqualValues(t, 3, sumOf(o.collect(t)["outbox.events.recorded"], itel.AttrTopic.String(ordersTopic)))
 
 	runPub(t, c, publisherOptions{})
 	eventually(t, "three events published", func() bool { return b.published(t, Config{}) == 3 })
@@ -207,7 +208,7 @@ func TestClaimCheckConsumerWithoutConfigParksThenRedrives(t *testing.T) {
 	require.Contains(t, d.LastError, "outbox-payload:")
 	require.True(t, strings.HasPrefix(d.PayloadRef, "outbox-payload:"))
 	require.EqualValues(t, 1, d.Attempts, "parked at once, not retried")
-	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("not_configured")))
+	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], itel.AttrTopic.String(ordersTopic), itel.AttrReason.String("not_configured")))
 
 	fixed, seen2 := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
 	require.NoError(t, fixed.Redrive(ctx, d.ID))
@@ -237,7 +238,7 @@ func TestClaimCheckUnreachableStoreFailsAttemptsThenParks(t *testing.T) {
 	require.Empty(t, seen())
 	require.EqualValues(t, 2, d.Attempts)
 	require.Contains(t, d.LastError, ErrPayloadUnavailable.Error())
-	require.EqualValues(t, 2, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], attrTopic.String(ordersTopic), attrReason.String("unavailable")))
+	require.EqualValues(t, 2, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], itel.AttrTopic.String(ordersTopic), itel.AttrReason.String("unavailable")))
 }
 
 // The event-outbox format has no place for a reference: an event over the

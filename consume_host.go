@@ -13,6 +13,7 @@ import (
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/inboxhost"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // consumeHost is the root package's side of internal/consume: the inbox,
@@ -124,16 +125,16 @@ func (h *consumeHost) Settled(tp consume.TopicPartition, e *consume.Event, how, 
 	ctx := context.Background()
 	switch how {
 	case consume.SettledHandled:
-		c.tel.handled.Add(ctx, 1, eventAttrs(env))
+		c.tel.ins.Handled.Add(ctx, 1, eventAttrs(env))
 	case consume.SettledSkipped:
-		c.tel.skipped.Add(ctx, 1, eventAttrs(env, attrReason.String(reason)))
+		c.tel.ins.Skipped.Add(ctx, 1, eventAttrs(env, itel.AttrReason.String(reason)))
 		h.cons.log.Debug("event skipped", "reason", reason, "topic", env.Topic, "schema", env.ContentSchema, "idempotency_key", env.IdempotencyKey, "offset", e.Offset)
 	case consume.SettledHeld:
-		c.tel.parked.Add(ctx, 1, eventAttrs(env, attrReason.String("held")))
+		c.tel.ins.Parked.Add(ctx, 1, eventAttrs(env, itel.AttrReason.String("held")))
 		h.cons.log.Debug("event held behind a parked event of its key", "topic", env.Topic, "schema", env.ContentSchema,
 			"idempotency_key", env.IdempotencyKey, "partition_key", env.PartitionKey, "offset", e.Offset)
 	case consume.SettledParked:
-		c.tel.parked.Add(ctx, 1, eventAttrs(env, attrReason.String(reason)))
+		c.tel.ins.Parked.Add(ctx, 1, eventAttrs(env, itel.AttrReason.String(reason)))
 		msg := "event parked"
 		if reason == reasonNoHandler {
 			msg = "no handler for event; parked (holding its key) until a replica with its handler releases it"
@@ -149,9 +150,9 @@ func (h *consumeHost) Retry(tp consume.TopicPartition, e *consume.Event, reason 
 	env := &deliveryOf(e).env
 	attrs := eventAttrs(env)
 	if reason != "error" {
-		attrs = eventAttrs(env, attrReason.String(reason))
+		attrs = eventAttrs(env, itel.AttrReason.String(reason))
 	}
-	c.tel.retried.Add(context.Background(), 1, attrs)
+	c.tel.ins.Retried.Add(context.Background(), 1, attrs)
 	log := h.cons.log.Debug
 	if reason == "error" || reason == "infra" || reason == "locked" {
 		log = h.cons.log.Warn
@@ -164,7 +165,7 @@ func (h *consumeHost) Retry(tp consume.TopicPartition, e *consume.Event, reason 
 
 func (h *consumeHost) Released(tp consume.TopicPartition, e *consume.Event) {
 	env := &deliveryOf(e).env
-	h.c.tel.handled.Add(context.Background(), 1, eventAttrs(env))
+	h.c.tel.ins.Handled.Add(context.Background(), 1, eventAttrs(env))
 	h.cons.log.Debug("held event released", "topic", env.Topic, "partition", tp.Partition, "offset", e.Offset,
 		"idempotency_key", env.IdempotencyKey, "partition_key", env.PartitionKey)
 }
@@ -204,7 +205,7 @@ func (a hostApp) Begin(ctx context.Context) (*inboxhost.Tx, error) {
 		Sess:      sess,
 		Ctx:       context.WithValue(mongo.NewSessionContext(ctx, sess), txKey{}, st),
 		Flush:     st.flush,
-		Committed: func(ctx context.Context) { c.tel.committed(ctx, st) },
+		Committed: func(ctx context.Context) { c.tel.ins.Committed(ctx, st.counts, st.claims) },
 	}, nil
 }
 

@@ -82,7 +82,7 @@ type consumer struct {
 	log *slog.Logger
 	set *consume.Set
 	// errLog rate-limits the poll loop's repeated errors.
-	errLog *rateLog
+	errLog *itel.RateLog
 	// recreated watches the topics answering UNKNOWN_TOPIC_ID
 	// (internal/kafkawatch).
 	recreated *kafkawatch.RecreationWatch
@@ -144,7 +144,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 	// transactions in hand can finish and commit.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	cons := &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)}
+	cons := &consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: itel.NewRateLog(itel.ErrorRelog)}
 	host := c.newConsumeHost(cons)
 	// The set exists before the client: kgo may call the rebalance
 	// callbacks as soon as the client is created.
@@ -219,7 +219,7 @@ func (c *Client) runConsumer(ctx context.Context) error {
 			for _, r := range p.Records {
 				r.Topic = topic
 			}
-			c.tel.noteHighWatermark(topic, p.Partition, p.HighWatermark)
+			c.tel.marks.Fetched(itel.Partition{Topic: topic, Partition: p.Partition}, p.HighWatermark)
 			if len(p.Records) > 0 {
 				cons.set.EnqueuePolled(consume.TopicPartition{Topic: topic, Partition: p.Partition}, p.Records, mark)
 			}
@@ -228,12 +228,12 @@ func (c *Client) runConsumer(ctx context.Context) error {
 }
 
 // fetchError logs a fetch error, once per kind and partition and then at
-// most every errorRelog with the number of repeats.
+// most every itel.ErrorRelog with the number of repeats.
 func (cons *consumer) fetchError(t string, p int32, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
-	cons.errLog.warn(cons.log, "fetch error", fmt.Sprintf("%s/%d/%s", t, p, itel.ErrorKind(err)),
+	cons.errLog.Warn(cons.log, "fetch error", fmt.Sprintf("%s/%d/%s", t, p, itel.ErrorKind(err)),
 		"topic", cons.c.cfg.bareTopic(t), "partition", p, "err", err)
 }
 
@@ -262,7 +262,7 @@ func (cons *consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]i
 // rebalanced counts and logs an assignment change and applies it to the
 // workers.
 func (cons *consumer) rebalanced(change string, m map[string][]int32, level slog.Level, apply func([]consume.TopicPartition)) {
-	cons.c.tel.rebalance("consumer", change, m)
+	cons.c.tel.ins.Rebalanced("consumer", change, m)
 	tps := cons.tps(m)
 	if len(tps) > 0 {
 		cons.log.Log(context.Background(), level, "partitions "+change, "partitions", tpsString(tps))
@@ -308,15 +308,15 @@ func (cons *consumer) startLagPoller(ctx context.Context, topics []string) (stop
 		Topics: c.cfg.kafkaTopics(topics),
 		Every:  c.tel.lagEvery,
 		SetHighWatermark: func(topic string, partition int32, offset int64) {
-			c.tel.setHighWatermark(c.cfg.bareTopic(topic), partition, offset)
+			c.tel.marks.Listed(itel.Partition{Topic: c.cfg.bareTopic(topic), Partition: partition}, offset)
 		},
 		SetLogStart: func(topic string, partition int32, offset int64) {
-			c.tel.setLogStart(c.cfg.bareTopic(topic), partition, offset)
+			c.tel.marks.SetLogStart(itel.Partition{Topic: c.cfg.bareTopic(topic), Partition: partition}, offset)
 		},
 		Listed: func(at time.Time) { c.tel.lagListedAt.Store(at.UnixNano()) },
 		Log:    cons.log,
 		Warn: func(msg string, args ...any) {
-			cons.errLog.warn(cons.log, msg, "lag-listing", args...)
+			cons.errLog.Warn(cons.log, msg, "lag-listing", args...)
 		},
 	}
 	return startStoppable(ctx, p.Run)
@@ -331,7 +331,9 @@ func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
 		Partitions: cons.set,
 		ProbeOpts:  append(append([]kgo.Opt{}, c.cfg.KafkaOptions...), kgo.SeedBrokers(c.cfg.Brokers...)),
 		KafkaTopic: c.cfg.kafkaTopic,
-		Ends:       c.tel.partitionEnds,
+		Ends: func(topic string, partition int32) (hwm, logStart int64, ok bool) {
+			return c.tel.marks.Ends(itel.Partition{Topic: topic, Partition: partition})
+		},
 		ListedAt: func() time.Time {
 			if ns := c.tel.lagListedAt.Load(); ns != 0 {
 				return time.Unix(0, ns)
@@ -340,7 +342,7 @@ func (cons *consumer) startFetchWatch(ctx context.Context) (stop func()) {
 		},
 		LagEvery: c.tel.lagEvery,
 		Restarted: func(tp consume.TopicPartition, reason string) {
-			c.tel.fetchRestarted(tp, reason)
+			c.tel.ins.FetchRestarted(tp.Topic, tp.Partition, reason)
 			if h := c.test.fetchRestartHook; h != nil {
 				h(tp, reason)
 			}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // A partition lost while its worker handles a record must not get that
@@ -75,11 +77,11 @@ func TestConsumerLostPartitionIsNotCommitted(t *testing.T) {
 		})
 	}
 	eventually(t, "partitions lost", func() bool {
-		return sumOf(o.collect(t)["outbox.rebalances"], attrRole.String("consumer"), attrChange.String("lost")) >= 1
+		return sumOf(o.collect(t)["outbox.rebalances"], itel.AttrRole.String("consumer"), itel.AttrChange.String("lost")) >= 1
 	})
 	unblock()
 	eventually(t, "the record redelivered after the rejoin and skipped as a duplicate", func() bool {
-		return sumOf(o.collect(t)["outbox.events.skipped"], attrTopic.String(ordersTopic), attrReason.String("duplicate")) == 1
+		return sumOf(o.collect(t)["outbox.events.skipped"], itel.AttrTopic.String(ordersTopic), itel.AttrReason.String("duplicate")) == 1
 	})
 	eventually(t, "committed past it by the new session", func() bool {
 		return committed(t, b, c.cfg.ConsumerGroup, ordersTopic, 0) == 2

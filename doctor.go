@@ -2,25 +2,22 @@ package outbox
 
 // The doctor's public face: the report types, Admin.Doctor and
 // Client.Doctor. The checks live in internal/doctor (facts gathered, pure
-// judgements); this file converts at the boundary and gives the doctor the
-// storage format it reads through (doctorStore). Run runs the doctor once
+// judgements) with the service's collections it reads (doctor.Collections);
+// this file converts at the boundary. Run runs the doctor once
 // at start (doctor_run.go), outboxctl doctor and the console's Health page
 // show it.
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/event-outbox/outbox/internal/doctor"
-	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Severity says how much a Finding matters.
@@ -208,7 +205,8 @@ const doctorTimeout = 60 * time.Second
 // report. It changes nothing.
 func (a *Admin) Doctor(ctx context.Context, opts DoctorOptions) (DoctorReport, error) {
 	def := Config{}.withDefaults()
-	r, err := doctor.Run(ctx, doctorStore{a}, doctor.Options{
+	r, err := doctor.Run(ctx, doctor.Collections{Outbox: a.outbox, Inbox: a.inbox,
+		MetaSpecs: metaIndexes(), MetaExpiring: bson.D{{Key: "kind", Value: replicaKind}}}, doctor.Options{
 		Kafka:               opts.Kafka,
 		TopicPrefix:         opts.TopicPrefix,
 		PublishTopics:       opts.PublishTopics,
@@ -274,135 +272,4 @@ func (r DoctorReport) MarshalJSON() ([]byte, error) {
 		Checks    int       `json:"checks"`
 		CheckedAt time.Time `json:"checked_at"`
 	}{r.Summary(), findings, r.Checks, r.CheckedAt})
-}
-
-// doctorStore gives the doctor the service's collections through the
-// storage format: the queries it runs and the indexes it compares are the
-// ones EnsureIndexes, the partition counts and the inbox stamp define.
-type doctorStore struct{ a *Admin }
-
-func (s doctorStore) Database() *mongo.Database { return s.a.outbox.Database() }
-func (s doctorStore) OutboxName() string        { return s.a.outbox.Name() }
-func (s doctorStore) InboxName() string         { return s.a.inbox.Name() }
-func (s doctorStore) MetaName() string          { return metaCollection }
-
-// StoredPartitions reads the partition counts the service stored in
-// outbox_meta for its outbox collection.
-func (s doctorStore) StoredPartitions(ctx context.Context) (map[string]int, error) {
-	docs, err := store.ReadTopicMetas(ctx, s.Database().Collection(metaCollection), s.a.outbox.Name())
-	if err != nil {
-		return nil, err
-	}
-	stored := make(map[string]int, len(docs))
-	for _, doc := range docs {
-		stored[doc.Topic] = doc.Partitions
-	}
-	return stored, nil
-}
-
-// InboxOwner reads the inbox's stamp (see stampInbox).
-func (s doctorStore) InboxOwner(ctx context.Context) (*doctor.Owner, error) {
-	var st inboxStamp
-	err := s.Database().Collection(metaCollection).FindOne(ctx,
-		bson.D{{Key: "_id", Value: bson.D{{Key: "inbox", Value: s.a.inbox.Name()}}}}).Decode(&st)
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	return &doctor.Owner{ConsumerGroup: st.ConsumerGroup, Service: st.Service}, nil
-}
-
-// recordFields are the outbox fields that go into a record (the payload,
-// the key and the headers' values).
-var recordFields = []string{"payload", "key", "schema", "idempotency_key", "traceparent", "tracestate", "source"}
-
-// LatestEvents sums the record fields' bytes of the newest n outbox events
-// on the server (the outbox's _id is an ObjectID: newest last).
-func (s doctorStore) LatestEvents(ctx context.Context, n int) ([]doctor.EventSize, error) {
-	var sizes bson.A
-	for _, f := range recordFields {
-		sizes = append(sizes, bson.D{{Key: "$strLenBytes", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + f, ""}}}}})
-	}
-	cur, err := s.a.outbox.Aggregate(ctx, bson.A{
-		bson.D{{Key: "$sort", Value: bson.D{{Key: "_id", Value: -1}}}},
-		bson.D{{Key: "$limit", Value: n}},
-		bson.D{{Key: "$project", Value: bson.D{
-			{Key: "_id", Value: 1}, {Key: "topic", Value: 1}, {Key: "created_at", Value: 1},
-			{Key: "size", Value: bson.D{{Key: "$add", Value: sizes}}},
-		}}},
-	})
-	if err != nil {
-		return nil, err
-	}
-	var docs []struct {
-		ID        any       `bson:"_id"`
-		Topic     string    `bson:"topic"`
-		CreatedAt time.Time `bson:"created_at"`
-		Size      int64     `bson:"size"`
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, err
-	}
-	out := make([]doctor.EventSize, len(docs))
-	for i, d := range docs {
-		out[i] = doctor.EventSize{ID: d.ID, Topic: d.Topic, CreatedAt: d.CreatedAt, Size: d.Size}
-	}
-	return out, nil
-}
-
-// EventFields reads one outbox event's record fields, concatenated.
-func (s doctorStore) EventFields(ctx context.Context, id any) (string, error) {
-	var doc struct {
-		Payload        string `bson:"payload"`
-		Key            string `bson:"key"`
-		Schema         string `bson:"schema"`
-		IdempotencyKey string `bson:"idempotency_key"`
-		TraceParent    string `bson:"traceparent"`
-		TraceState     string `bson:"tracestate"`
-		Source         string `bson:"source"`
-	}
-	if err := s.a.outbox.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc); err != nil {
-		return "", err
-	}
-	return doc.Payload + doc.Key + doc.Schema + doc.IdempotencyKey + doc.TraceParent + doc.TraceState + doc.Source, nil
-}
-
-// ListIndexes lists a collection's index documents.
-func (s doctorStore) ListIndexes(ctx context.Context, coll string) ([]bson.D, error) {
-	return store.ListIndexes(ctx, s.Database().Collection(coll))
-}
-
-// OutboxIndexes are the outbox's indexes with the given retention.
-func (s doctorStore) OutboxIndexes(retention time.Duration) doctor.Indexes {
-	c := &Client{cfg: Config{OutboxRetention: retention}}
-	return doctorIndexes(c.outboxIndexes(), bson.D{{Key: "published", Value: true}})
-}
-
-// InboxIndexes are the inbox's indexes with the given retention.
-func (s doctorStore) InboxIndexes(retention time.Duration) doctor.Indexes {
-	c := &Client{cfg: Config{InboxRetention: retention}}
-	return doctorIndexes(c.inboxIndexes(), bson.D{{Key: "handled", Value: true}})
-}
-
-// MetaIndexes are outbox_meta's indexes.
-func (s doctorStore) MetaIndexes() doctor.Indexes {
-	return doctorIndexes(metaIndexes(), bson.D{{Key: "kind", Value: replicaKind}})
-}
-
-// doctorIndexes describes specs for the doctor; expiring is the partial
-// filter of the collection's own TTL index.
-func doctorIndexes(specs []store.IndexSpec, expiring bson.D) doctor.Indexes {
-	out := doctor.Indexes{
-		Expiring: func(partial any) bool { return store.SameBSON(partial, expiring, false) },
-		Field:    store.Lookup,
-		Format:   store.FormatIndex,
-		TTL:      store.IndexTTL,
-	}
-	for _, s := range specs {
-		out.Specs = append(out.Specs, doctor.IndexSpec{Name: s.Name, Doc: s.Document(), TTL: s.TTL, Unique: s.Unique,
-			Matches: func(ix bson.D) bool { return len(store.FindEquivalents([]bson.D{ix}, s)) > 0 }})
-	}
-	return out
 }

@@ -58,7 +58,7 @@ func (c *Client) registerDoctorGauge() (unregister func()) {
 			return nil
 		}
 		for _, s := range []Severity{SeverityBreaks, SeverityRisk, SeverityNote} {
-			o.ObserveInt64(g, int64(r.Count(s)), metric.WithAttributes(attrSeverity.String(s.String())))
+			o.ObserveInt64(g, int64(r.Count(s)), metric.WithAttributes(itel.AttrSeverity.String(s.String())))
 		}
 		return nil
 	}, g)

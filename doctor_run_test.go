@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/event-outbox/outbox/internal/doctor"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/internal/testkit"
 )
 
@@ -48,7 +49,7 @@ func TestRunReportsBreakingSettings(t *testing.T) {
 	require.Contains(t, out, "doctor: 1 breaks a guarantee")
 
 	m := o.collect(t)
-	require.Equal(t, 1.0, sumOf(m["outbox.doctor.findings"], attrSeverity.String("breaks")))
+	require.Equal(t, 1.0, sumOf(m["outbox.doctor.findings"], itel.AttrSeverity.String("breaks")))
 
 	raw, err := st.MarshalJSON()
 	require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/kafkawatch"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // A partition its client believes it fetches while the broker does not
@@ -175,8 +176,8 @@ func testFetchWatch(t *testing.T, sessions int32, resubscribe, noListings bool) 
 	})
 	require.GreaterOrEqual(t, forgot.Load(), 1+min(sessions, kafkawatch.RestartsBeforeReadd), "the restarts' sessions left the partition out")
 	restarts := o.collect(t)["outbox.consumer.fetch_restarts"]
-	require.GreaterOrEqual(t, sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("set_offsets")), float64(min(sessions+1, kafkawatch.RestartsBeforeReadd)))
-	resubscribed := sumOf(restarts, attrTopic.String(ordersTopic), attrPartition.String("0"), attrReason.String("resubscribe"))
+	require.GreaterOrEqual(t, sumOf(restarts, itel.AttrTopic.String(ordersTopic), itel.AttrPartition.String("0"), itel.AttrReason.String("set_offsets")), float64(min(sessions+1, kafkawatch.RestartsBeforeReadd)))
+	resubscribed := sumOf(restarts, itel.AttrTopic.String(ordersTopic), itel.AttrPartition.String("0"), itel.AttrReason.String("resubscribe"))
 	if resubscribe {
 		require.GreaterOrEqual(t, resubscribed, 1.0, "the restarts did not help: the topic was re-subscribed")
 	} else {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // produceOrders writes n framework records of orderPlaced to partition 0 of
@@ -74,7 +76,7 @@ func TestConsumerLagGrowsWhileStalled(t *testing.T) {
 		return cons != nil && slices.Contains(cons.cl.PauseFetchPartitions(nil)[b.kafkaTopic(ordersTopic)], 0)
 	})
 	lag := func() float64 {
-		return sumOf(o.collect(t)["outbox.consumer.lag"], attrTopic.String(ordersTopic), attrPartition.String("0"))
+		return sumOf(o.collect(t)["outbox.consumer.lag"], itel.AttrTopic.String(ordersTopic), itel.AttrPartition.String("0"))
 	}
 	produced := 2 + maxQueue + 1000
 	eventually(t, "lag of every record after the committed one", func() bool { return lag() == float64(produced-1) })

@@ -97,8 +97,8 @@ func (c *Client) Transact(ctx context.Context, fn func(ctx context.Context) erro
 		return fn(ctx)
 	}
 	last, err := c.inTransaction(ctx, fn, nil)
-	if err == nil {
-		c.tel.committed(ctx, last)
+	if err == nil && last != nil {
+		c.tel.ins.Committed(ctx, last.counts, last.claims)
 	}
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/event-outbox/outbox/internal/operator"
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // Parked events: the public types, Client.Redrive (run by the consumer
@@ -196,13 +197,13 @@ func (c *Client) Redrive(ctx context.Context, id InboxID) error {
 	}
 	switch res.Kind {
 	case consume.Handled:
-		c.tel.handled.Add(ctx, 1, eventAttrs(&deliveryOf(e).env))
+		c.tel.ins.Handled.Add(ctx, 1, eventAttrs(&deliveryOf(e).env))
 		if key != "" {
 			c.releaseKey(ctx, tp, key)
 		}
 		return nil
 	case consume.Skipped:
-		c.tel.skipped.Add(ctx, 1, eventAttrs(&deliveryOf(e).env, attrReason.String(reasonNoHandler)))
+		c.tel.ins.Skipped.Add(ctx, 1, eventAttrs(&deliveryOf(e).env, itel.AttrReason.String(reasonNoHandler)))
 		if key != "" {
 			c.releaseKey(ctx, tp, key)
 		}
@@ -254,7 +255,7 @@ func (c *Client) host() *consumeHost {
 	if cons := c.tel.cons.Load(); cons != nil {
 		return c.newConsumeHost(cons)
 	}
-	return c.newConsumeHost(&consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: newRateLog(errorRelog)})
+	return c.newConsumeHost(&consumer{c: c, log: c.cfg.Logger.With("outbox.component", "consumer"), errLog: itel.NewRateLog(itel.ErrorRelog)})
 }
 
 // ParkedEvents lists the parked events f selects, oldest first.
@@ -374,7 +375,7 @@ func (c *Client) serveRedriveRequest(ctx context.Context, d *store.InboxDoc[Inbo
 	default:
 		c.cfg.Logger.Warn("outbox: re-drive failed; event stays parked", "id", d.ID.String(), "err", err)
 		c.tel.setError(fmt.Errorf("re-drive %s: %w", d.ID, err))
-		c.tel.parked.Add(ctx, 1, eventAttrs(&env, attrReason.String("redrive_failed")))
+		c.tel.ins.Parked.Add(ctx, 1, eventAttrs(&env, itel.AttrReason.String("redrive_failed")))
 	}
 	switch {
 	case errors.As(err, &deferred):

@@ -59,6 +59,7 @@ import (
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/retry"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/kafkax"
 )
@@ -222,7 +223,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		StopTimeout: deliveryTimeout + markTimeout + time.Second,
 		Logger:      log,
 		Stats:       p.stats,
-		Hooks:       c.tel.publishHooks(o.hooks),
+		Hooks:       c.tel.ins.PublishHooks(c.tel.tracer, o.hooks),
 	}
 	prods.workerHooks(wcfg, func(string) {
 		select {
@@ -294,7 +295,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		c.groupHook(cfg.PublisherGroup),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			tuning.NotePublisherOwnership(c, "assigned", m) // harness hook: before the workers start
-			c.tel.rebalance("publisher", "assigned", m)
+			c.tel.ins.Rebalanced("publisher", "assigned", m)
 			probe.Kick() // confirm the new generation without waiting an interval
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions assigned", "partitions", m)
@@ -305,7 +306,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-			c.tel.rebalance("publisher", "revoked", m)
+			c.tel.ins.Rebalanced("publisher", "revoked", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions revoked", "partitions", m)
 				p.set.Revoke(tps)
@@ -314,7 +315,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		}),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.lease.Revoke()
-			c.tel.rebalance("publisher", "lost", m)
+			c.tel.ins.Rebalanced("publisher", "lost", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Warn("publisher partitions lost", "partitions", m)
 				p.set.Lose(tps)
@@ -371,7 +372,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			Stats:          p.stats,
 			Opened:         o.streamOpened,
 			Reopened: func(reason string) {
-				c.tel.streamReopens.Add(context.Background(), 1, metric.WithAttributes(attrReason.String(reason)))
+				c.tel.ins.StreamReopens.Add(context.Background(), 1, metric.WithAttributes(itel.AttrReason.String(reason)))
 			},
 		}
 		w.Run(bg)

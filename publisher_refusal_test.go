@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/kafkax"
 )
 
@@ -270,9 +271,9 @@ func TestHeldGauges(t *testing.T) {
 		want := map[PoisonPolicy][2]float64{HoldKey: {1, 2}, SkipEvent: {0, 0}}[policy]
 		eventually(t, "held gauges under "+policy.String(), func() bool {
 			m := o.collect(t)
-			return sumOf(m["outbox.pending"], attrTopic.String(ordersTopic)) == 2 &&
-				sumOf(m["outbox.held_keys"], attrTopic.String(ordersTopic)) == want[0] &&
-				sumOf(m["outbox.held_events"], attrTopic.String(ordersTopic)) == want[1]
+			return sumOf(m["outbox.pending"], itel.AttrTopic.String(ordersTopic)) == 2 &&
+				sumOf(m["outbox.held_keys"], itel.AttrTopic.String(ordersTopic)) == want[0] &&
+				sumOf(m["outbox.held_events"], itel.AttrTopic.String(ordersTopic)) == want[1]
 		})
 		st, err := c.Status(ctx)
 		require.NoError(t, err)

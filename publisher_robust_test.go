@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/kafkax"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 )
@@ -141,7 +142,7 @@ func TestPublisherChangeStreamFailuresBackOff(t *testing.T) {
 	r.record(t, keysN(6)...)
 	eventually(t, "published once the stream is back", func() bool { return b.published(t, cfg) == 6 })
 	m := o.collect(t)
-	require.Positive(t, sumOf(m["outbox.change_stream.reopens"], attrReason.String("error")))
+	require.Positive(t, sumOf(m["outbox.change_stream.reopens"], itel.AttrReason.String("error")))
 }
 
 // outbox_events_publish_failed_total has a topic label, so that an operator
@@ -159,7 +160,7 @@ func TestPublishFailedMetricNamesTheTopic(t *testing.T) {
 	eventually(t, "refused", func() bool { return failedCount(t, b) == 1 })
 	eventually(t, "counted with its topic", func() bool {
 		m := o.collect(t)
-		return sumOf(m["outbox.events.publish_failed"], attrTopic.String(ordersTopic), attrReason.String("refused")) == 1
+		return sumOf(m["outbox.events.publish_failed"], itel.AttrTopic.String(ordersTopic), itel.AttrReason.String("refused")) == 1
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // replicaKind is the kind field of replica records, which other files of
@@ -140,7 +141,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 // time marked stopped (with runErr, if any), bounded by
 // liveness.WriteTimeout.
 func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
-	rl := newRateLog(errorRelog) // once, then every errorRelog while MongoDB is down
+	rl := itel.NewRateLog(itel.ErrorRelog) // once, then every itel.ErrorRelog while MongoDB is down
 	r := liveness.NewRecord(liveness.Owner{
 		Name: c.cfg.ReplicaID, Service: c.cfg.Service,
 		ConsumerGroup: c.cfg.ConsumerGroup, PublisherGroup: c.cfg.PublisherGroup,
@@ -164,7 +165,7 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 		Redact: redactSecrets,
 		Log:    c.cfg.Logger,
 		Warn: func(msg string, args ...any) {
-			rl.warn(c.cfg.Logger, msg, "refresh", args...)
+			rl.Warn(c.cfg.Logger, msg, "refresh", args...)
 		},
 	})
 	c.sessions.Start(r)
@@ -199,7 +200,7 @@ func (c *Client) reaper(cons *consumer) liveness.Reaper {
 		Reaped: c.test.reapedHook,
 		Log:    cons.log,
 		Warn: func(msg string, args ...any) {
-			cons.errLog.warn(cons.log, msg, "reap", args...)
+			cons.errLog.Warn(cons.log, msg, "reap", args...)
 		},
 	}
 }

@@ -3,19 +3,16 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/event-outbox/outbox/internal/lifecycle"
 )
 
 // Server defaults.
@@ -30,9 +27,6 @@ const (
 	// (Config.DrainTimeout): committing offsets, leaving both groups,
 	// marking the replica record stopped.
 	groupLeaveMargin = 3 * time.Second
-	// notReadyRelog is how often a Server that is not ready says what it
-	// waits for.
-	notReadyRelog = 5 * time.Second
 )
 
 // Server runs Clients beside an HTTP server for the life of a process, so
@@ -105,8 +99,7 @@ type Server struct {
 	// for, shutting down, stopped. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	stopping atomic.Bool
-	serving  atomic.Bool
+	state lifecycle.State
 }
 
 // Serve runs clients beside srv until SIGINT or SIGTERM, with Server's
@@ -120,9 +113,9 @@ func Serve(ctx context.Context, srv *http.Server, clients ...*Client) error {
 // ErrNotReady, naming what it waits for.
 func (s *Server) Ready() error {
 	switch {
-	case s.stopping.Load():
+	case s.state.Stopping():
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
-	case !s.serving.Load():
+	case !s.state.Serving():
 		return fmt.Errorf("%w: not serving yet", ErrNotReady)
 	}
 	var waits []string
@@ -150,94 +143,29 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	log := cmp.Or(s.Logger, slog.Default())
 	grace := cmp.Or(s.ShutdownTimeout, defaultShutdownTimeout)
-	for _, c := range s.Clients {
+	units := make([]lifecycle.Unit, len(s.Clients))
+	for i, c := range s.Clients {
 		if c.cfg.DrainTimeout+groupLeaveMargin > grace {
 			log.WarnContext(ctx, "outbox: a Client's DrainTimeout leaves no time to leave its groups within the server's ShutdownTimeout",
 				"outbox.service", c.cfg.Service, "drain_timeout", c.cfg.DrainTimeout.String(), "shutdown_timeout", grace.String())
 		}
+		units[i] = lifecycle.Unit{Name: c.cfg.Service, Run: c.Run, Running: c.isRunning}
 	}
-	ln := s.Listener
-	if ln == nil {
-		var err error
-		if ln, err = net.Listen("tcp", cmp.Or(s.HTTP.Addr, ":http")); err != nil {
-			return fmt.Errorf("outbox: listen: %w", err)
-		}
+	p := &lifecycle.Process{
+		HTTP:           s.HTTP,
+		Listener:       s.Listener,
+		Units:          units,
+		Grace:          grace,
+		Delay:          s.ShutdownDelay,
+		RequestTimeout: cmp.Or(s.RequestTimeout, defaultRequestTimeout),
+		ReadyPath:      cmp.Or(s.ReadyPath, "/readyz"),
+		LivePath:       cmp.Or(s.LivePath, "/livez"),
+		Signals:        s.Signals,
+		Ready:          s.Ready,
+		Logger:         log,
+		State:          &s.state,
 	}
-	next := s.HTTP.Handler
-	if next == nil {
-		next = http.DefaultServeMux
-	}
-	s.HTTP.Handler = s.handler(next)
-
-	sigs := s.Signals
-	if len(sigs) == 0 {
-		sigs = []os.Signal{os.Interrupt, syscall.SIGTERM}
-	}
-	sctx, stopSignals := signal.NotifyContext(ctx, sigs...)
-	defer stopSignals()
-
-	// The Clients run under a context of their own, canceled by the
-	// shutdown, so that they drain while the HTTP server does.
-	runCtx, stopClients := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopClients()
-	fatal := make(chan error, len(s.Clients))
-	var clients sync.WaitGroup
-	for _, c := range s.Clients {
-		clients.Go(func() {
-			if err := c.Run(runCtx); err != nil {
-				fatal <- fmt.Errorf("%s: %w", c.cfg.Service, err)
-			}
-		})
-	}
-	clientsDone := make(chan struct{})
-	go func() { clients.Wait(); close(clientsDone) }()
-
-	serveErr := make(chan error, 1)
-	if s.HTTP.TLSConfig != nil {
-		// The certificates are in TLSConfig (check made sure), so no files.
-		go func() { serveErr <- s.HTTP.ServeTLS(ln, "", "") }()
-	} else {
-		go func() { serveErr <- s.HTTP.Serve(ln) }()
-	}
-	s.serving.Store(true)
-	log.InfoContext(ctx, "outbox: serving", "addr", ln.Addr().String(), "shutdown_timeout", grace.String())
-
-	// The readiness reporter (owned by Run, ended before it returns): says
-	// when the server becomes ready, and what it waits for meanwhile.
-	repCtx, stopReporter := context.WithCancel(sctx)
-	var reporter sync.WaitGroup
-	reporter.Go(func() { s.reportReadiness(repCtx, log) })
-
-	var first error
-	select {
-	case <-sctx.Done():
-		if ctx.Err() == nil {
-			log.InfoContext(ctx, "outbox: signal received; shutting down", "grace", grace.String())
-		}
-	case first = <-fatal:
-		log.ErrorContext(ctx, "outbox: a client failed; shutting down", "err", first)
-	case err := <-serveErr:
-		serveErr <- err
-		if !errors.Is(err, http.ErrServerClosed) {
-			first = fmt.Errorf("outbox: serve HTTP: %w", err)
-			log.ErrorContext(ctx, "outbox: the HTTP server failed; shutting down", "err", err)
-		}
-	}
-	stopSignals() // a second signal now ends the process at once
-	stopReporter()
-	reporter.Wait()
-	err := s.shutdown(ctx, log, grace, stopClients, clientsDone, serveErr)
-	// fatal stays open: a Client still running after the grace period
-	// may yet send to it (its buffer holds one error per Client).
-	for drained := false; !drained; {
-		select {
-		case e := <-fatal:
-			first = cmp.Or(first, e)
-		default:
-			drained = true
-		}
-	}
-	return cmp.Or(first, err)
+	return p.Run(ctx)
 }
 
 // check reports every mistake in the Server's configuration, each
@@ -271,108 +199,6 @@ func (s *Server) check() error {
 		bad("Server.ShutdownDelay must not be negative")
 	}
 	return errors.Join(errs...)
-}
-
-// shutdown turns readiness false, waits ShutdownDelay, then stops the HTTP
-// server and the Clients at the same time, bounded by grace in all.
-func (s *Server) shutdown(ctx context.Context, log *slog.Logger, grace time.Duration, stopClients func(),
-	clientsDone <-chan struct{}, serveErr <-chan error) error {
-	began := time.Now()
-	s.stopping.Store(true)
-	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
-	defer cancel()
-	if d := s.ShutdownDelay; d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-gctx.Done():
-		}
-		t.Stop()
-	}
-	stopClients()
-	var late []string
-	if err := s.HTTP.Shutdown(gctx); err != nil {
-		_ = s.HTTP.Close()
-		late = append(late, "HTTP requests in flight (their connections were closed)")
-	}
-	<-serveErr // Serve returns at once after Shutdown or Close
-	select {
-	case <-clientsDone:
-	case <-gctx.Done():
-		for _, c := range s.Clients {
-			if c.isRunning() {
-				late = append(late, "client "+c.cfg.Service)
-			}
-		}
-	}
-	s.serving.Store(false)
-	if len(late) > 0 {
-		err := fmt.Errorf("outbox: shutdown exceeded ShutdownTimeout (%v); still running: %s: %w", grace, strings.Join(late, ", "), context.DeadlineExceeded)
-		log.ErrorContext(ctx, "outbox: stopped, not cleanly", "err", err)
-		return err
-	}
-	log.InfoContext(ctx, "outbox: stopped", "shutdown_took", time.Since(began).Round(time.Millisecond).String())
-	return nil
-}
-
-// handler wraps next with the probes and the request deadline.
-func (s *Server) handler(next http.Handler) http.Handler {
-	ready, live := cmp.Or(s.ReadyPath, "/readyz"), cmp.Or(s.LivePath, "/livez")
-	timeout := cmp.Or(s.RequestTimeout, defaultRequestTimeout)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet || r.Method == http.MethodHead {
-			switch r.URL.Path {
-			case ready:
-				if err := s.Ready(); err != nil {
-					writeProbe(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
-					return
-				}
-				writeProbe(w, http.StatusOK, map[string]string{"status": "ready"})
-				return
-			case live:
-				writeProbe(w, http.StatusOK, map[string]string{"status": "alive"})
-				return
-			}
-		}
-		if timeout > 0 {
-			ctx, cancel := context.WithTimeout(r.Context(), timeout)
-			defer cancel()
-			r = r.WithContext(ctx)
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func writeProbe(w http.ResponseWriter, code int, body map[string]string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(body)
-}
-
-// reportReadiness logs what the server waits for every notReadyRelog
-// while it is not ready, and once when it becomes ready, until ctx ends.
-func (s *Server) reportReadiness(ctx context.Context, log *slog.Logger) {
-	began := time.Now()
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	var loggedAt time.Time
-	for {
-		err := s.Ready()
-		if err == nil {
-			log.InfoContext(ctx, "outbox: ready", "after", time.Since(began).Round(time.Millisecond).String())
-			return
-		}
-		if time.Since(began) >= notReadyRelog && time.Since(loggedAt) >= notReadyRelog {
-			loggedAt = time.Now()
-			log.WarnContext(ctx, "outbox: not ready yet", "waiting_for", err.Error(), "for", time.Since(began).Round(time.Second).String())
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // isRunning reports whether Run runs.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/inboxhost"
-	"github.com/event-outbox/outbox/internal/publish"
 	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
@@ -56,37 +54,22 @@ const (
 	backlogQueryTimeout = 5 * time.Second
 )
 
-// Attribute keys, internal/telemetry's under the names the root's files
-// use.
-const (
-	attrTopic     = itel.AttrTopic
-	attrPartition = itel.AttrPartition
-	attrReason    = itel.AttrReason
-	attrRole      = itel.AttrRole
-	attrChange    = itel.AttrChange
-	attrWait      = itel.AttrWait
-	attrOutcome   = itel.AttrOutcome
-	attrSeverity  = itel.AttrSeverity
-)
-
 // telemetry holds a Client's instruments (internal/telemetry) and the
 // runtime state that the status and the gauges report.
 type telemetry struct {
-	tracer trace.Tracer
-	meter  metric.Meter
-	ins    *itel.Instruments
-	// The counters the root's files add to, ins's under short names.
-	recorded, published, handled, skipped, retried, parked, streamReopens metric.Int64Counter
-	instrumentErr                                                         error
-	cons                                                                  atomic.Pointer[consumer] // the running consumer
-	marks                                                                 itel.Watermarks          // of the handled partitions, for the lag gauge and the fetch watch
-	lagEvery                                                              time.Duration            // period of the consumer's lag poller (0: internal/kafkawatch's default); tests shorten it
-	lagListedAt                                                           atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
-	errMu                                                                 sync.Mutex
-	lastErr                                                               string
-	lastErrAt                                                             time.Time
-	backlogMu                                                             sync.Mutex // serialises backlog queries
-	backlog                                                               *StoreStatus
+	tracer        trace.Tracer
+	meter         metric.Meter
+	ins           *itel.Instruments
+	instrumentErr error
+	cons          atomic.Pointer[consumer] // the running consumer
+	marks         itel.Watermarks          // of the handled partitions, for the lag gauge and the fetch watch
+	lagEvery      time.Duration            // period of the consumer's lag poller (0: internal/kafkawatch's default); tests shorten it
+	lagListedAt   atomic.Int64             // unix ns of the lag poller's last listing of every partition (0: none)
+	errMu         sync.Mutex
+	lastErr       string
+	lastErrAt     time.Time
+	backlogMu     sync.Mutex // serialises backlog queries
+	backlog       *StoreStatus
 }
 
 func newTelemetry(cfg *Config) *telemetry {
@@ -95,8 +78,6 @@ func newTelemetry(cfg *Config) *telemetry {
 		meter:  cfg.MeterProvider.Meter(itel.InstrumentationName),
 	}
 	t.ins, t.instrumentErr = itel.New(t.meter)
-	t.recorded, t.published, t.handled = t.ins.Recorded, t.ins.Published, t.ins.Handled
-	t.skipped, t.retried, t.parked, t.streamReopens = t.ins.Skipped, t.ins.Retried, t.ins.Parked, t.ins.StreamReopens
 	return t
 }
 
@@ -117,8 +98,6 @@ func (t *telemetry) lastError() (string, time.Time) {
 	return t.lastErr, t.lastErrAt
 }
 
-func topicAttrs(topic string) metric.MeasurementOption { return itel.TopicAttrs(topic) }
-
 // eventAttrs returns the attributes topic, schema and extra, a string
 // attribute or none.
 func eventAttrs(env *Envelope, extra ...attribute.KeyValue) metric.MeasurementOption {
@@ -127,61 +106,6 @@ func eventAttrs(env *Envelope, extra ...attribute.KeyValue) metric.MeasurementOp
 		k.Extra, k.ExtraValue = extra[0].Key, extra[0].Value.AsString()
 	}
 	return itel.CachedAttrs(k)
-}
-
-// committed counts the events of a committed transaction.
-func (t *telemetry) committed(ctx context.Context, tx *txState) {
-	if tx == nil {
-		return
-	}
-	for topic, n := range tx.counts {
-		t.recorded.Add(ctx, n, topicAttrs(topic))
-	}
-	for topic, n := range tx.claims {
-		t.ins.ClaimStored.Add(ctx, n, topicAttrs(topic))
-	}
-}
-
-// rebalance counts one non-empty assignment change.
-func (t *telemetry) rebalance(role, change string, parts map[string][]int32) {
-	n := 0
-	for _, ps := range parts {
-		n += len(ps)
-	}
-	if n == 0 {
-		return
-	}
-	t.ins.Rebalances.Add(context.Background(), 1, metric.WithAttributes(attrRole.String(role), attrChange.String(change)))
-}
-
-// noteHighWatermark raises a fetched partition's high watermark (see
-// itel.Watermarks.Fetched).
-func (t *telemetry) noteHighWatermark(topic string, partition int32, hwm int64) {
-	t.marks.Fetched(itel.Partition{Topic: topic, Partition: partition}, hwm)
-}
-
-// setHighWatermark records a partition's high watermark as listed by the
-// lag poller, the authority.
-func (t *telemetry) setHighWatermark(topic string, partition int32, hwm int64) {
-	t.marks.Listed(itel.Partition{Topic: topic, Partition: partition}, hwm)
-}
-
-// setLogStart sets a partition's log start offset, listed by the lag
-// poller.
-func (t *telemetry) setLogStart(topic string, partition int32, lwm int64) {
-	t.marks.SetLogStart(itel.Partition{Topic: topic, Partition: partition}, lwm)
-}
-
-// partitionEnds returns a handled partition's high watermark and log
-// start offset (see itel.Watermarks.Ends).
-func (t *telemetry) partitionEnds(topic string, partition int32) (hwm, logStart int64, ok bool) {
-	return t.marks.Ends(itel.Partition{Topic: topic, Partition: partition})
-}
-
-// fetchRestarted counts a restart of a partition's fetching, by how
-// (set_offsets, resubscribe).
-func (t *telemetry) fetchRestarted(tp consume.TopicPartition, how string) {
-	t.ins.FetchRestarts.Add(context.Background(), 1, itel.PartitionAttrs(tp.Topic, tp.Partition, attrReason.String(how)))
 }
 
 // startHandle starts the span of one handling attempt. Its parent is the
@@ -213,15 +137,10 @@ func (t *telemetry) endHandle(ctx context.Context, span trace.Span, env *Envelop
 		t.setError(fmt.Errorf("handle %s/%s: %w", env.Topic, env.ContentSchema, err))
 	}
 	if span.IsRecording() {
-		span.SetAttributes(attrOutcome.String(outcome))
+		span.SetAttributes(itel.AttrOutcome.String(outcome))
 	}
 	span.End()
-	t.ins.HandleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, attrOutcome.String(outcome)))
-}
-
-// publishHooks adds the publish metrics and span to the test hooks.
-func (t *telemetry) publishHooks(h publish.Hooks) publish.Hooks {
-	return t.ins.PublishHooks(t.tracer, h)
+	t.ins.HandleDuration.Record(ctx, time.Since(start).Seconds(), eventAttrs(env, itel.AttrOutcome.String(outcome)))
 }
 
 // storeStatus returns the storage status, at most maxAge old.
@@ -253,53 +172,38 @@ func (c *Client) storeStatus(ctx context.Context, maxAge time.Duration) (StoreSt
 // long as Run runs.
 func (c *Client) registerGauges() (unregister func()) {
 	t := c.tel
-	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		for _, role := range []string{"publisher", "consumer"} {
-			n := 0
+	reg, err := t.ins.RegisterGauges(t.meter, itel.Gauges{
+		Owned: func(role string) int {
 			if role == "publisher" {
 				if p := c.pub.Load(); p != nil {
-					n = len(p.set.Owned())
+					return len(p.set.Owned())
 				}
 			} else if cons := t.cons.Load(); cons != nil {
-				n = len(cons.set.Owned())
+				return len(cons.set.Owned())
 			}
-			o.ObserveInt64(t.ins.Owned, int64(n), metric.WithAttributes(attrRole.String(role)))
-		}
-		for tp, lag := range t.consumerLag() {
-			o.ObserveInt64(t.ins.Lag, lag, itel.PartitionAttrs(tp.Topic, tp.Partition))
-		}
-		if cons := t.cons.Load(); cons != nil {
-			t.ins.ObserveConsumer(o, cons.set.Stats(), cons.set.Waits())
-		}
-		st, err := c.storeStatus(ctx, backlogCacheTTL)
-		if err != nil {
-			return fmt.Errorf("outbox: backlog gauges: %s", redactSecrets(err.Error()))
-		}
-		seen := make(map[string]bool, len(st.Topics))
-		for _, b := range st.Topics {
-			seen[b.Topic] = true
-			o.ObserveInt64(t.ins.Pending, b.Pending, topicAttrs(b.Topic))
-			o.ObserveInt64(t.ins.Failed, b.Failed, topicAttrs(b.Topic))
-			o.ObserveInt64(t.ins.HeldKeys, b.HeldKeys, topicAttrs(b.Topic))
-			o.ObserveInt64(t.ins.HeldEvents, b.HeldEvents, topicAttrs(b.Topic))
-			o.ObserveFloat64(t.ins.OldestPending, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
-		}
-		// Topics with nothing waiting read 0 rather than vanishing, so that
-		// dashboards and absence alerts see a steady series.
-		for _, topic := range c.cfg.PublishTopics {
-			if !seen[topic] {
-				o.ObserveInt64(t.ins.Pending, 0, topicAttrs(topic))
-				o.ObserveInt64(t.ins.Failed, 0, topicAttrs(topic))
-				o.ObserveInt64(t.ins.HeldKeys, 0, topicAttrs(topic))
-				o.ObserveInt64(t.ins.HeldEvents, 0, topicAttrs(topic))
-				o.ObserveFloat64(t.ins.OldestPending, 0, topicAttrs(topic))
+			return 0
+		},
+		Lag: t.consumerLag,
+		Consumer: func() (map[consume.TopicPartition]consume.Stats, []consume.Wait, bool) {
+			if cons := t.cons.Load(); cons != nil {
+				return cons.set.Stats(), cons.set.Waits(), true
 			}
-		}
-		o.ObserveInt64(t.ins.ParkedNow, st.Parked)
-		o.ObserveInt64(t.ins.Held, st.Held)
-		return nil
-	}, t.ins.Pending, t.ins.Failed, t.ins.ParkedNow, t.ins.Held, t.ins.Owned, t.ins.Lag, t.ins.OldestPending, t.ins.HeldKeys, t.ins.HeldEvents,
-		t.ins.InFlight, t.ins.Waiting, t.ins.WaitAge)
+			return nil, nil, false
+		},
+		Storage: func(ctx context.Context) (itel.Storage, error) {
+			st, err := c.storeStatus(ctx, backlogCacheTTL)
+			if err != nil {
+				return itel.Storage{}, fmt.Errorf("outbox: backlog gauges: %s", redactSecrets(err.Error()))
+			}
+			out := itel.Storage{Parked: st.Parked, Held: st.Held, Topics: make([]itel.Backlog, len(st.Topics))}
+			for i, b := range st.Topics {
+				out.Topics[i] = itel.Backlog{Topic: b.Topic, Pending: b.Pending, Failed: b.Failed,
+					HeldKeys: b.HeldKeys, HeldEvents: b.HeldEvents, OldestPending: b.OldestPendingAge}
+			}
+			return out, nil
+		},
+		PublishTopics: c.cfg.PublishTopics,
+	})
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}
@@ -308,38 +212,11 @@ func (c *Client) registerGauges() (unregister func()) {
 }
 
 // consumerLag returns the lag of each handled partition (see
-// itel.Watermarks.Lag), measured from the group's committed offsets.
+// itel.Watermarks.ConsumerLag).
 func (t *telemetry) consumerLag() map[itel.Partition]int64 {
 	cons := t.cons.Load()
 	if cons == nil || cons.cl == nil {
 		return nil
 	}
-	committed := cons.cl.CommittedOffsets()
-	owned := cons.set.Owned()
-	ps := make([]itel.Partition, len(owned))
-	for i, tp := range owned {
-		ps[i] = itel.Partition{Topic: tp.Topic, Partition: tp.Partition}
-	}
-	return t.marks.Lag(ps, func(p itel.Partition) (int64, bool) {
-		co, ok := committed[cons.c.cfg.kafkaTopic(p.Topic)][p.Partition]
-		return co.Offset, ok
-	})
-}
-
-// Rate-limited logs: internal/telemetry's RateLog under the names the
-// root's loops call.
-const (
-	errorRelog   = itel.ErrorRelog
-	waitLogEvery = itel.WaitLogEvery
-)
-
-// rateLog logs each kind of repeated message once, then at most once per
-// period (see itel.RateLog).
-type rateLog struct{ *itel.RateLog }
-
-func newRateLog(every time.Duration) *rateLog { return &rateLog{itel.NewRateLog(every)} }
-
-// warn logs msg under kind unless kind was logged less than a period ago.
-func (r *rateLog) warn(log *slog.Logger, msg, kind string, args ...any) {
-	r.Warn(log, msg, kind, args...)
+	return t.marks.ConsumerLag(cons.set.Owned(), cons.cl.CommittedOffsets(), cons.c.cfg.kafkaTopic)
 }

@@ -205,7 +205,7 @@ func TestMetricsCountTheFlow(t *testing.T) {
 			return Record(ctx, orderPlaced{Run: b.run, OrderID: id, Amount: 1})
 		}))
 	}
-	topic := attrTopic.String(ordersTopic)
+	topic := itel.AttrTopic.String(ordersTopic)
 	eventually(t, "two handled, one parked", func() bool {
 		m := o.collect(t)
 		return sumOf(m["outbox.events.handled"], topic) == 2 && sumOf(m["outbox.events.parked"], topic) == 1
@@ -214,13 +214,13 @@ func TestMetricsCountTheFlow(t *testing.T) {
 	require.EqualValues(t, 3, sumOf(m["outbox.events.recorded"], topic))
 	require.GreaterOrEqual(t, sumOf(m["outbox.events.published"], topic), 3.0) // duplicates possible, never fewer
 	require.EqualValues(t, 1, sumOf(m["outbox.events.retried"], topic))
-	require.EqualValues(t, 1, sumOf(m["outbox.events.parked"], topic, attrReason.String("handler_error")))
+	require.EqualValues(t, 1, sumOf(m["outbox.events.parked"], topic, itel.AttrReason.String("handler_error")))
 	require.GreaterOrEqual(t, sumOf(m["outbox.handle.duration"], topic), 4.0) // 2 handled + 2 failed attempts
 	require.GreaterOrEqual(t, sumOf(m["outbox.publish.duration"], topic), 1.0)
 	// Both groups assigned this replica their partitions (3 per topic).
-	require.EqualValues(t, 6, sumOf(m["outbox.partitions.owned"], attrRole.String("publisher")))
-	require.EqualValues(t, 3, sumOf(m["outbox.partitions.owned"], attrRole.String("consumer")))
-	require.GreaterOrEqual(t, sumOf(m["outbox.rebalances"], attrRole.String("consumer"), attrChange.String("assigned")), 1.0)
+	require.EqualValues(t, 6, sumOf(m["outbox.partitions.owned"], itel.AttrRole.String("publisher")))
+	require.EqualValues(t, 3, sumOf(m["outbox.partitions.owned"], itel.AttrRole.String("consumer")))
+	require.GreaterOrEqual(t, sumOf(m["outbox.rebalances"], itel.AttrRole.String("consumer"), itel.AttrChange.String("assigned")), 1.0)
 	// The storage gauges are cached for a few seconds.
 	eventually(t, "parked gauge", func() bool { return sumOf(o.collect(t)["outbox.parked"]) == 1 })
 	eventually(t, "consumer lag reported and caught up", func() bool {
@@ -251,10 +251,10 @@ func TestBacklogGauges(t *testing.T) {
 	start(t, c)
 	eventually(t, "pending orders reported", func() bool {
 		m := o.collect(t)
-		return sumOf(m["outbox.pending"], attrTopic.String(ordersTopic)) == 3
+		return sumOf(m["outbox.pending"], itel.AttrTopic.String(ordersTopic)) == 3
 	})
 	m := o.collect(t)
-	require.Greater(t, sumOf(m["outbox.pending.oldest_age"], attrTopic.String(ordersTopic)), 0.0)
+	require.Greater(t, sumOf(m["outbox.pending.oldest_age"], itel.AttrTopic.String(ordersTopic)), 0.0)
 	require.Zero(t, sumOf(m["outbox.failed"]))
 	// The topic this client publishes has nothing waiting: it reads 0
 	// instead of missing.
@@ -262,7 +262,7 @@ func TestBacklogGauges(t *testing.T) {
 	require.True(t, ok)
 	var sawPayments bool
 	for _, p := range pending.DataPoints {
-		if v, ok := p.Attributes.Value(attrTopic); ok && v.AsString() == paymentsTopic {
+		if v, ok := p.Attributes.Value(itel.AttrTopic); ok && v.AsString() == paymentsTopic {
 			sawPayments = true
 			require.Zero(t, p.Value)
 		}

@@ -18,10 +18,11 @@
 // facts into findings, tested on hand-made facts. Each check runs in two
 // steps, gather then judge.
 //
-// It does not own the storage format: the caller gives it a Store that
-// reads the service's collections (stored partition counts, the inbox's
-// owner, sampled event sizes) and defines the indexes each collection
-// needs. Nor does it own the public report: the root package converts
+// It does not own the storage format: it reads the service's collections
+// (stored partition counts, the inbox's owner, sampled event sizes) and
+// the indexes each collection needs through a Store, which Collections
+// implements over internal/store. Nor does it own the public report: the
+// root package converts
 // Report into its DoctorReport and keeps Admin.Doctor, Client.Doctor and
 // the check at Run's start.
 //

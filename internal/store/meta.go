@@ -49,6 +49,20 @@ func StampInbox(ctx context.Context, meta *mongo.Collection, inbox, group, servi
 	return st, nil
 }
 
+// ReadInboxStamp reads the stamp of the inbox collection named inbox;
+// nil when it has none.
+func ReadInboxStamp(ctx context.Context, meta *mongo.Collection, inbox string) (*InboxStamp, error) {
+	var st InboxStamp
+	err := meta.FindOne(ctx, bson.D{{Key: "_id", Value: InboxStampID(inbox)}}).Decode(&st)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &st, nil
+}
+
 // TopicResetID is the _id of the claim, in MetaCollection, of the reset of
 // the consumer group's offsets of the Kafka topic of that topic id (a topic
 // deleted and created again): one per group, topic and id.

@@ -103,6 +103,44 @@ func TestStampInboxKeepsTheFirstOwner(t *testing.T) {
 	require.Equal(t, "s1", st.Service)
 }
 
+func TestReadInboxStampIsNilUntilStamped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	meta := mongotest.Start(t).DB(t).Collection(MetaCollection)
+	st, err := ReadInboxStamp(ctx, meta, "in")
+	require.NoError(t, err)
+	require.Nil(t, st)
+	_, err = StampInbox(ctx, meta, "in", "g1", "s1")
+	require.NoError(t, err)
+	st, err = ReadInboxStamp(ctx, meta, "in")
+	require.NoError(t, err)
+	require.Equal(t, "g1", st.ConsumerGroup)
+	require.Equal(t, "s1", st.Service)
+}
+
+// The sampled sizes count only the fields that go into a record, newest
+// event first.
+func TestLatestEventSizesSumTheRecordFields(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	outbox := mongotest.Start(t).DB(t).Collection("outbox")
+	older := bson.D{{Key: OutboxID, Value: bson.NewObjectID()}, {Key: OutboxTopic, Value: "t"}, {Key: OutboxPayload, Value: "12345"}}
+	newer := bson.D{{Key: OutboxID, Value: bson.NewObjectID()}, {Key: OutboxTopic, Value: "u"}, {Key: OutboxPayload, Value: "ab"},
+		{Key: OutboxKey, Value: "k"}, {Key: OutboxSchema, Value: "s1"}, {Key: OutboxFormat, Value: "not a record field"}}
+	_, err := outbox.InsertMany(ctx, []any{older, newer})
+	require.NoError(t, err)
+	sizes, err := LatestEventSizes(ctx, outbox, 1)
+	require.NoError(t, err)
+	require.Len(t, sizes, 1)
+	require.Equal(t, "u", sizes[0].Topic)
+	require.EqualValues(t, 5, sizes[0].Size)
+	fields, err := EventRecordFields(ctx, outbox, sizes[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, "abks1", fields, "payload, key, schema, in RecordFields' order")
+	_, err = EventRecordFields(ctx, outbox, bson.NewObjectID())
+	require.ErrorIs(t, err, mongo.ErrNoDocuments)
+}
+
 // The reset claim of a recreated topic is claimed once, per group, topic
 // and topic id; a withdrawal leaves a done claim alone.
 func TestTopicResetsClaimOnce(t *testing.T) {

@@ -12,14 +12,19 @@
 //   - Spans: StartHandle ("<topic> process", parent: the trace context
 //     recorded with the event) and the publish hooks ("<topic> publish",
 //     linked to the traces of the batch's events).
+//   - The gauges' callback (Instruments.RegisterGauges): what each
+//     observable gauge reports, read through functions the caller gives
+//     (the partitions owned, the storage status, the consumer's stats).
 //   - Watermarks: the ends of the handled partitions, read by the lag
-//     gauge and the consumer's fetch watch.
+//     gauge (ConsumerLag, against the group's committed offsets) and the
+//     consumer's fetch watch.
 //   - Summary: the counts behind the periodic "outbox: events" line.
 //   - RateLog: a warning per kind of repeated message, then one per period
 //     with the number of repeats.
 //
-// The gauges' callbacks stay with the root package, which knows what they
-// observe (the publisher's and consumer's partitions, the storage status).
+// The root package keeps what the gauges observe (the publisher and the
+// consumer, the cached storage status) and registers the callback for as
+// long as Run runs.
 //
 // # Goroutines
 //
