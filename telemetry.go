@@ -255,7 +255,7 @@ func (c *Client) registerGauges() (unregister func()) {
 			n := 0
 			if role == "publisher" {
 				if p := c.pub.Load(); p != nil {
-					n = len(p.set.Owned())
+					n = len(p.Owned())
 				}
 			} else if cons := t.cons.Load(); cons != nil {
 				n = len(cons.set.Owned())
