@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/event-outbox/outbox/internal/publish"
@@ -150,7 +149,9 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	return nil
 }
 
-// outboxStore implements publish.Store on the outbox collection.
+// outboxStore implements publish.Store on the outbox collection: the
+// operations are internal/store's, the records the documents become are
+// built here (outboxItem).
 type outboxStore struct {
 	coll *mongo.Collection
 	// prefix is Config.TopicPrefix: the items' records go to its topics.
@@ -158,35 +159,14 @@ type outboxStore struct {
 }
 
 func (s outboxStore) Pending(ctx context.Context, tp publish.TopicPartition, limit publish.Limit, exclude []string) ([]publish.Item, bool, error) {
-	// Held keys are filtered on the server while it walks the index in
-	// order (see store.PendingFilter); their events are few (they wait for
-	// an operator).
-	filter := store.PendingFilter(tp.Topic, tp.Partition, exclude)
-	opts := options.Find().
-		SetSort(store.PendingOrder()).
-		SetLimit(int64(limit.Events)).
-		SetBatchSize(int32(limit.Events)) // the whole batch in one round trip (the server caps a reply at 16 MiB)
-	cur, err := s.coll.Find(ctx, filter, opts)
-	if err != nil {
-		return nil, false, fmt.Errorf("find pending events: %w", err)
-	}
-	defer cur.Close(context.WithoutCancel(ctx))
-	// One document at a time: a document that cannot be decoded is handed
-	// over as such (the worker marks it failed) instead of failing the
-	// read, and the read stops at the byte cap.
 	var items []publish.Item
-	size := 0
-	for cur.Next(ctx) {
-		if len(items) > 0 && size+len(cur.Current) > limit.Bytes {
-			return items, true, nil
-		}
-		size += len(cur.Current)
-		items = append(items, s.decode(cur.Current))
+	more, err := store.Outbox{Coll: s.coll}.Pending(ctx, tp.Topic, tp.Partition, exclude, limit.Events, limit.Bytes, func(raw bson.Raw) {
+		items = append(items, s.decode(raw))
+	})
+	if err != nil {
+		return nil, false, err
 	}
-	if err := cur.Err(); err != nil {
-		return nil, false, fmt.Errorf("read pending events: %w", err)
-	}
-	return items, len(items) == limit.Events, nil
+	return items, more, nil
 }
 
 // decode returns the item of an outbox document; one that cannot be decoded
@@ -239,39 +219,14 @@ func decodeOutboxEvent(prefix string) func(raw bson.Raw) (publish.TopicPartition
 }
 
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
-	_, err := s.coll.UpdateMany(ctx,
-		bson.D{{Key: store.OutboxID, Value: bson.D{{Key: "$in", Value: ids}}}}, store.MarkPublishedUpdate(at))
-	return err
+	return store.Outbox{Coll: s.coll}.MarkPublished(ctx, ids, at)
 }
 
 func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
 	// An unreadable document's attempts field may be what cannot be read.
-	update := store.MarkFailedUpdate(cause.Error(), at, !errors.As(cause, new(unreadableDocError)))
-	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: store.OutboxID, Value: id}}, update)
-	return err
+	return store.Outbox{Coll: s.coll}.MarkFailed(ctx, id, cause.Error(), at, !errors.As(cause, new(unreadableDocError)))
 }
 
-// FailedKeys returns the partition keys of tp's failed events. It reads
-// the failed events of the collection through the partial index
-// outbox_failed (failed is true); they are few, as each waits for an
-// operator.
 func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) ([]string, error) {
-	cur, err := s.coll.Find(ctx, store.FailedInPartition(tp.Topic, tp.Partition), options.Find().
-		SetProjection(bson.D{{Key: store.OutboxID, Value: 0}, {Key: store.OutboxKey, Value: 1}}))
-	if err != nil {
-		return nil, fmt.Errorf("find failed events: %w", err)
-	}
-	defer cur.Close(context.WithoutCancel(ctx))
-	var keys []string
-	for cur.Next(ctx) {
-		// A key that is not a string (an unreadable document) holds
-		// nothing: no event of the partition has that key.
-		if k, ok := cur.Current.Lookup(store.OutboxKey).StringValueOK(); ok {
-			keys = append(keys, k)
-		}
-	}
-	if err := cur.Err(); err != nil {
-		return nil, fmt.Errorf("read failed events: %w", err)
-	}
-	return keys, nil
+	return store.Outbox{Coll: s.coll}.FailedKeys(ctx, tp.Topic, tp.Partition)
 }
