@@ -18,6 +18,7 @@ import (
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/liveness"
+	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/topicmeta"
 )
 
@@ -36,14 +37,14 @@ type Client struct {
 	validate      *validator.Validate
 	publishTopics map[string]bool
 	topics        *topicmeta.Topics
-	compressor    func() kgo.Compressor        // the producer's codec, for Record's size check (publisher_producer.go)
-	pub           atomic.Pointer[publisher]    // the running publisher, for status
-	doctor        atomic.Pointer[DoctorReport] // the doctor's report at Run's start, for status
-	tel           *telemetry                   // metrics, spans, runtime state for Status
-	sessions      liveness.Sessions            // the consumer's sessions, for takeover (internal/liveness)
-	claims        *claimcheck.Store            // Config.ClaimCheck's payload collection; nil without one
-	uniqueIndex   atomic.Bool                  // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
-	test          testKnobs                    // settings only tests change; the zero value is production's
+	compressor    func() kgo.Compressor             // the producer's codec, for Record's size check (internal/publish/producer.go)
+	pub           atomic.Pointer[publish.Publisher] // the running publisher, for status
+	doctor        atomic.Pointer[DoctorReport]      // the doctor's report at Run's start, for status
+	tel           *telemetry                        // metrics, spans, runtime state for Status
+	sessions      liveness.Sessions                 // the consumer's sessions, for takeover (internal/liveness)
+	claims        *claimcheck.Store                 // Config.ClaimCheck's payload collection; nil without one
+	uniqueIndex   atomic.Bool                       // the index of Config.UniqueIdempotencyKeys is known to exist (outbox_unique.go)
+	test          testKnobs                         // settings only tests change; the zero value is production's
 
 	mu        sync.Mutex // guards handlers, running, started and startWait
 	handlers  map[handlerKey]*handler
@@ -118,7 +119,7 @@ func New(cfg Config) (*Client, error) {
 	})
 	c.claims = claimStore(&c.cfg)
 	c.compressor = sync.OnceValue(func() kgo.Compressor {
-		return producerCompressor(append([]kgo.Opt{c.cfg.producerCompression()}, c.cfg.KafkaOptions...))
+		return publish.Compressor(append([]kgo.Opt{c.cfg.producerCompression()}, c.cfg.KafkaOptions...))
 	})
 	c.tel = newTelemetry(&c.cfg)
 	if c.tel.instrumentErr != nil {

@@ -59,6 +59,9 @@ const (
 	heldRecheck = 5 * time.Second
 	// waitVisible is how long a wait lasts before status and logs show it.
 	waitVisible = 3 * time.Second
+	// leaveTimeout bounds the leave of the group on shutdown: Close alone
+	// can block for a minute when the coordinator is unreachable.
+	leaveTimeout = 5 * time.Second
 )
 
 // queueBound returns the records and bytes at which a partition's

@@ -344,7 +344,7 @@ func (c *Client) checkSize(d *outboxDoc) error {
 	}
 	compressed := c.compressedSize(rec)
 	if compressed <= limit {
-		return nil // the publisher sends it alone, compressed (publisher_producer.go)
+		return nil // the publisher sends it alone, compressed (internal/publish/producer.go)
 	}
 	return &EventTooLargeError{Topic: d.Topic, ContentSchema: d.Schema, Size: size, CompressedSize: compressed, Limit: limit}
 }

@@ -214,7 +214,7 @@ func TestPublisherReadsTheTopicLimitAtStart(t *testing.T) {
 	runPub(t, c, publisherOptions{})
 	eventually(t, "the producer sized by the new limit", func() bool {
 		p := c.pub.Load()
-		return p != nil && p.prods.maxBatchBytes(b.kafkaTopic(ordersTopic)) == 1<<20
+		return p != nil && p.MaxBatchBytes(b.kafkaTopic(ordersTopic)) == 1<<20
 	})
 	eventually(t, "the large event failed", func() bool { return failedCount(t, b) == 1 })
 }

@@ -743,7 +743,7 @@ func TestPublisherProducesStreamedEventsWithoutReading(t *testing.T) {
 	eventually(t, "backlog published", func() bool { return b.published(t, cfg) == 6 })
 	p := c.pub.Load()
 	require.NotNil(t, p)
-	eventually(t, "every worker follows the stream", func() bool { return p.set.Following() == 3 })
+	eventually(t, "every worker follows the stream", func() bool { return p.Following() == 3 })
 
 	before := finds.Load()
 	const live = 60

@@ -156,8 +156,8 @@ func (c *Client) keepAlive(ctx context.Context) (stop func(runErr error)) {
 			return "", 0, false
 		},
 		PublisherMember: func() (string, int32, bool) {
-			if p := c.pub.Load(); p != nil && p.group != nil {
-				m, g := p.group.GroupMetadata()
+			if p := c.pub.Load(); p != nil {
+				m, g := p.GroupMetadata()
 				return m, g, true
 			}
 			return "", 0, false

@@ -35,7 +35,7 @@ func TestReplicaRecordFollowsRun(t *testing.T) {
 			cons, _ = cs.cl.GroupMetadata()
 		}
 		if p := c.pub.Load(); p != nil {
-			pub, _ = p.group.GroupMetadata()
+			pub, _ = p.GroupMetadata()
 		}
 		return cons, pub
 	}

@@ -176,7 +176,7 @@ func (c *Client) registerGauges() (unregister func()) {
 		Owned: func(role string) int {
 			if role == "publisher" {
 				if p := c.pub.Load(); p != nil {
-					return len(p.set.Owned())
+					return len(p.Owned())
 				}
 			} else if cons := t.cons.Load(); cons != nil {
 				return len(cons.set.Owned())

@@ -1,8 +1,9 @@
 // Package store is the storage format of the framework in MongoDB and the
 // operations on it that need no client: the field names of outbox and
-// inbox documents, the metadata collection, the index definitions and
-// their reconciliation, the inbox owner's stamp, the reset claims of
-// recreated topics, the one-attempt transactions' commit and end, and the
+// inbox documents, the publisher's reads and marks of the outbox (Outbox),
+// the metadata collection, the index definitions and their
+// reconciliation, the inbox owner's stamp, the reset claims of recreated
+// topics, the one-attempt transactions' commit and end, and the
 // Python event-outbox library's outbox that a service must migrate from.
 //
 // The root package, the console and the chaos harness read and write the

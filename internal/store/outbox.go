@@ -1,9 +1,13 @@
 package store
 
 import (
+	"context"
+	"fmt"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // OutboxDoc is the stored form of a recorded event, as Record inserts it
@@ -110,4 +114,81 @@ func FailedInPartition(topic string, partition int32) bson.D {
 		{Key: OutboxTopic, Value: topic},
 		{Key: OutboxPartition, Value: partition},
 	}
+}
+
+// Outbox is the publisher's operations on an outbox collection: reading a
+// partition's pending events, marking them published or failed, and
+// listing the keys of its failed events.
+type Outbox struct {
+	// Coll is the outbox collection (Config.OutboxCollection).
+	Coll *mongo.Collection
+}
+
+// Pending calls each with the pending documents of a partition of topic in
+// publishing order (PendingFilter, PendingOrder), but for those of the
+// keys in exclude: at most events documents and, past the first, at most
+// bytes bytes of them. A document is passed as read, so that one that
+// cannot be decoded is the caller's to judge instead of failing the read;
+// each must not keep raw after it returns. more reports that a limit cut
+// the read short: more events may be waiting.
+func (o Outbox) Pending(ctx context.Context, topic string, partition int32, exclude []string, events, bytes int, each func(raw bson.Raw)) (more bool, err error) {
+	// Held keys are filtered on the server while it walks the index in
+	// order; their events are few (they wait for an operator).
+	opts := options.Find().
+		SetSort(PendingOrder()).
+		SetLimit(int64(events)).
+		SetBatchSize(int32(events)) // the whole batch in one round trip (the server caps a reply at 16 MiB)
+	cur, err := o.Coll.Find(ctx, PendingFilter(topic, partition, exclude), opts)
+	if err != nil {
+		return false, fmt.Errorf("find pending events: %w", err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	n, size := 0, 0
+	for cur.Next(ctx) {
+		if n > 0 && size+len(cur.Current) > bytes {
+			return true, nil
+		}
+		size += len(cur.Current)
+		n++
+		each(cur.Current)
+	}
+	if err := cur.Err(); err != nil {
+		return false, fmt.Errorf("read pending events: %w", err)
+	}
+	return n == events, nil
+}
+
+// MarkPublished marks the events of ids published at at.
+func (o Outbox) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
+	_, err := o.Coll.UpdateMany(ctx,
+		bson.D{{Key: OutboxID, Value: bson.D{{Key: "$in", Value: ids}}}}, MarkPublishedUpdate(at))
+	return err
+}
+
+// MarkFailed marks the event id failed at at, for msg (MarkFailedUpdate).
+func (o Outbox) MarkFailed(ctx context.Context, id any, msg string, at time.Time, countAttempt bool) error {
+	_, err := o.Coll.UpdateOne(ctx, bson.D{{Key: OutboxID, Value: id}}, MarkFailedUpdate(msg, at, countAttempt))
+	return err
+}
+
+// FailedKeys returns the partition keys of the failed events of a
+// partition of topic (FailedInPartition). A key that is not a string (an
+// unreadable document) is left out: no event of the partition has it.
+func (o Outbox) FailedKeys(ctx context.Context, topic string, partition int32) ([]string, error) {
+	cur, err := o.Coll.Find(ctx, FailedInPartition(topic, partition), options.Find().
+		SetProjection(bson.D{{Key: OutboxID, Value: 0}, {Key: OutboxKey, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("find failed events: %w", err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var keys []string
+	for cur.Next(ctx) {
+		if k, ok := cur.Current.Lookup(OutboxKey).StringValueOK(); ok {
+			keys = append(keys, k)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("read failed events: %w", err)
+	}
+	return keys, nil
 }

@@ -178,3 +178,57 @@ func TestTopicResetsClaimOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []any{true, true, "b"}, []any{found, done, replica}, "a done claim stays")
 }
+
+// The publisher's reads of an outbox walk a partition's pending events in
+// publishing order, stop at the event or byte cap (the first event always
+// fits) and leave held keys out; marks settle the events they name.
+func TestOutboxPendingMarksAndFailedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	coll := mongotest.Start(t).DB(t).Collection("outbox")
+	o := Outbox{Coll: coll}
+	var ids []bson.ObjectID
+	for i, key := range []string{"a", "b", "a", "c"} {
+		id := bson.NewObjectID()
+		ids = append(ids, id)
+		_, err := coll.InsertOne(ctx, OutboxDoc{ID: id, Topic: "t", Partition: 0, Key: key,
+			Payload: `{}`, Seq: bson.Timestamp{T: 1, I: uint32(i + 1)}})
+		require.NoError(t, err)
+	}
+	_, err := coll.InsertOne(ctx, OutboxDoc{ID: bson.NewObjectID(), Topic: "t", Partition: 1, Key: "a", Seq: bson.Timestamp{T: 1, I: 9}})
+	require.NoError(t, err)
+
+	pending := func(exclude []string, events, bytes int) (got []bson.ObjectID, more bool) {
+		t.Helper()
+		more, err := o.Pending(ctx, "t", 0, exclude, events, bytes, func(raw bson.Raw) {
+			got = append(got, raw.Lookup(OutboxID).ObjectID())
+		})
+		require.NoError(t, err)
+		return got, more
+	}
+	got, more := pending(nil, 10, 1<<20)
+	require.Equal(t, ids, got, "publishing order, one partition")
+	require.False(t, more)
+	got, more = pending(nil, 2, 1<<20)
+	require.Equal(t, ids[:2], got)
+	require.True(t, more, "the event cap cut the read short")
+	got, more = pending(nil, 10, 1)
+	require.Equal(t, ids[:1], got, "the first event always fits")
+	require.True(t, more, "the byte cap cut the read short")
+	got, _ = pending([]string{"a"}, 10, 1<<20)
+	require.Equal(t, []bson.ObjectID{ids[1], ids[3]}, got, "held keys left out")
+
+	now := time.Now()
+	require.NoError(t, o.MarkPublished(ctx, []any{ids[0], ids[1]}, now))
+	require.NoError(t, o.MarkFailed(ctx, ids[2], "refused", now, true))
+	got, _ = pending(nil, 10, 1<<20)
+	require.Equal(t, ids[3:], got)
+	keys, err := o.FailedKeys(ctx, "t", 0)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, keys)
+	var failed OutboxDoc
+	require.NoError(t, coll.FindOne(ctx, bson.D{{Key: OutboxID, Value: ids[2]}}).Decode(&failed))
+	require.True(t, failed.Failed)
+	require.Equal(t, "refused", failed.Error)
+	require.EqualValues(t, 1, failed.Attempts)
+}

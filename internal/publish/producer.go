@@ -1,4 +1,4 @@
-package outbox
+package publish
 
 // The publisher's Kafka producers and the size limits they follow.
 //
@@ -16,22 +16,22 @@ package outbox
 //     for Kafka, compressed or not. The limits are read when the publisher
 //     starts, every limitRefreshInterval, whenever a record is refused for
 //     its size (at most every limitRereadDelay) and with the partition
-//     counts by Run's refresh. When a
-//     limit changes the main producer is replaced by one built with the new
-//     limits (kgo would keep the old one); the old one finishes the records
-//     it holds and is closed.
+//     counts by Run's refresh (see Publisher.followTopics). When a limit
+//     changes the main producer is replaced by one built with the new
+//     limits (kgo would keep the old one); the old one finishes the
+//     records it holds and is closed.
 //   - The solo producer sends one record at a time, the records the worker
 //     judges on their own: a record whose batch alone would exceed the main
-//     producer's limit (publish.WorkerConfig.MaxBatchBytes), and each record
-//     of a batch Kafka refused. Its limit is the largest request the client
-//     may write, so that Kafka, not the client, judges the record: a
+//     producer's limit (WorkerConfig.MaxBatchBytes), and each record of a
+//     batch Kafka refused. Its limit is the largest request the client may
+//     write, so that Kafka, not the client, judges the record: a
 //     compressible event above the limit is published when its compressed
 //     batch fits, an event that does not fit even compressed is refused by
 //     Kafka and marked failed, and an event that failed before the topic's
 //     limit was raised is published when retried.
 //
 // Both producers share the publisher's producer options; their goroutines
-// are kgo's, ended by close (which runs when the publisher returns, after
+// are kgo's, ended by Close (which runs when the publisher returns, after
 // every worker stopped).
 //
 // A producer that fails a record with UNKNOWN_TOPIC_ID holds the id of a
@@ -48,8 +48,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/event-outbox/outbox/internal/publish"
 )
 
 // defaultBatchMaxBytes is kgo's ProducerBatchMaxBytes default, used for a
@@ -64,14 +62,14 @@ const (
 	limitRefreshInterval = 15 * time.Second
 )
 
-// producers is the publisher's main and solo producers (see the file
+// Producers are the publisher's main and solo producers (see the file
 // comment). Safe for concurrent use.
-type producers struct {
+type Producers struct {
 	opts  []kgo.Opt // the producers' options, without the batch limit
 	kafka func(topic string) string
 	log   *slog.Logger
 
-	// mu guards the clients, replaced when the limits change (update) or
+	// mu guards the clients, replaced when the limits change (Update) or
 	// when one fails a record with UNKNOWN_TOPIC_ID (renew).
 	mu      sync.RWMutex
 	main    *kgo.Client
@@ -87,11 +85,11 @@ type producers struct {
 	renewed map[*kgo.Client]bool // clients being replaced (renew)
 }
 
-// newProducers creates the producers with opts; limits are the topics'
+// NewProducers creates the producers with opts; limits are the topics'
 // max.message.bytes known so far (bare topics), kafka maps a bare topic
 // to its Kafka topic.
-func newProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) string, log *slog.Logger) (*producers, error) {
-	p := &producers{opts: opts, kafka: kafka, log: log}
+func NewProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) string, log *slog.Logger) (*Producers, error) {
+	p := &Producers{opts: opts, kafka: kafka, log: log}
 	p.closing, p.closed = context.WithCancel(context.Background())
 	main, byKafka, err := p.newMain(limits)
 	if err != nil {
@@ -109,7 +107,7 @@ func newProducers(opts []kgo.Opt, limits map[string]int, kafka func(string) stri
 // newMain returns a main producer whose batch limit per topic is limits
 // (bare topics), the client's default for the others, and its limits by
 // Kafka topic.
-func (p *producers) newMain(limits map[string]int) (*kgo.Client, map[string]int32, error) {
+func (p *Producers) newMain(limits map[string]int) (*kgo.Client, map[string]int32, error) {
 	byKafka := make(map[string]int32, len(limits))
 	for t, n := range limits {
 		byKafka[p.kafka(t)] = int32(min(max(n, 1024), 1<<30)) // kgo's bounds
@@ -126,7 +124,7 @@ func (p *producers) newMain(limits map[string]int) (*kgo.Client, map[string]int3
 // newSolo returns a solo producer: the largest request kgo may write
 // (BrokerMaxWriteBytes, 100 MiB by default; read from main, built with the
 // same options) bounds its batch.
-func (p *producers) newSolo(main *kgo.Client) (*kgo.Client, error) {
+func (p *Producers) newSolo(main *kgo.Client) (*kgo.Client, error) {
 	soloMax, _ := main.OptValue(kgo.BrokerMaxWriteBytes).(int32)
 	if soloMax <= 0 {
 		soloMax = defaultBatchMaxBytes
@@ -135,7 +133,7 @@ func (p *producers) newSolo(main *kgo.Client) (*kgo.Client, error) {
 }
 
 // Produce hands r to the main producer.
-func (p *producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+func (p *Producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	p.main.Produce(ctx, r, p.watch(p.main, promise))
@@ -146,7 +144,7 @@ func (p *producers) Produce(ctx context.Context, r *kgo.Record, promise func(*kg
 // topic with UNKNOWN_TOPIC_ID for good (by design, franz-go issue 908). The
 // worker retries the records; the producer that failed them is replaced
 // (renew), so that the retries learn the new topic.
-func (p *producers) watch(cl *kgo.Client, promise func(*kgo.Record, error)) func(*kgo.Record, error) {
+func (p *Producers) watch(cl *kgo.Client, promise func(*kgo.Record, error)) func(*kgo.Record, error) {
 	return func(r *kgo.Record, err error) {
 		if errors.Is(err, kerr.UnknownTopicID) {
 			p.renew(cl, r.Topic)
@@ -170,7 +168,7 @@ func (p *producers) watch(cl *kgo.Client, promise func(*kgo.Record, error)) func
 // still held the old id) would have its next batch dropped, and the event
 // marked published would never be delivered. A new client has a new
 // producer id, which the broker has no sequence of.
-func (p *producers) renew(cl *kgo.Client, kafkaTopic string) {
+func (p *Producers) renew(cl *kgo.Client, kafkaTopic string) {
 	// Once per client: every record of the topic it holds fails alike. No
 	// p.mu here: kgo may run a promise inside Produce, under its read lock.
 	p.renewMu.Lock()
@@ -184,10 +182,10 @@ func (p *producers) renew(cl *kgo.Client, kafkaTopic string) {
 	p.renewed[cl] = true
 	p.renewMu.Unlock()
 	// From another goroutine (a promise runs in the client's own, and the
-	// old client is flushed and closed), which close waits for.
+	// old client is flushed and closed), which Close waits for.
 	p.old.Go(func() {
 		p.mu.Lock()
-		if p.closing.Err() != nil { // close closes the clients
+		if p.closing.Err() != nil { // Close closes the clients
 			p.mu.Unlock()
 			return
 		}
@@ -204,7 +202,7 @@ func (p *producers) renew(cl *kgo.Client, kafkaTopic string) {
 			if fresh, err = p.newSolo(p.main); err == nil {
 				p.solo = fresh
 			}
-		default: // replaced meanwhile: update flushes and closes it
+		default: // replaced meanwhile: Update flushes and closes it
 			p.mu.Unlock()
 			return
 		}
@@ -227,14 +225,17 @@ func (p *producers) renew(cl *kgo.Client, kafkaTopic string) {
 
 // forgetRenewed drops a closed client from renewed: it runs no promise
 // any more.
-func (p *producers) forgetRenewed(cl *kgo.Client) {
+func (p *Producers) forgetRenewed(cl *kgo.Client) {
 	p.renewMu.Lock()
 	delete(p.renewed, cl)
 	p.renewMu.Unlock()
 }
 
-// soloProducer sends through the solo producer (publish.WorkerConfig.Solo).
-type soloProducer struct{ p *producers }
+// Solo returns the solo producer (WorkerConfig.Solo).
+func (p *Producers) Solo() Producer { return soloProducer{p} }
+
+// soloProducer sends through the solo producer.
+type soloProducer struct{ p *Producers }
 
 func (s soloProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
 	s.p.mu.RLock()
@@ -242,9 +243,9 @@ func (s soloProducer) Produce(ctx context.Context, r *kgo.Record, promise func(*
 	s.p.solo.Produce(ctx, r, s.p.watch(s.p.solo, promise))
 }
 
-// maxBatchBytes returns the main producer's batch limit for a Kafka topic
-// (publish.WorkerConfig.MaxBatchBytes).
-func (p *producers) maxBatchBytes(kafkaTopic string) int {
+// MaxBatchBytes returns the main producer's batch limit for a Kafka topic
+// (WorkerConfig.MaxBatchBytes).
+func (p *Producers) MaxBatchBytes(kafkaTopic string) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if n, ok := p.byKafka[kafkaTopic]; ok {
@@ -253,10 +254,10 @@ func (p *producers) maxBatchBytes(kafkaTopic string) int {
 	return defaultBatchMaxBytes
 }
 
-// update replaces the main producer when limits differ from those it was
+// Update replaces the main producer when limits differ from those it was
 // built with. The old one finishes the records it holds (bounded by the
-// delivery timeout) in a goroutine that close waits for.
-func (p *producers) update(limits map[string]int) {
+// delivery timeout) in a goroutine that Close waits for.
+func (p *Producers) Update(limits map[string]int) {
 	p.mu.RLock()
 	same := maps.Equal(p.limits, limits)
 	p.mu.RUnlock()
@@ -283,17 +284,17 @@ func (p *producers) update(limits map[string]int) {
 	})
 }
 
-// forceMetadataRefresh makes both producers read the topics' metadata now
+// ForceMetadataRefresh makes both producers read the topics' metadata now
 // (new partitions).
-func (p *producers) forceMetadataRefresh() {
+func (p *Producers) ForceMetadataRefresh() {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	p.main.ForceMetadataRefresh()
 	p.solo.ForceMetadataRefresh()
 }
 
-// close closes the producers; the workers have stopped.
-func (p *producers) close() {
+// Close closes the producers; the workers have stopped.
+func (p *Producers) Close() {
 	p.closed()
 	p.old.Wait()
 	p.mu.Lock()
@@ -302,18 +303,19 @@ func (p *producers) close() {
 	p.solo.Close()
 }
 
-// workerHooks wires the producers into a worker configuration.
-func (p *producers) workerHooks(w *publish.WorkerConfig, sizeRefused func(topic string)) {
+// Wire sets the producers in a worker configuration: Producer, Solo,
+// MaxBatchBytes and SizeRefused.
+func (p *Producers) Wire(w *WorkerConfig, sizeRefused func(topic string)) {
 	w.Producer = p
-	w.Solo = soloProducer{p}
-	w.MaxBatchBytes = p.maxBatchBytes
+	w.Solo = p.Solo()
+	w.MaxBatchBytes = p.MaxBatchBytes
 	w.SizeRefused = sizeRefused
 }
 
-// producerCompressor returns the compressor of a producer built with opts
-// (Config.KafkaOptions), nil for none. It builds a client to read it, which
+// Compressor returns the compressor of a producer built with opts (the
+// producers' options), nil for none. It builds a client to read it, which
 // does no I/O, and closes it.
-func producerCompressor(opts []kgo.Opt) kgo.Compressor {
+func Compressor(opts []kgo.Opt) kgo.Compressor {
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		comp, _ := kgo.DefaultCompressor(kgo.SnappyCompression()) // kgo's default

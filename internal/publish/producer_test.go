@@ -1,7 +1,8 @@
-package outbox
+package publish
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -10,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/testkit"
+	"github.com/event-outbox/outbox/kafkax/kafkatest"
 )
 
 // A producer that still holds a recreated topic's old id fails with
@@ -26,8 +27,8 @@ import (
 // acknowledged must be in the topic.
 func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	topic := b.kafkaTopic(ordersTopic)
+	env := kafkatest.Start(t)
+	topic := env.Topic(t, 3)
 	var logs testkit.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	t.Cleanup(func() {
@@ -35,16 +36,16 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 			t.Log(logs.String())
 		}
 	})
-	p, err := newProducers([]kgo.Opt{
-		kgo.SeedBrokers(b.kafka.Seeds...),
+	p, err := NewProducers([]kgo.Opt{
+		kgo.SeedBrokers(env.Seeds...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.RecordDeliveryTimeout(time.Minute),
-	}, map[string]int{ordersTopic: 1 << 20}, b.kafkaTopic, log)
+	}, map[string]int{topic: 1 << 20}, func(bare string) string { return bare }, log)
 	require.NoError(t, err)
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 
-	produce := func(pr publish.Producer, value string) (int64, error) {
+	produce := func(pr Producer, value string) (int64, error) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -62,7 +63,7 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 		}
 		return off, perr
 	}
-	solo := soloProducer{p}
+	solo := p.Solo()
 
 	// Both producers learn the topic's id.
 	_, err = produce(p, "main-before")
@@ -70,9 +71,9 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 	_, err = produce(solo, "solo-before")
 	require.NoError(t, err)
 
-	recreator(t, b, 3)()
+	recreateTopic(t, env, topic, 3)
 	// A main producer built after the recreation writes to the new topic.
-	p.update(map[string]int{ordersTopic: 1<<20 + 1})
+	p.Update(map[string]int{topic: 1<<20 + 1})
 	first, err := produce(p, "main-1")
 	require.NoError(t, err)
 	// The solo producer still holds the old id.
@@ -89,11 +90,41 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ends, err := b.kafka.Admin().ListEndOffsets(ctx, topic)
+	ends, err := env.Admin().ListEndOffsets(ctx, topic)
 	require.NoError(t, err)
 	end, ok := ends.Lookup(topic, 0)
 	require.True(t, ok)
 	require.NoError(t, end.Err)
 	require.Equal(t, int64(3), end.Offset, "the new topic holds main-1, main-2 and solo-2")
 	require.ElementsMatch(t, []int64{0, 1, 2}, []int64{first, second, soloAt})
+}
+
+// recreateTopic deletes topic and creates it again with n partitions,
+// waiting while Kafka still deletes it.
+func recreateTopic(t *testing.T, env *kafkatest.Env, topic string, n int32) {
+	t.Helper()
+	adm := env.Admin()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	deleted, err := adm.DeleteTopic(ctx, topic)
+	if err == nil {
+		err = deleted.Err
+	}
+	require.NoError(t, err)
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		created, err := adm.CreateTopic(ctx, n, -1, nil, topic)
+		if err == nil {
+			err = created.Err
+		}
+		if !errors.Is(err, kerr.TopicAlreadyExists) {
+			require.NoError(t, err)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("topic %q still being deleted: %v", topic, ctx.Err())
+		case <-time.After(backoff):
+		}
+	}
+	env.CreateTopic(t, n, topic) // waits for the partitions' leaders
 }
