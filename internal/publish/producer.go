@@ -231,6 +231,14 @@ func (p *Producers) forgetRenewed(cl *kgo.Client) {
 	p.renewMu.Unlock()
 }
 
+// metadataClient returns the client to read the topics' metadata with:
+// the solo producer of now (renew may replace it, under mu).
+func (p *Producers) metadataClient() *kgo.Client {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.solo
+}
+
 // Solo returns the solo producer (WorkerConfig.Solo).
 func (p *Producers) Solo() Producer { return soloProducer{p} }
 

@@ -468,7 +468,7 @@ func (p *Publisher) Run(ctx context.Context) {
 func (p *Publisher) followTopics(ctx context.Context) {
 	meta, prods := p.cfg.Meta, p.prods
 	read := func() {
-		if err := meta.Refresh(ctx, prods.solo); err != nil && ctx.Err() == nil {
+		if err := meta.Refresh(ctx, prods.metadataClient()); err != nil && ctx.Err() == nil {
 			p.cfg.Logger.Debug("outbox publisher: reading topic metadata failed", "error", err)
 		}
 	}
