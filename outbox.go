@@ -49,6 +49,9 @@ type txState struct {
 	client *Client
 	docs   []any
 	counts map[string]int64 // events inserted by flush, by topic (metrics)
+	// scheduled are the events recorded with a publication time, inserted
+	// by flush into the scheduled events' collection (schedule.go).
+	scheduled []any
 }
 
 // describe names c in errors: its service and outbox collection.
@@ -187,8 +190,14 @@ func txnOptions() *options.TransactionOptionsBuilder {
 
 // flush inserts the recorded events into the outbox in one insertMany.
 func (tx *txState) flush(ctx context.Context) error {
+	if err := tx.flushScheduled(ctx); err != nil {
+		return err
+	}
 	if len(tx.docs) == 0 {
 		return nil
+	}
+	if err := tx.client.checkNotScheduled(ctx, tx.docs); err != nil {
+		return err
 	}
 	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
 		return flushError(len(tx.docs), err)
@@ -225,6 +234,10 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	doc, err := tx.client.newOutboxDoc(ctx, e, opts...)
 	if err != nil {
 		return err
+	}
+	if due, ok := scheduledFor(opts); ok {
+		tx.schedule(doc, due)
+		return nil
 	}
 	tx.docs = append(tx.docs, doc)
 	return nil

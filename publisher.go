@@ -57,6 +57,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/retry"
+	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/tuning"
 	"github.com/event-outbox/outbox/kafkax"
@@ -128,6 +129,7 @@ type publisher struct {
 	group *kgo.Client // the publisher group's client, for the replica record
 	lease *publish.Lease
 	set   *publish.Set
+	sched *schedule.Set // promotion of scheduled events (schedule.go)
 	stats *publish.Stats
 	prods *producers
 }
@@ -235,6 +237,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// Stop every worker however we return; after a clean leave this is a
 	// no-op.
 	defer p.set.Close()
+	p.sched = c.newScheduleSet(log, p.stats)
+	defer p.sched.Close()
 
 	// toTPs gives the partitions of a rebalance callback with bare topics
 	// (Config.TopicPrefix), as the workers and the outbox name them.
@@ -301,12 +305,14 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 				// it now if it is new (added to its topic).
 				prods.forceMetadataRefresh()
 				p.set.Assign(tps)
+				p.sched.Assign(scheduleTPs(tps))
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			c.tel.rebalance("publisher", "revoked", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Info("publisher partitions revoked", "partitions", m)
+				p.sched.Revoke(scheduleTPs(tps))
 				p.set.Revoke(tps)
 			}
 			tuning.NotePublisherOwnership(c, "revoked", m) // harness hook: the workers have stopped
@@ -316,6 +322,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 			c.tel.rebalance("publisher", "lost", m)
 			if tps := toTPs(m); len(tps) > 0 {
 				log.Warn("publisher partitions lost", "partitions", m)
+				p.sched.Revoke(scheduleTPs(tps))
 				p.set.Lose(tps)
 			}
 			tuning.NotePublisherOwnership(c, "lost", m) // harness hook: the workers have stopped
@@ -376,6 +383,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		w.Run(bg)
 	})
 	wg.Go(func() { probe.Run(bg) })
+	wg.Go(func() { c.watchScheduled(bg, p.sched, log) })
 	if sess != nil {
 		wg.Go(func() { sess.follow(bg, group, cfg.PublisherGroup, cfg.backoff(), p.stats, log) })
 	}
@@ -386,6 +394,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 	// Drain: finish and mark the batches in flight, then leave the group
 	// (bounded: Close alone can block for a minute when the coordinator is
 	// unreachable), then stop the background loops.
+	p.sched.Close()
 	p.set.Close()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	if err := group.LeaveGroupContext(lctx); err != nil {

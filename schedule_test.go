@@ -1,0 +1,207 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/schedule"
+	"github.com/event-outbox/outbox/internal/store"
+)
+
+// recordAt records one orderPlaced of key with seq, scheduled at due (zero:
+// immediate), under idempotency key id.
+func recordAt(t *testing.T, c *Client, run, key string, seq int, id string, due time.Time) {
+	t.Helper()
+	require.NoError(t, c.Transact(context.Background(), func(ctx context.Context) error {
+		return Record(ctx, orderPlaced{Run: run, OrderID: key, Amount: 1, Seq: seq}, WithIdempotencyKey(id), WithPublishAt(due))
+	}))
+}
+
+// seqsOf returns the seq of each record of key, in Kafka order.
+func seqsOf(t *testing.T, recs []*kgo.Record, key string) []int {
+	t.Helper()
+	var out []int
+	for _, r := range recs {
+		if string(r.Key) != key {
+			continue
+		}
+		_, payload, err := decodeRecord(r)
+		require.NoError(t, err)
+		var e orderPlaced
+		require.NoError(t, json.Unmarshal(payload, &e))
+		out = append(out, e.Seq)
+	}
+	return out
+}
+
+// A scheduled event waits outside the outbox and is published at its due
+// time, counting as recorded then: per key, scheduled events go by due
+// time, and an immediate event is never held behind a scheduled one.
+func TestScheduledPublishedAtDueTimeInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	runPub(t, c, publisherOptions{})
+
+	now := time.Now()
+	dueLate, dueEarly := now.Add(2500*time.Millisecond), now.Add(1500*time.Millisecond)
+	recordAt(t, c, b.run, "k", 0, "e0", time.Time{})
+	recordAt(t, c, b.run, "k", 1, "e1", dueLate)
+	recordAt(t, c, b.run, "k", 2, "e2", dueEarly) // recorded later, due earlier
+	recordAt(t, c, b.run, "k", 3, "e3", time.Time{})
+
+	// The scheduled ones wait outside the outbox.
+	require.Equal(t, int64(2), count(t, c.outbox, bson.D{}))
+	require.Equal(t, int64(2), count(t, c.scheduled, bson.D{{Key: store.ScheduledPromoted, Value: false}}))
+
+	recs := b.kafkaEvents(t, ordersTopic, 4)
+	require.Equal(t, []int{0, 3, 2, 1}, seqsOf(t, recs, "k"))
+	eventually(t, "all marked published", func() bool { return b.published(t, Config{}) == 4 })
+	for _, id := range []string{"e1", "e2"} {
+		var d outboxDoc
+		require.NoError(t, c.outbox.FindOne(context.Background(), bson.D{{Key: store.OutboxIdempotencyKey, Value: id}}).Decode(&d))
+		want := dueLate
+		if id == "e2" {
+			want = dueEarly
+		}
+		require.NotNil(t, d.PublishedAt)
+		require.False(t, d.PublishedAt.Before(want.Truncate(time.Millisecond)), "%s published at %v, before its due time %v", id, d.PublishedAt, want)
+	}
+	require.Equal(t, int64(2), count(t, c.scheduled, bson.D{{Key: store.ScheduledPromoted, Value: true}}))
+}
+
+func TestCancelScheduled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	ctx := context.Background()
+	cancelIn := func(key string) error {
+		return c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, ordersTopic, key) })
+	}
+
+	require.ErrorIs(t, CancelScheduled(ctx, ordersTopic, "x"), ErrNoTransaction)
+	require.ErrorIs(t, cancelIn("never"), ErrNotScheduled)
+	require.ErrorIs(t, c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, "nope", "x") }), ErrUnknownTopic)
+
+	// Cancelled before due: deleted, never promoted; a second cancel finds
+	// nothing.
+	recordAt(t, c, b.run, "a", 0, "later", time.Now().Add(time.Hour))
+	require.NoError(t, cancelIn("later"))
+	require.Equal(t, int64(0), count(t, c.scheduled, bson.D{}))
+	require.ErrorIs(t, cancelIn("later"), ErrNotScheduled)
+
+	// Scheduled and cancelled in one transaction: nothing is inserted.
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		if err := Record(ctx, orderPlaced{Run: b.run, OrderID: "a", Amount: 1}, WithIdempotencyKey("same"), WithDelay(time.Hour)); err != nil {
+			return err
+		}
+		return CancelScheduled(ctx, ordersTopic, "same")
+	}))
+	require.Equal(t, int64(0), count(t, c.scheduled, bson.D{}))
+
+	// An aborted cancel leaves the event scheduled.
+	recordAt(t, c, b.run, "a", 0, "kept", time.Now().Add(time.Hour))
+	boom := errors.New("boom")
+	require.ErrorIs(t, c.Transact(ctx, func(ctx context.Context) error {
+		require.NoError(t, CancelScheduled(ctx, ordersTopic, "kept"))
+		return boom
+	}), boom)
+	require.Equal(t, int64(1), count(t, c.scheduled, bson.D{}))
+
+	// After its due time, once promoted: too late.
+	recordAt(t, c, b.run, "a", 1, "soon", time.Now().Add(300*time.Millisecond))
+	runPub(t, c, publisherOptions{})
+	eventually(t, "promoted", func() bool {
+		return count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "soon"}}) == 1
+	})
+	require.ErrorIs(t, cancelIn("soon"), ErrTooLate)
+	b.kafkaEvents(t, ordersTopic, 1)
+	require.ErrorIs(t, cancelIn("soon"), ErrTooLate)
+}
+
+// Scheduled events survive their publisher: those due while none runs
+// are published when one starts, and of two publishers splitting and
+// handing over partitions, each event is promoted once.
+func TestScheduledAcrossRestartsAndHandover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	c1 := b.client(t, cfg)
+	require.NoError(t, c1.EnsureIndexes(context.Background()))
+	const n = 60
+	var firstDue time.Time
+	for i := range n {
+		// A third due while no publisher runs, the rest spread over the
+		// 1.8 s after the next second.
+		due := time.Now().Add(300 * time.Millisecond)
+		if i < n/3 {
+			firstDue = due
+		} else {
+			due = due.Add(time.Second + time.Duration(i)*30*time.Millisecond)
+		}
+		recordAt(t, c1, b.run, fmt.Sprintf("k%d", i%7), i, fmt.Sprintf("s%d", i), due)
+	}
+	require.Equal(t, int64(0), count(t, c1.outbox, bson.D{}), "an event was recorded after its due time: the test ran too slowly")
+	time.Sleep(time.Until(firstDue))
+	stop1 := runPub(t, c1, publisherOptions{})
+	c2 := b.client(t, cfg)
+	runPub(t, c2, publisherOptions{})
+	eventually(t, "some promoted", func() bool { return count(t, c1.outbox, bson.D{}) >= n/2 })
+	stop1() // c2 takes over c1's partitions
+	recs := b.kafkaEvents(t, ordersTopic, n)
+	seen := map[string]int{}
+	for _, r := range recs {
+		env, _, err := decodeRecord(r)
+		require.NoError(t, err)
+		seen[env.IdempotencyKey]++
+	}
+	require.Len(t, seen, n)
+	// Each event promoted once: one outbox document per idempotency key.
+	require.Equal(t, int64(n), count(t, c1.outbox, bson.D{}))
+	require.Equal(t, int64(n), count(t, c1.scheduled, bson.D{{Key: store.ScheduledPromoted, Value: true}}))
+}
+
+// Two promoters of one partition at once (a rebalance, a zombie) promote
+// each event once: the second one's transaction meets the first one's
+// writes.
+func TestPromotionRaceOnePromoterWins(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	const n = 40
+	due := time.Now().Add(100 * time.Millisecond)
+	for i := range n {
+		recordAt(t, c, b.run, "same", i, fmt.Sprintf("r%d", i), due)
+	}
+	var d outboxDoc
+	require.NoError(t, c.scheduled.FindOne(context.Background(), bson.D{}).Decode(&d))
+	tp := schedule.TopicPartition{Topic: ordersTopic, Partition: d.Partition}
+	st := schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox}
+	time.Sleep(time.Until(due))
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				left, err := c.scheduled.CountDocuments(context.Background(), bson.D{{Key: store.ScheduledPromoted, Value: false}})
+				if err != nil || left == 0 {
+					return
+				}
+				_, _ = st.Promote(context.Background(), tp, time.Now(), 7)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(n), count(t, c.outbox, bson.D{}))
+}
