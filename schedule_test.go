@@ -205,3 +205,92 @@ func TestPromotionRaceOnePromoterWins(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, int64(n), count(t, c.outbox, bson.D{}))
 }
+
+// How scheduling crosses Record's other rules: validation and size checks
+// apply at Record as for any event; unique idempotency keys span the
+// outbox and the scheduled events; a FormatEventOutbox topic publishes a
+// scheduled event in its format (the Python library never reads the
+// scheduled events' collection: only the record reaches it).
+func TestScheduledCrossings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	recordOne := func(c *Client, e Event, opts ...RecordOption) error {
+		return c.Transact(ctx, func(ctx context.Context) error { return Record(ctx, e, opts...) })
+	}
+
+	t.Run("validation and size", func(t *testing.T) {
+		cfg := pubConfig(b)
+		cfg.Service += "-size"
+		cfg.OutboxCollection = "outbox_size"
+		c := b.client(t, cfg)
+		require.NoError(t, c.EnsureIndexes(ctx))
+		c.topics.apply(ctx, map[string]int{ordersTopic: 3}, map[string]int{ordersTopic: 300000})
+		err := recordOne(c, orderPlaced{Run: b.run}, WithDelay(time.Hour))
+		require.ErrorIs(t, err, ErrInvalidEvent)
+		big := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "k", Amount: 1}, Pad: pad(400000)}
+		var tooLarge *EventTooLargeError
+		require.ErrorAs(t, recordOne(c, big, WithDelay(time.Hour)), &tooLarge)
+		require.Equal(t, int64(0), count(t, c.scheduled, bson.D{}))
+	})
+
+	t.Run("unique idempotency keys", func(t *testing.T) {
+		cfg := pubConfig(b)
+		cfg.Service += "-unique"
+		cfg.OutboxCollection = "outbox_unique"
+		cfg.UniqueIdempotencyKeys = true
+		c := b.client(t, cfg)
+		require.NoError(t, c.EnsureIndexes(ctx))
+		e := orderPlaced{Run: b.run, OrderID: "u", Amount: 1}
+		require.NoError(t, recordOne(c, e, WithIdempotencyKey("X"), WithDelay(time.Hour)))
+		require.ErrorIs(t, recordOne(c, e, WithIdempotencyKey("X"), WithDelay(time.Hour)), ErrDuplicateEvent)
+		require.ErrorIs(t, recordOne(c, e, WithIdempotencyKey("X")), ErrDuplicateEvent)
+		require.NoError(t, recordOne(c, e, WithIdempotencyKey("Y")))
+		require.ErrorIs(t, recordOne(c, e, WithIdempotencyKey("Y"), WithDelay(time.Hour)), ErrDuplicateEvent)
+
+		// Two transactions racing, one scheduling Z and one recording it
+		// for now, both commit (no index spans both collections): the
+		// promotion meets the outbox's unique index and marks Z failed,
+		// visible with its reason, while the partition's other events
+		// are promoted.
+		due := time.Now().Add(200 * time.Millisecond)
+		require.NoError(t, recordOne(c, e, WithIdempotencyKey("Z"), WithPublishAt(due)))
+		require.NoError(t, recordOne(c, e, WithIdempotencyKey("W"), WithPublishAt(due.Add(time.Millisecond))))
+		var z store.ScheduledDoc
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: "Z"}}).Decode(&z))
+		twin := z.OutboxDoc
+		twin.ID = bson.NewObjectID()
+		_, err := c.outbox.InsertOne(ctx, &twin)
+		require.NoError(t, err)
+		time.Sleep(time.Until(due.Add(time.Millisecond)))
+		st := schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox}
+		n, err := st.Promote(ctx, schedule.TopicPartition{Topic: ordersTopic, Partition: z.Partition}, time.Now(), 10)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: "Z"}}).Decode(&z))
+		require.True(t, z.Failed)
+		require.False(t, z.Promoted)
+		require.Contains(t, z.Error, "already in the outbox")
+		require.Equal(t, int64(1), count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "W"}}))
+		// A failed one is cancelled like a waiting one: it was never
+		// published.
+		require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, ordersTopic, "Z") }))
+	})
+
+	t.Run("event-outbox format", func(t *testing.T) {
+		cfg := pubConfig(b)
+		cfg.Service += "-eo"
+		cfg.PublishTopics = []string{paymentsTopic}
+		cfg.WireFormats = map[string]Format{paymentsTopic: FormatEventOutbox}
+		c := b.client(t, cfg)
+		require.NoError(t, c.EnsureIndexes(ctx))
+		require.NoError(t, recordOne(c, paymentDone{Run: b.run, OrderID: "p"}, WithIdempotencyKey("eo1"), WithDelay(300*time.Millisecond)))
+		require.Equal(t, int64(1), count(t, c.scheduled, bson.D{}))
+		runPub(t, c, publisherOptions{})
+		recs := b.kafkaEvents(t, paymentsTopic, 1)
+		env, _, err := decodeRecord(recs[0])
+		require.NoError(t, err)
+		require.Equal(t, FormatEventOutbox, env.Format)
+		require.Equal(t, "eo1", env.IdempotencyKey)
+	})
+}
