@@ -294,3 +294,27 @@ func TestScheduledCrossings(t *testing.T) {
 		require.Equal(t, "eo1", env.IdempotencyKey)
 	})
 }
+
+// Status counts the scheduled events waiting and their next due time, per
+// topic and in all.
+func TestStatusCountsScheduled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	first := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+	recordAt(t, c, b.run, "a", 0, "s1", first.Add(time.Minute))
+	recordAt(t, c, b.run, "b", 0, "s2", first)
+	st, err := c.Admin().StoreStatus(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, int64(2), st.Scheduled)
+	require.Equal(t, int64(0), st.Pending)
+	require.True(t, st.NextDue.Equal(first), "next due %v, want %v", st.NextDue, first)
+	require.Len(t, st.Topics, 1)
+	require.Equal(t, int64(2), st.Topics[0].Scheduled)
+	require.True(t, st.Topics[0].NextDue.Equal(first))
+	raw, err := json.Marshal(st)
+	require.NoError(t, err)
+	require.Contains(t, string(raw), `"scheduled":2`)
+	require.Contains(t, string(raw), `"next_due":"`+first.Format(time.RFC3339Nano))
+}
