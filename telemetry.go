@@ -279,6 +279,10 @@ func (c *Client) registerGauges() (unregister func()) {
 			o.ObserveInt64(t.ins.HeldKeys, b.HeldKeys, topicAttrs(b.Topic))
 			o.ObserveInt64(t.ins.HeldEvents, b.HeldEvents, topicAttrs(b.Topic))
 			o.ObserveFloat64(t.ins.OldestPending, b.OldestPendingAge.Seconds(), topicAttrs(b.Topic))
+			o.ObserveInt64(t.ins.Scheduled, b.Scheduled, topicAttrs(b.Topic))
+			if !b.NextDue.IsZero() {
+				o.ObserveFloat64(t.ins.NextDue, time.Until(b.NextDue).Seconds(), topicAttrs(b.Topic))
+			}
 		}
 		// Topics with nothing waiting read 0 rather than vanishing, so that
 		// dashboards and absence alerts see a steady series.
@@ -289,13 +293,14 @@ func (c *Client) registerGauges() (unregister func()) {
 				o.ObserveInt64(t.ins.HeldKeys, 0, topicAttrs(topic))
 				o.ObserveInt64(t.ins.HeldEvents, 0, topicAttrs(topic))
 				o.ObserveFloat64(t.ins.OldestPending, 0, topicAttrs(topic))
+				o.ObserveInt64(t.ins.Scheduled, 0, topicAttrs(topic))
 			}
 		}
 		o.ObserveInt64(t.ins.ParkedNow, st.Parked)
 		o.ObserveInt64(t.ins.Held, st.Held)
 		return nil
 	}, t.ins.Pending, t.ins.Failed, t.ins.ParkedNow, t.ins.Held, t.ins.Owned, t.ins.Lag, t.ins.OldestPending, t.ins.HeldKeys, t.ins.HeldEvents,
-		t.ins.InFlight, t.ins.Waiting, t.ins.WaitAge)
+		t.ins.Scheduled, t.ins.NextDue, t.ins.InFlight, t.ins.Waiting, t.ins.WaitAge)
 	if err != nil {
 		c.cfg.Logger.Warn("outbox: cannot register metric gauges", "err", err)
 		return func() {}
