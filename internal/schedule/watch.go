@@ -48,12 +48,14 @@ func (w *Watch) Run(ctx context.Context) {
 		}
 		cs, err := w.Coll.Watch(ctx, pipeline, opts)
 		if err == nil {
-			failures = 0
 			w.Set.RefillAll()
 			if w.Opened != nil {
 				w.Opened()
 			}
+			// The backoff restarts only once the stream delivered: a
+			// stream that opens and then fails at once keeps backing off.
 			for cs.Next(ctx) {
+				failures = 0
 				w.notify(cs.Current)
 			}
 			err = cs.Err()
