@@ -46,7 +46,7 @@ func benchPublisher(b *testing.B, c *Client) {
 // lateness reads want records of the orders topic from the start and
 // returns, for each, its Kafka timestamp (set when the publisher produced
 // it) minus the time in milliseconds its event carries in Seq.
-func (bb *bundle) lateness(b *testing.B, cl *kgo.Client, want int) []time.Duration {
+func lateness(b *testing.B, cl *kgo.Client, want int) []time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var out []time.Duration
@@ -119,7 +119,7 @@ func BenchmarkScheduledPrecision(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		all = append(all, bb.lateness(b, cl, n)...)
+		all = append(all, lateness(b, cl, n)...)
 	}
 	b.StopTimer()
 	if m := slices.Min(all); m < 0 {
@@ -194,7 +194,7 @@ func BenchmarkImmediateWithScheduled(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				got := bb.lateness(b, cl, n)
+				got := lateness(b, cl, n)
 				lat = append(lat, got...)
 				elapsed += time.Since(first)
 			}
