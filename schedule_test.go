@@ -15,6 +15,7 @@ import (
 
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
+	"github.com/event-outbox/outbox/mongox/mongofake"
 )
 
 // recordAt records one orderPlaced of key with seq, scheduled at due (zero:
@@ -317,4 +318,38 @@ func TestStatusCountsScheduled(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(raw), `"scheduled":2`)
 	require.Contains(t, string(raw), `"next_due":"`+first.Format(time.RFC3339Nano))
+}
+
+// The scheduled events' stream, opened and then failing at each getMore,
+// backs off as its failures repeat instead of reopening at the shortest
+// delay each time.
+func TestScheduledStreamFailuresBackOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Server == nil {
+		t.Skip("needs the embedded server's fail points")
+	}
+	c := b.client(t, pubConfig(b))
+	set := schedule.NewSet(schedule.Config{Store: schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox}})
+	defer set.Close()
+	var mu sync.Mutex
+	opened := 0
+	w := &schedule.Watch{Coll: c.scheduled, Set: set, Backoff: c.cfg.backoff(), MaxAwait: 50 * time.Millisecond,
+		Opened: func() { mu.Lock(); opened++; mu.Unlock() }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	reopens := func() int { mu.Lock(); defer mu.Unlock(); return opened }
+	eventually(t, "stream open", func() bool { return reopens() >= 1 })
+
+	before := reopens()
+	stop := b.mongo.Server.FailCommand(mongofake.FailPoint{Commands: []string{"getMore"}, ErrorCode: 286, ErrorMessage: "ChangeStreamHistoryLost (test)"})
+	time.Sleep(1500 * time.Millisecond) // the failing window
+	stop()
+	n := reopens() - before
+	t.Logf("%d reopens in a 1.5 s failing window (backoff %v to %v)", n, c.cfg.RetryMinBackoff, c.cfg.RetryMaxBackoff)
+	// At the shortest delay (20 ms) it would reopen about 60 times; backing
+	// off to 100 ms, about 16.
+	require.Less(t, n, 30, "reopened without backing off")
 }
