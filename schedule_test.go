@@ -182,10 +182,17 @@ func TestPromotionRaceOnePromoterWins(t *testing.T) {
 	c := b.client(t, pubConfig(b))
 	require.NoError(t, c.EnsureIndexes(context.Background()))
 	const n = 40
-	due := time.Now().Add(100 * time.Millisecond)
-	for i := range n {
-		recordAt(t, c, b.run, "same", i, fmt.Sprintf("r%d", i), due)
-	}
+	due := time.Now().Add(time.Second)
+	require.NoError(t, c.Transact(context.Background(), func(ctx context.Context) error {
+		for i := range n {
+			e := orderPlaced{Run: b.run, OrderID: "same", Amount: 1, Seq: i}
+			if err := Record(ctx, e, WithIdempotencyKey(fmt.Sprintf("r%d", i)), WithPublishAt(due)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	require.Equal(t, int64(n), count(t, c.scheduled, bson.D{}), "recorded after the due time: the test ran too slowly")
 	var d outboxDoc
 	require.NoError(t, c.scheduled.FindOne(context.Background(), bson.D{}).Decode(&d))
 	tp := schedule.TopicPartition{Topic: ordersTopic, Partition: d.Partition}
