@@ -22,6 +22,12 @@ type Admin struct {
 	outbox, inbox *mongo.Collection
 }
 
+// scheduled is the collection of the scheduled events of a's outbox
+// (WithPublishAt).
+func (a *Admin) scheduled() *mongo.Collection {
+	return a.outbox.Database().Collection(a.outbox.Name() + store.ScheduledSuffix)
+}
+
 // NewAdmin returns an Admin for the collections of a service in db. Empty
 // collection names default to "outbox" and "inbox", as in Config.
 func NewAdmin(db *mongo.Database, outboxCollection, inboxCollection string) *Admin {
@@ -45,6 +51,9 @@ func (c *Client) Admin() *Admin { return &Admin{outbox: c.outbox, inbox: c.inbox
 // events, its stored partition count is read (outbox_meta, by _id), and
 // when one of them lies beyond it, one count (outbox_pending) gives
 // TopicBacklog.Unroutable. Published and handled documents are never read.
+// One more aggregation groups the scheduled events not yet promoted by
+// topic (StoreStatus.Scheduled, NextDue): it reads each of them, so with a
+// large schedule poll Status no more often than its one-second cache.
 func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 	now := time.Now().UTC()
 	st := StoreStatus{CheckedAt: now}
@@ -100,6 +109,9 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		}
 	}
 	if err := a.unroutable(ctx, &st, byTopic, lastPartition); err != nil {
+		return st, err
+	}
+	if err := a.scheduledCounts(ctx, &st, byTopic); err != nil {
 		return st, err
 	}
 	for _, b := range byTopic {
@@ -177,6 +189,53 @@ func (a *Admin) unroutable(ctx context.Context, st *StoreStatus, byTopic map[str
 		}
 		b.Unroutable = n
 		st.Unroutable += n
+	}
+	return nil
+}
+
+// scheduledCounts counts the scheduled events not promoted yet, by topic,
+// with the earliest due time of those waiting.
+func (a *Admin) scheduledCounts(ctx context.Context, st *StoreStatus, byTopic map[string]*TopicBacklog) error {
+	cur, err := a.scheduled().Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: store.ScheduledPromoted, Value: false}}}},
+		{{Key: "$group", Value: bson.D{
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: "$" + store.OutboxTopic}, {Key: "failed", Value: "$" + store.OutboxFailed}}},
+			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
+			{Key: "next", Value: bson.D{{Key: "$min", Value: "$" + store.ScheduledDueAt}}},
+		}}},
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: read scheduled events: %w", err)
+	}
+	var groups []struct {
+		ID struct {
+			Topic  string `bson:"topic"`
+			Failed bool   `bson:"failed"`
+		} `bson:"_id"`
+		N    int64     `bson:"n"`
+		Next time.Time `bson:"next"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return fmt.Errorf("outbox: read scheduled events: %w", err)
+	}
+	for _, g := range groups {
+		if g.ID.Failed {
+			st.ScheduledFailed += g.N
+			continue
+		}
+		b := byTopic[g.ID.Topic]
+		if b == nil {
+			b = &TopicBacklog{Topic: g.ID.Topic}
+			byTopic[g.ID.Topic] = b
+		}
+		b.Scheduled += g.N
+		st.Scheduled += g.N
+		if !g.Next.IsZero() && (b.NextDue.IsZero() || g.Next.Before(b.NextDue)) {
+			b.NextDue = g.Next.UTC()
+		}
+		if !b.NextDue.IsZero() && (st.NextDue.IsZero() || b.NextDue.Before(st.NextDue)) {
+			st.NextDue = b.NextDue
+		}
 	}
 	return nil
 }

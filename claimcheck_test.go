@@ -452,3 +452,26 @@ func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 		require.True(t, ch.PublishedAt.Equal(again), "point %d: the payload's clock starts at the latest publication", i)
 	}
 }
+
+// A scheduled event whose payload would go out of band is refused at
+// Record with the reason, and nothing is written: the chunks of a payload
+// expire by the _id of the outbox document that references them, which a
+// promotion changes. A small one is scheduled as usual.
+func TestClaimCheckScheduledLargeEventRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(context.Background()))
+	schedule := func(n int) error {
+		e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "s", Amount: 1}, Pad: pad(n)}
+		return c.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, e, WithDelay(time.Hour)) })
+	}
+	err := schedule(5000)
+	require.ErrorIs(t, err, ErrEventTooLarge)
+	require.Contains(t, err.Error(), "scheduled event")
+	require.Zero(t, count(t, b.db.Collection(store.PayloadsCollection), bson.D{}))
+	require.Zero(t, count(t, c.scheduled, bson.D{}))
+	require.NoError(t, schedule(10), "under the threshold it is scheduled")
+	require.EqualValues(t, 1, count(t, c.scheduled, bson.D{}))
+	require.Zero(t, count(t, c.outbox, bson.D{}))
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/event-outbox/outbox/internal/consume"
 	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/internal/topicmeta"
 )
 
@@ -33,6 +34,7 @@ import (
 type Client struct {
 	cfg           Config
 	outbox, inbox *mongo.Collection
+	scheduled     *mongo.Collection // the scheduled events (schedule.go)
 	meta          *mongo.Collection // metaCollection: inbox stamps, partition counts, replica records
 	validate      *validator.Validate
 	publishTopics map[string]bool
@@ -85,6 +87,9 @@ type testKnobs struct {
 	// reapedHook hears each replica record whose sessions a reap ended,
 	// before the reap removes their ids from it (internal/liveness).
 	reapedHook func(ctx context.Context, replicaID string)
+	// scheduleRefill is how often a promotion loop reads its horizon of
+	// due times again whatever it was told (internal/schedule).
+	scheduleRefill time.Duration
 }
 
 // New checks cfg and returns a Client. It does no I/O.
@@ -101,6 +106,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:           cfg,
 		outbox:        db.Collection(cfg.OutboxCollection),
 		inbox:         db.Collection(cfg.InboxCollection),
+		scheduled:     db.Collection(cfg.OutboxCollection + store.ScheduledSuffix),
 		validate:      validator.New(validator.WithRequiredStructEnabled()),
 		publishTopics: make(map[string]bool, len(cfg.PublishTopics)),
 		meta:          db.Collection(metaCollection, options.Collection().SetWriteConcern(writeconcern.Majority())),

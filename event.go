@@ -62,6 +62,7 @@ type RecordOption func(*recordOptions)
 type recordOptions struct {
 	idempotencyKey string
 	occurredAt     time.Time
+	publishAt      time.Time // zero: publish once committed (schedule.go)
 }
 
 // WithIdempotencyKey sets a deterministic idempotency key instead of the

@@ -30,6 +30,14 @@ func (c *Client) inboxIndexes() []store.IndexSpec {
 //     {topic, schema, idempotency_key}, so an event recorded twice fails
 //     with ErrDuplicateEvent.
 //
+// On the scheduled events' collection (Config.OutboxCollection +
+// "_scheduled", see WithPublishAt): outbox_scheduled_due {topic, partition,
+// due_at, seq, _id} where promoted and failed are false, the promoter's
+// query; outbox_scheduled_key {topic, idempotency_key, schema} for
+// CancelScheduled (unique with Config.UniqueIdempotencyKeys);
+// outbox_scheduled_promoted_ttl, TTL on promoted_at where promoted is true,
+// deleting the record of a promotion after Config.OutboxRetention.
+//
 // When handlers are registered (the client consumes), it first checks that
 // the inbox collection belongs to Config.ConsumerGroup, stamping it for that
 // group if it is new (see ErrInboxOwned), then creates on the inbox:
@@ -73,6 +81,9 @@ func (c *Client) EnsureIndexes(ctx context.Context) error {
 		return err
 	}
 	if err := store.EnsureIndexes(ctx, c.outbox, c.outboxIndexes()...); err != nil {
+		return err
+	}
+	if err := store.EnsureIndexes(ctx, c.scheduled, store.ScheduledIndexes(c.cfg.OutboxRetention, c.cfg.UniqueIdempotencyKeys)...); err != nil {
 		return err
 	}
 	c.uniqueIndex.Store(c.cfg.UniqueIdempotencyKeys)

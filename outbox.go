@@ -51,6 +51,9 @@ type txState struct {
 	chunks []any            // payload chunks of docs stored out of band (claimcheck.go)
 	counts map[string]int64 // events inserted by flush, by topic (metrics)
 	claims map[string]int64 // of which with their payload out of band
+	// scheduled are the events recorded with a publication time, inserted
+	// by flush into the scheduled events' collection (schedule.go).
+	scheduled []any
 }
 
 // describe names c in errors: its service and outbox collection.
@@ -189,8 +192,14 @@ func txnOptions() *options.TransactionOptionsBuilder {
 
 // flush inserts the recorded events into the outbox in one insertMany.
 func (tx *txState) flush(ctx context.Context) error {
+	if err := tx.flushScheduled(ctx); err != nil {
+		return err
+	}
 	if len(tx.docs) == 0 {
 		return nil
+	}
+	if err := tx.client.checkNotScheduled(ctx, tx.docs); err != nil {
+		return err
 	}
 	if err := tx.client.claims.Insert(ctx, tx.chunks); err != nil {
 		return err
@@ -238,6 +247,17 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	doc, chunks, err := tx.client.newOutboxDoc(ctx, e, opts...)
 	if err != nil {
 		return err
+	}
+	if due, ok := scheduledFor(opts); ok {
+		if len(chunks) > 0 {
+			// The chunks of a payload are marked published, and so expire,
+			// by the _id of the outbox document that references them, and
+			// a promotion gives the event a new one.
+			return fmt.Errorf("%w: event %s of topic %q: a scheduled event (WithPublishAt, WithDelay) cannot have its payload stored out of band (Config.ClaimCheck); record it smaller or without a delay",
+				ErrEventTooLarge, doc.Schema, doc.Topic)
+		}
+		tx.schedule(doc, due)
+		return nil
 	}
 	tx.docs = append(tx.docs, doc)
 	tx.chunks = append(tx.chunks, chunks...)

@@ -100,6 +100,9 @@ func (c *Client) runPublisher(ctx context.Context) error {
 // publisher of internal/publish from the Client's Config.
 func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error {
 	cfg := &c.cfg
+	log := cfg.Logger.With("outbox.component", "publisher", "outbox.group", cfg.PublisherGroup)
+	stats := &publish.Stats{} // the workers' and the promotion loops'
+	sched := c.newScheduleFollower(log, stats)
 	p, err := publish.New(publish.Config{
 		Brokers:      cfg.Brokers,
 		KafkaOptions: cfg.KafkaOptions,
@@ -141,6 +144,8 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		StreamOpened: o.streamOpened,
 		Rescan:       o.rescan,
 		HoldRecheck:  o.holdRecheck,
+		Follower:     sched,
+		Stats:        stats,
 	})
 	if err != nil {
 		return err

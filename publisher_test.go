@@ -650,8 +650,11 @@ func TestPublisherChangeStreamLossFallsBackToScan(t *testing.T) {
 
 	for round := range 3 {
 		n := opened.Load()
+		// Every getMore fails until the outbox stream was reopened: the
+		// publisher's other change stream (of the scheduled events) sends
+		// getMores on the same client, and one failure could be its.
 		cancel := b.mongo.Server.FailCommand(mongofake.FailPoint{
-			Commands: []string{"getMore"}, Times: 1, ErrorCode: 286,
+			Commands: []string{"getMore"}, ErrorCode: 286,
 			ErrorMessage: "ChangeStreamHistoryLost (test)",
 		})
 		r.record(t, keysN(10)...)

@@ -198,6 +198,16 @@ type StoreStatus struct {
 	// does not have (see TopicBacklog.Unroutable); they are in Pending
 	// too, and are never published while it is so.
 	Unroutable int64
+	// Scheduled counts the events recorded with WithPublishAt or WithDelay
+	// that wait for their due time (not in Pending), and NextDue is the
+	// earliest due time among them (zero when none waits). A NextDue
+	// that stays in the past means no publisher promotes them.
+	Scheduled int64
+	NextDue   time.Time
+	// ScheduledFailed counts the scheduled events whose promotion was
+	// refused for good (a duplicate idempotency key under
+	// Config.UniqueIdempotencyKeys); they are never published.
+	ScheduledFailed int64
 	// Topics breaks the outbox counts down by topic, sorted by topic.
 	Topics []TopicBacklog
 	// CheckedAt is when the counts were read.
@@ -221,6 +231,10 @@ type TopicBacklog struct {
 	// read it from Kafka (stored in the outbox_meta collection), 0 when
 	// none is stored or nothing is pending.
 	Partitions int
+	// Scheduled and NextDue are StoreStatus.Scheduled and NextDue for
+	// this topic.
+	Scheduled int64
+	NextDue   time.Time
 	// Unroutable counts the pending events stored for a partition at or
 	// beyond Partitions. No publisher owns such a partition, so they wait,
 	// unpublished, until the topic has that many partitions (add them), or
@@ -243,17 +257,19 @@ func (b TopicBacklog) UnroutableCause() string {
 // MarshalJSON writes snake_case keys and the age in seconds.
 func (b TopicBacklog) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
-		Topic            string  `json:"topic"`
-		Pending          int64   `json:"pending"`
-		OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
-		Failed           int64   `json:"failed"`
-		HeldKeys         int64   `json:"held_keys"`
-		HeldEvents       int64   `json:"held_events"`
-		Partitions       int     `json:"partitions,omitempty"`
-		Unroutable       int64   `json:"unroutable,omitempty"`
-		UnroutableCause  string  `json:"unroutable_cause,omitempty"`
+		Topic            string     `json:"topic"`
+		Pending          int64      `json:"pending"`
+		OldestPendingAge float64    `json:"oldest_pending_age_seconds"`
+		Failed           int64      `json:"failed"`
+		HeldKeys         int64      `json:"held_keys"`
+		HeldEvents       int64      `json:"held_events"`
+		Partitions       int        `json:"partitions,omitempty"`
+		Unroutable       int64      `json:"unroutable,omitempty"`
+		UnroutableCause  string     `json:"unroutable_cause,omitempty"`
+		Scheduled        int64      `json:"scheduled,omitempty"`
+		NextDue          *time.Time `json:"next_due,omitempty"`
 	}{b.Topic, b.Pending, b.OldestPendingAge.Seconds(), b.Failed, b.HeldKeys, b.HeldEvents,
-		b.Partitions, b.Unroutable, b.UnroutableCause()})
+		b.Partitions, b.Unroutable, b.UnroutableCause(), b.Scheduled, timeOrNil(b.NextDue)})
 }
 
 // storeStatusJSON is the JSON form of StoreStatus, shared with Status.
@@ -269,6 +285,9 @@ type storeStatusJSON struct {
 	RedriveDeferred  int64          `json:"redrive_deferred"`
 	ParkedNoHandler  int64          `json:"parked_no_handler"`
 	Unroutable       int64          `json:"unroutable,omitempty"`
+	Scheduled        int64          `json:"scheduled"`
+	NextDue          *time.Time     `json:"next_due,omitempty"`
+	ScheduledFailed  int64          `json:"scheduled_failed,omitempty"`
 	Topics           []TopicBacklog `json:"topics"`
 	CheckedAt        time.Time      `json:"checked_at"`
 }
@@ -280,7 +299,16 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	}
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
 		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
-		RedriveRequested: s.RedriveRequested, RedriveDeferred: s.RedriveDeferred, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable, Topics: topics, CheckedAt: s.CheckedAt}
+		RedriveRequested: s.RedriveRequested, RedriveDeferred: s.RedriveDeferred, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable,
+		Scheduled: s.Scheduled, NextDue: timeOrNil(s.NextDue), ScheduledFailed: s.ScheduledFailed, Topics: topics, CheckedAt: s.CheckedAt}
+}
+
+// timeOrNil leaves a zero time out of JSON.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // MarshalJSON writes snake_case keys and ages in seconds.

@@ -198,7 +198,8 @@ func (c *Client) registerGauges() (unregister func()) {
 			out := itel.Storage{Parked: st.Parked, Held: st.Held, Topics: make([]itel.Backlog, len(st.Topics))}
 			for i, b := range st.Topics {
 				out.Topics[i] = itel.Backlog{Topic: b.Topic, Pending: b.Pending, Failed: b.Failed,
-					HeldKeys: b.HeldKeys, HeldEvents: b.HeldEvents, OldestPending: b.OldestPendingAge}
+					HeldKeys: b.HeldKeys, HeldEvents: b.HeldEvents, OldestPending: b.OldestPendingAge,
+					Scheduled: b.Scheduled, NextDue: b.NextDue}
 			}
 			return out, nil
 		},

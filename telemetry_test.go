@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -242,6 +243,12 @@ func TestBacklogGauges(t *testing.T) {
 			return Record(ctx, orderPlaced{Run: b.run, OrderID: itoa(i), Amount: 1})
 		}))
 	}
+	// Two scheduled for an hour from now wait outside the backlog.
+	for i := range 2 {
+		require.NoError(t, rec.Transact(context.Background(), func(ctx context.Context) error {
+			return Record(ctx, orderPlaced{Run: b.run, OrderID: itoa(i), Amount: 1}, WithDelay(time.Hour))
+		}))
+	}
 	// ...and a client of the same collections that publishes only payments
 	// reports them.
 	cfg := b.config("backlog")
@@ -256,6 +263,8 @@ func TestBacklogGauges(t *testing.T) {
 	m := o.collect(t)
 	require.Greater(t, sumOf(m["outbox.pending.oldest_age"], itel.AttrTopic.String(ordersTopic)), 0.0)
 	require.Zero(t, sumOf(m["outbox.failed"]))
+	require.Equal(t, 2.0, sumOf(m["outbox.scheduled"], itel.AttrTopic.String(ordersTopic)))
+	require.Greater(t, sumOf(m["outbox.scheduled.next_due"], itel.AttrTopic.String(ordersTopic)), 3000.0)
 	// The topic this client publishes has nothing waiting: it reads 0
 	// instead of missing.
 	pending, ok := m["outbox.pending"].(metricdata.Gauge[int64])

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Issue 12 item 6: parked list and status show held events and what they
@@ -70,4 +72,25 @@ func TestParkedListShowsHeld(t *testing.T) {
 		require.Equal(t, exitOK, code, errOut)
 		require.JSONEq(t, fmt.Sprintf(`{"command":"parked redrive","dry_run":%t,"count":1}`, dry != ""), out)
 	}
+}
+
+// status shows the scheduled events waiting, per topic, with the next
+// due time.
+func TestStatusShowsScheduled(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	ctx := context.Background()
+	require.NoError(t, c.db.CreateCollection(ctx, "outbox"))
+	due := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i, topic := range []string{"orders", "orders", "payments"} {
+		d := &store.ScheduledDoc{DueAt: due.Add(time.Duration(i) * time.Hour)}
+		d.ID, d.Topic, d.Key, d.Schema, d.IdempotencyKey, d.Payload = bson.NewObjectID(), topic, "k", "Evt.v1", fmt.Sprintf("s%d", i), "{}"
+		_, err := c.db.Collection("outbox"+store.ScheduledSuffix).InsertOne(ctx, d)
+		require.NoError(t, err)
+	}
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `scheduled\s+3\s+next due 2030-01-02T03:04:05Z, promotion refused 0`, out)
+	require.Regexp(t, `orders\s+2\s+next due 2030-01-02T03:04:05Z`, out)
+	require.Regexp(t, `payments\s+1\s+next due 2030-01-02T05:04:05Z`, out)
 }

@@ -435,6 +435,14 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 	// As the console counts them: the parked heads, and the events held
 	// behind them (StoreStatus.Parked counts both).
 	fmt.Fprintf(tw, "parked\t%d\theld behind them %d, re-drive requested %d (waiting to run again %d)\n", st.Parked-st.Held, st.Held, st.RedriveRequested, st.RedriveDeferred)
+	if st.Scheduled > 0 || st.ScheduledFailed > 0 {
+		fmt.Fprintf(tw, "scheduled\t%d\tnext due %s, promotion refused %d\n", st.Scheduled, dueTime(st.NextDue), st.ScheduledFailed)
+		for _, b := range st.Topics {
+			if b.Scheduled > 0 {
+				fmt.Fprintf(tw, "  %s\t%d\tnext due %s\n", b.Topic, b.Scheduled, dueTime(b.NextDue))
+			}
+		}
+	}
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")
@@ -451,6 +459,14 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 		}
 	}
 	return nil
+}
+
+// dueTime shows a scheduled event's due time, "-" for none.
+func dueTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func (o *cliOptions) parkedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {

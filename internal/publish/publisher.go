@@ -39,6 +39,7 @@ package publish
 // the consumers' inbox absorbs.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -167,6 +168,26 @@ type Config struct {
 	// Rescan and HoldRecheck replace rescanInterval and
 	// holdRecheckInterval when positive; for tests.
 	Rescan, HoldRecheck time.Duration
+	// Follower, when set, runs beside the workers on the partitions they
+	// own (the promotion of scheduled events).
+	Follower Follower
+	// Stats, when set, is where the workers count and note errors
+	// (shared with the Follower); a new one otherwise.
+	Stats *Stats
+}
+
+// Follower is a mechanism that works per owned partition beside the
+// workers. Assign is called after the workers of tps started; Revoke
+// before the workers of tps stop, gracefully or not (a partition revoked
+// or lost); Close in the drain, before the workers stop, and when Run
+// returns; Run runs on a goroutine of Publisher.Run until its context
+// ends. Assign, Revoke and Close run on the group client's goroutine or
+// Run's and must return once what they stop has stopped.
+type Follower interface {
+	Assign(tps []TopicPartition)
+	Revoke(tps []TopicPartition)
+	Close()
+	Run(ctx context.Context)
 }
 
 // Publisher is one run of the publisher: New creates its Kafka clients
@@ -203,7 +224,7 @@ func New(cfg Config) (*Publisher, error) {
 		cfg:         cfg,
 		log:         log,
 		lease:       NewLease(cfg.SessionTimeout-cfg.FenceMargin, nil),
-		stats:       &Stats{},
+		stats:       cmp.Or(cfg.Stats, &Stats{}),
 		sizeRefused: make(chan struct{}, 1),
 	}
 
@@ -326,12 +347,18 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 				// it now if it is new (added to its topic).
 				p.prods.ForceMetadataRefresh()
 				p.set.Assign(tps)
+				if cfg.Follower != nil {
+					cfg.Follower.Assign(tps)
+				}
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.note(cfg.Rebalanced, "revoked", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Info("publisher partitions revoked", "partitions", m)
+				if cfg.Follower != nil {
+					cfg.Follower.Revoke(tps)
+				}
 				p.set.Revoke(tps)
 			}
 			p.note(cfg.Ownership, "revoked", m) // the workers have stopped
@@ -341,6 +368,9 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 			p.note(cfg.Rebalanced, "lost", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Warn("publisher partitions lost", "partitions", m)
+				if cfg.Follower != nil {
+					cfg.Follower.Revoke(tps)
+				}
 				p.set.Lose(tps)
 			}
 			p.note(cfg.Ownership, "lost", m) // the workers have stopped
@@ -403,6 +433,9 @@ func (p *Publisher) Run(ctx context.Context) {
 	// no-op. The producers close after the workers have stopped.
 	defer p.prods.Close()
 	defer p.set.Close()
+	if cfg.Follower != nil {
+		defer cfg.Follower.Close()
+	}
 
 	// Background loops, owned here and stopped by cancelling bg.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -433,12 +466,18 @@ func (p *Publisher) Run(ctx context.Context) {
 		wg.Go(func() { p.sess.follow(bg, p.group, cfg.Group, cfg.Backoff, p.stats, p.log) })
 	}
 	wg.Go(func() { p.followTopics(bg) })
+	if cfg.Follower != nil {
+		wg.Go(func() { cfg.Follower.Run(bg) })
+	}
 
 	<-ctx.Done()
 
 	// Drain: finish and mark the batches in flight, then leave the group
 	// (bounded: Close alone can block for a minute when the coordinator is
 	// unreachable), then stop the background loops.
+	if cfg.Follower != nil {
+		cfg.Follower.Close()
+	}
 	p.set.Close()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	if err := p.group.LeaveGroupContext(lctx); err != nil {

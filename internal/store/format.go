@@ -124,3 +124,24 @@ const (
 	IDContentSchema  = "content_schema"
 	IDIdempotencyKey = "idempotency_key"
 )
+
+// ScheduledSuffix makes the name of the collection of scheduled events
+// (events recorded with a publication time) from the outbox collection's:
+// "outbox" holds its scheduled events in "outbox_scheduled", in the same
+// database. A collection of its own, not documents of the outbox: the
+// backlog scans of outbox_pending and the change stream of outbox inserts
+// never meet an event that is not due.
+const ScheduledSuffix = "_scheduled"
+
+// Field names of a scheduled event (ScheduledDoc) besides those of the
+// outbox document it holds inline.
+const (
+	// ScheduledDueAt is when the event is to be published.
+	ScheduledDueAt = "due_at"
+	// ScheduledPromoted marks an event moved into the outbox: the document
+	// stays as a tombstone (until ScheduledPromotedAt plus the outbox
+	// retention) so that a cancellation can tell "too late" from "never
+	// scheduled".
+	ScheduledPromoted   = "promoted"
+	ScheduledPromotedAt = "promoted_at"
+)

@@ -192,3 +192,65 @@ func (o Outbox) FailedKeys(ctx context.Context, topic string, partition int32) (
 	}
 	return keys, nil
 }
+
+// ScheduledDoc is the stored form of an event recorded with a publication
+// time, in the collection of scheduled events (ScheduledSuffix): the
+// outbox document it becomes, inline, and its due time. Its Seq is the
+// commit order of its recording (a fresh tick at insert, as in the
+// outbox); the outbox document made of it at its due time gets a new _id
+// and a new Seq (see internal/schedule).
+type ScheduledDoc struct {
+	OutboxDoc  `bson:",inline"`
+	DueAt      time.Time  `bson:"due_at"`
+	Promoted   bool       `bson:"promoted"`
+	PromotedAt *time.Time `bson:"promoted_at,omitempty"`
+}
+
+// DueFilter selects the events of a partition of topic due at or before
+// now, through the partial index outbox_scheduled_due, walked in DueOrder.
+func DueFilter(topic string, partition int32, now time.Time) bson.D {
+	return bson.D{
+		{Key: OutboxTopic, Value: topic},
+		{Key: OutboxPartition, Value: partition},
+		{Key: ScheduledPromoted, Value: false},
+		{Key: OutboxFailed, Value: false},
+		{Key: ScheduledDueAt, Value: bson.D{{Key: "$lte", Value: now.UTC()}}},
+	}
+}
+
+// UpcomingFilter selects the events of a partition of topic that wait for
+// their due time (promoted or failed ones excluded), walked in DueOrder.
+func UpcomingFilter(topic string, partition int32) bson.D {
+	return bson.D{
+		{Key: OutboxTopic, Value: topic},
+		{Key: OutboxPartition, Value: partition},
+		{Key: ScheduledPromoted, Value: false},
+		{Key: OutboxFailed, Value: false},
+	}
+}
+
+// DueOrder is the promotion order: due time, then commit order (seq),
+// then _id for events of one transaction.
+func DueOrder() bson.D {
+	return bson.D{{Key: ScheduledDueAt, Value: 1}, {Key: OutboxSeq, Value: 1}, {Key: OutboxID, Value: 1}}
+}
+
+// PromoteUpdate marks scheduled events promoted at at.
+func PromoteUpdate(at time.Time) bson.D {
+	return bson.D{{Key: "$set", Value: bson.D{
+		{Key: ScheduledPromoted, Value: true},
+		{Key: ScheduledPromotedAt, Value: at.UTC()},
+	}}}
+}
+
+// ScheduledKeyFilter selects the scheduled events of topic with an
+// idempotency key, through the index outbox_scheduled_key; waiting set
+// keeps only those not promoted (failed ones included: they were never
+// published).
+func ScheduledKeyFilter(topic, idempotencyKey string, waiting bool) bson.D {
+	f := bson.D{{Key: OutboxTopic, Value: topic}, {Key: OutboxIdempotencyKey, Value: idempotencyKey}}
+	if waiting {
+		f = append(f, bson.E{Key: ScheduledPromoted, Value: false})
+	}
+	return f
+}

@@ -106,3 +106,57 @@ func OutboxIdempotencySpec() IndexSpec {
 			return !partial && IndexBool(ix, "unique") && SameBSON(key, OutboxIdempotencyKeys(), true)
 		}}
 }
+
+// Index names of the scheduled events' collection (ScheduledSuffix).
+const (
+	// IndexScheduledDue serves the promoter: the due events of a
+	// partition, earliest first.
+	IndexScheduledDue = "outbox_scheduled_due"
+	// IndexScheduledKey serves a cancellation by idempotency key; unique
+	// with unique idempotency keys.
+	IndexScheduledKey = "outbox_scheduled_key"
+	// IndexScheduledTTL expires the tombstones of promoted events.
+	IndexScheduledTTL = "outbox_scheduled_promoted_ttl"
+)
+
+// ScheduledIndexes are the indexes of the scheduled events' collection:
+// the due events of a partition in promotion order (due time, then commit
+// order), partial on events neither promoted nor failed, so that promoted
+// tombstones cost the promoter nothing; the cancellation's look-up by
+// topic and idempotency key (unique when unique is set, as the outbox's);
+// the TTL of the tombstones (the outbox's retention, whole seconds).
+// Events not promoted never expire.
+func ScheduledIndexes(retention time.Duration, unique bool) []IndexSpec {
+	ttl := int32(retention.Seconds())
+	return []IndexSpec{
+		{
+			Name: IndexScheduledDue,
+			Keys: bson.D{{Key: OutboxTopic, Value: 1}, {Key: OutboxPartition, Value: 1},
+				{Key: ScheduledDueAt, Value: 1}, {Key: OutboxSeq, Value: 1}, {Key: OutboxID, Value: 1}},
+			Partial: bson.D{{Key: ScheduledPromoted, Value: false}, {Key: OutboxFailed, Value: false}},
+		},
+		{
+			Name:   IndexScheduledKey,
+			Keys:   scheduledKeyKeys(),
+			Unique: unique,
+			// A change of Config.UniqueIdempotencyKeys changes the index.
+			Replaces: func(ix bson.D) bool {
+				key, _ := Lookup(ix, "key")
+				return SameBSON(key, scheduledKeyKeys(), true) && IndexBool(ix, "unique") != unique
+			},
+		},
+		{
+			Name:    IndexScheduledTTL,
+			Keys:    bson.D{{Key: ScheduledPromotedAt, Value: 1}},
+			Partial: bson.D{{Key: ScheduledPromoted, Value: true}},
+			TTL:     &ttl,
+		},
+	}
+}
+
+// scheduledKeyKeys are the keys of outbox_scheduled_key: a cancellation
+// reads its prefix {topic, idempotency_key}; with the schema it is unique
+// on what the outbox's unique index is (OutboxIdempotencyKeys).
+func scheduledKeyKeys() bson.D {
+	return bson.D{{Key: OutboxTopic, Value: 1}, {Key: OutboxIdempotencyKey, Value: 1}, {Key: OutboxSchema, Value: 1}}
+}

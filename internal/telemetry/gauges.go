@@ -15,6 +15,10 @@ type Backlog struct {
 	Topic                                 string
 	Pending, Failed, HeldKeys, HeldEvents int64
 	OldestPending                         time.Duration
+	// Scheduled events wait for their due time; NextDue is the earliest
+	// (zero: none).
+	Scheduled int64
+	NextDue   time.Time
 }
 
 // Storage is what the storage gauges observe: the outbox's backlog per
@@ -76,7 +80,7 @@ func (ins *Instruments) RegisterGauges(meter metric.Meter, g Gauges) (metric.Reg
 		o.ObserveInt64(ins.Held, st.Held)
 		return nil
 	}, ins.Pending, ins.Failed, ins.ParkedNow, ins.Held, ins.Owned, ins.Lag, ins.OldestPending, ins.HeldKeys, ins.HeldEvents,
-		ins.InFlight, ins.Waiting, ins.WaitAge)
+		ins.Scheduled, ins.NextDue, ins.InFlight, ins.Waiting, ins.WaitAge)
 }
 
 func (ins *Instruments) observeBacklog(o metric.Observer, b Backlog) {
@@ -86,6 +90,10 @@ func (ins *Instruments) observeBacklog(o metric.Observer, b Backlog) {
 	o.ObserveInt64(ins.HeldKeys, b.HeldKeys, attrs)
 	o.ObserveInt64(ins.HeldEvents, b.HeldEvents, attrs)
 	o.ObserveFloat64(ins.OldestPending, b.OldestPending.Seconds(), attrs)
+	o.ObserveInt64(ins.Scheduled, b.Scheduled, attrs)
+	if !b.NextDue.IsZero() {
+		o.ObserveFloat64(ins.NextDue, time.Until(b.NextDue).Seconds(), attrs)
+	}
 }
 
 // ConsumerLag returns the lag of each owned partition (see Lag), measured

@@ -62,6 +62,8 @@ type Metric struct {
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //	outbox.claimcheck.stored    counter    events committed with their payload out of band (claim check) {topic}
 //	outbox.claimcheck.unresolved counter   attempts whose payload stored out of band could not be read {topic, reason: unavailable|not_configured|malformed}
+//	outbox.scheduled            gauge      scheduled events waiting for their due time {topic}
+//	outbox.scheduled.next_due   gauge      s, until the earliest due time of a topic's scheduled events (negative: overdue) {topic}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 var (
 	Recorded      = Metric{"outbox.events.recorded", Counter, "{event}", "Events committed to the outbox."}
@@ -92,6 +94,8 @@ var (
 	Waiting       = Metric{"outbox.consumer.waiting", Gauge, "{event}", "Events of a handled partition that have waited longer than a few seconds, by what they wait on (retry, infra, locked, running, release...)."}
 	WaitAge       = Metric{"outbox.consumer.waiting.oldest_age", FloatGauge, "s", "Age of the oldest wait of a handled partition."}
 	OldestPending = Metric{"outbox.pending.oldest_age", FloatGauge, "s", "Age of the oldest outbox event not yet published."}
+	Scheduled     = Metric{"outbox.scheduled", Gauge, "{event}", "Scheduled events (WithPublishAt, WithDelay) waiting for their due time."}
+	NextDue       = Metric{"outbox.scheduled.next_due", FloatGauge, "s", "Time until the earliest due time of a topic's scheduled events; negative when overdue (not promoted)."}
 
 	// DoctorFindings is created by the check at Run's start, not by New:
 	// it is observed only while Run runs.
@@ -102,7 +106,7 @@ var (
 func Metrics() []Metric {
 	return []Metric{Recorded, Published, PublishFailed, StreamReopens, Handled, Skipped, Retried, Parked,
 		Rebalances, FetchRestarts, ClaimStored, Unresolved, PublishDuration, HandleDuration, Pending, Failed, HeldKeys, HeldEvents,
-		ParkedNow, Held, Owned, Lag, InFlight, Waiting, WaitAge, OldestPending, DoctorFindings}
+		ParkedNow, Held, Owned, Lag, InFlight, Waiting, WaitAge, OldestPending, Scheduled, NextDue, DoctorFindings}
 }
 
 // LatencyBounds are the histograms' bucket boundaries, in seconds: from a
@@ -125,6 +129,8 @@ type Instruments struct {
 	Lag                                metric.Int64ObservableGauge
 	InFlight, Waiting                  metric.Int64ObservableGauge
 	WaitAge, OldestPending             metric.Float64ObservableGauge
+	Scheduled                          metric.Int64ObservableGauge
+	NextDue                            metric.Float64ObservableGauge
 	Sum                                Summary
 }
 
@@ -182,6 +188,8 @@ func New(meter metric.Meter) (ins *Instruments, err error) {
 	ins.Waiting = gauge(Waiting)
 	ins.WaitAge = floatGauge(WaitAge)
 	ins.OldestPending = floatGauge(OldestPending)
+	ins.Scheduled = gauge(Scheduled)
+	ins.NextDue = floatGauge(NextDue)
 	return ins, errors.Join(errs...)
 }
 

@@ -40,6 +40,8 @@ func TestMetricNames(t *testing.T) {
 		"outbox.consumer.waiting gauge {event}",
 		"outbox.consumer.waiting.oldest_age float gauge s",
 		"outbox.pending.oldest_age float gauge s",
+		"outbox.scheduled gauge {event}",
+		"outbox.scheduled.next_due float gauge s",
 		"outbox.doctor.findings gauge {finding}",
 	}
 	var got []string

@@ -1,0 +1,236 @@
+package outbox
+
+// Delayed publication: an event recorded with WithPublishAt or WithDelay
+// is inserted, in the caller's transaction, into the collection of
+// scheduled events (Config.OutboxCollection + "_scheduled"), not into the
+// outbox; at its due time the publisher that owns its partition promotes
+// it into the outbox in one transaction (internal/schedule), and the
+// publisher publishes it as any other event. CancelScheduled deletes it
+// before then.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/event-outbox/outbox/internal/publish"
+	"github.com/event-outbox/outbox/internal/schedule"
+	"github.com/event-outbox/outbox/internal/store"
+)
+
+// WithPublishAt records the event now, in the transaction, and publishes
+// it at t instead of once the transaction commits: it waits in the
+// collection of scheduled events (Config.OutboxCollection + "_scheduled")
+// until the publisher that owns its partition moves it into the outbox at
+// t, usually well within a second after t (docs/guarantees.md, "Delayed
+// publication"). It counts as recorded then: per partition key, it is
+// published after every event committed before its due time and before
+// every event committed after its move. Until then CancelScheduled
+// cancels it by its idempotency key. A t that is not after the time of
+// Record records the event for immediate publication.
+func WithPublishAt(t time.Time) RecordOption {
+	return func(o *recordOptions) { o.publishAt = t }
+}
+
+// WithDelay is WithPublishAt(time.Now().Add(d)), taken when Record runs.
+// A d of zero or less records the event for immediate publication.
+func WithDelay(d time.Duration) RecordOption {
+	return func(o *recordOptions) { o.publishAt = time.Now().Add(d) }
+}
+
+// ErrTooLate is returned by CancelScheduled when the event is no longer
+// scheduled: its due time came and it was moved into the outbox, to be
+// published (or already published). Cancelling cannot take it back.
+var ErrTooLate = errors.New("outbox: too late to cancel: the scheduled event is due and in the outbox")
+
+// ErrNotScheduled is returned by CancelScheduled when no event of the topic
+// with the idempotency key is scheduled: never scheduled, already
+// cancelled, or moved into the outbox longer ago than
+// Config.OutboxRetention (whose record of the move has expired).
+var ErrNotScheduled = errors.New("outbox: no scheduled event with this idempotency key")
+
+// scheduledFor returns the publication time opts ask for, when it is
+// after now.
+func scheduledFor(opts []RecordOption) (time.Time, bool) {
+	var o recordOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.publishAt.IsZero() || !o.publishAt.After(time.Now()) {
+		return time.Time{}, false
+	}
+	return o.publishAt.UTC().Truncate(time.Millisecond), true
+}
+
+// schedule keeps doc to be inserted as a scheduled event due at due.
+func (tx *txState) schedule(doc *outboxDoc, due time.Time) {
+	tx.scheduled = append(tx.scheduled, &store.ScheduledDoc{OutboxDoc: *doc, DueAt: due})
+}
+
+// flushScheduled inserts the scheduled events of the transaction into
+// the scheduled events' collection in one insertMany.
+func (tx *txState) flushScheduled(ctx context.Context) error {
+	if len(tx.scheduled) == 0 {
+		return nil
+	}
+	c := tx.client
+	if err := c.checkNotRecorded(ctx, tx.scheduled); err != nil {
+		return err
+	}
+	if _, err := c.scheduled.InsertMany(ctx, tx.scheduled); err != nil {
+		return flushError(len(tx.scheduled), err)
+	}
+	tx.scheduled = tx.scheduled[:0]
+	return nil
+}
+
+// CancelScheduled cancels, in the transaction of ctx (from Client.Transact
+// or a handler, else ErrNoTransaction), the events of topic scheduled with
+// WithPublishAt or WithDelay under idempotencyKey that are not due yet:
+// they are deleted when the transaction commits, and never published.
+// It returns an error wrapping ErrTooLate when such an event was already
+// moved into the outbox at its due time (it is or will be published), and
+// ErrNotScheduled when there is none (see ErrNotScheduled). A cancellation
+// that races the event's move into the outbox is decided by MongoDB: one
+// of the two transactions meets the other's write and is retried, and
+// then sees the other's outcome.
+func CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
+	tx := txFrom(ctx)
+	if tx == nil {
+		return ErrNoTransaction
+	}
+	c := tx.client
+	if !c.publishTopics[topic] {
+		return fmt.Errorf("%w: %q", ErrUnknownTopic, topic)
+	}
+	// Events scheduled by this transaction are not inserted yet.
+	before := len(tx.scheduled)
+	tx.scheduled = slices.DeleteFunc(tx.scheduled, func(d any) bool {
+		s := d.(*store.ScheduledDoc)
+		return s.Topic == topic && s.IdempotencyKey == idempotencyKey
+	})
+	res, err := c.scheduled.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
+	if err != nil {
+		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+	}
+	if res.DeletedCount > 0 || len(tx.scheduled) < before {
+		return nil
+	}
+	err = c.scheduled.FindOne(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, false),
+		options.FindOne().SetProjection(bson.D{{Key: store.OutboxID, Value: 1}})).Err()
+	switch {
+	case err == nil:
+		return fmt.Errorf("%w: topic %q, idempotency key %q", ErrTooLate, topic, idempotencyKey)
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return fmt.Errorf("%w: topic %q, idempotency key %q", ErrNotScheduled, topic, idempotencyKey)
+	default:
+		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+	}
+}
+
+// sameEvent selects, under Config.UniqueIdempotencyKeys, the documents of
+// docs' events: by {topic, schema, idempotency_key}, what the unique
+// indexes of the outbox and of the scheduled events hold unique.
+func sameEvent(docs []any) bson.D {
+	or := make(bson.A, 0, len(docs))
+	for _, d := range docs {
+		var o *outboxDoc
+		switch d := d.(type) {
+		case *outboxDoc:
+			o = d
+		case *store.ScheduledDoc:
+			o = &d.OutboxDoc
+		}
+		or = append(or, bson.D{{Key: store.OutboxTopic, Value: o.Topic}, {Key: store.OutboxSchema, Value: o.Schema},
+			{Key: store.OutboxIdempotencyKey, Value: o.IdempotencyKey}})
+	}
+	return bson.D{{Key: "$or", Value: or}}
+}
+
+// checkNotScheduled refuses, under Config.UniqueIdempotencyKeys, immediate
+// events whose idempotency key is scheduled (ErrDuplicateEvent): no one
+// index spans both collections. Two transactions committing the same key
+// at once, one scheduled and one not, both pass; the promotion of the
+// scheduled one then meets the outbox's unique index and marks it failed
+// (internal/schedule).
+func (c *Client) checkNotScheduled(ctx context.Context, docs []any) error {
+	return c.checkUnique(ctx, c.scheduled, docs, "scheduled")
+}
+
+// checkNotRecorded refuses, under Config.UniqueIdempotencyKeys, scheduled
+// events whose idempotency key is in the outbox (ErrDuplicateEvent).
+func (c *Client) checkNotRecorded(ctx context.Context, docs []any) error {
+	return c.checkUnique(ctx, c.outbox, docs, "in the outbox")
+}
+
+func (c *Client) checkUnique(ctx context.Context, coll *mongo.Collection, docs []any, where string) error {
+	if !c.cfg.UniqueIdempotencyKeys {
+		return nil
+	}
+	var found store.OutboxDoc
+	err := coll.FindOne(ctx, sameEvent(docs)).Decode(&found)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return nil
+	case err != nil:
+		return fmt.Errorf("outbox: check idempotency keys: %w", err)
+	}
+	return fmt.Errorf("%w (Config.UniqueIdempotencyKeys): event %s of topic %q with idempotency key %q is already %s",
+		ErrDuplicateEvent, found.Schema, found.Topic, found.IdempotencyKey, where)
+}
+
+// scheduledStreamMaxAwait bounds a getMore of the scheduled events'
+// change stream, as the outbox's (internal/publish): a lost stream shows
+// within it.
+const scheduledStreamMaxAwait = 500 * time.Millisecond
+
+// scheduleFollower runs the promotion of scheduled events beside the
+// publisher's workers (publish.Follower): a loop per owned partition
+// (internal/schedule), told of new scheduled events by a change stream.
+type scheduleFollower struct {
+	set   *schedule.Set
+	watch *schedule.Watch
+}
+
+// newScheduleFollower makes the promotion loops of the publisher's
+// partitions; promotion errors show in the publisher's LastError (stats).
+func (c *Client) newScheduleFollower(log *slog.Logger, stats *publish.Stats) *scheduleFollower {
+	set := schedule.NewSet(schedule.Config{
+		Store:   schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox},
+		Refill:  c.test.scheduleRefill,
+		Backoff: c.cfg.backoff(),
+		Logger:  log,
+		Failed:  func(err error) { stats.SetError(fmt.Errorf("scheduled events: %w", err)) },
+	})
+	return &scheduleFollower{set: set,
+		watch: &schedule.Watch{Coll: c.scheduled, Set: set, Backoff: c.cfg.backoff(), MaxAwait: scheduledStreamMaxAwait, Logger: log}}
+}
+
+// Assign starts the promotion loops of tps.
+func (f *scheduleFollower) Assign(tps []publish.TopicPartition) { f.set.Assign(scheduleTPs(tps)) }
+
+// Revoke stops the promotion loops of tps and returns once they stopped.
+func (f *scheduleFollower) Revoke(tps []publish.TopicPartition) { f.set.Revoke(scheduleTPs(tps)) }
+
+// Close stops every promotion loop.
+func (f *scheduleFollower) Close() { f.set.Close() }
+
+// Run tells the loops of the events scheduled while it runs, until ctx
+// ends.
+func (f *scheduleFollower) Run(ctx context.Context) { f.watch.Run(ctx) }
+
+// scheduleTPs converts the publisher's partitions into the promoter's.
+func scheduleTPs(tps []publish.TopicPartition) []schedule.TopicPartition {
+	out := make([]schedule.TopicPartition, len(tps))
+	for i, tp := range tps {
+		out[i] = schedule.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}
+	}
+	return out
+}
