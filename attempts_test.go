@@ -239,3 +239,39 @@ func TestHandlerWriteConflictIsFree(t *testing.T) {
 	require.EqualValues(t, 4, calls.Load())
 	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
 }
+
+// A commit that meets a write conflict (the transaction did not commit) is
+// retried without using an attempt, as a handler's write that meets one:
+// it is no fault of the event.
+func TestWriteConflictAtCommitIsFree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's fail points")
+	}
+	cfg := consumerConfig(b, "commit-conflict")
+	cfg.MaxAttempts = 1
+	c := b.client(t, cfg)
+	var calls atomic.Int64
+	effect := effectHandler(b, &calls)
+	// The first run arms the fail point, so that the next three commits,
+	// its own and its reruns', meet a write conflict.
+	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
+		if calls.Load() == 0 {
+			if err := b.mongo.Client.Database("admin").RunCommand(context.Background(), bson.D{
+				{Key: "configureFailPoint", Value: "failCommand"},
+				{Key: "mode", Value: bson.D{{Key: "times", Value: 3}}},
+				{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{"commitTransaction"}}, {Key: "errorCode", Value: 112},
+					{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
+			}).Err(); err != nil {
+				return err
+			}
+		}
+		return effect(ctx, e, m)
+	})
+	start(t, c)
+	b.produce(t, b.envelope("cc-1"), b.payload(t, "o-1", 0))
+	eventually(t, "handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
+	require.EqualValues(t, 4, calls.Load(), "the handler ran once per commit")
+	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
+}

@@ -134,11 +134,13 @@ const (
 	Failed
 	// Snoozed: event At's handler asked to run again after Snooze.
 	Snoozed
-	// Conflict: a write of event At's handler met a transient transaction
-	// error (write conflict, failover): the first few retries are free.
+	// Conflict: a write of event At's handler, or the commit of its
+	// transaction, met a transient transaction error (write conflict,
+	// failover): the first few retries are free.
 	Conflict
 	// CommitFailed: the handlers returned nil but the transaction did not
-	// commit; it counts as an attempt.
+	// commit, for another reason than a write conflict (a batch's: any);
+	// it counts as an attempt.
 	CommitFailed
 	// Locked: a write of the framework's own met a document locked by
 	// another session's transaction (a replica that died with it open):

@@ -70,8 +70,15 @@ func (h *Host) Handle(ctx context.Context, tp consume.TopicPartition, evs []*con
 	}
 	if err := t.Commit(actx); err != nil {
 		end(&CommitError{err})
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return consume.Result{Kind: consume.Canceled, Err: err}
+		case len(evs) == 1 && errors.Is(err, consume.ErrLocked):
+			// A write conflict at commit: the transaction did not commit,
+			// and another transaction's write is no fault of the event.
+			// It is retried as a conflict of the handler's own writes,
+			// free up to a bound (a batch's events run alone first).
+			return consume.Result{Kind: consume.Conflict, Err: &CommitError{err}}
 		}
 		return consume.Result{Kind: consume.CommitFailed, At: len(evs) - 1, Err: &CommitError{err}}
 	}
