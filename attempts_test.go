@@ -227,17 +227,24 @@ func TestHandlerWriteConflictIsFree(t *testing.T) {
 	var calls atomic.Int64
 	MustHandle(c, effectHandler(b, &calls))
 	ctx := context.Background()
-	require.NoError(t, b.mongo.Client.Database("admin").RunCommand(ctx, bson.D{
-		{Key: "configureFailPoint", Value: "failCommand"},
-		{Key: "mode", Value: bson.D{{Key: "times", Value: 3}}},
-		{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{"insert"}}, {Key: "errorCode", Value: 112},
-			{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
-	}).Err())
+	require.NoError(t, failWithConflicts(ctx, b, "insert", 3))
 	start(t, c)
 	b.produce(t, b.envelope("wc-1"), b.payload(t, "o-1", 0))
 	eventually(t, "handled", func() bool { return count(t, b.db.Collection("effects"), bson.D{}) == 1 })
 	require.EqualValues(t, 4, calls.Load())
 	require.Zero(t, count(t, c.inbox, bson.D{{Key: "parked", Value: true}}))
+}
+
+// failWithConflicts makes the embedded server answer the next times
+// commands named command with a write conflict (a transient transaction
+// error).
+func failWithConflicts(ctx context.Context, b *bundle, command string, times int) error {
+	return b.mongo.Client.Database("admin").RunCommand(ctx, bson.D{
+		{Key: "configureFailPoint", Value: "failCommand"},
+		{Key: "mode", Value: bson.D{{Key: "times", Value: times}}},
+		{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{command}}, {Key: "errorCode", Value: 112},
+			{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
+	}).Err()
 }
 
 // A commit that meets a write conflict (the transaction did not commit) is
@@ -258,12 +265,7 @@ func TestWriteConflictAtCommitIsFree(t *testing.T) {
 	// its own and its reruns', meet a write conflict.
 	MustHandle(c, func(ctx context.Context, e orderPlaced, m Metadata) error {
 		if calls.Load() == 0 {
-			if err := b.mongo.Client.Database("admin").RunCommand(context.Background(), bson.D{
-				{Key: "configureFailPoint", Value: "failCommand"},
-				{Key: "mode", Value: bson.D{{Key: "times", Value: 3}}},
-				{Key: "data", Value: bson.D{{Key: "failCommands", Value: bson.A{"commitTransaction"}}, {Key: "errorCode", Value: 112},
-					{Key: "errorLabels", Value: bson.A{"TransientTransactionError"}}}},
-			}).Err(); err != nil {
+			if err := failWithConflicts(context.Background(), b, "commitTransaction", 3); err != nil {
 				return err
 			}
 		}
