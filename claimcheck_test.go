@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -474,4 +475,55 @@ func TestClaimCheckScheduledLargeEventRefused(t *testing.T) {
 	require.NoError(t, schedule(10), "under the threshold it is scheduled")
 	require.EqualValues(t, 1, count(t, c.scheduled, bson.D{}))
 	require.Zero(t, count(t, c.outbox, bson.D{}))
+}
+
+// A consumer whose claim-check database is reached through a mongo.Client
+// of its own (the producer's deployment) releases a held out-of-band
+// event: the payload is read outside the inbox transaction, whose session
+// belongs to the consumer's client and which another client refuses.
+func TestClaimCheckHeldEventReleasedWithAnotherClient(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pub := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, pub.EnsureIndexes(ctx))
+	require.NoError(t, recordPad(t, b, pub, "k", 0, 10))   // inline; its handler parks it
+	require.NoError(t, recordPad(t, b, pub, "k", 1, 5000)) // out of band; held behind it
+	runPub(t, pub, publisherOptions{})
+
+	other, err := mongo.Connect(options.Client().ApplyURI(b.mongo.URI).SetServerSelectionTimeout(5 * time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Disconnect(context.Background()) })
+	cfg := consumerConfig(b, "cons")
+	cfg.PoisonPolicy = HoldKey
+	cfg.ClaimCheck = &ClaimCheck{Database: other.Database(b.db.Name())}
+	cons := b.client(t, cfg)
+	var mu sync.Mutex
+	seen := map[int]int{}
+	MustHandle(cons, func(_ context.Context, e paddedOrder, _ Metadata) error {
+		if e.Seq == 0 {
+			return Park(errors.New("poison"))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen[e.Seq] = len(e.Pad)
+		return nil
+	})
+	start(t, cons)
+	var head inboxDoc
+	eventually(t, "seq 0 parked and seq 1 held behind it", func() bool {
+		return cons.inbox.FindOne(ctx, bson.D{{Key: store.InboxParked, Value: true}, {Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: false}}}}).Decode(&head) == nil &&
+			count(t, cons.inbox, bson.D{{Key: store.InboxHeldBy, Value: head.ID}}) == 1
+	})
+	var held inboxDoc
+	require.NoError(t, cons.inbox.FindOne(ctx, bson.D{{Key: store.InboxHeldBy, Value: head.ID}}).Decode(&held))
+	require.Empty(t, held.Payload, "held unresolved: the release reads the payload")
+	require.NotEmpty(t, held.PayloadRef)
+	_, err = cons.Admin().PurgeParked(ctx, ParkedFilter{IDs: []InboxID{head.ID}}, false)
+	require.NoError(t, err)
+	eventually(t, "the held event released and handled whole", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[1] == 5000
+	})
 }
