@@ -44,8 +44,10 @@ func (c *Client) Admin() *Admin { return &Admin{outbox: c.outbox, inbox: c.inbox
 //
 // Cost: one aggregation over the outbox's unpublished documents (the
 // partial index outbox_pending holds exactly those), grouped by topic, and
-// up to three counts over the inbox's parked documents (partial index
-// inbox_parked). When events failed, one more read of the failed events
+// up to four counts over the inbox's parked documents (partial index
+// inbox_parked). The same aggregation sums the claim check's payloads of
+// the pending events (StoreStatus.ClaimCheck); the payload collection
+// itself is not read. When events failed, one more read of the failed events
 // (partial index outbox_failed) and one count of the pending events of
 // their partitions give the held keys and events. When a topic has pending
 // events, its stored partition count is read (outbox_meta, by _id), and
@@ -64,6 +66,11 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 			{Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}},
 			{Key: "oldest", Value: bson.D{{Key: "$min", Value: "$" + store.OutboxCreatedAt}}},
 			{Key: "last", Value: bson.D{{Key: "$max", Value: "$" + store.OutboxPartition}}},
+			// The claim check's payloads: only an event stored out of
+			// band has a payload size.
+			{Key: "oob", Value: bson.D{{Key: "$sum", Value: bson.D{{Key: "$cond", Value: bson.A{outOfBand, 1, 0}}}}}},
+			{Key: "oob_bytes", Value: bson.D{{Key: "$sum", Value: "$" + store.OutboxPayloadSize}}},
+			{Key: "oob_oldest", Value: bson.D{{Key: "$min", Value: bson.D{{Key: "$cond", Value: bson.A{outOfBand, "$" + store.OutboxCreatedAt, nil}}}}}},
 		}}},
 	})
 	if err != nil {
@@ -74,9 +81,12 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 			Topic  string `bson:"topic"`
 			Failed bool   `bson:"failed"`
 		} `bson:"_id"`
-		N      int64     `bson:"n"`
-		Oldest time.Time `bson:"oldest"`
-		Last   int64     `bson:"last"` // the highest partition
+		N         int64     `bson:"n"`
+		Oldest    time.Time `bson:"oldest"`
+		Last      int64     `bson:"last"` // the highest partition
+		OOB       int64     `bson:"oob"`
+		OOBBytes  int64     `bson:"oob_bytes"`
+		OOBOldest time.Time `bson:"oob_oldest"`
 	}
 	if err := cur.All(ctx, &groups); err != nil {
 		return st, fmt.Errorf("outbox: read outbox backlog: %w", err)
@@ -97,6 +107,12 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		b.Pending += g.N
 		st.Pending += g.N
 		lastPartition[g.ID.Topic] = g.Last
+		if g.OOB > 0 {
+			cc := &st.ClaimCheck
+			cc.Pending += g.OOB
+			cc.PendingBytes += g.OOBBytes
+			cc.OldestPendingAge = max(cc.OldestPendingAge, now.Sub(g.OOBOldest), 0)
+		}
 		if !g.Oldest.IsZero() {
 			age := max(now.Sub(g.Oldest), 0)
 			b.OldestPendingAge = max(b.OldestPendingAge, age)
@@ -153,9 +169,24 @@ func (a *Admin) StoreStatus(ctx context.Context) (StoreStatus, error) {
 		if err != nil {
 			return st, fmt.Errorf("outbox: count events parked without a handler: %w", err)
 		}
+		// A payload stored out of band is in the inbox once resolved (and
+		// decoded), and never empty: the claim check stores none.
+		st.ClaimCheck.Unresolved, err = a.inbox.CountDocuments(ctx, bson.D{
+			{Key: store.InboxParked, Value: true},
+			{Key: store.InboxHeldBy, Value: bson.D{{Key: "$exists", Value: false}}},
+			{Key: store.InboxPayloadRef, Value: bson.D{{Key: "$exists", Value: true}}},
+			{Key: store.InboxPayload, Value: ""},
+		})
+		if err != nil {
+			return st, fmt.Errorf("outbox: count parked events with unresolved payloads: %w", err)
+		}
 	}
 	return st, nil
 }
+
+// outOfBand is true, in an aggregation, for an outbox event whose payload
+// the claim check stored out of band (it has a payload size).
+var outOfBand = bson.D{{Key: "$gt", Value: bson.A{"$" + store.OutboxPayloadSize, 0}}}
 
 // unroutable fills the partition counts of the topics with pending events
 // (as stored in outbox_meta by the services' reads of Kafka) and counts the

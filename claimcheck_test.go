@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -210,11 +211,68 @@ func TestClaimCheckConsumerWithoutConfigParksThenRedrives(t *testing.T) {
 	require.True(t, strings.HasPrefix(d.PayloadRef, "outbox-payload:"))
 	require.EqualValues(t, 1, d.Attempts, "parked at once, not retried")
 	require.EqualValues(t, 1, sumOf(o.collect(t)["outbox.claimcheck.unresolved"], itel.AttrTopic.String(ordersTopic), itel.AttrReason.String("not_configured")))
+	st, err := cons.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st.ClaimCheck.Unresolved, "the parked event's payload is not resolved")
 
 	fixed, seen2 := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
 	require.NoError(t, fixed.Redrive(ctx, d.ID))
 	require.Equal(t, map[int]int{0: 5000}, seen2())
 	require.EqualValues(t, 1, count(t, fixed.inbox, bson.D{{Key: store.InboxHandled, Value: true}}))
+	st, err = cons.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.ClaimCheck.Unresolved)
+}
+
+// Status counts the payloads stored out of band that wait for their
+// events' publication, their bytes and the oldest one's age, and names
+// the claim-check database; a publication takes them out.
+func TestStatusClaimCheckPayloads(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, recordPad(t, b, c, "a", 0, 5000))
+	require.NoError(t, recordPad(t, b, c, "b", 1, 7000))
+	require.NoError(t, recordPad(t, b, c, "c", 2, 10), "in band")
+	var sizes []int64
+	cur, err := c.outbox.Find(ctx, bson.D{{Key: store.OutboxPayloadSize, Value: bson.D{{Key: "$exists", Value: true}}}})
+	require.NoError(t, err)
+	var docs []store.OutboxDoc
+	require.NoError(t, cur.All(ctx, &docs))
+	for _, d := range docs {
+		sizes = append(sizes, d.PayloadSize)
+	}
+	require.Len(t, sizes, 2)
+
+	st, err := c.Status(ctx)
+	require.NoError(t, err)
+	cc := st.Store.ClaimCheck
+	require.Equal(t, b.db.Name(), cc.Database)
+	require.EqualValues(t, 2, cc.Pending)
+	require.EqualValues(t, 3, st.Store.Pending)
+	require.Equal(t, sizes[0]+sizes[1], cc.PendingBytes)
+	require.Positive(t, cc.OldestPendingAge)
+	raw, err := json.Marshal(st)
+	require.NoError(t, err)
+	var js struct {
+		ClaimCheck map[string]any `json:"claim_check"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &js))
+	require.Equal(t, b.db.Name(), js.ClaimCheck["database"])
+	require.EqualValues(t, 2, js.ClaimCheck["pending"])
+	require.EqualValues(t, sizes[0]+sizes[1], js.ClaimCheck["pending_bytes"])
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the events published", func() bool {
+		st, err := c.Admin().StoreStatus(ctx)
+		require.NoError(t, err)
+		return st.Pending == 0
+	})
+	st2, err := c.Admin().StoreStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ClaimCheckStatus{}, st2.ClaimCheck, "published: no payload waits, and Admin does not know the database")
 }
 
 // A consumer that cannot reach the claim-check database fails its

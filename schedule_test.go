@@ -131,6 +131,34 @@ func TestCancelScheduled(t *testing.T) {
 	require.ErrorIs(t, cancelIn("soon"), ErrTooLate)
 }
 
+// An operator's cancellation (Admin, outside the service's transactions)
+// has the outcomes of CancelScheduled: deleted before due, ErrTooLate
+// once promoted, ErrNotScheduled when there is none.
+func TestAdminCancelScheduled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.client(t, pubConfig(b))
+	ctx := context.Background()
+	require.NoError(t, c.EnsureIndexes(ctx))
+	admin := NewAdmin(b.db, "", "")
+
+	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "never"), ErrNotScheduled)
+	recordAt(t, c, b.run, "a", 0, "later", time.Now().Add(time.Hour))
+	recordAt(t, c, b.run, "a", 1, "kept", time.Now().Add(time.Hour))
+	require.NoError(t, admin.CancelScheduled(ctx, ordersTopic, "later"))
+	require.Equal(t, int64(1), count(t, c.scheduled, bson.D{}), "only the cancelled event is deleted")
+	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "later"), ErrNotScheduled)
+	require.ErrorIs(t, admin.CancelScheduled(ctx, paymentsTopic, "kept"), ErrNotScheduled, "another topic's key")
+
+	recordAt(t, c, b.run, "a", 2, "soon", time.Now().Add(300*time.Millisecond))
+	runPub(t, c, publisherOptions{})
+	eventually(t, "promoted", func() bool {
+		return count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "soon"}}) == 1
+	})
+	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "soon"), ErrTooLate)
+	require.Equal(t, int64(1), count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "soon"}}), "still published")
+}
+
 // Scheduled events survive their publisher: those due while none runs
 // are published when one starts, and of two publishers splitting and
 // handing over partitions, each event is promoted once.

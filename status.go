@@ -208,6 +208,10 @@ type StoreStatus struct {
 	// refused for good (a duplicate idempotency key under
 	// Config.UniqueIdempotencyKeys); they are never published.
 	ScheduledFailed int64
+	// ClaimCheck counts the payloads stored out of band (Config.ClaimCheck)
+	// that wait for their events, and the parked events whose payload was
+	// not resolved.
+	ClaimCheck ClaimCheckStatus
 	// Topics breaks the outbox counts down by topic, sorted by topic.
 	Topics []TopicBacklog
 	// CheckedAt is when the counts were read.
@@ -272,24 +276,60 @@ func (b TopicBacklog) MarshalJSON() ([]byte, error) {
 		b.Partitions, b.Unroutable, b.UnroutableCause(), b.Scheduled, timeOrNil(b.NextDue)})
 }
 
+// ClaimCheckStatus is the state of the payloads the claim check stores out
+// of band (Config.ClaimCheck), as the outbox and the inbox show it.
+type ClaimCheckStatus struct {
+	// Database names the claim-check database in Client.Status when
+	// Config.ClaimCheck is set; "" otherwise, and in Admin.StoreStatus,
+	// which does not know the configuration.
+	Database string
+	// Pending counts the pending events (included in StoreStatus.Pending)
+	// whose payload is stored out of band: their chunks never expire
+	// before the event is published. PendingBytes sums their payloads'
+	// sizes; OldestPendingAge is the age of the oldest of them, 0 when
+	// none waits.
+	Pending          int64
+	PendingBytes     int64
+	OldestPendingAge time.Duration
+	// Unresolved counts the parked events (held ones excluded) whose
+	// payload their producer stored out of band and the inbox holds
+	// without it: it could not be resolved (the claim-check database
+	// unreachable, the payload expired or missing, or Config.ClaimCheck
+	// not set on the consumer) or not decoded. Their last error says
+	// which; a re-drive resolves the payload again.
+	Unresolved int64
+}
+
+// MarshalJSON writes snake_case keys and the age in seconds.
+func (c ClaimCheckStatus) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Database         string  `json:"database,omitempty"`
+		Pending          int64   `json:"pending"`
+		PendingBytes     int64   `json:"pending_bytes"`
+		OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
+		Unresolved       int64   `json:"unresolved"`
+	}{c.Database, c.Pending, c.PendingBytes, c.OldestPendingAge.Seconds(), c.Unresolved})
+}
+
 // storeStatusJSON is the JSON form of StoreStatus, shared with Status.
 type storeStatusJSON struct {
-	Pending          int64          `json:"pending"`
-	OldestPendingAge float64        `json:"oldest_pending_age_seconds"`
-	Failed           int64          `json:"failed"`
-	OutboxHeldKeys   int64          `json:"outbox_held_keys"`
-	OutboxHeldEvents int64          `json:"outbox_held_events"`
-	Parked           int64          `json:"parked"`
-	Held             int64          `json:"held"`
-	RedriveRequested int64          `json:"redrive_requested"`
-	RedriveDeferred  int64          `json:"redrive_deferred"`
-	ParkedNoHandler  int64          `json:"parked_no_handler"`
-	Unroutable       int64          `json:"unroutable,omitempty"`
-	Scheduled        int64          `json:"scheduled"`
-	NextDue          *time.Time     `json:"next_due,omitempty"`
-	ScheduledFailed  int64          `json:"scheduled_failed,omitempty"`
-	Topics           []TopicBacklog `json:"topics"`
-	CheckedAt        time.Time      `json:"checked_at"`
+	Pending          int64            `json:"pending"`
+	OldestPendingAge float64          `json:"oldest_pending_age_seconds"`
+	Failed           int64            `json:"failed"`
+	OutboxHeldKeys   int64            `json:"outbox_held_keys"`
+	OutboxHeldEvents int64            `json:"outbox_held_events"`
+	Parked           int64            `json:"parked"`
+	Held             int64            `json:"held"`
+	RedriveRequested int64            `json:"redrive_requested"`
+	RedriveDeferred  int64            `json:"redrive_deferred"`
+	ParkedNoHandler  int64            `json:"parked_no_handler"`
+	Unroutable       int64            `json:"unroutable,omitempty"`
+	Scheduled        int64            `json:"scheduled"`
+	NextDue          *time.Time       `json:"next_due,omitempty"`
+	ScheduledFailed  int64            `json:"scheduled_failed,omitempty"`
+	ClaimCheck       ClaimCheckStatus `json:"claim_check"`
+	Topics           []TopicBacklog   `json:"topics"`
+	CheckedAt        time.Time        `json:"checked_at"`
 }
 
 func (s StoreStatus) jsonForm() storeStatusJSON {
@@ -300,7 +340,7 @@ func (s StoreStatus) jsonForm() storeStatusJSON {
 	return storeStatusJSON{Pending: s.Pending, OldestPendingAge: s.OldestPendingAge.Seconds(), Failed: s.Failed,
 		OutboxHeldKeys: s.OutboxHeldKeys, OutboxHeldEvents: s.OutboxHeldEvents, Parked: s.Parked, Held: s.Held,
 		RedriveRequested: s.RedriveRequested, RedriveDeferred: s.RedriveDeferred, ParkedNoHandler: s.ParkedNoHandler, Unroutable: s.Unroutable,
-		Scheduled: s.Scheduled, NextDue: timeOrNil(s.NextDue), ScheduledFailed: s.ScheduledFailed, Topics: topics, CheckedAt: s.CheckedAt}
+		Scheduled: s.Scheduled, NextDue: timeOrNil(s.NextDue), ScheduledFailed: s.ScheduledFailed, ClaimCheck: s.ClaimCheck, Topics: topics, CheckedAt: s.CheckedAt}
 }
 
 // timeOrNil leaves a zero time out of JSON.
@@ -353,6 +393,9 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	}
 	store, err := c.storeStatus(ctx, statusMaxAge)
 	st.Store = store
+	if c.claims != nil {
+		st.Store.ClaimCheck.Database = c.claims.Coll.Database().Name()
+	}
 	return st, err
 }
 

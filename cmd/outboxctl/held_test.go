@@ -94,3 +94,33 @@ func TestStatusShowsScheduled(t *testing.T) {
 	require.Regexp(t, `orders\s+2\s+next due 2030-01-02T03:04:05Z`, out)
 	require.Regexp(t, `payments\s+1\s+next due 2030-01-02T05:04:05Z`, out)
 }
+
+// status shows the payloads stored out of band that wait for their
+// events' publication, and the parked events whose payload was not
+// resolved.
+func TestStatusShowsClaimCheck(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	for i, size := range []int64{0, 5000, 7000} {
+		d := store.OutboxDoc{ID: bson.NewObjectID(), Topic: "orders", Key: "k", Schema: "Evt.v1",
+			IdempotencyKey: fmt.Sprintf("o%d", i), CreatedAt: now.Add(-time.Duration(i) * time.Minute), PayloadSize: size}
+		if size > 0 {
+			ref := d.ID
+			d.PayloadRef = &ref
+		} else {
+			d.Payload = "{}"
+		}
+		_, err := c.db.Collection("outbox").InsertOne(ctx, &d)
+		require.NoError(t, err)
+	}
+	_, err := c.db.Collection("inbox").InsertOne(ctx, bson.D{
+		{Key: "_id", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: "p"}}},
+		{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: now}, {Key: "payload", Value: ""},
+		{Key: "payload_ref", Value: "outbox-payload:0123456789abcdef01234567"}})
+	require.NoError(t, err)
+	code, out, errOut := c.run("status")
+	require.Equal(t, exitOK, code, errOut)
+	require.Regexp(t, `claim check\s+2\s+payloads out of band waiting for publication, 12000 bytes, oldest 2m0s; parked unresolved 1`, out)
+}

@@ -443,6 +443,10 @@ func (o *cliOptions) status(ctx context.Context, admin *outbox.Admin, w io.Write
 			}
 		}
 	}
+	if cc := st.ClaimCheck; cc.Pending > 0 || cc.Unresolved > 0 {
+		fmt.Fprintf(tw, "claim check\t%d\tpayloads out of band waiting for publication, %d bytes, oldest %s; parked unresolved %d\n",
+			cc.Pending, cc.PendingBytes, age(cc.OldestPendingAge), cc.Unresolved)
+	}
 	if len(st.Topics) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "TOPIC\tPENDING\tOLDEST\tFAILED\tHELD KEYS\tHELD EVENTS")
