@@ -116,45 +116,58 @@ func CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
 		s := d.(*store.ScheduledDoc)
 		return s.Topic == topic && s.IdempotencyKey == idempotencyKey
 	})
-	return cancelStored(ctx, c.scheduled, topic, idempotencyKey, len(tx.scheduled) < before)
+	_, err := cancelStored(ctx, c.scheduled, topic, idempotencyKey, len(tx.scheduled) < before, false)
+	return err
 }
 
-// CancelScheduled cancels the events of topic scheduled under idempotencyKey that are not due yet, with the outcomes
-// of the package's CancelScheduled: an error wrapping ErrTooLate when the
-// event was already moved into the outbox (it is or will be published),
-// ErrNotScheduled when there is none. A cancellation that meets the
-// event's move into the outbox is ordered by MongoDB: the move's
+// CancelScheduled cancels the events of topic scheduled under
+// idempotencyKey that are not due yet, and returns how many it deleted
+// (with dryRun, how many it would delete, deleting nothing), with the
+// outcomes of the package's CancelScheduled: an error wrapping ErrTooLate
+// when the event was already moved into the outbox (it is or will be
+// published), ErrNotScheduled when there is none. A cancellation that
+// meets the event's move into the outbox is ordered by MongoDB: the move's
 // transaction marks the event promoted only while it is not deleted, and
-// the deletion deletes it only while it is not promoted, so exactly one
-// of the two takes effect, and a cancellation after the move reports
-// ErrTooLate. It is the operator's cancellation (outboxctl, the console);
-// a service cancels in its business transaction with CancelScheduled.
-func (a *Admin) CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
-	return cancelStored(ctx, a.scheduled(), topic, idempotencyKey, false)
+// the deletion deletes it only while it is not promoted, so exactly one of
+// the two takes effect, and a cancellation after the move reports
+// ErrTooLate. It is the operator's cancellation (the console); a service
+// cancels in its business transaction with CancelScheduled.
+func (a *Admin) CancelScheduled(ctx context.Context, topic, idempotencyKey string, dryRun bool) (int64, error) {
+	return cancelStored(ctx, a.scheduled(), topic, idempotencyKey, false, dryRun)
 }
 
 // cancelStored deletes the stored scheduled events of topic with
-// idempotencyKey that are not promoted; cancelled says the caller's
-// transaction cancelled such an event before it was inserted. With
-// nothing deleted nor cancelled, it tells ErrTooLate (a promoted event's
-// tombstone remains) from ErrNotScheduled.
-func cancelStored(ctx context.Context, coll *mongo.Collection, topic, idempotencyKey string, cancelled bool) error {
-	res, err := coll.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
-	if err != nil {
-		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+// idempotencyKey that are not promoted (with dryRun, counts them) and
+// returns their number; cancelled says the caller's transaction cancelled
+// such an event before it was inserted. With nothing deleted nor
+// cancelled, it tells ErrTooLate (a promoted event's tombstone remains)
+// from ErrNotScheduled.
+func cancelStored(ctx context.Context, coll *mongo.Collection, topic, idempotencyKey string, cancelled, dryRun bool) (int64, error) {
+	var n int64
+	var err error
+	if dryRun {
+		n, err = coll.CountDocuments(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
+	} else {
+		var res *mongo.DeleteResult
+		if res, err = coll.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true)); err == nil {
+			n = res.DeletedCount
+		}
 	}
-	if res.DeletedCount > 0 || cancelled {
-		return nil
+	if err != nil {
+		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+	}
+	if n > 0 || cancelled {
+		return n, nil
 	}
 	err = coll.FindOne(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, false),
 		options.FindOne().SetProjection(bson.D{{Key: store.OutboxID, Value: 1}})).Err()
 	switch {
 	case err == nil:
-		return fmt.Errorf("%w: topic %q, idempotency key %q", ErrTooLate, topic, idempotencyKey)
+		return 0, fmt.Errorf("%w: topic %q, idempotency key %q", ErrTooLate, topic, idempotencyKey)
 	case errors.Is(err, mongo.ErrNoDocuments):
-		return fmt.Errorf("%w: topic %q, idempotency key %q", ErrNotScheduled, topic, idempotencyKey)
+		return 0, fmt.Errorf("%w: topic %q, idempotency key %q", ErrNotScheduled, topic, idempotencyKey)
 	default:
-		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
 	}
 }
 

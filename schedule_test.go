@@ -142,20 +142,33 @@ func TestAdminCancelScheduled(t *testing.T) {
 	require.NoError(t, c.EnsureIndexes(ctx))
 	admin := NewAdmin(b.db, "", "")
 
-	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "never"), ErrNotScheduled)
+	cancel := func(topic, key string, dry bool) (int64, error) { return admin.CancelScheduled(ctx, topic, key, dry) }
+	_, err := cancel(ordersTopic, "never", true)
+	require.ErrorIs(t, err, ErrNotScheduled)
 	recordAt(t, c, b.run, "a", 0, "later", time.Now().Add(time.Hour))
 	recordAt(t, c, b.run, "a", 1, "kept", time.Now().Add(time.Hour))
-	require.NoError(t, admin.CancelScheduled(ctx, ordersTopic, "later"))
+	n, err := cancel(ordersTopic, "later", true)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, int64(2), count(t, c.scheduled, bson.D{}), "a dry run deletes nothing")
+	n, err = cancel(ordersTopic, "later", false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
 	require.Equal(t, int64(1), count(t, c.scheduled, bson.D{}), "only the cancelled event is deleted")
-	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "later"), ErrNotScheduled)
-	require.ErrorIs(t, admin.CancelScheduled(ctx, paymentsTopic, "kept"), ErrNotScheduled, "another topic's key")
+	_, err = cancel(ordersTopic, "later", false)
+	require.ErrorIs(t, err, ErrNotScheduled)
+	_, err = cancel(paymentsTopic, "kept", false)
+	require.ErrorIs(t, err, ErrNotScheduled, "another topic's key")
 
 	recordAt(t, c, b.run, "a", 2, "soon", time.Now().Add(300*time.Millisecond))
 	runPub(t, c, publisherOptions{})
 	eventually(t, "promoted", func() bool {
 		return count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "soon"}}) == 1
 	})
-	require.ErrorIs(t, admin.CancelScheduled(ctx, ordersTopic, "soon"), ErrTooLate)
+	for _, dry := range []bool{true, false} {
+		_, err = cancel(ordersTopic, "soon", dry)
+		require.ErrorIs(t, err, ErrTooLate)
+	}
 	require.Equal(t, int64(1), count(t, c.outbox, bson.D{{Key: store.OutboxIdempotencyKey, Value: "soon"}}), "still published")
 }
 

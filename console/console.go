@@ -92,6 +92,13 @@ type Service struct {
 	// TopicPrefix is the service's Config.TopicPrefix: the health page
 	// checks the Kafka topics it names. Defaults to "".
 	TopicPrefix string
+	// ClaimCheckDatabase holds the outbox_payloads collection of the
+	// payloads the service's events stored out of band
+	// (Config.ClaimCheck.Database): an event page whose payload is out of
+	// band reads its stored size and publication mark there (the first
+	// chunk, by the index payloads_ref). Defaults to nil: the page shows
+	// the reference and the size the event's document records.
+	ClaimCheckDatabase *mongo.Database
 }
 
 // ServiceOf returns the Service that shows the service cfg configures, with
@@ -101,6 +108,9 @@ func ServiceOf(cfg outbox.Config) Service {
 		ConsumerGroup: cfg.ConsumerGroup, PublisherGroup: cfg.PublisherGroup, TopicPrefix: cfg.TopicPrefix}
 	if cfg.Mongo != nil {
 		s.Database = cfg.Mongo.Database(cfg.Database)
+	}
+	if cfg.ClaimCheck != nil {
+		s.ClaimCheckDatabase = cmp.Or(cfg.ClaimCheck.Database, s.Database)
 	}
 	return s
 }
@@ -284,9 +294,11 @@ func New(opts Options) (*Console, error) {
 //	GET  /partitions    partitions and their owners, offsets and lag
 //	GET  /find          an event's journey (?q=&by=idempotency|partition)
 //	GET  /health        the doctor's findings (outbox.Admin.Doctor)
+//	GET  /scheduled     scheduled events waiting for their due time
 //	GET  /assets/...    stylesheet and script
 //	GET  /login, POST /login, POST /logout    sign-in (Options.OperatorPassword)
 //	POST /redrive, /purge, /retry, /discard   actions (Options.EnableActions)
+//	POST /cancel        cancel a scheduled event (Options.EnableActions)
 //
 // An inbox event's id is outbox.InboxID.String: topic/schema/key with
 // each part escaped, so that a slash in a key or schema never misaddresses
@@ -301,12 +313,14 @@ func (c *Console) routes() *http.ServeMux {
 	mux.HandleFunc("GET /partitions", c.partitions)
 	mux.HandleFunc("GET /find", c.find)
 	mux.HandleFunc("GET /health", c.health)
+	mux.HandleFunc("GET /scheduled", c.scheduledList)
 	assets, _ := fs.Sub(assetFS, "assets")
 	mux.Handle("GET /assets/", http.StripPrefix("/assets", http.FileServerFS(assets)))
 	mux.HandleFunc("POST /redrive", c.action(actRedrive))
 	mux.HandleFunc("POST /purge", c.action(actPurge))
 	mux.HandleFunc("POST /retry", c.action(actRetry))
 	mux.HandleFunc("POST /discard", c.action(actDiscard))
+	mux.HandleFunc("POST /cancel", c.cancelScheduled)
 	if c.passwordHash != nil {
 		mux.HandleFunc("GET /login", c.loginForm)
 		mux.HandleFunc("POST /login", c.login)
@@ -387,8 +401,11 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, sv
 func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, code int, name string, svc *service, data any, start time.Time) {
 	p := page{Title: c.opts.Title, Page: name, ListPage: "parked", Services: c.services, Service: svc,
 		Data: data, RenderedAt: time.Now().UTC()}
-	if name == "failed" || name == "outbox-event" {
+	switch name {
+	case "failed", "outbox-event":
 		p.ListPage = "failed"
+	case "scheduled":
+		p.ListPage = "scheduled"
 	}
 	c.setMode(w, r, &p)
 	p.RenderSeconds = fmt.Sprintf("%.3f", time.Since(start).Seconds())

@@ -42,6 +42,9 @@ type overviewTopic struct {
 	OutboxHeldKeys, OutboxHeldEvents int64
 	Heads, Held                      int64
 	HeldKeys                         int64
+	// Scheduled events wait for their due time, the earliest NextDue.
+	Scheduled int64
+	NextDue   time.Time
 }
 
 // overview shows each service's backlog, failed, parked and held events
@@ -51,7 +54,8 @@ type overviewTopic struct {
 // Queries per service: Admin.StoreStatus (outbox aggregate over
 // {published: false}, index outbox_pending; when events failed, a read of
 // them, index outbox_failed, and a count of the pending events of their
-// keys; inbox counts over {parked: true}, index inbox_parked); parkedByTopic (index inbox_parked); perMinute
+// keys; inbox counts over {parked: true}, index inbox_parked; an aggregate
+// of the scheduled events not promoted); parkedByTopic (index inbox_parked); perMinute
 // on the outbox (index outbox_published_ttl) and on the inbox (index
 // inbox_handled_ttl).
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -90,6 +94,7 @@ func (c *Console) overviewOf(ctx context.Context, s *service, o *overviewService
 		t := get(b.Topic)
 		t.Pending, t.OldestPendingAge, t.Failed = b.Pending, b.OldestPendingAge, b.Failed
 		t.OutboxHeldKeys, t.OutboxHeldEvents = b.HeldKeys, b.HeldEvents
+		t.Scheduled, t.NextDue = b.Scheduled, b.NextDue
 	}
 	for name, p := range parked {
 		t := get(name)
@@ -227,13 +232,16 @@ type inboxEventPage struct {
 	TraceID   string
 	Held      []inboxDoc
 	HeldTotal int64
+	// OutOfBand describes a payload the claim check stored, or is nil.
+	OutOfBand *outOfBand
 }
 
 // inboxEvent shows one inbox event: payload, attempts, last error,
 // delivery, trace id, its head when it is held, and the events held behind
 // it.
 //
-// Queries: getInbox (the _id index), heldBehind (index inbox_parked).
+// Queries: getInbox (the _id index), heldBehind (index inbox_parked), and
+// for a payload stored out of band its first chunk (outboxOutOfBand).
 func (c *Console) inboxEvent(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	s, err := c.service(r)
@@ -259,6 +267,10 @@ func (c *Console) inboxEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	p := inboxEventPage{Doc: d, ID: id.String(), Payload: prettyJSON(d.Payload), TraceID: traceID(d.TraceParent)}
 	if p.Held, p.HeldTotal, err = heldBehind(ctx, s, id, c.opts.PageSize); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	if p.OutOfBand, err = inboxOutOfBand(ctx, s, d); err != nil {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
@@ -306,13 +318,16 @@ type outboxEventPage struct {
 	TraceID   string
 	Held      []outboxDoc
 	HeldTotal int64
+	// OutOfBand describes a payload the claim check stored, or is nil.
+	OutOfBand *outOfBand
 }
 
 // outboxEvent shows one outbox event and, when it failed, the pending
 // events of its key that wait behind it.
 //
 // Queries: getOutbox (the _id index), heldBehindFailed (index
-// outbox_pending).
+// outbox_pending), and for a payload stored out of band its first chunk
+// (outboxOutOfBand).
 func (c *Console) outboxEvent(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	s, err := c.service(r)
@@ -337,6 +352,10 @@ func (c *Console) outboxEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := outboxEventPage{Doc: d, Payload: prettyJSON(d.Payload), TraceID: traceID(d.TraceParent)}
+	if p.OutOfBand, err = outboxOutOfBand(ctx, s, d); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	if d.Failed && !d.Published {
 		if p.Held, p.HeldTotal, err = heldBehindFailed(ctx, s, d, c.opts.PageSize); err != nil {
 			c.fail(w, r, http.StatusInternalServerError, err)

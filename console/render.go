@@ -11,7 +11,7 @@ import (
 
 // pageNames are the templates of templates/<name>.html, each rendered
 // inside templates/layout.html.
-var pageNames = []string{"overview", "parked", "event", "failed", "outbox-event", "partitions", "find", "action", "login", "error", "health"}
+var pageNames = []string{"overview", "parked", "event", "failed", "outbox-event", "partitions", "find", "action", "login", "error", "health", "scheduled"}
 
 func parseTemplates() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

@@ -35,6 +35,10 @@ type OutboxRecord struct {
 	FailedAt       *time.Time    `bson:"failed_at"`
 	Error          string        `bson:"error"`
 	Attempts       int32         `bson:"attempts"`
+	// PayloadRef and PayloadSize are set on an event whose payload the
+	// claim check stored out of band (OutboxPayloadRef).
+	PayloadRef  *bson.ObjectID `bson:"payload_ref"`
+	PayloadSize int64          `bson:"payload_size"`
 }
 
 // InboxRecord is an inbox document as tools read it, times as pointers
@@ -71,6 +75,14 @@ type InboxRecord[ID any] struct {
 	// Unreadable marks a record parked because its envelope could not be
 	// read: it can never be re-driven.
 	Unreadable bool `bson:"unreadable"`
+	// PayloadRef is the claim-check reference of an event whose payload
+	// its producer stored out of band (InboxPayloadRef); Payload is then
+	// the resolved payload, or empty when it was not resolved.
+	PayloadRef string `bson:"payload_ref"`
+	// PayloadTruncated is set when Payload was cut to fit in the inbox;
+	// PayloadSize is then the whole payload's length.
+	PayloadTruncated bool  `bson:"payload_truncated"`
+	PayloadSize      int64 `bson:"payload_size"`
 }
 
 // InventedKeyPrefix starts the idempotency key the consumer invents for a
