@@ -25,7 +25,8 @@ import (
 // The browser test drives headless Chromium through the console of a
 // running service: it reads the numbers each page shows and compares them
 // with the database, signs in as the operator, re-drives a parked event
-// with the buttons and waits for its handler to run, and checks that a
+// with the buttons and waits for its handler to run, cancels a scheduled
+// event (and is told when it is too late), and checks that a
 // form posted from another origin is refused and that a name resolving to
 // 127.0.0.1 (DNS rebinding, simulated with Chromium's host resolver rules)
 // gets no page.
@@ -159,6 +160,14 @@ func TestBrowser(t *testing.T) {
 		require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(b.url(path)), chromedp.WaitReady(chromedp.CSS("footer"))))
 	}
 
+	// Two events scheduled an hour ahead, waiting.
+	for _, id := range []string{"cancel-me", "late"} {
+		require.NoError(t, b.client.Transact(ctx, func(ctx context.Context) error {
+			return outbox.Record(ctx, orderPlaced{OrderID: id, Amount: 7}, outbox.WithIdempotencyKey(id), outbox.WithDelay(time.Hour))
+		}))
+	}
+	scheduled := b.db.Collection("outbox_scheduled")
+
 	// Overview: the numbers are the database's.
 	open("")
 	st, err := b.client.Admin().StoreStatus(ctx)
@@ -170,6 +179,9 @@ func TestBrowser(t *testing.T) {
 	require.Equal(t, int64(2), num(svc+"/held"))
 	require.Equal(t, count(t, b.outbox(), bson.D{{Key: "published", Value: true}}), num(svc+"/published1h"))
 	require.Equal(t, count(t, b.inbox(), bson.D{{Key: "handled", Value: true}}), num(svc+"/handled1h"))
+	require.Equal(t, int64(2), num(svc+"/scheduled"))
+	require.Equal(t, int64(2), num(svc+"/"+ordersTopic+"/scheduled"))
+	require.Equal(t, fmtTime(st.NextDue), stat(svc+"/"+ordersTopic+"/nextdue"))
 	shot("overview")
 
 	// Partitions: owners and offsets as kadm reports them.
@@ -274,6 +286,37 @@ func TestBrowser(t *testing.T) {
 	})
 	open("event?id=" + head.ID.String())
 	require.Equal(t, "handled", stat("state"))
+
+	// Scheduled events: listed with a Cancel button each. Cancelling one
+	// asks for confirmation, then deletes it; the other, moved into the
+	// outbox between the confirmation and the click (as its publisher does
+	// at its due time), is too late, said so, and stays. One due now is
+	// published by the running service.
+	open("scheduled")
+	require.Equal(t, "2", stat("matching"))
+	shot("scheduled")
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`[data-cancel="cancel-me"]`)), chromedp.WaitVisible(chromedp.CSS("#confirm"))))
+	require.Equal(t, "1", stat("count"))
+	require.Equal(t, int64(2), count(t, scheduled, bson.D{}), "the confirmation changes nothing")
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#confirm")), chromedp.WaitVisible(chromedp.CSS(`[data-stat="done"]`))))
+	require.Equal(t, "1", stat("done"))
+	require.Equal(t, int64(0), count(t, scheduled, bson.D{{Key: "idempotency_key", Value: "cancel-me"}}))
+	open("scheduled")
+	require.Equal(t, "1", stat("matching"))
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`[data-cancel="late"]`)), chromedp.WaitVisible(chromedp.CSS("#confirm"))))
+	_, err = scheduled.UpdateOne(ctx, bson.D{{Key: "idempotency_key", Value: "late"}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "promoted", Value: true}, {Key: "promoted_at", Value: time.Now()}}}})
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS("#confirm")), chromedp.WaitVisible(chromedp.CSS(".error"))))
+	require.Contains(t, text(".error"), "too late")
+	shot("cancel-too-late")
+	require.Equal(t, int64(1), count(t, scheduled, bson.D{{Key: "idempotency_key", Value: "late"}}), "not deleted")
+	require.NoError(t, b.client.Transact(ctx, func(ctx context.Context) error {
+		return outbox.Record(ctx, orderPlaced{OrderID: "due-now", Amount: 7}, outbox.WithIdempotencyKey("due-now"), outbox.WithDelay(200*time.Millisecond))
+	}))
+	waitFor(t, "the event due now handled", func() bool { return b.timesHandled("due-now") == 1 })
+	open("scheduled")
+	require.Equal(t, "0", stat("matching"))
 
 	// A form posted from another site is refused, with the right cookie
 	// attached by the browser and even a valid-looking token field.

@@ -201,7 +201,7 @@ func (c *Console) cancelScheduled(w http.ResponseWriter, r *http.Request) {
 	n, err := s.admin.CancelScheduled(ctx, topic, key, !confirmed)
 	switch {
 	case errors.Is(err, outbox.ErrTooLate):
-		c.fail(w, r, http.StatusConflict, fmt.Errorf("too late to cancel: %w", err))
+		c.fail(w, r, http.StatusConflict, err)
 		return
 	case errors.Is(err, outbox.ErrNotScheduled):
 		c.fail(w, r, http.StatusNotFound, err)
