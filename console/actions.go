@@ -56,19 +56,11 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 	names := actionNames[kind]
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		if !c.readForm(w, r, 8<<20) {
-			return
-		}
-		operator, ok := c.operator(r)
+		s, operator, ok := c.actionOf(w, r, 8<<20)
 		if !ok {
-			c.unauthorized(w, r)
 			return
 		}
-		s, err := c.service(r)
-		if err != nil {
-			c.fail(w, r, http.StatusNotFound, err)
-			return
-		}
+		var err error
 		confirmed := r.PostFormValue("confirm") == "yes"
 		ctx, cancel := c.ctx(r)
 		defer cancel()
@@ -120,6 +112,25 @@ func (c *Console) action(kind actionKind) http.HandlerFunc {
 		}
 		c.render(w, r, "action", s, p, start)
 	}
+}
+
+// actionOf reads an action's form (at most limit bytes) and checks its
+// CSRF token and its operator, and returns the service it names and the
+// operator; when one of them fails it answers the request and ok is false.
+func (c *Console) actionOf(w http.ResponseWriter, r *http.Request, limit int64) (s *service, operator string, ok bool) {
+	if !c.readForm(w, r, limit) {
+		return nil, "", false
+	}
+	if operator, ok = c.operator(r); !ok {
+		c.unauthorized(w, r)
+		return nil, "", false
+	}
+	s, err := c.service(r)
+	if err != nil {
+		c.fail(w, r, http.StatusNotFound, err)
+		return nil, "", false
+	}
+	return s, operator, true
 }
 
 // unauthorized answers an action without an operator credential.

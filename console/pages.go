@@ -122,16 +122,45 @@ func (c *Console) overviewOf(ctx context.Context, s *service, o *overviewService
 
 // parkedPage is the parked page's data.
 type parkedPage struct {
-	Q        parkedQuery
-	Before   string
-	After    string
-	Events   []inboxDoc
-	Total    int64
-	First    int
-	Last     int
-	PrevPage string
-	NextPage string
-	Query    string
+	Q      parkedQuery
+	Before string
+	After  string
+	Events []inboxDoc
+	Total  int64
+	pager
+	Query string
+}
+
+// pager is the paging of a list page: the rows shown (First to Last,
+// counted from 1) and the links to the neighbouring pages ("" for none).
+type pager struct {
+	First, Last        int
+	PrevPage, NextPage string
+}
+
+// pagerOf pages the list at path, whose page of the request's query
+// (page) shows shown of total rows; the links keep the request's query.
+func (c *Console) pagerOf(r *http.Request, path string, page, shown int, total int64) pager {
+	size := c.opts.PageSize
+	p := pager{First: page*size + 1, Last: page*size + shown}
+	vals := r.URL.Query()
+	if page > 0 {
+		vals.Set("page", strconv.Itoa(page-1))
+		p.PrevPage = path + "?" + vals.Encode()
+	}
+	if int64(p.Last) < total {
+		vals.Set("page", strconv.Itoa(page+1))
+		p.NextPage = path + "?" + vals.Encode()
+	}
+	return p
+}
+
+// checkPage refuses a page number beyond maxPage.
+func (c *Console) checkPage(page int) error {
+	if page > maxPage(c.opts.PageSize) {
+		return fmt.Errorf("page must be at most %d, not %d", maxPage(c.opts.PageSize), page)
+	}
+	return nil
 }
 
 // parked lists parked and held events with filters (topic, schema, key,
@@ -146,8 +175,8 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q, err := parseParkedQuery(r)
-	if err == nil && q.Page > maxPage(c.opts.PageSize) {
-		err = fmt.Errorf("page must be at most %d, not %d", maxPage(c.opts.PageSize), q.Page)
+	if err == nil {
+		err = c.checkPage(q.Page)
 	}
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err)
@@ -161,18 +190,10 @@ func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := parkedPage{Q: q, Events: docs, Total: n, Before: r.FormValue("before"), After: r.FormValue("after"),
-		First: q.Page*c.opts.PageSize + 1, Last: q.Page*c.opts.PageSize + len(docs)}
+		pager: c.pagerOf(r, "parked", q.Page, len(docs), n)}
 	vals := r.URL.Query()
 	vals.Del("page")
 	p.Query = vals.Encode()
-	if q.Page > 0 {
-		vals.Set("page", strconv.Itoa(q.Page-1))
-		p.PrevPage = "parked?" + vals.Encode()
-	}
-	if int64(p.Last) < n {
-		vals.Set("page", strconv.Itoa(q.Page+1))
-		p.NextPage = "parked?" + vals.Encode()
-	}
 	c.render(w, r, "parked", s, p, start)
 }
 

@@ -94,11 +94,8 @@ type scheduledPage struct {
 	Partition string
 	Events    []scheduledDoc
 	Total     int64
-	First     int
-	Last      int
-	PrevPage  string
-	NextPage  string
-	Now       time.Time
+	pager
+	Now time.Time
 }
 
 // parseScheduledQuery reads the scheduled page's filters; a partition
@@ -137,8 +134,8 @@ func (c *Console) scheduledList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q, err := parseScheduledQuery(r)
-	if err == nil && q.Page > maxPage(c.opts.PageSize) {
-		err = fmt.Errorf("page must be at most %d, not %d", maxPage(c.opts.PageSize), q.Page)
+	if err == nil {
+		err = c.checkPage(q.Page)
 	}
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err)
@@ -151,20 +148,9 @@ func (c *Console) scheduledList(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	p := scheduledPage{Q: q, Events: docs, Total: n, Now: c.now().UTC(),
-		First: q.Page*c.opts.PageSize + 1, Last: q.Page*c.opts.PageSize + len(docs)}
+	p := scheduledPage{Q: q, Events: docs, Total: n, Now: c.now().UTC(), pager: c.pagerOf(r, "scheduled", q.Page, len(docs), n)}
 	if q.Partition >= 0 {
 		p.Partition = strconv.Itoa(int(q.Partition))
-	}
-	vals := r.URL.Query()
-	vals.Del("page")
-	if q.Page > 0 {
-		vals.Set("page", strconv.Itoa(q.Page-1))
-		p.PrevPage = "scheduled?" + vals.Encode()
-	}
-	if int64(p.Last) < n {
-		vals.Set("page", strconv.Itoa(q.Page+1))
-		p.NextPage = "scheduled?" + vals.Encode()
 	}
 	c.render(w, r, "scheduled", s, p, start)
 }
@@ -177,17 +163,8 @@ func (c *Console) scheduledList(w http.ResponseWriter, r *http.Request) {
 // never a silent success, and one that is not scheduled 404.
 func (c *Console) cancelScheduled(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if !c.readForm(w, r, 1<<20) {
-		return
-	}
-	operator, ok := c.operator(r)
+	s, operator, ok := c.actionOf(w, r, 1<<20)
 	if !ok {
-		c.unauthorized(w, r)
-		return
-	}
-	s, err := c.service(r)
-	if err != nil {
-		c.fail(w, r, http.StatusNotFound, err)
 		return
 	}
 	topic, key := r.PostFormValue("topic"), r.PostFormValue("idempotency_key")
