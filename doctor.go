@@ -16,8 +16,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/event-outbox/outbox/internal/doctor"
+	"github.com/event-outbox/outbox/internal/store"
 )
 
 // Severity says how much a Finding matters.
@@ -192,6 +194,12 @@ type DoctorOptions struct {
 	// are required. Defaults to true when ConsumeTopics is given or
 	// found, or the inbox collection exists.
 	Consumes *bool
+	// ClaimCheck is the Config.ClaimCheck of a service that publishes: the
+	// indexes of its payload collection (outbox_payloads in
+	// ClaimCheck.Database, else the outbox's database) are checked, the
+	// TTL of published payloads against OutboxRetention plus
+	// ClaimCheck.Margin (30 days when 0). Defaults to nil: not checked.
+	ClaimCheck *ClaimCheck
 }
 
 // doctorTimeout bounds Run's check at start.
@@ -205,6 +213,16 @@ const doctorTimeout = 60 * time.Second
 // report. It changes nothing.
 func (a *Admin) Doctor(ctx context.Context, opts DoctorOptions) (DoctorReport, error) {
 	def := Config{}.withDefaults()
+	var payloads *mongo.Collection
+	var margin time.Duration
+	if cc := opts.ClaimCheck; cc != nil {
+		db := cc.Database
+		if db == nil {
+			db = a.outbox.Database()
+		}
+		payloads = db.Collection(store.PayloadsCollection)
+		margin = Config{ClaimCheck: cc}.claimCheckDefaults().ClaimCheck.Margin
+	}
 	r, err := doctor.Run(ctx, doctor.Collections{Outbox: a.outbox, Inbox: a.inbox,
 		MetaSpecs: metaIndexes(), MetaExpiring: bson.D{{Key: "kind", Value: replicaKind}}}, doctor.Options{
 		Kafka:               opts.Kafka,
@@ -220,6 +238,8 @@ func (a *Admin) Doctor(ctx context.Context, opts DoctorOptions) (DoctorReport, e
 		GroupProtocol:       opts.GroupProtocol.String(),
 		ConsumerProtocol:    opts.GroupProtocol == GroupConsumer,
 		Consumes:            opts.Consumes,
+		Payloads:            payloads,
+		PayloadMargin:       margin,
 		Defaults: doctor.Defaults{OutboxRetention: def.OutboxRetention, InboxRetention: def.InboxRetention,
 			HandlerTimeout: def.HandlerTimeout},
 		Redact: redactSecrets,
@@ -245,6 +265,10 @@ func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
 	}
 	defer cl.Close()
 	consumes := c.consumes()
+	var claims *ClaimCheck
+	if c.claims != nil && len(c.cfg.PublishTopics) > 0 {
+		claims = &ClaimCheck{Database: c.claims.Coll.Database(), Margin: c.cfg.ClaimCheck.Margin}
+	}
 	return c.Admin().Doctor(ctx, DoctorOptions{
 		Kafka:               kadm.NewClient(cl),
 		TopicPrefix:         c.cfg.TopicPrefix,
@@ -257,6 +281,7 @@ func (c *Client) Doctor(ctx context.Context) (DoctorReport, error) {
 		Consumes:            &consumes,
 		ProducerCompression: string(c.cfg.Compression),
 		GroupProtocol:       c.cfg.GroupProtocol,
+		ClaimCheck:          claims,
 	})
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
@@ -142,5 +143,61 @@ func TestDoctorTransactionLifetime(t *testing.T) {
 		require.Equal(t, SeverityBreaks, f.Severity)
 		require.Contains(t, f.Read, tc.read)
 		require.Contains(t, f.Fix, "lower Config.HandlerTimeout below 30s")
+	}
+}
+
+// The doctor checks the claim check's payload collection of a service that
+// publishes with it: a missing TTL index (payloads never expire) is a
+// risk, and a TTL other than the outbox retention plus the margin a note
+// (payloads expire before the redelivery the margin covers, or later
+// than configured); the service's own indexes satisfy it.
+func TestDoctorClaimCheckIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000, Margin: time.Hour}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	payloads := b.db.Collection(store.PayloadsCollection)
+	subject := "collection " + b.db.Name() + "." + store.PayloadsCollection
+	payloadFindings := func() []Finding {
+		r, err := c.Doctor(ctx)
+		require.NoError(t, err)
+		var out []Finding
+		for _, f := range r.Findings {
+			if f.Subject == subject {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	require.Empty(t, payloadFindings(), "the service's own indexes")
+
+	require.NoError(t, payloads.Indexes().DropOne(ctx, claimcheck.IndexTTL))
+	fs := payloadFindings()
+	require.Len(t, fs, 1, fs)
+	require.Equal(t, SeverityRisk, fs[0].Severity)
+	require.Contains(t, fs[0].Read, "index "+claimcheck.IndexTTL)
+	require.Contains(t, fs[0].Problem, "payloads of published events never expire")
+
+	// The TTL of the outbox alone: no margin for redelivery.
+	_, err := payloads.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: store.PayloadPublishedAt, Value: 1}},
+		Options: options.Index().SetName(claimcheck.IndexTTL).SetExpireAfterSeconds(int32(c.cfg.OutboxRetention.Seconds())).
+			SetPartialFilterExpression(bson.D{{Key: store.PayloadPublished, Value: true}})})
+	require.NoError(t, err)
+	fs = payloadFindings()
+	require.Len(t, fs, 1, fs)
+	require.Equal(t, SeverityNote, fs[0].Severity)
+	require.Contains(t, fs[0].Read, "the configured retention is")
+
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.Empty(t, payloadFindings(), "Run's collMod restores the TTL")
+
+	// A service that only consumes does not own the collection: no check.
+	cons := b.client(t, func() Config { cfg := consumerConfig(b, "cons"); cfg.ClaimCheck = &ClaimCheck{}; return cfg }())
+	require.NoError(t, payloads.Indexes().DropOne(ctx, claimcheck.IndexTTL))
+	r, err := cons.Doctor(ctx)
+	require.NoError(t, err)
+	for _, f := range r.Findings {
+		require.NotEqual(t, subject, f.Subject, f.String())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
 )
 
@@ -92,6 +93,19 @@ func (c Collections) OutboxIndexes(retention time.Duration) Indexes {
 // InboxIndexes are the inbox's indexes with the given retention.
 func (c Collections) InboxIndexes(retention time.Duration) Indexes {
 	return indexesOf(store.InboxIndexes(retention), bson.D{{Key: store.InboxHandled, Value: true}})
+}
+
+// listIndexes lists the index documents of coll, none when it does not
+// exist.
+func listIndexes(ctx context.Context, coll *mongo.Collection) ([]bson.D, error) {
+	return store.ListIndexes(ctx, coll)
+}
+
+// PayloadIndexes are the indexes of the claim check's payload collection
+// (store.PayloadsCollection) when payloads expire ttl after their
+// publication.
+func PayloadIndexes(ttl time.Duration) Indexes {
+	return indexesOf(claimcheck.Indexes(ttl), bson.D{{Key: store.PayloadPublished, Value: true}})
 }
 
 // MetaIndexes are the metadata collection's indexes.

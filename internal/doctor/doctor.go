@@ -81,6 +81,11 @@ type Options struct {
 	GroupProtocol    string
 	ConsumerProtocol bool
 	Consumes         *bool // nil: true when ConsumeTopics is given or found, or the inbox exists
+	// Payloads is the claim check's payload collection of a service that
+	// stores payloads out of band, nil for none: its indexes are checked,
+	// the TTL against the outbox retention plus PayloadMargin.
+	Payloads      *mongo.Collection
+	PayloadMargin time.Duration
 	// Defaults are the configuration's defaults for the zero durations
 	// above that no server setting gives.
 	Defaults Defaults

@@ -244,7 +244,37 @@ func (d *run) mongoCollections(ctx context.Context) error {
 		d.findings = append(d.findings, judgeIndexes(collName(meta), metaIdx, d.store.MetaIndexes(), false,
 			"inbox stamps and partition counts", "replica liveness records")...)
 	}
+	d.checkPayloads(ctx, givenOut)
 	return nil
+}
+
+// checkPayloads checks the indexes of the claim check's payload collection
+// (Options.Payloads): its chunks are read by {ref, n}, and published ones
+// expire the outbox retention plus the margin after their publication, so
+// that a payload outlives the outbox documents that refer to it by the
+// margin that covers redelivery. A collection that does not exist yet is
+// a note: the service creates it with its indexes at start.
+func (d *run) checkPayloads(ctx context.Context, retentionGiven bool) {
+	coll := d.opts.Payloads
+	if coll == nil {
+		return
+	}
+	subject := "collection " + coll.Database().Name() + "." + coll.Name()
+	ixs, err := listIndexes(ctx, coll)
+	if err != nil {
+		d.couldNot("mongo.indexes", subject, "its indexes", err)
+		return
+	}
+	if len(ixs) == 0 {
+		d.add(Finding{Severity: SeverityNote, Check: "mongo.indexes", Subject: subject,
+			Read: "the collection does not exist", Problem: "its indexes were not checked", Guarantee: "-",
+			Fix: "run the service: Run creates the claim check's indexes at start"})
+		return
+	}
+	d.checks++
+	d.findings = append(d.findings, judgeIndexes(coll.Database().Name()+"."+coll.Name(), ixs,
+		PayloadIndexes(d.opts.OutboxRetention+d.opts.PayloadMargin), retentionGiven,
+		"payloads of unpublished events", "payloads of published events")...)
 }
 
 // cmp0 returns d, or def when d is 0.
