@@ -115,11 +115,19 @@ func TestStatusShowsClaimCheck(t *testing.T) {
 		_, err := c.db.Collection("outbox").InsertOne(ctx, &d)
 		require.NoError(t, err)
 	}
-	_, err := c.db.Collection("inbox").InsertOne(ctx, bson.D{
-		{Key: "_id", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: "p"}}},
-		{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: now}, {Key: "payload", Value: ""},
-		{Key: "payload_ref", Value: "outbox-payload:0123456789abcdef01234567"}})
-	require.NoError(t, err)
+	// Parked without its payload: unresolved. Parked with it (its handler
+	// failed) and held behind another: not.
+	parked := func(key, payload string, extra ...bson.E) {
+		doc := bson.D{
+			{Key: "_id", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: key}}},
+			{Key: "handled", Value: false}, {Key: "parked", Value: true}, {Key: "parked_at", Value: now}, {Key: "payload", Value: payload},
+			{Key: "payload_ref", Value: "outbox-payload:0123456789abcdef01234567"}}
+		_, err := c.db.Collection("inbox").InsertOne(ctx, append(doc, extra...))
+		require.NoError(t, err)
+	}
+	parked("p", "")
+	parked("resolved", `{"big":"payload"}`)
+	parked("held", "", bson.E{Key: "held_by", Value: bson.D{{Key: "topic", Value: "orders"}, {Key: "content_schema", Value: "Evt.v1"}, {Key: "idempotency_key", Value: "resolved"}}})
 	code, out, errOut := c.run("status")
 	require.Equal(t, exitOK, code, errOut)
 	require.Regexp(t, `claim check\s+2\s+payloads out of band waiting for publication, 12000 bytes, oldest 2m0s; parked unresolved 1`, out)
