@@ -1,9 +1,10 @@
 // Package console is the operations console of the outbox framework: an
 // http.Handler that shows, for one or more services, the outbox backlog,
 // the partitions each replica publishes and handles, the parked and held
-// events, the failed outbox events and the doctor's findings (the settings
-// of MongoDB and Kafka that break or risk a guarantee), and (when enabled)
-// lets an operator re-drive, purge, retry or discard events.
+// events, the failed outbox events, the scheduled events and the doctor's
+// findings (the settings of MongoDB and Kafka that break or risk a
+// guarantee), and (when enabled) lets an operator re-drive, purge, retry or
+// discard events, or cancel a scheduled one.
 //
 // Pages are rendered on the server with html/template; the stylesheet and
 // the small script (auto-refresh only) are embedded in the binary. Nothing
@@ -38,7 +39,8 @@
 //
 // Each page states the MongoDB queries it runs; all are served by the
 // framework's indexes (outbox_pending, outbox_failed, outbox_published_ttl,
-// inbox_parked, inbox_handled_ttl, the _id index) except the find page's,
+// inbox_parked, inbox_handled_ttl, outbox_scheduled_due, the claim check's
+// payloads_ref, the _id index) except the find page's,
 // which needs the indexes EnsureFindIndexes creates and refuses to run
 // without them.
 package console
