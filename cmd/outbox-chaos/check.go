@@ -88,7 +88,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			fseqs[e.Key] = append(fseqs[e.Key], e.Seq)
 		}
 	}
-	res.Events = len(ledger) - countKind(ledger, kindFollow)
+	res.Events = len(ledger) - countKind(ledger, kindFollow) - countKind(ledger, kindScheduled) // scheduled events: judgeScheduled
 	var counters, applied []struct {
 		Key   string `bson:"_id"`
 		Seq   int64  `bson:"seq"`
