@@ -227,8 +227,9 @@
 // topic or be promoted before its due time (scheduled-early), each must
 // be promoted within a bound (1 s, plus the transaction lifetime, plus the
 // slowest transaction of the load, at least 2 s) after the first time at
-// or after its due time from which one live publisher owned its partition
-// that long (scheduled-late: a kill or a rebalance moves that time), a
+// or after its due time and its recording transaction's return from which
+// one live publisher owned its partition that long (scheduled-late: a
+// kill or a rebalance moves that time), a
 // cancelled one never promoted, published or handled
 // (scheduled-cancelled-published), ErrTooLate never met before the due
 // time (scheduled-too-late-early). max_late is the longest time from a

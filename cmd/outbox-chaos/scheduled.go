@@ -82,10 +82,22 @@ type cancelOutcome struct {
 	End       time.Time
 }
 
-// schedLog is the workload's history of its cancellations, by event id.
+// schedLog is the workload's history of its scheduled events, by event
+// id: when the transaction that recorded each returned nil, and what its
+// cancellation saw.
 type schedLog struct {
-	mu      sync.Mutex
-	cancels map[string]cancelOutcome
+	mu       sync.Mutex
+	recorded map[string]time.Time
+	cancels  map[string]cancelOutcome
+}
+
+func (l *schedLog) noteRecorded(id string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.recorded == nil {
+		l.recorded = map[string]time.Time{}
+	}
+	l.recorded[id] = at
 }
 
 func (l *schedLog) note(id string, o cancelOutcome) {
@@ -97,14 +109,10 @@ func (l *schedLog) note(id string, o cancelOutcome) {
 	l.cancels[id] = o
 }
 
-func (l *schedLog) snapshot() map[string]cancelOutcome {
+func (l *schedLog) snapshot() (map[string]time.Time, map[string]cancelOutcome) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[string]cancelOutcome, len(l.cancels))
-	for k, v := range l.cancels {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(l.recorded), maps.Clone(l.cancels)
 }
 
 // pendingCancel is a cancellation drawn for later.
@@ -184,6 +192,9 @@ func (h *harness) recordScheduled(ctx context.Context, rng *rand.Rand, due time.
 			DueAt: due, PastDue: past})
 		return err
 	})
+	if err == nil {
+		h.work.sched.noteRecorded(id, time.Now())
+	}
 	return id, err
 }
 
@@ -230,6 +241,11 @@ type scheduledFact struct {
 	// PastDue marks an event whose due time had passed at Record: it was
 	// recorded for immediate publication.
 	PastDue bool
+	// Committed is when the transaction that recorded it returned nil, at
+	// or after its commit (zero when it returned an error: the commit's
+	// result unknown). A transaction slower than the delay commits an
+	// event due already, promoted as soon as a loop learns of it.
+	Committed time.Time
 	// Cancelled and TooLate are its ledger's marks, written by a committed
 	// cancellation that returned nil or ErrTooLate.
 	Cancelled, TooLate bool
@@ -279,9 +295,10 @@ type scheduledResult struct {
 //     time (one clock: the harness, the replicas and the broker share the
 //     machine's, and Kafka's record timestamps are the producer's);
 //   - scheduled-late: its promotion came later than Bound after the first
-//     time at or after its due time from which one live publisher owned
-//     its partition for Bound (a kill, a rebalance or a broker fault moves
-//     that time);
+//     time at or after its due time, and after its recording transaction
+//     returned, from which one live publisher owned its partition for
+//     Bound (a kill, a rebalance or a broker fault moves that time; a
+//     recording slower than the delay commits an event due already);
 //   - scheduled-cancelled-published: a committed cancellation returned
 //     nil, yet the event was promoted, published or handled;
 //   - scheduled-too-late-early: a cancellation met ErrTooLate before the
@@ -351,20 +368,31 @@ func judgeScheduled(f *scheduledFacts, v *verdict) scheduledResult {
 				e.ID, e.PromotedAt.Format(tsFormat), e.Due.Format(tsFormat))
 		}
 		r.MaxPromoteLate = max(r.MaxPromoteLate, e.PromotedAt.Sub(e.Due))
-		avail, ok := f.AvailableAt(e.Partition, e.Due)
+		if e.Committed.IsZero() {
+			continue // not judged: when it committed is unknown
+		}
+		avail, ok := f.AvailableAt(e.Partition, later(e.Due, e.Committed))
 		if ok {
 			r.MaxAfterOwner = max(r.MaxAfterOwner, e.PromotedAt.Sub(avail))
 		}
 		if ok && e.PromotedAt.Sub(avail) > f.Bound {
-			v.fail("scheduled-late", "scheduled event %s (partition %d) due %s, promoted at %s: %s after a live publisher owned its partition for good (%s), bound %s",
-				e.ID, e.Partition, e.Due.Format(tsFormat), e.PromotedAt.Format(tsFormat), e.PromotedAt.Sub(avail).Round(time.Millisecond),
-				avail.Format(tsFormat), f.Bound)
+			v.fail("scheduled-late", "scheduled event %s (partition %d) due %s, committed %s, promoted at %s: %s after a live publisher owned its partition for good (%s), bound %s",
+				e.ID, e.Partition, e.Due.Format(tsFormat), e.Committed.Format(tsFormat), e.PromotedAt.Format(tsFormat),
+				e.PromotedAt.Sub(avail).Round(time.Millisecond), avail.Format(tsFormat), f.Bound)
 		}
 	}
 	if f.On && (r.Scheduled == 0 || r.Cancelled == 0) {
 		v.fail("scheduled-unexercised", "-scheduled: %d events scheduled, %d cancelled in time: the rules judged too little", r.Scheduled, r.Cancelled)
 	}
 	return r
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // scheduledBound is the bound of scheduled-late for a transaction
@@ -416,14 +444,14 @@ func availableAt(owned []ownership, gone map[string]time.Time, topic string, p i
 // publishers' ownership.
 func (h *harness) checkScheduled(ctx context.Context, ledger []ledgerEntry, tr *topicsRead, effectCount map[string]int, res *result, v *verdict) error {
 	byID := map[string]*scheduledFact{}
-	cancels := h.work.sched.snapshot()
+	recorded, cancels := h.work.sched.snapshot()
 	var ids []string
 	for i := range ledger {
 		e := &ledger[i]
 		if e.Kind != kindScheduled {
 			continue
 		}
-		byID[e.ID] = &scheduledFact{ID: e.ID, Due: e.DueAt, PastDue: e.PastDue, Cancelled: e.Cancelled, TooLate: e.TooLate,
+		byID[e.ID] = &scheduledFact{ID: e.ID, Due: e.DueAt, PastDue: e.PastDue, Committed: recorded[e.ID], Cancelled: e.Cancelled, TooLate: e.TooLate,
 			Cancel: cancels[e.ID], Effects: effectCount[e.ID]}
 		ids = append(ids, e.ID)
 	}

@@ -13,10 +13,10 @@ import (
 // published; one recorded past due.
 func schedGood(due time.Time) []scheduledFact {
 	return []scheduledFact{
-		{ID: "a", Due: due, Promoted: true, PromotedAt: due.Add(300 * time.Millisecond), InOutbox: 1,
+		{ID: "a", Due: due, Committed: due.Add(-time.Second), Promoted: true, PromotedAt: due.Add(300 * time.Millisecond), InOutbox: 1,
 			Records: []time.Time{due.Add(400 * time.Millisecond)}, Effects: 1},
 		{ID: "b", Due: due, Cancelled: true, Cancel: cancelOutcome{Result: cancelNil, Committed: true, End: due.Add(-time.Second)}},
-		{ID: "c", Due: due, TooLate: true, Cancel: cancelOutcome{Result: cancelTooLate, Committed: true, End: due.Add(time.Second)},
+		{ID: "c", Due: due, Committed: due.Add(-time.Second), TooLate: true, Cancel: cancelOutcome{Result: cancelTooLate, Committed: true, End: due.Add(time.Second)},
 			Promoted: true, PromotedAt: due.Add(100 * time.Millisecond), InOutbox: 1,
 			Records: []time.Time{due.Add(200 * time.Millisecond), due.Add(5 * time.Second)}, Effects: 1},
 		{ID: "d", Due: due.Add(-time.Second), PastDue: true, InOutbox: 1, Records: []time.Time{due}, Effects: 1},
@@ -77,6 +77,18 @@ func TestJudgeScheduled(t *testing.T) {
 	require.Equal(t, 10*time.Second, r.MaxPromoteLate)
 	v, _ = judge(events, always)
 	require.Equal(t, 1, v.count("scheduled-late"))
+
+	// A recording transaction that returned after the due time moves the
+	// bound's start to its return; one whose return is unknown leaves the
+	// promotion unjudged.
+	events = schedGood(due)
+	events[0].Committed, events[0].PromotedAt = due.Add(5*time.Second), due.Add(6*time.Second)
+	v, _ = judge(events, always)
+	require.Empty(t, v.all())
+	events[0].Committed = time.Time{}
+	events[0].PromotedAt = due.Add(time.Minute)
+	v, _ = judge(events, always)
+	require.Empty(t, v.all())
 
 	// Without -scheduled, no scheduled events is no violation.
 	v = &verdict{}
