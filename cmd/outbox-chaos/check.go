@@ -47,6 +47,10 @@ import (
 //     duplicate publication explained by a kill or revoke;
 //   - chains (judgeChains): every handled step event that chains has
 //     exactly one follow-up, published and handled once; no other has one;
+//   - scheduled (judgeScheduled, -scheduled): every scheduled event not
+//     cancelled published and handled, none before its due time, each
+//     promoted within a bound after a live publisher owned its partition
+//     at or after its due time, none cancelled published;
 //   - ignored (judgeIgnored, -skip-unknown): every event of a type the
 //     replicas skip is skipped, never parked or held;
 //   - malformed records parked or purged, no event left parked or held,
@@ -84,7 +88,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 			fseqs[e.Key] = append(fseqs[e.Key], e.Seq)
 		}
 	}
-	res.Events = len(ledger) - countKind(ledger, kindFollow)
+	res.Events = len(ledger) - countKind(ledger, kindFollow) - countKind(ledger, kindScheduled) // scheduled events: judgeScheduled
 	var counters, applied []struct {
 		Key   string `bson:"_id"`
 		Seq   int64  `bson:"seq"`
@@ -290,6 +294,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	// Lost: committed, and not (in the outbox, published to Kafka, and
 	// handled, or parked or purged, as its kind requires).
 	for _, e := range ledger {
+		if e.Kind == kindScheduled {
+			continue // judgeScheduled
+		}
 		ref := eventRef(e.Topic, e.ID)
 		st := final[ref]
 		done := e.Poison() && (st == inboxParked || st == inboxDiscarded) || e.handledKind() && effectCount[e.ID] > 0
@@ -341,6 +348,9 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 		return nil, err
 	}
 	if res.PaddedJudged, err = h.checkClaims(ctx, byID, v); err != nil {
+		return nil, err
+	}
+	if err := h.checkScheduled(ctx, ledger, tr, effectCount, res, v); err != nil {
 		return nil, err
 	}
 	judgeRedrives(redrives, final, func(ref string) (int, bool) {
@@ -614,7 +624,7 @@ func (h *harness) readTopics(ctx context.Context, topics []string, byID map[stri
 		if schema == "" {
 			_, schema = bodyIdentity(r) // the Python library's records
 		}
-		rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r)}
+		rec := topicRecord{recordPos: pos, ID: id, Key: recordKey(r), At: r.Timestamp}
 		noID := id == "" && headerValue(r, outbox.HeaderVersion) == "" // the Python library's, without idempotency_key
 		if noID || headerValue(r, headerMalformed) != "" || isMalformedKey(rec.Key) || strings.HasPrefix(id, "malformed") {
 			rec.Malformed = true
@@ -767,6 +777,9 @@ func recordMatches(schema string, value []byte, e *ledgerEntry) bool {
 	case kindFollow:
 		var ev followEvent
 		return json.Unmarshal(value, &ev) == nil && ev.ID == e.ID && ev.Seq == e.Seq && ev.Key == e.Key && ev.Source == e.Source
+	case kindScheduled:
+		var ev scheduledEvent
+		return json.Unmarshal(value, &ev) == nil && ev.ID == e.ID && ev.Key == e.Key && ev.Due == e.DueAt.UnixMilli()
 	}
 	return true
 }

@@ -36,6 +36,10 @@ type config struct {
 	// workload records events large enough to go out of band (claim.go).
 	claimCheck bool
 
+	// scheduled runs a generator of scheduled events, some cancelled
+	// (scheduled.go).
+	scheduled bool
+
 	// skipUnknown runs the replicas with Config.SkipUnknownEvents, and the
 	// operator writes events of a type no handler takes on held keys.
 	skipUnknown bool
@@ -191,6 +195,14 @@ type result struct {
 	// PaddedJudged counts the handlings of padded events whose payload was
 	// judged against the recorded one (claim.go).
 	PaddedJudged int
+	// Scheduled counts the events recorded with a due time in the future,
+	// PastDue those with one already past (recorded for immediate
+	// publication), Cancelled those cancelled in time, TooLate those whose
+	// cancellation met ErrTooLate; MaxLate is the longest time from a
+	// scheduled event's due time to its first record in the topic,
+	// MaxPromoteLate to its promotion (scheduled.go).
+	Scheduled, PastDue, Cancelled, TooLate int
+	MaxLate, MaxPromoteLate                time.Duration
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -203,14 +215,16 @@ func (r *result) summary() string {
 		"key_concurrency=%d event_outbox_keyed=%d event_outbox_keyless=%d event_outbox_no_id=%d keyless_behind_held=%d redrives_cancelled=%d "+
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
-		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s padded_judged=%d",
+		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s padded_judged=%d "+
+		"scheduled=%d past_due=%d cancelled=%d too_late=%d max_late=%.1fs max_promote_late=%.1fs",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
 		r.KeyConcurrency, r.EventOutboxKeyed, r.EventOutboxKeyless, r.EventOutboxNoID, r.KeylessHeld, r.RedrivesCancelled,
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
-		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol, r.PaddedJudged)
+		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol, r.PaddedJudged,
+		r.Scheduled, r.PastDue, r.Cancelled, r.TooLate, r.MaxLate.Seconds(), r.MaxPromoteLate.Seconds())
 }
 
 // scenarioLine lists how many scenarios of each kind ran.
@@ -562,6 +576,9 @@ func runHarness(ctx context.Context, cfg config) (*result, error) {
 	h.runLoad(loadCtx, &wg)
 	if !cfg.skip[fEventOutbox] {
 		wg.Go(func() { h.runEventOutbox(loadCtx) })
+	}
+	if cfg.scheduled {
+		wg.Go(func() { h.runScheduled(loadCtx) })
 	}
 	wg.Wait()
 	h.bg.Wait()

@@ -31,6 +31,8 @@ type topicRecord struct {
 	ID        string // its idempotency key header
 	Key       string // its Kafka key
 	Malformed bool   // written by the harness as a malformed record
+	// At is the record's timestamp: its producer's clock (CreateTime).
+	At time.Time
 }
 
 // fencingFacts are what judgeFencing judges.

@@ -14,7 +14,7 @@
 //	    [-keys 200] [-partitions 12] [-kill-every 3s] [-fault-every 500ms]
 //	    [-scenario-every 5s] [-replay-every 4s] [-chain 25] [-stall 60s]
 //	    [-txn-lifetime 3s] [-slow-for 4s] [-same-key 0.5] [-key-concurrency 1] [-topic-prefix chaos.]
-//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-stacks file] [-cpuprofile file]
+//	    [-mass-keys 1100] [-migrated=true] [-skip kind,...] [-skip-unknown] [-scheduled] [-stacks file] [-cpuprofile file]
 //	    [-mongo-uri URI] [-kafka-brokers host:port,...] [-group-protocol classic|consumer] [-v]
 //	    [-kafka apache [-kafka-nodes 3] [-broker-kill-every 45s] [-broker-pause-every 4m] [-broker-refuse-every 4m]]
 //
@@ -29,6 +29,7 @@
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
 //	    ignored_skipped=N group_protocol=classic|consumer padded_judged=N
+//	    scheduled=N past_due=N cancelled=N too_late=N max_late=Ns max_promote_late=Ns
 //	    fetch_restarts=N fetch_resubscribes=N
 //	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N produce_refused=N broker_faults_skipped=N]
 //
@@ -211,6 +212,30 @@
 // whose Kafka is down must neither fail because of Kafka nor hang until
 // their 20 s deadline.
 //
+// # Delayed publication
+//
+// With -scheduled a generator of its own (scheduled.go) records four
+// events a second with WithPublishAt, each alone in its transaction on a
+// random replica and on a key of its own, due 0.5-20 s later (never after
+// the load), a tenth due already (recorded for immediate publication:
+// past_due), and cancels about 30% of the scheduled ones by
+// CancelScheduled in a later transaction, at a time drawn up to 3 s past
+// the due time, so that some cancellations meet ErrTooLate (too_late);
+// the transaction marks the event's ledger entry cancelled or too late.
+// The faults go on meanwhile. Each event not cancelled must be published
+// and handled once (scheduled-lost, counted in lost), none may reach the
+// topic or be promoted before its due time (scheduled-early), each must
+// be promoted within a bound (1 s, plus the transaction lifetime, plus the
+// slowest transaction of the load, at least 2 s) after the first time at
+// or after its due time and its recording transaction's return from which
+// one live publisher owned its partition that long (scheduled-late: a
+// kill or a rebalance moves that time), a
+// cancelled one never promoted, published or handled
+// (scheduled-cancelled-published), ErrTooLate never met before the due
+// time (scheduled-too-late-early). max_late is the longest time from a
+// due time to the event's first record in the topic, max_promote_late to
+// its promotion.
+//
 // # What is judged, and from what
 //
 // The checks judge recorded facts: the ledger; the topics, read whole; the
@@ -290,6 +315,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.massKeys, "mass-keys", 1100, "keys a mass hold holds at once (scenario mass-hold)")
 	fs.BoolVar(&cfg.skipUnknown, "skip-unknown", false, "run the replicas with Config.SkipUnknownEvents; the operator writes events of a type no handler takes on keys held behind a parked event (they must be skipped, never hold the key); leaves out no-handler-deploy, which needs such events kept")
 	fs.BoolVar(&cfg.claimCheck, "claim-check", false, "run the replicas with Config.ClaimCheck: about 5% of step transactions record an event whose payload goes out of band; every padded event must be handled with the payload recorded; leaves out small-max-message-bytes, whose oversize events would go out of band instead of being refused")
+	fs.BoolVar(&cfg.scheduled, "scheduled", false, "also record scheduled events (WithPublishAt, due 0.5-20 s later, a tenth already due) and cancel about 30% of them in later transactions, some in time and some too late; each must be published once, not before its due time, promoted within a bound after it, never once cancelled")
 	fs.BoolVar(&cfg.migrated, "migrated", true, "start on a migrated Python event-outbox dataset, with Config.UniqueIdempotencyKeys")
 	fs.IntVar(&cfg.keyConcurrency, "key-concurrency", 1, "Config.KeyConcurrency of every replica: events of different keys of one partition handled at once")
 	fs.Float64Var(&cfg.sameKey, "same-key", 0.5, "probability that a multi-event transaction records consecutive events of one key")

@@ -106,7 +106,7 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 		return settleState{}, err
 	}
 	nLedger := func(filter bson.D) (int64, error) { return h.db.Collection(collLedger).CountDocuments(ctx, filter) }
-	handledKinds, err := nLedger(bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}})
+	handledKinds, err := nLedger(toBeHandled())
 	if err != nil {
 		return settleState{}, err
 	}
@@ -151,6 +151,16 @@ func (h *harness) lookSettled(ctx context.Context) (settleState, error) {
 	return s, nil
 }
 
+// toBeHandled selects the ledger entries that must end with an effect:
+// step events, follow-ups, events of a type deployed late, and scheduled
+// events not cancelled.
+func toBeHandled() bson.D {
+	return bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}},
+		bson.D{{Key: "kind", Value: kindScheduled}, {Key: "cancelled", Value: bson.D{{Key: "$ne", Value: true}}}},
+	}}}
+}
+
 // dumpStacks writes every goroutine's stack to path (-stacks), to explain
 // a stall.
 func dumpStacks(path string) error {
@@ -181,7 +191,7 @@ func (h *harness) unsettled(ctx context.Context) string {
 	var effects []struct {
 		Event string `bson:"event"`
 	}
-	if h.findAll(ctx, collLedger, bson.D{{Key: "kind", Value: bson.D{{Key: "$in", Value: bson.A{kindStep, kindFollow, kindNew}}}}}, nil, &ledger) == nil &&
+	if h.findAll(ctx, collLedger, toBeHandled(), nil, &ledger) == nil &&
 		h.findAll(ctx, collEffects, bson.D{}, bson.D{{Key: "event", Value: 1}}, &effects) == nil {
 		has := map[string]bool{}
 		for _, e := range effects {
@@ -285,6 +295,8 @@ func schemaOf(kind string) string {
 		return schemaFollow
 	case kindNew:
 		return schemaNew
+	case kindScheduled:
+		return schemaScheduled
 	}
 	return schemaStep
 }

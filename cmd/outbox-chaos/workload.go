@@ -148,15 +148,23 @@ type ledgerEntry struct {
 	// PadSum is the digest of a padded step event's pad (padSum), which
 	// its handler must see whole.
 	PadSum string `bson:"pad_sum,omitempty"`
+	// DueAt is a scheduled event's due time, PastDue set when it was due
+	// already at Record; Cancelled and TooLate are set by the transaction
+	// of a cancellation that returned nil or ErrTooLate (scheduled.go).
+	DueAt     time.Time `bson:"due_at,omitempty"`
+	PastDue   bool      `bson:"past_due,omitempty"`
+	Cancelled bool      `bson:"cancelled,omitempty"`
+	TooLate   bool      `bson:"too_late,omitempty"`
 }
 
 // Poison reports whether the entry is a poison event.
 func (e *ledgerEntry) Poison() bool { return e.Kind == kindPoison }
 
-// handledKind reports whether the entry's handler succeeds (step events
-// and follow-ups): it must end with exactly one effect.
+// handledKind reports whether the entry's handler succeeds (step events,
+// follow-ups and scheduled events): it must end with at most one effect,
+// exactly one unless it is a scheduled event cancelled (scheduled.go).
 func (e *ledgerEntry) handledKind() bool {
-	return e.Kind == kindStep || e.Kind == kindFollow || e.Kind == kindNew
+	return e.Kind == kindStep || e.Kind == kindFollow || e.Kind == kindNew || e.Kind == kindScheduled
 }
 
 // Collections of the workload (in the run's database, next to the
@@ -248,6 +256,10 @@ type workload struct {
 	// again instead; dupRefused and dupRecorded count the outcomes.
 	dupRatio                float64
 	dupRefused, dupRecorded atomic.Int64
+
+	// sched is the history of the cancellations of scheduled events
+	// (-scheduled).
+	sched schedLog
 }
 
 // outage is one key's downstream outage. It lasts until `until` and, when
@@ -621,6 +633,14 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 			return err
 		}
 		_, err := recreatedEffects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "key", Value: e.Key}, {Key: "seq", Value: e.Seq},
+			{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	err = outbox.Handle(client, func(ctx context.Context, e scheduledEvent, _ outbox.Metadata) error {
+		_, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindScheduled}, {Key: "key", Value: e.Key},
 			{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}})
 		return err
 	})
