@@ -16,13 +16,16 @@ import (
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // WithPublishAt records the event now, in the transaction, and publishes
@@ -201,9 +204,15 @@ type scheduleFollower struct {
 
 // newScheduleFollower makes the promotion loops of the publisher's
 // partitions; promotion errors show in the publisher's LastError (stats).
+// A promotion runs in a session recorded in the replica's liveness record,
+// and one that meets a lock asks for a reap of the publisher group: a
+// process killed in a promotion leaves its transaction open, and the next
+// owner of the partition ends it (internal/liveness/takeover.go).
 func (c *Client) newScheduleFollower(log *slog.Logger, stats *publish.Stats) *scheduleFollower {
+	reapLog := itel.NewRateLog(itel.ErrorRelog)
 	set := schedule.NewSet(schedule.Config{
-		Store:   schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox},
+		Store: schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox,
+			Session: c.sessions.Note, Locked: func() { c.reapDeadPromoters(log, reapLog) }},
 		Refill:  c.test.scheduleRefill,
 		Backoff: c.cfg.backoff(),
 		Logger:  log,
@@ -211,6 +220,25 @@ func (c *Client) newScheduleFollower(log *slog.Logger, stats *publish.Stats) *sc
 	})
 	return &scheduleFollower{set: set,
 		watch: &schedule.Watch{Coll: c.scheduled, Set: set, Backoff: c.cfg.backoff(), MaxAwait: scheduledStreamMaxAwait, Logger: log}}
+}
+
+// reapDeadPromoters ends, in the background, the recorded sessions of the
+// publisher group's replicas that died, at most once per a few seconds.
+func (c *Client) reapDeadPromoters(log *slog.Logger, rl *itel.RateLog) {
+	p := c.pub.Load()
+	if p == nil {
+		return
+	}
+	c.sessions.Reap(liveness.Reaper{
+		Kafka: kadm.NewClient(p.GroupClient()), Group: c.cfg.PublisherGroup, Publisher: true,
+		ConsumerProtocol: c.cfg.GroupProtocol == GroupConsumer,
+		Meta:             c.meta, Mongo: c.cfg.Mongo,
+		Reaped: c.test.reapedHook,
+		Log:    log,
+		Warn: func(msg string, args ...any) {
+			rl.Warn(log, msg, "reap", args...)
+		},
+	})
 }
 
 // Assign starts the promotion loops of tps.

@@ -569,6 +569,10 @@ func (p *Publisher) Stats() *Stats { return p.stats }
 // enough to publish.
 func (p *Publisher) LeaseValid() bool { return p.lease.Valid() }
 
+// GroupClient returns the group client, for reads of the group (its
+// members); it lives until Run returns.
+func (p *Publisher) GroupClient() *kgo.Client { return p.group }
+
 // GroupMetadata returns the group client's member id and generation.
 func (p *Publisher) GroupMetadata() (string, int32) { return p.group.GroupMetadata() }
 
