@@ -90,6 +90,14 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 	if _, err := c.scheduled.InsertMany(ctx, tx.scheduled); err != nil {
 		return flushError(len(tx.scheduled), err)
 	}
+	// Counted as recorded at this commit (telemetry.Recorded), and as
+	// promoted by the replica that promotes them.
+	if tx.counts == nil {
+		tx.counts = map[string]int64{}
+	}
+	for _, d := range tx.scheduled {
+		tx.counts[d.(*store.ScheduledDoc).Topic]++
+	}
 	tx.scheduled = tx.scheduled[:0]
 	return nil
 }
@@ -213,7 +221,10 @@ func (c *Client) newScheduleFollower(log *slog.Logger, stats *publish.Stats) *sc
 	set := schedule.NewSet(schedule.Config{
 		Store: schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox,
 			Session: c.sessions.Note, Locked: func() { c.reapDeadPromoters(log, reapLog) }},
-		Refill:  c.test.scheduleRefill,
+		Refill: c.test.scheduleRefill,
+		Promoted: func(tp schedule.TopicPartition, n int) {
+			c.tel.ins.Promoted.Add(context.Background(), int64(n), itel.TopicAttrs(tp.Topic))
+		},
 		Backoff: c.cfg.backoff(),
 		Logger:  log,
 		Failed:  func(err error) { stats.SetError(fmt.Errorf("scheduled events: %w", err)) },

@@ -18,6 +18,7 @@ import (
 	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/mongox/mongofake"
 	"github.com/event-outbox/outbox/mongox/mongotest"
 )
@@ -454,4 +455,35 @@ func TestTakeoverEndsADeadPromotersTransaction(t *testing.T) {
 	defer mu.Unlock()
 	require.Contains(t, reaped, deadID, "the next owner ended the dead promoter's sessions")
 	require.Equal(t, int64(n), count(t, rec.scheduled, bson.D{{Key: store.ScheduledPromoted, Value: true}}))
+}
+
+// A scheduled event counts as recorded once, when the transaction that
+// recorded it commits (a cancelled one too), and as promoted when the
+// owner of its partition moves it into the outbox; its promotion is never
+// counted as a second recording.
+func TestScheduledEventsCountAtRecordAndAtPromotion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
+	ctx := context.Background()
+	require.NoError(t, c.EnsureIndexes(ctx))
+	topic := itel.AttrTopic.String(ordersTopic)
+	recordAt(t, c, b.run, "k", 0, "now", time.Time{})
+	recordAt(t, c, b.run, "k", 1, "soon", time.Now().Add(300*time.Millisecond))
+	recordAt(t, c, b.run, "k", 2, "cancelled", time.Now().Add(time.Hour))
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, ordersTopic, "cancelled") }))
+	m := o.collect(t)
+	require.EqualValues(t, 3, sumOf(m["outbox.events.recorded"], topic), "every event counts at its commit, scheduled or not")
+	require.Zero(t, sumOf(m["outbox.scheduled.promoted"], topic))
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the scheduled event promoted", func() bool {
+		return sumOf(o.collect(t)["outbox.scheduled.promoted"], topic) == 1
+	})
+	b.kafkaEvents(t, ordersTopic, 2)
+	m = o.collect(t)
+	require.EqualValues(t, 3, sumOf(m["outbox.events.recorded"], topic), "a promotion is not a second recording")
+	require.EqualValues(t, 1, sumOf(m["outbox.scheduled.promoted"], topic))
 }
