@@ -168,8 +168,8 @@ type Config struct {
 	// Rescan and HoldRecheck replace rescanInterval and
 	// holdRecheckInterval when positive; for tests.
 	Rescan, HoldRecheck time.Duration
-	// Follower, when set, runs beside the workers on the partitions they
-	// own (the promotion of scheduled events).
+	// Follower runs beside the workers on the partitions they own (the
+	// promotion of scheduled events). Defaults to one that does nothing.
 	Follower Follower
 	// Stats, when set, is where the workers count and note errors
 	// (shared with the Follower); a new one otherwise.
@@ -189,6 +189,14 @@ type Follower interface {
 	Close()
 	Run(ctx context.Context)
 }
+
+// noFollower is the Follower of a publisher given none: it does nothing.
+type noFollower struct{}
+
+func (noFollower) Assign([]TopicPartition) {}
+func (noFollower) Revoke([]TopicPartition) {}
+func (noFollower) Close()                  {}
+func (noFollower) Run(context.Context)     {}
 
 // Publisher is one run of the publisher: New creates its Kafka clients
 // (the group starts joining at once), Run publishes until its context
@@ -219,6 +227,9 @@ func New(cfg Config) (*Publisher, error) {
 	deliveryTimeout := cfg.SessionTimeout
 	markTimeout := cfg.SessionTimeout
 	rebalanceTimeout := max(60*time.Second, 4*(deliveryTimeout+markTimeout))
+	if cfg.Follower == nil {
+		cfg.Follower = noFollower{}
+	}
 
 	p := &Publisher{
 		cfg:         cfg,
@@ -347,18 +358,14 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 				// it now if it is new (added to its topic).
 				p.prods.ForceMetadataRefresh()
 				p.set.Assign(tps)
-				if cfg.Follower != nil {
-					cfg.Follower.Assign(tps)
-				}
+				cfg.Follower.Assign(tps)
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.note(cfg.Rebalanced, "revoked", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Info("publisher partitions revoked", "partitions", m)
-				if cfg.Follower != nil {
-					cfg.Follower.Revoke(tps)
-				}
+				cfg.Follower.Revoke(tps)
 				p.set.Revoke(tps)
 			}
 			p.note(cfg.Ownership, "revoked", m) // the workers have stopped
@@ -368,9 +375,7 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 			p.note(cfg.Rebalanced, "lost", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Warn("publisher partitions lost", "partitions", m)
-				if cfg.Follower != nil {
-					cfg.Follower.Revoke(tps)
-				}
+				cfg.Follower.Revoke(tps)
 				p.set.Lose(tps)
 			}
 			p.note(cfg.Ownership, "lost", m) // the workers have stopped
@@ -433,9 +438,7 @@ func (p *Publisher) Run(ctx context.Context) {
 	// no-op. The producers close after the workers have stopped.
 	defer p.prods.Close()
 	defer p.set.Close()
-	if cfg.Follower != nil {
-		defer cfg.Follower.Close()
-	}
+	defer cfg.Follower.Close()
 
 	// Background loops, owned here and stopped by cancelling bg.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -466,18 +469,14 @@ func (p *Publisher) Run(ctx context.Context) {
 		wg.Go(func() { p.sess.follow(bg, p.group, cfg.Group, cfg.Backoff, p.stats, p.log) })
 	}
 	wg.Go(func() { p.followTopics(bg) })
-	if cfg.Follower != nil {
-		wg.Go(func() { cfg.Follower.Run(bg) })
-	}
+	wg.Go(func() { cfg.Follower.Run(bg) })
 
 	<-ctx.Done()
 
 	// Drain: finish and mark the batches in flight, then leave the group
 	// (bounded: Close alone can block for a minute when the coordinator is
 	// unreachable), then stop the background loops.
-	if cfg.Follower != nil {
-		cfg.Follower.Close()
-	}
+	cfg.Follower.Close()
 	p.set.Close()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	if err := p.group.LeaveGroupContext(lctx); err != nil {
