@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/store"
@@ -177,30 +175,8 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 func recreator(t *testing.T, b *bundle, n int32) func() {
 	return func() {
 		t.Helper()
-		adm := b.kafka.Admin()
 		topic := b.kafkaTopic(ordersTopic)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		deleted, err := adm.DeleteTopic(ctx, topic)
-		if err == nil {
-			err = deleted.Err
-		}
-		require.NoError(t, err)
-		for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-			created, err := adm.CreateTopic(ctx, n, -1, nil, topic)
-			if err == nil {
-				err = created.Err
-			}
-			if !errors.Is(err, kerr.TopicAlreadyExists) {
-				require.NoError(t, err)
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("topic %q still being deleted: %v", topic, ctx.Err())
-			case <-time.After(backoff):
-			}
-		}
+		testkit.RecreateTopic(t, b.kafka.Admin(), topic, n)
 		b.kafka.CreateTopic(t, n, topic) // waits for the partitions' leaders
 	}
 }
