@@ -165,6 +165,9 @@ type Config struct {
 	// StreamOpened, when set, is called after each open of the change
 	// stream; for tests.
 	StreamOpened func()
+	// BatchBytes caps the bytes of the documents a scan reads per round
+	// (WorkerConfig.BatchBytes); 16 MiB when zero. For tests.
+	BatchBytes int
 	// Rescan and HoldRecheck replace rescanInterval and
 	// holdRecheckInterval when positive; for tests.
 	Rescan, HoldRecheck time.Duration
@@ -268,6 +271,7 @@ func New(cfg Config) (*Publisher, error) {
 		Marker:      p.marker,
 		Lease:       p.lease,
 		BatchSize:   cfg.BatchSize,
+		BatchBytes:  cfg.BatchBytes,
 		Backoff:     cfg.Backoff,
 		Rescan:      cmpOrDuration(cfg.Rescan, rescanInterval),
 		Hold:        cfg.Hold,
