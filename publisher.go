@@ -63,6 +63,7 @@ type publisherOptions struct {
 	hooks        publish.Hooks
 	rescan       time.Duration
 	holdRecheck  time.Duration
+	batchBytes   int // caps a scan round's bytes (16 MiB when zero)
 	streamOpened func()
 }
 
@@ -143,6 +144,7 @@ func (c *Client) runPublisherWith(ctx context.Context, o publisherOptions) error
 		},
 		StreamOpened: o.streamOpened,
 		Rescan:       o.rescan,
+		BatchBytes:   o.batchBytes,
 		HoldRecheck:  o.holdRecheck,
 		Follower:     sched,
 		Stats:        stats,

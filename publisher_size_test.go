@@ -169,21 +169,24 @@ func TestPublisherNoEventOvertakesARefusedOneOfItsKey(t *testing.T) {
 	}
 }
 
-// A scan must not read, decode and produce 30 events of 600 KB (18 MB) at once
-// for one partition: rounds are capped at 16 MiB of documents, and the backlog
-// still drains without waiting for the periodic rescan.
+// A scan must not read, decode and produce a partition's whole backlog at
+// once: rounds are capped by the bytes of their documents (16 MiB by
+// default; 2 MiB here, so that eight events of 600 KB, not thirty, go over
+// it: the test's work, and its time under load, stay small), and the
+// backlog still drains without waiting for the periodic rescan.
 func TestPublisherScanRoundsAreCappedByBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := pubConfig(b)
 	c := b.client(t, cfg)
 	r := newRecorder(b, c)
-	for _, k := range samePartitionKeys(30) {
+	const events, capBytes = 8, 2 << 20
+	for _, k := range samePartitionKeys(events) {
 		r.recordPadded(t, 600000, k)
 	}
 	var mu sync.Mutex
 	var rounds []int
-	runPub(t, c, publisherOptions{rescan: time.Hour, hooks: publish.Hooks{
+	runPub(t, c, publisherOptions{rescan: time.Hour, batchBytes: capBytes, hooks: publish.Hooks{
 		Produced: func(_ publish.TopicPartition, items []publish.Item, _, _ time.Time, _ int) {
 			n := 0
 			for _, it := range items {
@@ -194,11 +197,11 @@ func TestPublisherScanRoundsAreCappedByBytes(t *testing.T) {
 			mu.Unlock()
 		},
 	}})
-	eventually(t, "the backlog published", func() bool { return b.published(t, Config{}) == 30 })
+	eventually(t, "the backlog published", func() bool { return b.published(t, Config{}) == events })
 	mu.Lock()
 	defer mu.Unlock()
 	for _, n := range rounds {
-		require.LessOrEqual(t, n, 16<<20, "a round held %d bytes of events", n)
+		require.LessOrEqual(t, n, capBytes, "a round held %d bytes of events", n)
 	}
 	require.Greater(t, len(rounds), 1)
 }

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/event-outbox/outbox/internal/store"
@@ -155,8 +153,8 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	recreate()
 	produceTo(t, b, "o-3", 0, 1)
 	produceTo(t, b, "o-4", 1, 1)
-	eventually(t, "handled after the recreation", handled(4))
-	eventually(t, "the group's offsets at the new topic's ends", caughtUp)
+	testkit.Eventually(t, recreationRecovery, "handled after the recreation", handled(4))
+	testkit.Eventually(t, recreationRecovery, "the group's offsets at the new topic's ends", caughtUp)
 
 	// A late resubscription, as by a replica that learns of the recreation
 	// only now.
@@ -165,9 +163,19 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 	cons := replicas[0].tel.cons.Load()
 	require.NotNil(t, cons)
 	cons.recreated.Resubscribe(ctx, topic, details[topic].ID)
-	eventually(t, "the group's offsets at the new topic's ends after a late resubscription", caughtUp)
+	testkit.Eventually(t, recreationRecovery, "the group's offsets at the new topic's ends after a late resubscription", caughtUp)
 	require.EqualValues(t, 4, calls.Load()-int64(strings.Count(logs.String(), "handling failed")), "nothing handled twice")
 }
+
+// recreationRecovery bounds the waits of a test for the consumers'
+// recovery from a topic's recreation. By design the recovery can take
+// longer than eventually's bound: the clients see the old topic id
+// refused at their next metadata refresh (about 10 s on kfake), then a
+// replica that finds another's reset of the group's offsets under way
+// waits for it up to internal/kafkawatch's resetWait (25 s), and the
+// resetting replica retries its commit while the group rebalances up to
+// resetCommitBound (20 s); a loaded machine stretches each step.
+const recreationRecovery = 2 * time.Minute
 
 // recreator returns a function that deletes the test's orders topic and
 // creates it again with n partitions, each with a leader when it returns.
@@ -177,30 +185,8 @@ func TestLateResubscriptionRewindsNoOtherPartition(t *testing.T) {
 func recreator(t *testing.T, b *bundle, n int32) func() {
 	return func() {
 		t.Helper()
-		adm := b.kafka.Admin()
 		topic := b.kafkaTopic(ordersTopic)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		deleted, err := adm.DeleteTopic(ctx, topic)
-		if err == nil {
-			err = deleted.Err
-		}
-		require.NoError(t, err)
-		for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-			created, err := adm.CreateTopic(ctx, n, -1, nil, topic)
-			if err == nil {
-				err = created.Err
-			}
-			if !errors.Is(err, kerr.TopicAlreadyExists) {
-				require.NoError(t, err)
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("topic %q still being deleted: %v", topic, ctx.Err())
-			case <-time.After(backoff):
-			}
-		}
+		testkit.RecreateTopic(t, b.kafka.Admin(), topic, n)
 		b.kafka.CreateTopic(t, n, topic) // waits for the partitions' leaders
 	}
 }

@@ -16,13 +16,16 @@ import (
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 )
 
 // WithPublishAt records the event now, in the transaction, and publishes
@@ -86,6 +89,14 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 	}
 	if _, err := c.scheduled.InsertMany(ctx, tx.scheduled); err != nil {
 		return flushError(len(tx.scheduled), err)
+	}
+	// Counted as recorded at this commit (telemetry.Recorded), and as
+	// promoted by the replica that promotes them.
+	if tx.counts == nil {
+		tx.counts = map[string]int64{}
+	}
+	for _, d := range tx.scheduled {
+		tx.counts[d.(*store.ScheduledDoc).Topic]++
 	}
 	tx.scheduled = tx.scheduled[:0]
 	return nil
@@ -237,16 +248,44 @@ type scheduleFollower struct {
 
 // newScheduleFollower makes the promotion loops of the publisher's
 // partitions; promotion errors show in the publisher's LastError (stats).
+// A promotion runs in a session recorded in the replica's liveness record,
+// and one that meets a lock asks for a reap of the publisher group: a
+// process killed in a promotion leaves its transaction open, and the next
+// owner of the partition ends it (internal/liveness/takeover.go).
 func (c *Client) newScheduleFollower(log *slog.Logger, stats *publish.Stats) *scheduleFollower {
+	reapLog := itel.NewRateLog(itel.ErrorRelog)
 	set := schedule.NewSet(schedule.Config{
-		Store:   schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox},
-		Refill:  c.test.scheduleRefill,
+		Store: schedule.Mongo{Client: c.cfg.Mongo, Scheduled: c.scheduled, Outbox: c.outbox,
+			Session: c.sessions.Note, Locked: func() { c.reapDeadPromoters(log, reapLog) }},
+		Refill: c.test.scheduleRefill,
+		Promoted: func(tp schedule.TopicPartition, n int) {
+			c.tel.ins.Promoted.Add(context.Background(), int64(n), itel.TopicAttrs(tp.Topic))
+		},
 		Backoff: c.cfg.backoff(),
 		Logger:  log,
 		Failed:  func(err error) { stats.SetError(fmt.Errorf("scheduled events: %w", err)) },
 	})
 	return &scheduleFollower{set: set,
 		watch: &schedule.Watch{Coll: c.scheduled, Set: set, Backoff: c.cfg.backoff(), MaxAwait: scheduledStreamMaxAwait, Logger: log}}
+}
+
+// reapDeadPromoters ends, in the background, the recorded sessions of the
+// publisher group's replicas that died, at most once per a few seconds.
+func (c *Client) reapDeadPromoters(log *slog.Logger, rl *itel.RateLog) {
+	p := c.pub.Load()
+	if p == nil {
+		return
+	}
+	c.sessions.Reap(liveness.Reaper{
+		Kafka: kadm.NewClient(p.GroupClient()), Group: c.cfg.PublisherGroup, Publisher: true,
+		ConsumerProtocol: c.cfg.GroupProtocol == GroupConsumer,
+		Meta:             c.meta, Mongo: c.cfg.Mongo,
+		Reaped: c.test.reapedHook,
+		Log:    log,
+		Warn: func(msg string, args ...any) {
+			rl.Warn(log, msg, "reap", args...)
+		},
+	})
 }
 
 // Assign starts the promotion loops of tps.

@@ -12,10 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
+	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/mongox/mongofake"
+	"github.com/event-outbox/outbox/mongox/mongotest"
 )
 
 // recordAt records one orderPlaced of key with seq, scheduled at due (zero:
@@ -400,4 +405,126 @@ func TestScheduledStreamFailuresBackOff(t *testing.T) {
 	// At the shortest delay (20 ms) it would reopen about 60 times; backing
 	// off to 100 ms, about 16.
 	require.Less(t, n, 30, "reopened without backing off")
+}
+
+// A process killed in the middle of a promotion leaves its transaction
+// open, its writes on the scheduled events it read; MongoDB would end it
+// only at its transaction lifetime (ten minutes here), and until then the
+// next owner of the partition meets a write conflict at every promotion.
+// The promotion's session is in the dead process's liveness record, so the
+// next owner ends it (a reap of the publisher group) and promotes.
+func TestTakeoverEndsADeadPromotersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, mongotest.ServerOptions(mongofake.TransactionLifetime(10*time.Minute)))
+	if b.mongo.Real {
+		t.Skip("needs the embedded server's crash points and long transaction lifetime")
+	}
+	ctx := context.Background()
+	cfg := pubConfig(b)
+	cfg.DrainTimeout = time.Second
+
+	// The events, recorded by a Client that never runs: the dying one's
+	// first insert is its promotion's.
+	rec := b.client(t, cfg)
+	require.NoError(t, rec.EnsureIndexes(ctx))
+	due := time.Now().Add(time.Second)
+	const n = 3
+	for i := range n {
+		recordAt(t, rec, b.run, "k", i, fmt.Sprintf("e%d", i), due)
+	}
+
+	// The promoter that dies: at the outbox insert of its promotion, after
+	// it marked the events promoted in its open transaction.
+	netA := &cutNet{}
+	mA := b.mongo.NewClient(t, options.Client().SetDialer(netA).SetAppName("dying-promoter"))
+	crashed, err := b.mongo.Server.Crash(mongofake.Crash{AppName: "dying-promoter", Commands: []string{"insert"}, At: 1})
+	require.NoError(t, err)
+	cfgA := cfg
+	cfgA.Mongo = mA
+	cfgA.KafkaOptions = []kgo.Opt{kgo.Dialer(netA.DialContext)}
+	a := b.client(t, cfgA)
+	ctxA, stopA := context.WithCancel(ctx)
+	doneA := make(chan struct{})
+	go func() {
+		defer close(doneA)
+		_ = a.Run(ctxA) // killed: whatever it returns
+	}()
+	t.Cleanup(func() {
+		stopA()
+		<-doneA
+	})
+	select {
+	case <-crashed.Fired():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the promoter never reached the outbox insert of its promotion")
+	}
+	// kill -9: connections closed, nothing more reaches the servers.
+	netA.kill()
+	stopA()
+
+	// The dead promoter's transaction holds the events.
+	probe, err := b.mongo.Client.StartSession()
+	require.NoError(t, err)
+	require.NoError(t, probe.StartTransaction())
+	_, err = rec.scheduled.UpdateMany(mongo.NewSessionContext(ctx, probe), bson.D{}, bson.D{{Key: "$set", Value: bson.D{{Key: "probe", Value: true}}}})
+	require.True(t, store.IsWriteConflict(err), "the dead promoter's transaction holds the scheduled events: %v", err)
+	require.NoError(t, probe.AbortTransaction(ctx))
+	probe.EndSession(ctx)
+	_, replicas, err := liveness.Read(ctx, rec.meta)
+	require.NoError(t, err)
+	var deadID string
+	for _, r := range replicas {
+		if r.SessionPool == liveness.SessionPool(mA) {
+			deadID = r.ID[len(liveness.IDPrefix):]
+		}
+	}
+	require.NotEmpty(t, deadID, "the dead promoter's liveness record")
+
+	var mu sync.Mutex
+	var reaped []string
+	survivor := b.client(t, cfg)
+	survivor.test.reapedHook = func(_ context.Context, id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reaped = append(reaped, id)
+	}
+	start(t, survivor)
+	eventually(t, "the events promoted by the next owner", func() bool {
+		return count(t, rec.outbox, bson.D{{Key: store.OutboxKey, Value: "k"}}) == n
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, reaped, deadID, "the next owner ended the dead promoter's sessions")
+	require.Equal(t, int64(n), count(t, rec.scheduled, bson.D{{Key: store.ScheduledPromoted, Value: true}}))
+}
+
+// A scheduled event counts as recorded once, when the transaction that
+// recorded it commits (a cancelled one too), and as promoted when the
+// owner of its partition moves it into the outbox; its promotion is never
+// counted as a second recording.
+func TestScheduledEventsCountAtRecordAndAtPromotion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := pubConfig(b)
+	o := newOtel(t, &cfg)
+	c := b.client(t, cfg)
+	ctx := context.Background()
+	require.NoError(t, c.EnsureIndexes(ctx))
+	topic := itel.AttrTopic.String(ordersTopic)
+	recordAt(t, c, b.run, "k", 0, "now", time.Time{})
+	recordAt(t, c, b.run, "k", 1, "soon", time.Now().Add(300*time.Millisecond))
+	recordAt(t, c, b.run, "k", 2, "cancelled", time.Now().Add(time.Hour))
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, ordersTopic, "cancelled") }))
+	m := o.collect(t)
+	require.EqualValues(t, 3, sumOf(m["outbox.events.recorded"], topic), "every event counts at its commit, scheduled or not")
+	require.Zero(t, sumOf(m["outbox.scheduled.promoted"], topic))
+
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the scheduled event promoted", func() bool {
+		return sumOf(o.collect(t)["outbox.scheduled.promoted"], topic) == 1
+	})
+	b.kafkaEvents(t, ordersTopic, 2)
+	m = o.collect(t)
+	require.EqualValues(t, 3, sumOf(m["outbox.events.recorded"], topic), "a promotion is not a second recording")
+	require.EqualValues(t, 1, sumOf(m["outbox.scheduled.promoted"], topic))
 }

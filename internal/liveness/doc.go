@@ -4,10 +4,10 @@
 // Each running Client keeps a liveness record of its own in the
 // outbox_meta collection (record.go): who it is, which group members it
 // holds, when it was last seen by MongoDB's clock, and the session ids its
-// consumer runs transactions on. A replica that meets a lock left by a dead
-// one ends the dead one's recorded sessions (takeover.go), so that its
-// transactions abort at once instead of when MongoDB's transaction
-// lifetime runs out.
+// consumer and its promotions of scheduled events run transactions on. A
+// replica that meets a lock left by a dead one ends the dead one's
+// recorded sessions (takeover.go), so that its transactions abort at once
+// instead of when MongoDB's transaction lifetime runs out.
 //
 // It does not import the root package: the root gives it the collection,
 // the group metadata and the logging it needs, and converts the records it

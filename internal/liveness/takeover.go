@@ -27,16 +27,21 @@ import (
 // conflict: internal/inboxhost makes every write of the handling path fail at once on
 // a lock instead of waiting) and would wait for the lifetime to end. So:
 //
-//   - every consumer transaction runs in a session whose id the replica
-//     first records in its liveness record (record.go; the driver pools
-//     sessions, so the list settles at the replica's concurrency), and
+//   - every consumer transaction, and every promotion of scheduled events
+//     (internal/schedule), runs in a session whose id the replica first
+//     records in its liveness record (record.go; the driver pools sessions,
+//     so the list settles at the replica's concurrency), and
 //   - a worker (or an operator's re-drive) that meets a lock asks for a
 //     reap (at most every reapEvery): the replica reads the records of its
 //     consumer group (from the primary) and the group's members, and ends
 //     (killSessions) the recorded sessions of every replica that is no
 //     longer a member and has stopped refreshing its record. Ending a
 //     session aborts its transaction and frees its locks; the keys it held
-//     move on at the next retry.
+//     move on at the next retry. A promotion loop that meets a lock asks
+//     for a reap of the publisher group the same way (Reaper.Publisher):
+//     the records of that group, judged by their publisher member ids. A
+//     record's sessions are one list whichever mechanism noted them: the
+//     record is judged dead as a whole, and a dead process uses none.
 //
 // The driver pools sessions per mongo.Client and hands a session one
 // Client used to whatever uses the mongo.Client next: another Client on it
@@ -51,6 +56,9 @@ import (
 //     the mongo.Client, named at random per process) is refreshed: that
 //     mongo.Client lives, and its sessions may serve that record's Client
 //     now;
+//   - never while the record's replica is a member of either of its
+//     groups (consumer and publisher): its sessions serve both groups'
+//     transactions;
 //   - only the ids read are removed from the record ($pullAll), so an id
 //     recorded between the read and the kill is ended by a later reap.
 //
@@ -92,15 +100,23 @@ type Sessions struct {
 	rec   *Record // the running replica record; nil outside Run
 	known map[string]bool
 
-	reapMu   sync.Mutex
-	reaping  bool
-	reapedAt time.Time
-	reapWG   sync.WaitGroup
+	reapMu sync.Mutex
+	// reaps throttles the reaps of each group (0: the consumer group, 1:
+	// the publisher group), so that one group's reaps never delay the
+	// other's.
+	reaps  [2]reapState
+	reapWG sync.WaitGroup
 	// reapCtx bounds the reaps of the running Run: stop cancels it, so a
 	// stop never waits for a reap in flight (up to reapTimeout) on top of
 	// its drain, its group leave and its record's write; nil outside Run.
 	reapCtx    context.Context
 	reapCancel context.CancelFunc
+}
+
+// reapState is whether a reap of one group runs and when the last began.
+type reapState struct {
+	reaping bool
+	at      time.Time
 }
 
 // Start and Stop bracket a Run's replica record.
@@ -170,6 +186,10 @@ type Reaper struct {
 	// for KIP-848 (see GroupMembers).
 	Group            string
 	ConsumerProtocol bool
+	// Publisher makes Group the publisher group: the reap judges the
+	// records of that group (publisher_group) by their publisher member
+	// ids. Kafka is then the publisher's group client.
+	Publisher bool
 	// Meta is the outbox_meta collection; Mongo the client whose admin
 	// database ends the sessions.
 	Meta  *mongo.Collection
@@ -183,16 +203,20 @@ type Reaper struct {
 	Warn func(msg string, args ...any)
 }
 
-// Reap ends, in the background, the recorded sessions of the consumer
-// group's replicas that died (see the top of the file), at most once per
-// reapEvery.
+// Reap ends, in the background, the recorded sessions of the group's
+// replicas that died (see the top of the file), at most once per reapEvery
+// for each group.
 func (l *Sessions) Reap(rp Reaper) {
+	st := &l.reaps[0]
+	if rp.Publisher {
+		st = &l.reaps[1]
+	}
 	l.reapMu.Lock()
-	if l.reaping || time.Since(l.reapedAt) < reapEvery {
+	if st.reaping || time.Since(st.at) < reapEvery {
 		l.reapMu.Unlock()
 		return
 	}
-	l.reaping, l.reapedAt = true, time.Now()
+	st.reaping, st.at = true, time.Now()
 	l.reapWG.Add(1)
 	rctx := l.reapCtx
 	l.reapMu.Unlock()
@@ -203,7 +227,7 @@ func (l *Sessions) Reap(rp Reaper) {
 		defer l.reapWG.Done()
 		defer func() {
 			l.reapMu.Lock()
-			l.reaping = false
+			st.reaping = false
 			l.reapMu.Unlock()
 		}()
 		ctx, cancel := context.WithTimeout(rctx, reapTimeout)
@@ -240,8 +264,9 @@ func silent(d Doc, now time.Time) bool {
 	return max(now.Sub(d.LastSeen), 0) > 2*max(d.Refresh(), time.Second)
 }
 
-// ReapNow ends the sessions of the dead replicas of the consumer group, on
-// the caller's goroutine.
+// ReapNow ends the sessions of the dead replicas of the group (the
+// consumer group, or the publisher group with Reaper.Publisher), on the
+// caller's goroutine.
 func (l *Sessions) ReapNow(ctx context.Context, rp Reaper) error {
 	l.mu.Lock()
 	self := ""
@@ -268,15 +293,35 @@ func (l *Sessions) ReapNow(ctx context.Context, rp Reaper) error {
 		}
 	}
 	for _, r := range replicas {
-		if r.ID == self || r.ConsumerGroup != rp.Group || len(r.LSIDs) == 0 {
+		group, member := r.ConsumerGroup, r.ConsumerMemberID
+		if rp.Publisher {
+			group, member = r.PublisherGroup, r.PublisherMemberID
+		}
+		if r.ID == self || group != rp.Group || len(r.LSIDs) == 0 {
 			continue
 		}
 		// A stopped record's sessions are never ended: a graceful stop
 		// leaves no transaction open, and the driver has handed its
 		// sessions out again (a stopped record lists none, unless a
 		// session was noted as it stopped).
-		if r.Stopped() || members[r.ConsumerMemberID] || !silent(r, now) || live[r.SessionPool] {
+		if r.Stopped() || members[member] || !silent(r, now) || live[r.SessionPool] {
 			continue
+		}
+		// The record's sessions serve both of its groups' work (handling
+		// transactions, promotions): a member of its other group lives,
+		// silent as its record may be.
+		otherGroup, otherMember := r.PublisherGroup, r.PublisherMemberID
+		if rp.Publisher {
+			otherGroup, otherMember = r.ConsumerGroup, r.ConsumerMemberID
+		}
+		if otherGroup != "" && otherMember != "" {
+			others, err := GroupMembers(ctx, rp.Kafka, otherGroup, rp.ConsumerProtocol)
+			if err != nil {
+				return err
+			}
+			if others[otherMember] {
+				continue
+			}
 		}
 		id := r.ID[len(IDPrefix):]
 		lsids := make(bson.A, len(r.LSIDs))
@@ -297,7 +342,7 @@ func (l *Sessions) ReapNow(ctx context.Context, rp Reaper) error {
 			return fmt.Errorf("update the record of replica %s: %w", id, err)
 		}
 		rp.Log.Info("ended the sessions of a replica that left the group with transactions open",
-			"replica", id, "host", r.Host, "pid", r.PID, "member", r.ConsumerMemberID, "sessions", len(r.LSIDs),
+			"replica", id, "host", r.Host, "pid", r.PID, "group", rp.Group, "member", member, "sessions", len(r.LSIDs),
 			"silent_for", max(now.Sub(r.LastSeen), 0).Round(time.Second).String())
 	}
 	return nil

@@ -2,7 +2,6 @@ package publish
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -100,31 +99,9 @@ func TestProducersFollowARecreatedTopicWithoutDroppingRecords(t *testing.T) {
 }
 
 // recreateTopic deletes topic and creates it again with n partitions,
-// waiting while Kafka still deletes it.
+// each with a leader when it returns.
 func recreateTopic(t *testing.T, env *kafkatest.Env, topic string, n int32) {
 	t.Helper()
-	adm := env.Admin()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	deleted, err := adm.DeleteTopic(ctx, topic)
-	if err == nil {
-		err = deleted.Err
-	}
-	require.NoError(t, err)
-	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		created, err := adm.CreateTopic(ctx, n, -1, nil, topic)
-		if err == nil {
-			err = created.Err
-		}
-		if !errors.Is(err, kerr.TopicAlreadyExists) {
-			require.NoError(t, err)
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("topic %q still being deleted: %v", topic, ctx.Err())
-		case <-time.After(backoff):
-		}
-	}
+	testkit.RecreateTopic(t, env.Admin(), topic, n)
 	env.CreateTopic(t, n, topic) // waits for the partitions' leaders
 }

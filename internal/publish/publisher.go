@@ -165,11 +165,14 @@ type Config struct {
 	// StreamOpened, when set, is called after each open of the change
 	// stream; for tests.
 	StreamOpened func()
+	// BatchBytes caps the bytes of the documents a scan reads per round
+	// (WorkerConfig.BatchBytes); 16 MiB when zero. For tests.
+	BatchBytes int
 	// Rescan and HoldRecheck replace rescanInterval and
 	// holdRecheckInterval when positive; for tests.
 	Rescan, HoldRecheck time.Duration
-	// Follower, when set, runs beside the workers on the partitions they
-	// own (the promotion of scheduled events).
+	// Follower runs beside the workers on the partitions they own (the
+	// promotion of scheduled events). Defaults to one that does nothing.
 	Follower Follower
 	// Stats, when set, is where the workers count and note errors
 	// (shared with the Follower); a new one otherwise.
@@ -189,6 +192,14 @@ type Follower interface {
 	Close()
 	Run(ctx context.Context)
 }
+
+// noFollower is the Follower of a publisher given none: it does nothing.
+type noFollower struct{}
+
+func (noFollower) Assign([]TopicPartition) {}
+func (noFollower) Revoke([]TopicPartition) {}
+func (noFollower) Close()                  {}
+func (noFollower) Run(context.Context)     {}
 
 // Publisher is one run of the publisher: New creates its Kafka clients
 // (the group starts joining at once), Run publishes until its context
@@ -219,6 +230,9 @@ func New(cfg Config) (*Publisher, error) {
 	deliveryTimeout := cfg.SessionTimeout
 	markTimeout := cfg.SessionTimeout
 	rebalanceTimeout := max(60*time.Second, 4*(deliveryTimeout+markTimeout))
+	if cfg.Follower == nil {
+		cfg.Follower = noFollower{}
+	}
 
 	p := &Publisher{
 		cfg:         cfg,
@@ -257,6 +271,7 @@ func New(cfg Config) (*Publisher, error) {
 		Marker:      p.marker,
 		Lease:       p.lease,
 		BatchSize:   cfg.BatchSize,
+		BatchBytes:  cfg.BatchBytes,
 		Backoff:     cfg.Backoff,
 		Rescan:      cmpOrDuration(cfg.Rescan, rescanInterval),
 		Hold:        cfg.Hold,
@@ -347,18 +362,14 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 				// it now if it is new (added to its topic).
 				p.prods.ForceMetadataRefresh()
 				p.set.Assign(tps)
-				if cfg.Follower != nil {
-					cfg.Follower.Assign(tps)
-				}
+				cfg.Follower.Assign(tps)
 			}
 		}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			p.note(cfg.Rebalanced, "revoked", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Info("publisher partitions revoked", "partitions", m)
-				if cfg.Follower != nil {
-					cfg.Follower.Revoke(tps)
-				}
+				cfg.Follower.Revoke(tps)
 				p.set.Revoke(tps)
 			}
 			p.note(cfg.Ownership, "revoked", m) // the workers have stopped
@@ -368,9 +379,7 @@ func (p *Publisher) groupOptions(rebalanceTimeout time.Duration) ([]kgo.Opt, err
 			p.note(cfg.Rebalanced, "lost", m)
 			if tps := p.toTPs(m); len(tps) > 0 {
 				p.log.Warn("publisher partitions lost", "partitions", m)
-				if cfg.Follower != nil {
-					cfg.Follower.Revoke(tps)
-				}
+				cfg.Follower.Revoke(tps)
 				p.set.Lose(tps)
 			}
 			p.note(cfg.Ownership, "lost", m) // the workers have stopped
@@ -433,9 +442,7 @@ func (p *Publisher) Run(ctx context.Context) {
 	// no-op. The producers close after the workers have stopped.
 	defer p.prods.Close()
 	defer p.set.Close()
-	if cfg.Follower != nil {
-		defer cfg.Follower.Close()
-	}
+	defer cfg.Follower.Close()
 
 	// Background loops, owned here and stopped by cancelling bg.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -466,18 +473,14 @@ func (p *Publisher) Run(ctx context.Context) {
 		wg.Go(func() { p.sess.follow(bg, p.group, cfg.Group, cfg.Backoff, p.stats, p.log) })
 	}
 	wg.Go(func() { p.followTopics(bg) })
-	if cfg.Follower != nil {
-		wg.Go(func() { cfg.Follower.Run(bg) })
-	}
+	wg.Go(func() { cfg.Follower.Run(bg) })
 
 	<-ctx.Done()
 
 	// Drain: finish and mark the batches in flight, then leave the group
 	// (bounded: Close alone can block for a minute when the coordinator is
 	// unreachable), then stop the background loops.
-	if cfg.Follower != nil {
-		cfg.Follower.Close()
-	}
+	cfg.Follower.Close()
 	p.set.Close()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	if err := p.group.LeaveGroupContext(lctx); err != nil {
@@ -568,6 +571,10 @@ func (p *Publisher) Stats() *Stats { return p.stats }
 // LeaseValid reports whether the group session is confirmed recently
 // enough to publish.
 func (p *Publisher) LeaseValid() bool { return p.lease.Valid() }
+
+// GroupClient returns the group client, for reads of the group (its
+// members); it lives until Run returns.
+func (p *Publisher) GroupClient() *kgo.Client { return p.group }
 
 // GroupMetadata returns the group client's member id and generation.
 func (p *Publisher) GroupMetadata() (string, int32) { return p.group.GroupMetadata() }

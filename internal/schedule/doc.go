@@ -16,7 +16,13 @@
 // promote an event: the second one's mark meets the first one's write
 // (a write conflict, or a count short of the events it read), and its
 // transaction is aborted. Promotion needs no lease: what it writes is
-// published by the publisher's fenced workers.
+// published by the publisher's fenced workers. A process killed in a
+// promotion leaves its transaction open, its writes on the events it read:
+// each promotion's session is first given to Mongo.Session (the root
+// records it for the takeover, internal/liveness), and a promotion that
+// meets such a write calls Mongo.Locked (the root asks for a reap), so the
+// next owner ends the dead transaction instead of waiting for MongoDB's
+// transaction lifetime.
 //
 // Per owned partition a loop keeps a horizon: the next due times, at
 // most Config.Horizon of them, read from the index outbox_scheduled_due,

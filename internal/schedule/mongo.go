@@ -26,6 +26,17 @@ type Mongo struct {
 	Outbox    *mongo.Collection
 	// Timeout bounds one promotion transaction. Defaults to 10 s.
 	Timeout time.Duration
+	// Session, when set, is given the id of each promotion's session
+	// before its transaction starts; its error ends the attempt. The
+	// takeover records the id (internal/liveness), so that the next owner
+	// of the partition can end the transaction should this process die
+	// in it: until then its locks would stop every promotion of the
+	// events it read, for MongoDB's transaction lifetime.
+	Session func(ctx context.Context, lsid bson.Raw) error
+	// Locked, when set, is called when a promotion met another
+	// transaction's write (a write conflict): it may be a dead owner's
+	// promotion left open, which the takeover ends.
+	Locked func()
 }
 
 // Upcoming implements Store through the index outbox_scheduled_due.
@@ -85,7 +96,12 @@ func (m Mongo) Promote(ctx context.Context, tp TopicPartition, now time.Time, li
 	return done, nil
 }
 
-func (m Mongo) promote(ctx context.Context, tp TopicPartition, now time.Time, limit int) (int, error) {
+func (m Mongo) promote(ctx context.Context, tp TopicPartition, now time.Time, limit int) (n int, err error) {
+	defer func() {
+		if m.Locked != nil && store.IsWriteConflict(err) {
+			m.Locked()
+		}
+	}()
 	timeout := m.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Second
@@ -97,6 +113,11 @@ func (m Mongo) promote(ctx context.Context, tp TopicPartition, now time.Time, li
 		return 0, fmt.Errorf("start session: %w", err)
 	}
 	defer store.End(ctx, sess)
+	if m.Session != nil {
+		if err := m.Session(ctx, sess.ID()); err != nil {
+			return 0, fmt.Errorf("record the promotion's session: %w", err)
+		}
+	}
 	if err := sess.StartTransaction(options.Transaction().SetWriteConcern(writeconcern.Majority())); err != nil {
 		return 0, fmt.Errorf("start transaction: %w", err)
 	}

@@ -36,7 +36,7 @@ type Metric struct {
 
 // The framework's metrics, with the attributes each carries:
 //
-//	outbox.events.recorded      counter    events committed to the outbox {topic}
+//	outbox.events.recorded      counter    events recorded by committed transactions, scheduled ones included {topic}
 //	outbox.events.published     counter    events acknowledged by Kafka {topic}
 //	outbox.events.publish_failed counter   events marked failed in the outbox {topic, reason: refused (by Kafka, for good)|unreadable (document)}
 //	outbox.change_stream.reopens counter   reopens of the publisher's outbox change stream {reason: error|closed|ownership}
@@ -62,11 +62,18 @@ type Metric struct {
 //	outbox.consumer.waiting.oldest_age gauge s, age of a partition's oldest wait {topic, partition}
 //	outbox.claimcheck.stored    counter    events committed with their payload out of band (claim check) {topic}
 //	outbox.claimcheck.unresolved counter   attempts whose payload stored out of band could not be read {topic, reason: unavailable|not_configured|malformed}
+//	outbox.scheduled.promoted   counter    scheduled events moved into the outbox at their due time {topic}
 //	outbox.scheduled            gauge      scheduled events waiting for their due time {topic}
 //	outbox.scheduled.next_due   gauge      s, until the earliest due time of a topic's scheduled events (negative: overdue) {topic}
 //	outbox.doctor.findings      gauge      findings of the doctor's check at Run's start {severity: breaks|risk|note}
 var (
-	Recorded      = Metric{"outbox.events.recorded", Counter, "{event}", "Events committed to the outbox."}
+	// Recorded counts each event once, when the transaction that recorded
+	// it commits, in the process that recorded it: a scheduled event
+	// (WithPublishAt, WithDelay) then too, not when it is promoted (the
+	// owner of its partition, maybe another process, counts that in
+	// Promoted), so that a cancelled one counts as recorded and none
+	// counts twice.
+	Recorded      = Metric{"outbox.events.recorded", Counter, "{event}", "Events recorded by committed transactions, scheduled ones included (counted at their commit, not at their promotion)."}
 	Published     = Metric{"outbox.events.published", Counter, "{event}", "Events acknowledged by Kafka."}
 	PublishFailed = Metric{"outbox.events.publish_failed", Counter, "{event}", "Events marked failed in the outbox: refused for good by Kafka, or unreadable documents."}
 	StreamReopens = Metric{"outbox.change_stream.reopens", Counter, "{reopen}", "Reopens of the publisher's outbox change stream, by reason."}
@@ -78,6 +85,7 @@ var (
 	ClaimStored   = Metric{"outbox.claimcheck.stored", Counter, "{event}", "Events committed with their payload stored out of band (claim check)."}
 	Unresolved    = Metric{"outbox.claimcheck.unresolved", Counter, "{attempt}", "Handling attempts whose payload, stored out of band, could not be read, by reason."}
 	FetchRestarts = Metric{"outbox.consumer.fetch_restarts", Counter, "{restart}", "Restarts of a handled partition's fetching that its Kafka client had stopped while the broker had records."}
+	Promoted      = Metric{"outbox.scheduled.promoted", Counter, "{event}", "Scheduled events moved into the outbox at their due time, counted by the replica that promoted them."}
 
 	PublishDuration = Metric{"outbox.publish.duration", Histogram, "s", "Duration of one Kafka batch, from the first send to the last acknowledgement."}
 	HandleDuration  = Metric{"outbox.handle.duration", Histogram, "s", "Duration of one handling attempt, transaction included."}
@@ -105,7 +113,7 @@ var (
 // Metrics lists every metric the framework reports.
 func Metrics() []Metric {
 	return []Metric{Recorded, Published, PublishFailed, StreamReopens, Handled, Skipped, Retried, Parked,
-		Rebalances, FetchRestarts, ClaimStored, Unresolved, PublishDuration, HandleDuration, Pending, Failed, HeldKeys, HeldEvents,
+		Rebalances, FetchRestarts, ClaimStored, Unresolved, Promoted, PublishDuration, HandleDuration, Pending, Failed, HeldKeys, HeldEvents,
 		ParkedNow, Held, Owned, Lag, InFlight, Waiting, WaitAge, OldestPending, Scheduled, NextDue, DoctorFindings}
 }
 
@@ -122,7 +130,7 @@ type Instruments struct {
 	Handled, Skipped, Retried, Parked  metric.Int64Counter
 	Rebalances, StreamReopens          metric.Int64Counter
 	FetchRestarts                      metric.Int64Counter
-	ClaimStored, Unresolved            metric.Int64Counter
+	ClaimStored, Unresolved, Promoted  metric.Int64Counter
 	PublishDuration, HandleDuration    metric.Float64Histogram
 	Pending, Failed, ParkedNow, Owned  metric.Int64ObservableGauge
 	HeldKeys, HeldEvents, Held         metric.Int64ObservableGauge
@@ -174,6 +182,7 @@ func New(meter metric.Meter) (ins *Instruments, err error) {
 	ins.FetchRestarts = counter(FetchRestarts)
 	ins.ClaimStored = counter(ClaimStored)
 	ins.Unresolved = counter(Unresolved)
+	ins.Promoted = counter(Promoted)
 	ins.PublishDuration = hist(PublishDuration)
 	ins.HandleDuration = hist(HandleDuration)
 	ins.Pending = gauge(Pending)

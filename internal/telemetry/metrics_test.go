@@ -26,6 +26,7 @@ func TestMetricNames(t *testing.T) {
 		"outbox.consumer.fetch_restarts counter {restart}",
 		"outbox.claimcheck.stored counter {event}",
 		"outbox.claimcheck.unresolved counter {attempt}",
+		"outbox.scheduled.promoted counter {event}",
 		"outbox.publish.duration histogram s",
 		"outbox.handle.duration histogram s",
 		"outbox.pending gauge {event}",

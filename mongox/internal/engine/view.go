@@ -394,7 +394,8 @@ func (v *View) sortNatural(cs []*chain) []*chain {
 		}
 		rs[i] = ranked{r, c}
 	}
-	slices.SortStableFunc(rs, func(a, b ranked) int { return cmp.Compare(a.rid, b.rid) })
+	// Record ids are distinct, so an unstable sort gives the one order.
+	slices.SortFunc(rs, func(a, b ranked) int { return cmp.Compare(a.rid, b.rid) })
 	for i := range rs {
 		cs[i] = rs[i].c
 	}
