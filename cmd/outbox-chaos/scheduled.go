@@ -445,7 +445,7 @@ func availableAt(owned []ownership, gone map[string]time.Time, topic string, p i
 func (h *harness) checkScheduled(ctx context.Context, ledger []ledgerEntry, tr *topicsRead, effectCount map[string]int, res *result, v *verdict) error {
 	byID := map[string]*scheduledFact{}
 	recorded, cancels := h.work.sched.snapshot()
-	var ids []string
+	ids := []string{} // an array for $in even when there are none
 	for i := range ledger {
 		e := &ledger[i]
 		if e.Kind != kindScheduled {
