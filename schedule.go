@@ -20,6 +20,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
@@ -87,6 +88,9 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 	if _, err := c.scheduled.InsertMany(ctx, tx.scheduled); err != nil {
 		return flushError(len(tx.scheduled), err)
 	}
+	for _, d := range tx.scheduled {
+		tx.countClaim(&d.(*store.ScheduledDoc).OutboxDoc)
+	}
 	tx.scheduled = tx.scheduled[:0]
 	return nil
 }
@@ -94,7 +98,9 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 // CancelScheduled cancels, in the transaction of ctx (from Client.Transact
 // or a handler, else ErrNoTransaction), the events of topic scheduled with
 // WithPublishAt or WithDelay under idempotencyKey that are not due yet:
-// they are deleted when the transaction commits, and never published.
+// they are deleted when the transaction commits, and never published; the
+// payload of one stored out of band (Config.ClaimCheck) is marked in the
+// same transaction to expire as a published event's does.
 // It returns an error wrapping ErrTooLate when such an event was already
 // moved into the outbox at its due time (it is or will be published), and
 // ErrNotScheduled when there is none (see ErrNotScheduled). A cancellation
@@ -110,15 +116,38 @@ func CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
 	if !c.publishTopics[topic] {
 		return fmt.Errorf("%w: %q", ErrUnknownTopic, topic)
 	}
-	// Events scheduled by this transaction are not inserted yet.
+	// Events scheduled by this transaction are not inserted yet, nor are
+	// their chunks.
 	before := len(tx.scheduled)
+	dropped := map[bson.ObjectID]bool{}
 	tx.scheduled = slices.DeleteFunc(tx.scheduled, func(d any) bool {
 		s := d.(*store.ScheduledDoc)
-		return s.Topic == topic && s.IdempotencyKey == idempotencyKey
+		if s.Topic != topic || s.IdempotencyKey != idempotencyKey {
+			return false
+		}
+		if s.PayloadRef != nil {
+			dropped[*s.PayloadRef] = true
+		}
+		return true
 	})
+	if len(dropped) > 0 {
+		tx.chunks = slices.DeleteFunc(tx.chunks, func(ch any) bool { return dropped[ch.(*claimcheck.Chunk).Ref] })
+	}
+	refs, err := c.scheduledPayloadRefs(ctx, topic, idempotencyKey)
+	if err != nil {
+		return err
+	}
 	res, err := c.scheduled.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
 	if err != nil {
 		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+	}
+	if len(refs) > 0 {
+		// In the cancelling transaction: the chunks of a cancelled event
+		// expire as those of a published one, and those of an event whose
+		// cancellation aborts stay unpublished.
+		if err := c.claims.MarkPublished(ctx, refs, time.Now()); err != nil {
+			return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
+		}
 	}
 	if res.DeletedCount > 0 || len(tx.scheduled) < before {
 		return nil
@@ -133,6 +162,33 @@ func CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
 	default:
 		return fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
 	}
+}
+
+// scheduledPayloadRefs returns the payload_ref of the scheduled events of
+// topic under idempotencyKey that are not promoted and whose payload is
+// stored out of band (none without Config.ClaimCheck), read in the
+// transaction of ctx that deletes them.
+func (c *Client) scheduledPayloadRefs(ctx context.Context, topic, idempotencyKey string) ([]any, error) {
+	if c.claims == nil {
+		return nil, nil
+	}
+	filter := append(store.ScheduledKeyFilter(topic, idempotencyKey, true),
+		bson.E{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: true}}})
+	cur, err := c.scheduled.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: store.OutboxPayloadRef, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: cancel scheduled event %s/%s: read its payload reference: %w", topic, idempotencyKey, err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var refs []any
+	for cur.Next(ctx) {
+		if ref, ok := cur.Current.Lookup(store.OutboxPayloadRef).ObjectIDOK(); ok {
+			refs = append(refs, ref)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: cancel scheduled event %s/%s: read its payload reference: %w", topic, idempotencyKey, err)
+	}
+	return refs, nil
 }
 
 // sameEvent selects, under Config.UniqueIdempotencyKeys, the documents of
