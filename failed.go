@@ -98,7 +98,9 @@ func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, d
 // (OutboxRetention plus ClaimCheck.Margin from now); an Admin from
 // NewAdmin looks for them in the outbox_payloads collection of its
 // database, the default ClaimCheck.Database. It deletes in transactions
-// of at most 1000 events. Under Config.PoisonPolicy HoldKey this releases their keys:
+// of at most 1000 events; a run that dies in one leaves its events locked
+// until MongoDB aborts that transaction (transactionLifetimeLimitSeconds,
+// 60 s by default), and a rerun waits for it. Under Config.PoisonPolicy HoldKey this releases their keys:
 // the publisher publishes the events that waited behind them, in order,
 // within seconds. With dryRun it only counts them. It returns how many
 // events were (or would be) discarded.
