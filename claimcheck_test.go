@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
+	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
 	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/mongox/mongofake"
@@ -420,7 +421,8 @@ func TestClaimCheckCrashEveryRecordWrite(t *testing.T) {
 // under a published event (it would never expire) nor marked before an
 // earlier publication than its event's latest (it would expire early): the
 // event stays unpublished, is published again, and its payload is marked
-// again with the later time.
+// again with the later time. Every point runs for an immediate event and
+// for a promoted scheduled one, whose chunks' ref is not its _id.
 func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -434,10 +436,27 @@ func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 		at       int
 		afterRun bool
 		coll     string
-	}{{1, false, store.PayloadsCollection}, {1, true, store.PayloadsCollection}, {2, false, "outbox"}, {2, true, "outbox"}} {
-		require.NoError(t, recordPad(t, b, c, "k"+itoa(i), 0, 5000))
+		promoted bool
+	}{
+		{1, false, store.PayloadsCollection, false}, {1, true, store.PayloadsCollection, false}, {2, false, "outbox", false}, {2, true, "outbox", false},
+		{1, false, store.PayloadsCollection, true}, {1, true, store.PayloadsCollection, true}, {2, false, "outbox", true}, {2, true, "outbox", true},
+	} {
+		if p.promoted {
+			e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "k" + itoa(i), Amount: 1}, Pad: pad(5000)}
+			require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return Record(ctx, e, WithDelay(time.Hour)) }))
+			var s store.ScheduledDoc
+			require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.ScheduledPromoted, Value: false}}).Decode(&s))
+			st := schedule.Mongo{Client: b.mongo.Client, Scheduled: c.scheduled, Outbox: c.outbox}
+			n, err := st.Promote(ctx, schedule.TopicPartition{Topic: s.Topic, Partition: s.Partition}, time.Now().Add(2*time.Hour), 10)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		} else {
+			require.NoError(t, recordPad(t, b, c, "k"+itoa(i), 0, 5000))
+		}
 		var d outboxDoc
 		require.NoError(t, c.outbox.FindOne(ctx, bson.D{{Key: store.OutboxPublished, Value: false}}).Decode(&d))
+		ref := *d.PayloadRef
+		require.Equal(t, p.promoted, ref != d.ID, "point %d", i)
 		mc, cr, colls := crashClient(t, b, b.run+"-mark-"+itoa(i), "update", p.at, p.afterRun)
 		db := mc.Database(b.db.Name())
 		dying := outboxStore{coll: db.Collection("outbox"), claims: &claimcheck.Store{Coll: db.Collection(store.PayloadsCollection)}}
@@ -448,7 +467,7 @@ func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 		require.Equal(t, p.coll, got[len(got)-1], "point %d", i)
 
 		published := count(t, c.outbox, bson.D{{Key: store.OutboxID, Value: d.ID}, {Key: store.OutboxPublished, Value: true}})
-		chunksMarked := count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: d.ID}, {Key: store.PayloadPublished, Value: true}})
+		chunksMarked := count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
 		if published == 1 {
 			require.EqualValues(t, 1, chunksMarked, "point %d: a published event's payload is marked", i)
 			continue
@@ -457,7 +476,7 @@ func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 		again := first.Add(time.Minute)
 		require.NoError(t, outboxStore{coll: c.outbox, claims: c.claims}.MarkPublished(ctx, []any{outboxItem(&d, "").ID}, again))
 		var ch claimcheck.Chunk
-		require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: d.ID}}).Decode(&ch))
+		require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: ref}}).Decode(&ch))
 		require.True(t, ch.Published)
 		require.True(t, ch.PublishedAt.Equal(again), "point %d: the payload's clock starts at the latest publication", i)
 	}
@@ -552,7 +571,8 @@ func TestClaimCheckScheduledLargeEvent(t *testing.T) {
 // Discarding a failed event (Admin.DiscardFailed) marks its payload's
 // chunks in the same transaction, so that they expire as a published
 // event's would; a discarded event without a payload out of band, and the
-// failed events left, keep theirs as they were.
+// failed events left, keep theirs as they were, until a retry publishes
+// them.
 func TestClaimCheckDiscardFailedExpiresPayload(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -597,6 +617,16 @@ func TestClaimCheckDiscardFailedExpiresPayload(t *testing.T) {
 		require.True(t, ch.Published, "a discarded event's payload is marked to expire")
 		require.True(t, ch.PublishedAt.After(before))
 	}
+
+	// Retried (Admin.RetryFailed), the kept one is published and its
+	// payload marked then: retry rewrites the document, not the payload.
+	n, err = c.Admin().RetryFailed(ctx, FailedFilter{}, nil, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the retried event's payload marked", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: *keep.PayloadRef}, {Key: store.PayloadPublished, Value: true}}) == 1
+	})
 }
 
 // A consumer whose claim-check database is reached through a mongo.Client
