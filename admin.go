@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
 )
 
@@ -20,6 +21,12 @@ import (
 // as services (Client.Admin). Its methods are safe for concurrent use.
 type Admin struct {
 	outbox, inbox *mongo.Collection
+	// claims is the claim check's payload collection of the outbox's
+	// producer, where DiscardFailed marks the payloads of the events it
+	// discards: the Client's (Config.ClaimCheck.Database) for a producing
+	// Client's Admin, else outbox_payloads of the outbox's database (its
+	// default).
+	claims *claimcheck.Store
 }
 
 // scheduled is the collection of the scheduled events of a's outbox
@@ -34,11 +41,18 @@ func NewAdmin(db *mongo.Database, outboxCollection, inboxCollection string) *Adm
 	return &Admin{
 		outbox: db.Collection(cmp.Or(outboxCollection, "outbox")),
 		inbox:  db.Collection(cmp.Or(inboxCollection, "inbox")),
+		claims: &claimcheck.Store{Coll: db.Collection(store.PayloadsCollection)},
 	}
 }
 
 // Admin returns an Admin on the Client's collections.
-func (c *Client) Admin() *Admin { return &Admin{outbox: c.outbox, inbox: c.inbox} }
+func (c *Client) Admin() *Admin {
+	claims := &claimcheck.Store{Coll: c.outbox.Database().Collection(store.PayloadsCollection)}
+	if c.claims != nil && len(c.cfg.PublishTopics) > 0 {
+		claims = c.claims // a database of Config.Mongo (validateClaimCheck)
+	}
+	return &Admin{outbox: c.outbox, inbox: c.inbox, claims: claims}
+}
 
 // StoreStatus reads the backlog and the counts of failed and parked events.
 //

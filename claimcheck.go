@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.opentelemetry.io/otel/metric"
 
@@ -166,6 +167,45 @@ func (c *Client) claimCheck(doc *outboxDoc) ([]any, error) {
 	ref := doc.ID
 	doc.PayloadRef, doc.PayloadSize, doc.Payload = &ref, int64(len(doc.Payload)), ""
 	return chunks, nil
+}
+
+// claimedID is the publish.Item ID of an event whose payload is stored out
+// of band: its outbox document's _id and its payload_ref, the ref of its
+// chunks. The two differ once a scheduled event is promoted (its outbox
+// document gets a new _id, its chunks keep the ref they were inserted
+// with), so the publisher, which knows only the items' IDs when it marks
+// them, carries both: the outbox documents are marked by _id, the chunks
+// by ref. A comparable value, as publish.Item requires.
+type claimedID struct{ doc, ref bson.ObjectID }
+
+// itemID returns the publish.Item ID of d: its _id, or a claimedID when
+// its payload is stored out of band.
+func itemID(d *outboxDoc) any {
+	if d.PayloadRef != nil {
+		return claimedID{doc: d.ID, ref: *d.PayloadRef}
+	}
+	return d.ID
+}
+
+// docID returns the outbox _id of id, a publish.Item ID.
+func docID(id any) any {
+	if c, ok := id.(claimedID); ok {
+		return c.doc
+	}
+	return id
+}
+
+// splitIDs returns the outbox _ids of ids (publish.Item IDs) and the refs
+// of the chunks of those whose payload is stored out of band.
+func splitIDs(ids []any) (docs, refs []any) {
+	docs = make([]any, len(ids))
+	for i, id := range ids {
+		docs[i] = docID(id)
+		if c, ok := id.(claimedID); ok {
+			refs = append(refs, c.ref)
+		}
+	}
+	return docs, refs
 }
 
 // addPayloadRef adds to rec, the record of d, the reference of its payload

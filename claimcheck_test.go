@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
+	"github.com/event-outbox/outbox/internal/schedule"
 	"github.com/event-outbox/outbox/internal/store"
 	itel "github.com/event-outbox/outbox/internal/telemetry"
 	"github.com/event-outbox/outbox/mongox/mongofake"
@@ -74,6 +75,18 @@ func padConsumerWith(t *testing.T, b *bundle, service string, cc *ClaimCheck, o 
 		}
 		return out
 	}
+}
+
+// setupFastTTL is setup on an embedded server whose TTL monitor runs every
+// 50 ms; it skips the test on a real MongoDB, whose monitor runs every
+// 60 s.
+func setupFastTTL(t *testing.T) *bundle {
+	t.Helper()
+	b := setup(t, mongotest.ServerOptions(mongofake.TTLInterval(50*time.Millisecond)))
+	if b.mongo.Real {
+		t.Skip("the TTL monitor of a real MongoDB runs every 60 s; covered on the embedded server")
+	}
+	return b
 }
 
 func headerOf(r *kgo.Record, key string) (string, bool) {
@@ -348,10 +361,7 @@ func TestClaimCheckLargestPayload(t *testing.T) {
 // never.
 func TestClaimCheckPayloadOutlivesOutboxByMargin(t *testing.T) {
 	t.Parallel()
-	b := setup(t, mongotest.ServerOptions(mongofake.TTLInterval(50*time.Millisecond)))
-	if b.mongo.Real {
-		t.Skip("the TTL monitor of a real MongoDB runs every 60 s; covered on the embedded server")
-	}
+	b := setupFastTTL(t)
 	ctx := context.Background()
 	cfg := claimPub(b, ClaimCheck{Threshold: 1000, Margin: 2 * time.Second})
 	cfg.OutboxRetention = time.Second
@@ -469,7 +479,8 @@ func TestClaimCheckCrashEveryRecordWrite(t *testing.T) {
 // under a published event (it would never expire) nor marked before an
 // earlier publication than its event's latest (it would expire early): the
 // event stays unpublished, is published again, and its payload is marked
-// again with the later time.
+// again with the later time. Every point runs for an immediate event and
+// for a promoted scheduled one, whose chunks' ref is not its _id.
 func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -483,56 +494,197 @@ func TestClaimCheckCrashEveryMarkWrite(t *testing.T) {
 		at       int
 		afterRun bool
 		coll     string
-	}{{1, false, store.PayloadsCollection}, {1, true, store.PayloadsCollection}, {2, false, "outbox"}, {2, true, "outbox"}} {
-		require.NoError(t, recordPad(t, b, c, "k"+itoa(i), 0, 5000))
+		promoted bool
+	}{
+		{1, false, store.PayloadsCollection, false}, {1, true, store.PayloadsCollection, false}, {2, false, "outbox", false}, {2, true, "outbox", false},
+		{1, false, store.PayloadsCollection, true}, {1, true, store.PayloadsCollection, true}, {2, false, "outbox", true}, {2, true, "outbox", true},
+	} {
+		if p.promoted {
+			e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "k" + itoa(i), Amount: 1}, Pad: pad(5000)}
+			require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return Record(ctx, e, WithDelay(time.Hour)) }))
+			var s store.ScheduledDoc
+			require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.ScheduledPromoted, Value: false}}).Decode(&s))
+			st := schedule.Mongo{Client: b.mongo.Client, Scheduled: c.scheduled, Outbox: c.outbox}
+			n, err := st.Promote(ctx, schedule.TopicPartition{Topic: s.Topic, Partition: s.Partition}, time.Now().Add(2*time.Hour), 10)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		} else {
+			require.NoError(t, recordPad(t, b, c, "k"+itoa(i), 0, 5000))
+		}
 		var d outboxDoc
 		require.NoError(t, c.outbox.FindOne(ctx, bson.D{{Key: store.OutboxPublished, Value: false}}).Decode(&d))
+		ref := *d.PayloadRef
+		require.Equal(t, p.promoted, ref != d.ID, "point %d", i)
 		mc, cr, colls := crashClient(t, b, b.run+"-mark-"+itoa(i), "update", p.at, p.afterRun)
 		db := mc.Database(b.db.Name())
 		dying := outboxStore{coll: db.Collection("outbox"), claims: &claimcheck.Store{Coll: db.Collection(store.PayloadsCollection)}}
 		first := time.Now().UTC().Truncate(time.Millisecond)
-		require.Error(t, dying.MarkPublished(ctx, []any{d.ID}, first))
+		require.Error(t, dying.MarkPublished(ctx, []any{outboxItem(&d, "").ID}, first))
 		<-cr.Fired()
 		got := colls()
 		require.Equal(t, p.coll, got[len(got)-1], "point %d", i)
 
 		published := count(t, c.outbox, bson.D{{Key: store.OutboxID, Value: d.ID}, {Key: store.OutboxPublished, Value: true}})
-		chunksMarked := count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: d.ID}, {Key: store.PayloadPublished, Value: true}})
+		chunksMarked := count(t, c.claims.Coll, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
 		if published == 1 {
 			require.EqualValues(t, 1, chunksMarked, "point %d: a published event's payload is marked", i)
 			continue
 		}
 		// Not marked: the publisher publishes it again and marks it later.
 		again := first.Add(time.Minute)
-		require.NoError(t, outboxStore{coll: c.outbox, claims: c.claims}.MarkPublished(ctx, []any{d.ID}, again))
+		require.NoError(t, outboxStore{coll: c.outbox, claims: c.claims}.MarkPublished(ctx, []any{outboxItem(&d, "").ID}, again))
 		var ch claimcheck.Chunk
-		require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: d.ID}}).Decode(&ch))
+		require.NoError(t, c.claims.Coll.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: ref}}).Decode(&ch))
 		require.True(t, ch.Published)
 		require.True(t, ch.PublishedAt.Equal(again), "point %d: the payload's clock starts at the latest publication", i)
 	}
 }
 
-// A scheduled event whose payload would go out of band is refused at
-// Record with the reason, and nothing is written: the chunks of a payload
-// expire by the _id of the outbox document that references them, which a
-// promotion changes. A small one is scheduled as usual.
-func TestClaimCheckScheduledLargeEventRefused(t *testing.T) {
+// A scheduled event's payload goes out of band as an immediate one's: its
+// chunks are inserted in the scheduling transaction, keyed by its
+// payload_ref, and never expire while it waits (here longer than the
+// payloads' whole retention); its promotion gives its outbox document a
+// new _id and keeps payload_ref, so it is published at its due time with
+// the reference to its chunks, the consumer's handler sees the whole
+// payload, and the publisher marks the chunks to expire. A cancelled one's
+// chunks are marked by the cancelling transaction and expire; one
+// scheduled and cancelled in one transaction leaves none.
+func TestClaimCheckScheduledLargeEvent(t *testing.T) {
+	t.Parallel()
+	b := setupFastTTL(t)
+	ctx := context.Background()
+	cfg := claimPub(b, ClaimCheck{Threshold: 1000, Margin: time.Second})
+	cfg.OutboxRetention = time.Second // chunks expire 2 s after their mark
+	c := b.client(t, cfg)
+	require.NoError(t, c.EnsureIndexes(ctx))
+	payloads := b.db.Collection(store.PayloadsCollection)
+	large := func(seq int) paddedOrder {
+		return paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "s", Amount: 1, Seq: seq}, Pad: pad(5000)}
+	}
+	due := time.Now().Add(4 * time.Second)
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		if err := Record(ctx, large(1), WithIdempotencyKey("kept"), WithPublishAt(due)); err != nil {
+			return err
+		}
+		if err := Record(ctx, large(2), WithIdempotencyKey("cancelled"), WithDelay(time.Hour)); err != nil {
+			return err
+		}
+		if err := Record(ctx, large(3), WithIdempotencyKey("same-txn"), WithDelay(time.Hour)); err != nil {
+			return err
+		}
+		return CancelScheduled(ctx, ordersTopic, "same-txn")
+	}))
+	scheduled := map[string]store.ScheduledDoc{}
+	for _, key := range []string{"kept", "cancelled"} {
+		var d store.ScheduledDoc
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
+		require.NotNil(t, d.PayloadRef, key)
+		require.Equal(t, d.ID, *d.PayloadRef, key)
+		require.Empty(t, d.Payload, key)
+		require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: d.ID}, {Key: store.PayloadPublished, Value: false}}), key)
+		scheduled[key] = d
+	}
+	require.EqualValues(t, 2, count(t, payloads, bson.D{}), "the event cancelled in its own transaction left no chunks")
+	require.Zero(t, count(t, c.outbox, bson.D{}))
+
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error { return CancelScheduled(ctx, ordersTopic, "cancelled") }))
+	cancelled := scheduled["cancelled"].ID
+	require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: cancelled}, {Key: store.PayloadPublished, Value: true}}),
+		"the cancelling transaction marked the chunks")
+	eventually(t, "the cancelled event's chunks expired", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: cancelled}}) == 0
+	})
+
+	// The kept event has waited longer than the chunks' retention (2 s):
+	// its chunks are there, unmarked.
+	kept := scheduled["kept"].ID
+	require.EqualValues(t, 1, count(t, payloads, bson.D{{Key: store.PayloadRef, Value: kept}, {Key: store.PayloadPublished, Value: false}}))
+
+	cons, seen := padConsumer(t, b, "cons", &ClaimCheck{Database: b.db})
+	start(t, cons)
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the scheduled event handled whole", func() bool { return seen()[1] == 5000 })
+	require.NotContains(t, seen(), 2)
+	require.NotContains(t, seen(), 3)
+
+	var promoted outboxDoc
+	require.NoError(t, c.outbox.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: "kept"}}).Decode(&promoted))
+	require.NotEqual(t, kept, promoted.ID, "the promotion gave the outbox document a new _id")
+	require.Equal(t, kept, *promoted.PayloadRef, "and kept the ref of the chunks")
+	recs := b.kafkaEvents(t, ordersTopic, 1)
+	ref, ok := headerOf(recs[0], claimcheck.HeaderNative)
+	require.True(t, ok)
+	require.Equal(t, claimcheck.Ref(kept), ref)
+	eventually(t, "the published event's chunks marked", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: kept}, {Key: store.PayloadPublished, Value: true}}) == 1
+	})
+	var ch claimcheck.Chunk
+	require.NoError(t, payloads.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: kept}}).Decode(&ch))
+	require.False(t, ch.PublishedAt.Before(due.Truncate(time.Millisecond)), "published at %v, before its due time %v", ch.PublishedAt, due)
+	eventually(t, "the published event's chunks expired", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: kept}}) == 0
+	})
+}
+
+// Discarding a failed event (Admin.DiscardFailed) marks its payload's
+// chunks in the same transaction, so that they expire as a published
+// event's would; a discarded event without a payload out of band, and the
+// failed events left, keep theirs as they were, until a retry publishes
+// them.
+func TestClaimCheckDiscardFailedExpiresPayload(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	ctx := context.Background()
 	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
-	require.NoError(t, c.EnsureIndexes(context.Background()))
-	schedule := func(n int) error {
-		e := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: "s", Amount: 1}, Pad: pad(n)}
-		return c.Transact(context.Background(), func(ctx context.Context) error { return Record(ctx, e, WithDelay(time.Hour)) })
+	require.NoError(t, c.EnsureIndexes(ctx))
+	payloads := b.db.Collection(store.PayloadsCollection)
+	for i, n := range []int{5000, 5000, 0} {
+		require.NoError(t, recordPad(t, b, c, "k"+itoa(i), i, n))
 	}
-	err := schedule(5000)
-	require.ErrorIs(t, err, ErrEventTooLarge)
-	require.Contains(t, err.Error(), "scheduled event")
-	require.Zero(t, count(t, b.db.Collection(store.PayloadsCollection), bson.D{}))
-	require.Zero(t, count(t, c.scheduled, bson.D{}))
-	require.NoError(t, schedule(10), "under the threshold it is scheduled")
-	require.EqualValues(t, 1, count(t, c.scheduled, bson.D{}))
-	require.Zero(t, count(t, c.outbox, bson.D{}))
+	cur, err := c.outbox.Find(ctx, bson.D{})
+	require.NoError(t, err)
+	var all []outboxDoc
+	require.NoError(t, cur.All(ctx, &all))
+	require.Len(t, all, 3)
+	var keep outboxDoc // a failed event with its payload out of band, not discarded
+	var discard []string
+	for _, d := range all {
+		require.NoError(t, store.Outbox{Coll: c.outbox}.MarkFailed(ctx, d.ID, "refused", time.Now(), true))
+		if d.PayloadRef != nil && keep.PayloadRef == nil {
+			keep = d
+			continue
+		}
+		discard = append(discard, d.ID.Hex())
+	}
+	require.NotNil(t, keep.PayloadRef)
+	before := time.Now().Add(-time.Millisecond)
+	n, err := c.Admin().DiscardFailed(ctx, FailedFilter{}, discard, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	require.EqualValues(t, 1, count(t, c.outbox, bson.D{}))
+	for _, d := range all {
+		if d.PayloadRef == nil {
+			continue
+		}
+		var ch claimcheck.Chunk
+		require.NoError(t, payloads.FindOne(ctx, bson.D{{Key: store.PayloadRef, Value: *d.PayloadRef}}).Decode(&ch))
+		if d.ID == keep.ID {
+			require.False(t, ch.Published, "a failed event kept keeps its payload unmarked")
+			continue
+		}
+		require.True(t, ch.Published, "a discarded event's payload is marked to expire")
+		require.True(t, ch.PublishedAt.After(before))
+	}
+
+	// Retried (Admin.RetryFailed), the kept one is published and its
+	// payload marked then: retry rewrites the document, not the payload.
+	n, err = c.Admin().RetryFailed(ctx, FailedFilter{}, nil, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	runPub(t, c, publisherOptions{})
+	eventually(t, "the retried event's payload marked", func() bool {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: *keep.PayloadRef}, {Key: store.PayloadPublished, Value: true}}) == 1
+	})
 }
 
 // A consumer whose claim-check database is reached through a mongo.Client

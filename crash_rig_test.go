@@ -261,6 +261,7 @@ func (r *crashRig) proc(name string, role crashRole, crash *mongofake.Crash) *cr
 		// writes come in one order (crashPoint).
 		KeyConcurrency:  cmp.Or(r.sc.keyConcurrency, 1),
 		HandleBatchSize: cmp.Or(r.sc.batch, 10),
+		ClaimCheck:      r.sc.claimCheck,
 		Logger:          debugLogger,
 	})
 	require.NoError(t, err)

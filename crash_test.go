@@ -62,6 +62,8 @@ type crashScenario struct {
 	server []mongofake.Option
 	// indexes: the framework's indexes are created first.
 	indexes bool
+	// claimCheck is the processes' Config.ClaimCheck (nil: none).
+	claimCheck *ClaimCheck
 	// records are the consumer partition's records; events the recorded
 	// outbox events (publisher); discards the events the operator
 	// discards.
@@ -222,8 +224,12 @@ func crashScenarios() []*crashScenario {
 			setup: setupConsume(crashRole{poisoned: true}), steps: []crashStep{purge, consumeStep}}),
 		publisher(&crashScenario{name: "publish-retry", op: "publisher mark / refuse / hold, release by RetryFailed", events: pubEvents,
 			steps: []crashStep{publishStep, raise, retryFailed, publishStep}}),
+		// DiscardFailed is an operator's tool too, whose transaction (it
+		// marks the discarded events' payloads with their deletion) a dead
+		// run leaves to the server's lifetime, as the migration's below.
 		publisher(&crashScenario{name: "publish-discard", op: "publisher release by DiscardFailed", events: pubEvents,
-			discards: map[string]bool{"C1": true}, steps: []crashStep{publishStep, discardFailed, publishStep}}),
+			discards: map[string]bool{"C1": true}, steps: []crashStep{publishStep, discardFailed, publishStep},
+			server: []mongofake.Option{mongofake.TransactionLifetime(time.Second)}}),
 		// The migration is an operator's tool: no takeover ends the
 		// sessions of a run that died; its transaction (with the locks on
 		// the documents it converts) ends with the server's lifetime, which

@@ -35,7 +35,7 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 }
 
 // failed runs the operator's actions on the outbox.
-func (a *Admin) failed() operator.Outbox { return operator.Outbox{Coll: a.outbox} }
+func (a *Admin) failed() operator.Outbox { return operator.Outbox{Coll: a.outbox, Claims: a.claims} }
 
 // FailedEvent is an outbox event Kafka refused for good, sent on its own
 // (for example larger than the topic's maximum message size). It stays in
@@ -93,7 +93,14 @@ func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, d
 
 // DiscardFailed deletes the selected failed events (those of f, Limit
 // ignored, narrowed to ids when not empty) from the outbox: they are never
-// published. Under Config.PoisonPolicy HoldKey this releases their keys:
+// published. The payloads of those stored out of band (Config.ClaimCheck)
+// are marked in the same transaction to expire as a published event's
+// (OutboxRetention plus ClaimCheck.Margin from now); an Admin from
+// NewAdmin looks for them in the outbox_payloads collection of its
+// database, the default ClaimCheck.Database. It deletes in transactions
+// of at most 1000 events; a run that dies in one leaves its events locked
+// until MongoDB aborts that transaction (transactionLifetimeLimitSeconds,
+// 60 s by default), and a rerun waits for it. Under Config.PoisonPolicy HoldKey this releases their keys:
 // the publisher publishes the events that waited behind them, in order,
 // within seconds. With dryRun it only counts them. It returns how many
 // events were (or would be) discarded.

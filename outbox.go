@@ -190,21 +190,25 @@ func txnOptions() *options.TransactionOptionsBuilder {
 	return options.Transaction().SetWriteConcern(writeconcern.Majority())
 }
 
-// flush inserts the recorded events into the outbox in one insertMany.
+// flush inserts the recorded events into the outbox in one insertMany,
+// the scheduled ones into their collection, and the chunks of the
+// payloads of both stored out of band.
 func (tx *txState) flush(ctx context.Context) error {
 	if err := tx.flushScheduled(ctx); err != nil {
 		return err
 	}
-	if len(tx.docs) == 0 {
-		return nil
-	}
-	if err := tx.client.checkNotScheduled(ctx, tx.docs); err != nil {
-		return err
+	if len(tx.docs) > 0 {
+		if err := tx.client.checkNotScheduled(ctx, tx.docs); err != nil {
+			return err
+		}
 	}
 	if err := tx.client.claims.Insert(ctx, tx.chunks); err != nil {
 		return err
 	}
 	tx.chunks = tx.chunks[:0]
+	if len(tx.docs) == 0 {
+		return nil
+	}
 	if _, err := tx.client.outbox.InsertMany(ctx, tx.docs); err != nil {
 		return flushError(len(tx.docs), err)
 	}
@@ -214,15 +218,21 @@ func (tx *txState) flush(ctx context.Context) error {
 	for _, d := range tx.docs {
 		od := d.(*outboxDoc)
 		tx.counts[od.Topic]++
-		if od.PayloadRef != nil {
-			if tx.claims == nil {
-				tx.claims = map[string]int64{}
-			}
-			tx.claims[od.Topic]++
-		}
+		tx.countClaim(od)
 	}
 	tx.docs = tx.docs[:0]
 	return nil
+}
+
+// countClaim counts d in tx.claims when its payload is stored out of band.
+func (tx *txState) countClaim(d *outboxDoc) {
+	if d.PayloadRef == nil {
+		return
+	}
+	if tx.claims == nil {
+		tx.claims = map[string]int64{}
+	}
+	tx.claims[d.Topic]++
 }
 
 var traceContext = propagation.TraceContext{}
@@ -248,19 +258,14 @@ func Record(ctx context.Context, e Event, opts ...RecordOption) error {
 	if err != nil {
 		return err
 	}
+	// A scheduled event's chunks are inserted now too, keyed by its
+	// payload_ref, which its promotion copies into the outbox document.
+	tx.chunks = append(tx.chunks, chunks...)
 	if due, ok := scheduledFor(opts); ok {
-		if len(chunks) > 0 {
-			// The chunks of a payload are marked published, and so expire,
-			// by the _id of the outbox document that references them, and
-			// a promotion gives the event a new one.
-			return fmt.Errorf("%w: event %s of topic %q: a scheduled event (WithPublishAt, WithDelay) cannot have its payload stored out of band (Config.ClaimCheck); record it smaller or without a delay",
-				ErrEventTooLarge, doc.Schema, doc.Topic)
-		}
 		tx.schedule(doc, due)
 		return nil
 	}
 	tx.docs = append(tx.docs, doc)
-	tx.chunks = append(tx.chunks, chunks...)
 	return nil
 }
 

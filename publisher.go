@@ -215,7 +215,7 @@ func outboxItem(d *outboxDoc, prefix string) publish.Item {
 	rec := encodeRecord(&env, []byte(d.Payload))
 	addPayloadRef(d, &env, rec)
 	rec.Topic = prefix + rec.Topic
-	return publish.Item{ID: d.ID, Record: rec}
+	return publish.Item{ID: itemID(d), Record: rec}
 }
 
 // decodeOutboxEvent returns the decoder of the outbox documents delivered
@@ -230,20 +230,24 @@ func decodeOutboxEvent(prefix string) func(raw bson.Raw) (publish.TopicPartition
 	}
 }
 
+// MarkPublished marks the events of ids (their items' IDs, see claimedID)
+// published, and first the chunks of those whose payload is stored out of
+// band, by their payload_ref: a crash between the two writes leaves the
+// events unpublished, published again, and their payloads marked again.
+// A batch without such events writes the outbox only.
 func (s outboxStore) MarkPublished(ctx context.Context, ids []any, at time.Time) error {
-	// The payloads first: a crash between the two writes leaves the events
-	// unpublished, published again, and their payloads marked again.
-	if s.claims != nil {
-		if err := s.claims.MarkPublished(ctx, ids, at); err != nil {
+	docs, refs := splitIDs(ids)
+	if s.claims != nil && len(refs) > 0 {
+		if err := s.claims.MarkPublished(ctx, refs, at); err != nil {
 			return err
 		}
 	}
-	return store.Outbox{Coll: s.coll}.MarkPublished(ctx, ids, at)
+	return store.Outbox{Coll: s.coll}.MarkPublished(ctx, docs, at)
 }
 
 func (s outboxStore) MarkFailed(ctx context.Context, id any, cause error, at time.Time) error {
 	// An unreadable document's attempts field may be what cannot be read.
-	return store.Outbox{Coll: s.coll}.MarkFailed(ctx, id, cause.Error(), at, !errors.As(cause, new(unreadableDocError)))
+	return store.Outbox{Coll: s.coll}.MarkFailed(ctx, docID(id), cause.Error(), at, !errors.As(cause, new(unreadableDocError)))
 }
 
 func (s outboxStore) FailedKeys(ctx context.Context, tp publish.TopicPartition) ([]string, error) {

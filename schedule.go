@@ -20,7 +20,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/liveness"
 	"github.com/event-outbox/outbox/internal/publish"
 	"github.com/event-outbox/outbox/internal/schedule"
@@ -97,6 +99,7 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 	}
 	for _, d := range tx.scheduled {
 		tx.counts[d.(*store.ScheduledDoc).Topic]++
+		tx.countClaim(&d.(*store.ScheduledDoc).OutboxDoc)
 	}
 	tx.scheduled = tx.scheduled[:0]
 	return nil
@@ -105,7 +108,9 @@ func (tx *txState) flushScheduled(ctx context.Context) error {
 // CancelScheduled cancels, in the transaction of ctx (from Client.Transact
 // or a handler, else ErrNoTransaction), the events of topic scheduled with
 // WithPublishAt or WithDelay under idempotencyKey that are not due yet:
-// they are deleted when the transaction commits, and never published.
+// they are deleted when the transaction commits, and never published; the
+// payload of one stored out of band (Config.ClaimCheck) is marked in the
+// same transaction to expire as a published event's does.
 // It returns an error wrapping ErrTooLate when such an event was already
 // moved into the outbox at its due time (it is or will be published), and
 // ErrNotScheduled when there is none (see ErrNotScheduled). A cancellation
@@ -121,48 +126,75 @@ func CancelScheduled(ctx context.Context, topic, idempotencyKey string) error {
 	if !c.publishTopics[topic] {
 		return fmt.Errorf("%w: %q", ErrUnknownTopic, topic)
 	}
-	// Events scheduled by this transaction are not inserted yet.
+	// Events scheduled by this transaction are not inserted yet, nor are
+	// their chunks.
 	before := len(tx.scheduled)
+	dropped := map[bson.ObjectID]bool{}
 	tx.scheduled = slices.DeleteFunc(tx.scheduled, func(d any) bool {
 		s := d.(*store.ScheduledDoc)
-		return s.Topic == topic && s.IdempotencyKey == idempotencyKey
+		if s.Topic != topic || s.IdempotencyKey != idempotencyKey {
+			return false
+		}
+		if s.PayloadRef != nil {
+			dropped[*s.PayloadRef] = true
+		}
+		return true
 	})
-	_, err := cancelStored(ctx, c.scheduled, topic, idempotencyKey, len(tx.scheduled) < before, false)
+	if len(dropped) > 0 {
+		tx.chunks = slices.DeleteFunc(tx.chunks, func(ch any) bool { return dropped[ch.(*claimcheck.Chunk).Ref] })
+	}
+	_, err := cancelStored(ctx, c.scheduled, c.claims, topic, idempotencyKey, len(tx.scheduled) < before, false)
 	return err
 }
 
 // CancelScheduled cancels the events of topic scheduled under
-// idempotencyKey that are not due yet, and returns how many it deleted
-// (with dryRun, how many it would delete, deleting nothing), with the
-// outcomes of the package's CancelScheduled: an error wrapping ErrTooLate
-// when the event was already moved into the outbox (it is or will be
-// published), ErrNotScheduled when there is none. A cancellation that
-// meets the event's move into the outbox is ordered by MongoDB: the move's
-// transaction marks the event promoted only while it is not deleted, and
-// the deletion deletes it only while it is not promoted, so exactly one of
-// the two takes effect, and a cancellation after the move reports
-// ErrTooLate. It is the operator's cancellation (the console); a service
-// cancels in its business transaction with CancelScheduled.
+// idempotencyKey that are not due yet, in a transaction of its own, and
+// returns how many it deleted (with dryRun, how many it would delete,
+// deleting nothing), with the outcomes of the package's CancelScheduled:
+// an error wrapping ErrTooLate when the event was already moved into the
+// outbox (it is or will be published), ErrNotScheduled when there is none.
+// The payload of a cancelled event stored out of band is marked to expire
+// in the same transaction. A cancellation that meets the event's move
+// into the outbox is ordered by MongoDB: the move's transaction marks the
+// event promoted only while it is not deleted, and the deletion deletes
+// it only while it is not promoted, so exactly one of the two takes
+// effect, and a cancellation after the move reports ErrTooLate. It is the
+// operator's cancellation (the console); a service cancels in its
+// business transaction with CancelScheduled.
 func (a *Admin) CancelScheduled(ctx context.Context, topic, idempotencyKey string, dryRun bool) (int64, error) {
-	return cancelStored(ctx, a.scheduled(), topic, idempotencyKey, false, dryRun)
+	if dryRun {
+		return cancelStored(ctx, a.scheduled(), nil, topic, idempotencyKey, false, true)
+	}
+	sess, err := a.outbox.Database().Client().StartSession()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: start session: %w", topic, idempotencyKey, err)
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	n, err := sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		return cancelStored(sctx, a.scheduled(), a.claims, topic, idempotencyKey, false, false)
+	}, options.Transaction().SetWriteConcern(writeconcern.Majority()))
+	if err != nil {
+		return 0, err
+	}
+	return n.(int64), nil
 }
 
 // cancelStored deletes the stored scheduled events of topic with
 // idempotencyKey that are not promoted (with dryRun, counts them) and
 // returns their number; cancelled says the caller's transaction cancelled
-// such an event before it was inserted. With nothing deleted nor
-// cancelled, it tells ErrTooLate (a promoted event's tombstone remains)
-// from ErrNotScheduled.
-func cancelStored(ctx context.Context, coll *mongo.Collection, topic, idempotencyKey string, cancelled, dryRun bool) (int64, error) {
+// such an event before it was inserted. claims, when not nil, is the claim
+// check's store: the chunks of the deleted events are marked there to
+// expire as a published event's, in the transaction of ctx, so that an
+// aborted cancellation leaves them waiting with their event. With nothing
+// deleted nor cancelled, it tells ErrTooLate (a promoted event's tombstone
+// remains) from ErrNotScheduled.
+func cancelStored(ctx context.Context, coll *mongo.Collection, claims *claimcheck.Store, topic, idempotencyKey string, cancelled, dryRun bool) (int64, error) {
 	var n int64
 	var err error
 	if dryRun {
 		n, err = coll.CountDocuments(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
 	} else {
-		var res *mongo.DeleteResult
-		if res, err = coll.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true)); err == nil {
-			n = res.DeletedCount
-		}
+		n, err = deleteScheduled(ctx, coll, claims, topic, idempotencyKey)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
@@ -180,6 +212,54 @@ func cancelStored(ctx context.Context, coll *mongo.Collection, topic, idempotenc
 	default:
 		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: %w", topic, idempotencyKey, err)
 	}
+}
+
+// deleteScheduled deletes the scheduled events of topic under
+// idempotencyKey that are not promoted, marks the chunks of those whose
+// payload is stored out of band in claims (when not nil), and returns how
+// many it deleted.
+func deleteScheduled(ctx context.Context, coll *mongo.Collection, claims *claimcheck.Store, topic, idempotencyKey string) (int64, error) {
+	var refs []any
+	if claims != nil {
+		var err error
+		if refs, err = scheduledPayloadRefs(ctx, coll, topic, idempotencyKey); err != nil {
+			return 0, err
+		}
+	}
+	res, err := coll.DeleteMany(ctx, store.ScheduledKeyFilter(topic, idempotencyKey, true))
+	if err != nil {
+		return 0, err
+	}
+	if len(refs) > 0 {
+		if err := claims.MarkPublished(ctx, refs, time.Now()); err != nil {
+			return 0, fmt.Errorf("mark its payload to expire: %w", err)
+		}
+	}
+	return res.DeletedCount, nil
+}
+
+// scheduledPayloadRefs returns the payload_ref of the scheduled events of
+// topic under idempotencyKey in coll that are not promoted and whose
+// payload is stored out of band, read in the transaction of ctx that
+// deletes them.
+func scheduledPayloadRefs(ctx context.Context, coll *mongo.Collection, topic, idempotencyKey string) ([]any, error) {
+	filter := append(store.ScheduledKeyFilter(topic, idempotencyKey, true),
+		bson.E{Key: store.OutboxPayloadRef, Value: bson.D{{Key: "$exists", Value: true}}})
+	cur, err := coll.Find(ctx, filter, options.Find().SetProjection(bson.D{{Key: store.OutboxPayloadRef, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("read its payload reference: %w", err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var refs []any
+	for cur.Next(ctx) {
+		if ref, ok := cur.Current.Lookup(store.OutboxPayloadRef).ObjectIDOK(); ok {
+			refs = append(refs, ref)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return nil, fmt.Errorf("read its payload reference: %w", err)
+	}
+	return refs, nil
 }
 
 // sameEvent selects, under Config.UniqueIdempotencyKeys, the documents of

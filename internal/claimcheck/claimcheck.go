@@ -148,7 +148,12 @@ func (s *Store) Insert(ctx context.Context, chunks []any) error {
 // MarkPublished marks the chunks of refs published at at, which starts
 // their TTL. It sets at even on chunks marked before: an event published
 // again (its outbox document's mark was lost) keeps its payload for the
-// full time after its latest publication.
+// full time after its latest publication. It also marks the chunks of
+// events that will never be published (a scheduled event cancelled, a
+// failed event discarded), in the transaction that drops them, so that
+// they expire by the same rule instead of staying forever. refs are the
+// events' payload_ref values (store.OutboxPayloadRef), not their outbox
+// _ids, which a promotion changes.
 func (s *Store) MarkPublished(ctx context.Context, refs []any, at time.Time) error {
 	_, err := s.Coll.UpdateMany(ctx,
 		bson.D{{Key: store.PayloadRef, Value: bson.D{{Key: "$in", Value: refs}}}},

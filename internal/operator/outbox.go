@@ -8,7 +8,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
 )
 
@@ -18,6 +20,11 @@ import (
 type Outbox struct {
 	// Coll is the outbox collection.
 	Coll *mongo.Collection
+	// Claims is the claim check's payload collection of the outbox's
+	// producer, a collection of Coll's client: Discard marks the chunks of
+	// the events it deletes there, in its transaction. Nil: Discard marks
+	// none (an outbox whose events never go out of band).
+	Claims *claimcheck.Store
 }
 
 // FailedFilter selects failed events (the root's outbox.FailedFilter
@@ -152,14 +159,72 @@ func (o Outbox) Retry(ctx context.Context, f FailedFilter, ids []string, dryRun 
 // are never published, and the keys they held are free. With dryRun it
 // only counts them. It returns how many events were (or would be)
 // discarded.
+//
+// The chunks of the payloads of the events it deletes that were stored
+// out of band are marked, in the same transaction, to expire as those of
+// a published event (claimcheck.Store.MarkPublished): deleted with their
+// event they would be looked for by no one, left unmarked they would never
+// expire. It works in transactions of at most discardBatch events, each
+// whole: a crash between two leaves the rest failed, discarded by a rerun.
 func (o Outbox) Discard(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
 	return o.apply(ctx, f, ids, dryRun, func(q bson.D) (int64, error) {
-		res, err := o.Coll.DeleteMany(ctx, q)
+		sess, err := o.Coll.Database().Client().StartSession()
 		if err != nil {
-			return 0, fmt.Errorf("outbox: discard failed events: %w", err)
+			return 0, fmt.Errorf("outbox: discard failed events: start session: %w", err)
 		}
-		return res.DeletedCount, nil
+		defer sess.EndSession(context.WithoutCancel(ctx))
+		var total int64
+		for {
+			n, err := sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+				return o.discardSome(sctx, q)
+			}, options.Transaction().SetWriteConcern(writeconcern.Majority()))
+			if err != nil {
+				return total, fmt.Errorf("outbox: discard failed events: %w", err)
+			}
+			total += n.(int64)
+			if n.(int64) < discardBatch {
+				return total, nil
+			}
+		}
 	})
+}
+
+// discardBatch caps the events one transaction of Discard deletes.
+const discardBatch = 1000
+
+// discardSome deletes up to discardBatch failed events of q in the
+// transaction of ctx, and marks their payloads' chunks; it returns how
+// many it deleted.
+func (o Outbox) discardSome(ctx context.Context, q bson.D) (int64, error) {
+	cur, err := o.Coll.Find(ctx, q, options.Find().SetLimit(discardBatch).
+		SetProjection(bson.D{{Key: store.OutboxID, Value: 1}, {Key: store.OutboxPayloadRef, Value: 1}}))
+	if err != nil {
+		return 0, fmt.Errorf("read them: %w", err)
+	}
+	defer cur.Close(context.WithoutCancel(ctx))
+	var ids, refs bson.A
+	for cur.Next(ctx) {
+		ids = append(ids, cur.Current.Lookup(store.OutboxID))
+		if ref, ok := cur.Current.Lookup(store.OutboxPayloadRef).ObjectIDOK(); ok {
+			refs = append(refs, ref)
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return 0, fmt.Errorf("read them: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	res, err := o.Coll.DeleteMany(ctx, bson.D{{Key: "$and", Value: bson.A{q, bson.D{{Key: store.OutboxID, Value: bson.D{{Key: "$in", Value: ids}}}}}}})
+	if err != nil {
+		return 0, err
+	}
+	if len(refs) > 0 && o.Claims != nil {
+		if err := o.Claims.MarkPublished(ctx, refs, time.Now()); err != nil {
+			return 0, err
+		}
+	}
+	return res.DeletedCount, nil
 }
 
 // apply selects failed events as Retry and Discard do and counts them with

@@ -51,9 +51,13 @@ const (
 	OutboxError          = "error"
 	OutboxAttempts       = "attempts"
 	// OutboxPayloadRef is set, instead of the payload, on an event whose
-	// payload the claim check stored in PayloadsCollection: the reference
-	// of its chunks (the outbox document's own _id). OutboxPayloadSize is
-	// then the payload's length in bytes.
+	// payload the claim check stored in PayloadsCollection: the ref of its
+	// chunks, the _id the event was recorded with (the outbox document's
+	// own, or the scheduled document's for a scheduled event, whose
+	// promotion gives its outbox document a new _id and copies this
+	// field). The chunks are found and marked by it, never by the outbox
+	// document's _id. OutboxPayloadSize is then the payload's length in
+	// bytes.
 	OutboxPayloadRef  = "payload_ref"
 	OutboxPayloadSize = "payload_size"
 )
@@ -61,10 +65,13 @@ const (
 // PayloadsCollection holds the payloads the claim check stores out of band
 // (internal/claimcheck), in the claim-check database: one document per
 // chunk, {_id, ref, n, count, size, data, published, published_at}, where
-// ref is the _id of the outbox document that refers to the payload, n the
-// chunk's index (from 0), count the number of chunks and size the
-// payload's length. Its name is fixed, so that the producer and its
-// consumers, configured separately, meet the same collection.
+// ref is the payload_ref (OutboxPayloadRef) of the outbox or scheduled
+// document that refers to the payload, n the chunk's index (from 0), count
+// the number of chunks and size the payload's length. published is true
+// once no unpublished event needs the chunks (their event was published,
+// or cancelled or discarded unpublished), from published_at, which starts
+// their expiry. Its name is fixed, so that the producer and its consumers,
+// configured separately, meet the same collection.
 const PayloadsCollection = "outbox_payloads"
 
 // Field names of a payload chunk document (PayloadsCollection).

@@ -44,7 +44,8 @@ type OutboxDoc struct {
 	Attempts int32      `bson:"attempts,omitempty"`
 	// PayloadRef is set on an event whose payload the claim check stored
 	// in PayloadsCollection (Payload is then empty): the ref of its chunks,
-	// which is ID. PayloadSize is the payload's length.
+	// the ID the event was recorded with, which a promotion copies (see
+	// OutboxPayloadRef). PayloadSize is the payload's length.
 	PayloadRef  *bson.ObjectID `bson:"payload_ref,omitempty"`
 	PayloadSize int64          `bson:"payload_size,omitempty"`
 }
