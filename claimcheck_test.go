@@ -737,3 +737,51 @@ func TestClaimCheckHeldEventReleasedWithAnotherClient(t *testing.T) {
 		return seen[1] == 5000
 	})
 }
+
+// The operator's cancellation (Admin.CancelScheduled, the console's)
+// marks a cancelled event's out-of-band payload to expire in the
+// transaction that deletes the event, as a service's CancelScheduled does;
+// a dry run marks nothing, and the events not cancelled keep their
+// chunks unmarked.
+func TestClaimCheckAdminCancelScheduledMarksPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	payloads := b.db.Collection(store.PayloadsCollection)
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		for i, key := range []string{"cancelled", "kept"} {
+			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
+			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	refOf := func(key string) bson.ObjectID {
+		var d store.ScheduledDoc
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
+		require.NotNil(t, d.PayloadRef, key)
+		return *d.PayloadRef
+	}
+	cancelled, kept := refOf("cancelled"), refOf("kept")
+	marked := func(ref bson.ObjectID) int64 {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
+	}
+
+	n, err := c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", true)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Zero(t, marked(cancelled), "a dry run marks nothing")
+
+	n, err = c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 1, marked(cancelled), "the cancellation marked the cancelled event's chunks")
+	require.Zero(t, marked(kept), "and no other event's")
+	require.Zero(t, count(t, c.scheduled, bson.D{{Key: store.OutboxIdempotencyKey, Value: "cancelled"}}))
+
+	_, err = c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", false)
+	require.ErrorIs(t, err, ErrNotScheduled)
+}
