@@ -195,3 +195,48 @@ func TestTakeoverReapRemovesOnlyTheSessionsItEnded(t *testing.T) {
 	require.Len(t, rec.LSIDs, 1, "the reap removed the ids it ended, and only those")
 	require.True(t, bytes.Equal(rec.LSIDs[0], recordedMeanwhile.ID()), "the id recorded during the reap stays")
 }
+
+// One session list serves a replica's handling transactions and its
+// promotions of scheduled events, so a record is judged in both of its
+// groups: a silent record whose replica is still a member of its other
+// group (here the publisher group, while the reap is the consumer group's)
+// lives, and its sessions are not ended.
+func TestTakeoverSparesAMemberOfTheRecordsOtherGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config("othergroup") // consumes and publishes
+	survivor := startMember(t, b, cfg)
+	var pubMember string
+	eventually(t, "a member of the publisher group", func() bool {
+		if p := survivor.pub.Load(); p != nil {
+			pubMember, _ = p.GroupMetadata()
+		}
+		return pubMember != ""
+	})
+	meta := b.db.Collection(metaCollection)
+	silentRecord := func(id string, m *mongo.Client, publisherMember string, lsid bson.Raw) {
+		_, err := meta.InsertOne(ctx, bson.D{{Key: "_id", Value: liveness.IDPrefix + id}, {Key: "kind", Value: replicaKind},
+			{Key: "service", Value: survivor.cfg.Service}, {Key: "consumer_group", Value: survivor.cfg.ConsumerGroup},
+			{Key: "publisher_group", Value: survivor.cfg.PublisherGroup}, {Key: "state", Value: "running"},
+			{Key: "consumer_member_id", Value: "gone-" + id}, {Key: "publisher_member_id", Value: publisherMember},
+			{Key: "refresh_ms", Value: int64(1000)}, {Key: "last_seen", Value: time.Now().Add(-time.Minute)},
+			{Key: "session_pool", Value: liveness.SessionPool(m)}, {Key: "lsids", Value: bson.A{lsid}}})
+		require.NoError(t, err)
+	}
+	openOn := func(m *mongo.Client) *mongo.Session {
+		s, err := m.StartSession()
+		require.NoError(t, err)
+		t.Cleanup(func() { s.EndSession(ctx) })
+		openTxn(t, s, m.Database(b.db.Name()).Collection("txns"))
+		return s
+	}
+	publishing, gone := b.mongo.NewClient(t), b.mongo.NewClient(t)
+	stillPublishing, dead := openOn(publishing), openOn(gone)
+	silentRecord("0000000000000004", publishing, pubMember, stillPublishing.ID())
+	silentRecord("0000000000000005", gone, "gone-publisher", dead.ID())
+
+	require.NoError(t, survivor.sessions.ReapNow(ctx, survivor.reaper(survivor.tel.cons.Load())))
+	require.NoError(t, stillPublishing.CommitTransaction(ctx), "a member of the record's publisher group keeps its sessions")
+	require.Error(t, dead.CommitTransaction(ctx), "a record that is a member of neither group has its sessions ended")
+}
