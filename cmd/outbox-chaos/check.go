@@ -347,7 +347,7 @@ func (h *harness) check(ctx context.Context) (*result, error) {
 	if err := h.checkExtras(ctx, res, or, byID, effectCount, v); err != nil {
 		return nil, err
 	}
-	if res.PaddedJudged, err = h.checkClaims(ctx, byID, v); err != nil {
+	if res.PaddedJudged, res.ScheduledPadded, err = h.checkClaims(ctx, byID, v); err != nil {
 		return nil, err
 	}
 	if err := h.checkScheduled(ctx, ledger, tr, effectCount, res, v); err != nil {

@@ -53,18 +53,28 @@ type claimFacts struct {
 	OutOfBand int64
 	// On reports -claim-check.
 	On bool
+	// Scheduled are the padded scheduled events (-scheduled with
+	// -claim-check), whose payload waited out of band for their due time;
+	// ScheduledOn reports -scheduled.
+	Scheduled   map[string]bool
+	ScheduledOn bool
 }
 
 // judgeClaims fails on a padded event handled with another payload than
 // the one recorded (payload-mismatch): an event whose payload went out of
 // band must reach its handler whole. With -claim-check it also fails when
 // no payload went out of band (claim-unexercised): the rule would then
-// judge nothing. It returns how many padded events were judged.
-func judgeClaims(f *claimFacts, v *verdict) int {
-	n := 0
+// judge nothing; with -scheduled too, when no padded scheduled event was
+// handled (claim-scheduled-unexercised): the two features would not have
+// crossed. It returns how many padded events were judged, and how many of
+// those were scheduled ones.
+func judgeClaims(f *claimFacts, v *verdict) (n, scheduled int) {
 	for id, want := range f.Recorded {
 		for _, got := range f.Seen[id] {
 			n++
+			if f.Scheduled[id] {
+				scheduled++
+			}
 			if got != want {
 				v.fail("payload-mismatch", "padded event %s handled with a payload of digest %q, recorded %q", id, got, want)
 			}
@@ -73,16 +83,23 @@ func judgeClaims(f *claimFacts, v *verdict) int {
 	if f.On && f.OutOfBand == 0 {
 		v.fail("claim-unexercised", "-claim-check: no payload went out of band (outbox_payloads is empty)")
 	}
-	return n
+	if f.On && f.ScheduledOn && scheduled == 0 {
+		v.fail("claim-scheduled-unexercised", "-claim-check -scheduled: no padded scheduled event was handled")
+	}
+	return n, scheduled
 }
 
 // checkClaims gathers the facts of judgeClaims from the ledger and the
 // effects.
-func (h *harness) checkClaims(ctx context.Context, byID map[string]*ledgerEntry, v *verdict) (int, error) {
-	f := &claimFacts{Recorded: map[string]string{}, Seen: map[string][]string{}, On: h.env.claimCheck}
+func (h *harness) checkClaims(ctx context.Context, byID map[string]*ledgerEntry, v *verdict) (n, scheduled int, err error) {
+	f := &claimFacts{Recorded: map[string]string{}, Seen: map[string][]string{}, On: h.env.claimCheck,
+		Scheduled: map[string]bool{}, ScheduledOn: h.cfg.scheduled}
 	for id, e := range byID {
 		if e.PadSum != "" {
 			f.Recorded[id] = e.PadSum
+			if e.Kind == kindScheduled {
+				f.Scheduled[id] = true
+			}
 		}
 	}
 	var effects []struct {
@@ -91,19 +108,20 @@ func (h *harness) checkClaims(ctx context.Context, byID map[string]*ledgerEntry,
 	}
 	if err := h.findAll(ctx, collEffects, bson.D{{Key: "pad_sum", Value: bson.D{{Key: "$exists", Value: true}}}},
 		bson.D{{Key: "event", Value: 1}, {Key: "pad_sum", Value: 1}}, &effects); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, e := range effects {
 		if _, ok := f.Recorded[e.Event]; ok {
 			f.Seen[e.Event] = append(f.Seen[e.Event], e.PadSum)
 		}
 	}
-	n, err := h.db.Collection(store.PayloadsCollection).CountDocuments(ctx, bson.D{})
+	chunks, err := h.db.Collection(store.PayloadsCollection).CountDocuments(ctx, bson.D{})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	f.OutOfBand = n
-	return judgeClaims(f, v), nil
+	f.OutOfBand = chunks
+	n, scheduled = judgeClaims(f, v)
+	return n, scheduled, nil
 }
 
 // recordValue is the event's JSON a record carries: its value, or the

@@ -203,6 +203,10 @@ type result struct {
 	// MaxPromoteLate to its promotion (scheduled.go).
 	Scheduled, PastDue, Cancelled, TooLate int
 	MaxLate, MaxPromoteLate                time.Duration
+	// ScheduledPadded counts the handlings of padded scheduled events
+	// judged with PaddedJudged: the claim check crossed with delayed
+	// publication (-claim-check -scheduled).
+	ScheduledPadded int
 	// Failures lists every broken invariant, in words.
 	Failures []string
 }
@@ -216,7 +220,7 @@ func (r *result) summary() string {
 		"mass_holds=%d max_held_keys=%d duplicates_refused=%d no_handler_released=%d retry_isolated=%d "+
 		"takeovers=%d takeover_max=%.1fs topics_recreated=%d recreated_handled=%d waits_seen=%d fetch_forgotten=%d "+
 		"commits_doomed=%d doomed_in_releases=%d doomed_unknown=%d doomed_chained=%d ignored_skipped=%d group_protocol=%s padded_judged=%d "+
-		"scheduled=%d past_due=%d cancelled=%d too_late=%d max_late=%.1fs max_promote_late=%.1fs",
+		"scheduled=%d past_due=%d cancelled=%d too_late=%d max_late=%.1fs max_promote_late=%.1fs scheduled_padded=%d",
 		r.Events, r.Handled, r.Lost, r.DoubleEffects, r.OrderViolations, r.Parked, r.Held, r.Redriven,
 		r.Redelivered, r.DoubleHandled, r.UnknownEffects, r.Chained, r.DuplicatePublications, r.UnexplainedDuplicates, r.FenceViolations,
 		r.StalledPartitions, r.Leaked, r.KafkaRecordFailures, r.FailedInnocent, r.Kills, r.Rebalances, r.Faults,
@@ -224,7 +228,7 @@ func (r *result) summary() string {
 		r.MassHolds, r.MaxHeldKeys, r.DuplicatesRefused, r.NoHandlerReleased, r.RetryIsolated,
 		r.Takeovers, r.Takeover.Seconds(), r.TopicsRecreated, r.RecreatedHandled, r.WaitsSeen, r.FetchForgotten,
 		r.Doomed.Ordinary+r.Doomed.Release, r.Doomed.Release, r.Doomed.Unknown, r.Doomed.Chained, r.IgnoredSkipped, r.GroupProtocol, r.PaddedJudged,
-		r.Scheduled, r.PastDue, r.Cancelled, r.TooLate, r.MaxLate.Seconds(), r.MaxPromoteLate.Seconds())
+		r.Scheduled, r.PastDue, r.Cancelled, r.TooLate, r.MaxLate.Seconds(), r.MaxPromoteLate.Seconds(), r.ScheduledPadded)
 }
 
 // scenarioLine lists how many scenarios of each kind ran.

@@ -29,7 +29,7 @@
 //	    topics_recreated=N recreated_handled=N waits_seen=N fetch_forgotten=N
 //	    commits_doomed=N doomed_in_releases=N doomed_unknown=N doomed_chained=N
 //	    ignored_skipped=N group_protocol=classic|consumer padded_judged=N
-//	    scheduled=N past_due=N cancelled=N too_late=N max_late=Ns max_promote_late=Ns
+//	    scheduled=N past_due=N cancelled=N too_late=N max_late=Ns max_promote_late=Ns scheduled_padded=N
 //	    fetch_restarts=N fetch_resubscribes=N
 //	    [kafka_nodes=N broker_kills=N controller_kills=N broker_pauses=N broker_refusals=N produce_refused=N broker_faults_skipped=N]
 //

@@ -34,6 +34,11 @@ const (
 	// scheduledCancelAfterDue is how far past the due time a cancel may
 	// be drawn: those must meet ErrTooLate.
 	scheduledCancelAfterDue = 3 * time.Second
+	// scheduledPadRatio of the scheduled events are padded to claimPad
+	// with -claim-check: their payload goes out of band in the scheduling
+	// transaction and must reach the handler whole after the promotion
+	// (judgeClaims), or expire with its cancellation.
+	scheduledPadRatio = 0.25
 )
 
 // The bound of scheduled-late (scheduledBound), after the first time at
@@ -58,6 +63,8 @@ type scheduledEvent struct {
 	Key string `json:"key" validate:"required"`
 	ID  string `json:"id" validate:"required"`
 	Due int64  `json:"due"`
+	// Pad makes the payload go out of band (-claim-check).
+	Pad string `json:"pad,omitempty"`
 }
 
 func (scheduledEvent) Topic() string          { return chaosTopic() }
@@ -161,7 +168,11 @@ func (h *harness) runScheduled(ctx context.Context) {
 		if cancel {
 			cancelAt = now.Add(time.Duration(rng.Int64N(int64(due.Sub(now) + scheduledCancelAfterDue))))
 		}
-		id, err := h.recordScheduled(ctx, rng, due, past)
+		var pad string
+		if h.env.claimCheck && rng.Float64() < scheduledPadRatio {
+			pad = padding(rng, claimPad)
+		}
+		id, err := h.recordScheduled(ctx, rng, due, past, pad)
 		if err != nil || !cancel {
 			continue
 		}
@@ -170,9 +181,10 @@ func (h *harness) runScheduled(ctx context.Context) {
 	}
 }
 
-// recordScheduled records one event due at due, alone in its transaction
-// on a random replica, with its ledger entry; it returns its id.
-func (h *harness) recordScheduled(ctx context.Context, rng *rand.Rand, due time.Time, past bool) (string, error) {
+// recordScheduled records one event due at due, padded with pad, alone
+// in its transaction on a random replica, with its ledger entry; it
+// returns its id.
+func (h *harness) recordScheduled(ctx context.Context, rng *rand.Rand, due time.Time, past bool, pad string) (string, error) {
 	r := h.pick(rng)
 	if r == nil {
 		return "", errors.New("no replica")
@@ -184,12 +196,12 @@ func (h *harness) recordScheduled(ctx context.Context, rng *rand.Rand, due time.
 	ledger := r.mongo.Database(h.env.database).Collection(collLedger)
 	id := h.work.newID()
 	err := r.client.Transact(tctx, func(ctx context.Context) error {
-		ev := scheduledEvent{Key: "sched-" + id, ID: id, Due: due.UnixMilli()}
+		ev := scheduledEvent{Key: "sched-" + id, ID: id, Due: due.UnixMilli(), Pad: pad}
 		if err := outbox.Record(ctx, ev, outbox.WithIdempotencyKey(id), outbox.WithPublishAt(due)); err != nil {
 			return err
 		}
 		_, err := ledger.InsertOne(ctx, ledgerEntry{ID: id, Topic: chaosTopic(), Key: ev.Key, Place: 1, Kind: kindScheduled,
-			DueAt: due, PastDue: past})
+			DueAt: due, PastDue: past, PadSum: padSum(pad)})
 		return err
 	})
 	if err == nil {

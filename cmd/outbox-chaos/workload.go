@@ -641,7 +641,7 @@ func (w *workload) register(client *outbox.Client, db *mongo.Database, replica s
 	}
 	err = outbox.Handle(client, func(ctx context.Context, e scheduledEvent, _ outbox.Metadata) error {
 		_, err := effects.InsertOne(ctx, bson.D{{Key: "event", Value: e.ID}, {Key: "kind", Value: kindScheduled}, {Key: "key", Value: e.Key},
-			{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}})
+			{Key: "replica", Value: replica}, {Key: "at", Value: time.Now()}, {Key: "pad_sum", Value: padSum(e.Pad)}})
 		return err
 	})
 	if err != nil {
