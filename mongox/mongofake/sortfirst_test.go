@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/event-outbox/outbox/mongox/internal/bsonkit"
 	"github.com/event-outbox/outbox/mongox/internal/query"
@@ -107,4 +109,77 @@ func BenchmarkSortSkipLimit(b *testing.B) {
 			b.Fatalf("got %d documents", len(got))
 		}
 	}
+}
+
+// TestFindSortLimitMatchesUnlimited runs finds shaped as a promotion
+// loop's horizon read (equality on an index's leading fields, a sort on
+// the rest, extra predicates the index does not hold, a partial index)
+// with skips and limits, and checks each against the same find without a
+// limit, cut by hand: the bounded selection and the full sort agree,
+// ties, missing and null due times and descending sorts included.
+func TestFindSortLimitMatchesUnlimited(t *testing.T) {
+	_, client := setup(t)
+	ctx := testCtx(t)
+	c := client.Database("test").Collection("sched")
+	_, err := c.Indexes().CreateMany(ctx, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "topic", Value: 1}, {Key: "partition", Value: 1}, {Key: "due", Value: 1}, {Key: "seq", Value: 1}}},
+		{Keys: bson.D{{Key: "due", Value: -1}}, Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "promoted", Value: false}})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(43, 6))
+	docs := make([]any, 400)
+	for i := range docs {
+		d := bson.D{{Key: "_id", Value: int32(i)}, {Key: "topic", Value: "orders"}, {Key: "partition", Value: int32(r.IntN(2))},
+			{Key: "promoted", Value: r.IntN(4) == 0}, {Key: "seq", Value: int32(r.IntN(3))}}
+		switch r.IntN(10) {
+		case 0: // no due time
+		case 1:
+			d = append(d, bson.E{Key: "due", Value: nil})
+		default:
+			d = append(d, bson.E{Key: "due", Value: int64(r.IntN(50))})
+		}
+		docs[i] = d
+	}
+	if _, err := c.InsertMany(ctx, docs); err != nil {
+		t.Fatal(err)
+	}
+	filters := []bson.D{
+		{{Key: "topic", Value: "orders"}, {Key: "partition", Value: int32(1)}, {Key: "promoted", Value: false}},
+		{{Key: "topic", Value: "orders"}, {Key: "partition", Value: int32(0)}},
+		{{Key: "promoted", Value: false}},
+	}
+	sorts := []bson.D{
+		{{Key: "due", Value: 1}, {Key: "seq", Value: 1}},
+		{{Key: "due", Value: -1}, {Key: "seq", Value: -1}},
+		{{Key: "due", Value: 1}},
+		{{Key: "due", Value: -1}},
+	}
+	for _, f := range filters {
+		for _, s := range sorts {
+			all := findAll(t, c, f, options.Find().SetSort(s))
+			for _, sl := range [][2]int64{{0, 1}, {0, 7}, {3, 5}, {20, 40}, {0, 500}, {190, 30}} {
+				got := findAll(t, c, f, options.Find().SetSort(s).SetSkip(sl[0]).SetLimit(sl[1]))
+				want := sortSkipLimitColl(all, nil, sl[0], sl[1], nil)
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("filter %v sort %v skip %d limit %d:\n got  %v\n want %v", f, s, sl[0], sl[1], got, want)
+				}
+			}
+		}
+	}
+}
+
+func findAll(t *testing.T, c *mongo.Collection, filter bson.D, opts *options.FindOptionsBuilder) []bson.D {
+	t.Helper()
+	ctx := testCtx(t)
+	cur, err := c.Find(ctx, filter, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []bson.D
+	if err := cur.All(ctx, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
