@@ -1,6 +1,7 @@
 package mongofake
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -296,20 +297,17 @@ func naturalSort(spec bson.D) (dir int64, isNatural bool, err error) {
 }
 
 // sortSkipLimitColl orders, skips and limits a result, strings ordered by
-// a collation (nil: binary order).
+// a collation (nil: binary order). Documents that tie on the sort keep
+// their order in docs (a stable sort).
 func sortSkipLimitColl(docs []bson.D, srt *query.Sort, skip, limit int64, coll *bsonkit.Collation) []bson.D {
 	if srt != nil && len(docs) > 1 {
-		type keyed struct {
-			k []any
-			d bson.D
-		}
-		ks := make([]keyed, len(docs))
-		for i, d := range docs {
-			ks[i] = keyed{srt.Key(coll.Doc(d)), d}
-		}
-		slices.SortStableFunc(ks, func(a, b keyed) int { return srt.CompareKeys(a.k, b.k) })
-		for i := range ks {
-			docs[i] = ks[i].d
+		if limit > 0 && skip < int64(len(docs)) && skip+limit < int64(len(docs)) {
+			// Only the first skip+limit in sort order are returned: keep
+			// those alone, so a small limit over many matches costs a
+			// comparison per match rather than a sort of them all.
+			docs = sortFirst(docs, srt, int(skip+limit), coll)
+		} else {
+			sortStable(docs, srt, coll)
 		}
 	}
 	if skip > 0 {
@@ -322,6 +320,85 @@ func sortSkipLimitColl(docs []bson.D, srt *query.Sort, skip, limit int64, coll *
 		docs = docs[:limit]
 	}
 	return docs
+}
+
+// sortKeyed is a document with its sort key and its position in the input
+// (which breaks ties, keeping the sort stable).
+type sortKeyed struct {
+	k   []any
+	pos int
+	d   bson.D
+}
+
+func compareSortKeyed(srt *query.Sort, a, b sortKeyed) int {
+	if c := srt.CompareKeys(a.k, b.k); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.pos, b.pos)
+}
+
+// sortStable orders docs in place by srt, ties in their input order.
+func sortStable(docs []bson.D, srt *query.Sort, coll *bsonkit.Collation) {
+	ks := make([]sortKeyed, len(docs))
+	for i, d := range docs {
+		ks[i] = sortKeyed{srt.Key(coll.Doc(d)), i, d}
+	}
+	slices.SortStableFunc(ks, func(a, b sortKeyed) int { return srt.CompareKeys(a.k, b.k) })
+	for i := range ks {
+		docs[i] = ks[i].d
+	}
+}
+
+// sortFirst returns the first n documents (0 < n < len(docs)) of docs in
+// sortStable's order, selected with a max-heap of n: a document enters
+// only when it sorts before the heap's last, so the input is read once and
+// never sorted whole. Positions break ties, so the result is exactly the
+// first n of the stable sort.
+func sortFirst(docs []bson.D, srt *query.Sort, n int, coll *bsonkit.Collation) []bson.D {
+	h := make([]sortKeyed, 0, n)
+	after := func(i, j int) bool { return compareSortKeyed(srt, h[i], h[j]) > 0 }
+	down := func(i int) {
+		for {
+			l, big := 2*i+1, i
+			if l < len(h) && after(l, big) {
+				big = l
+			}
+			if r := l + 1; r < len(h) && after(r, big) {
+				big = r
+			}
+			if big == i {
+				return
+			}
+			h[i], h[big] = h[big], h[i]
+			i = big
+		}
+	}
+	for i, d := range docs {
+		e := sortKeyed{srt.Key(coll.Doc(d)), i, d}
+		if len(h) < n {
+			h = append(h, e)
+			for j := len(h) - 1; j > 0; {
+				parent := (j - 1) / 2
+				if !after(j, parent) {
+					break
+				}
+				h[j], h[parent] = h[parent], h[j]
+				j = parent
+			}
+			continue
+		}
+		if compareSortKeyed(srt, e, h[0]) >= 0 {
+			continue
+		}
+		h[0] = e
+		down(0)
+	}
+	slices.SortFunc(h, func(a, b sortKeyed) int { return compareSortKeyed(srt, a, b) })
+	out := make([]bson.D, len(h))
+	for i := range h {
+		out[i] = h[i].d
+	}
+	return out
 }
 
 func cmdGetMore(r *request, tc *txnCtx) (bson.D, error) {
