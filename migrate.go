@@ -123,7 +123,7 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 	defer sess.EndSession(context.WithoutCancel(ctx))
 	for start := 0; start < len(docs); start += batch {
 		end := min(start+batch, len(docs))
-		_, err := sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		_, err := store.WithTransaction(ctx, sess, func(sctx context.Context) (any, error) {
 			res, err := a.outbox.DeleteMany(sctx, bson.D{
 				{Key: "_id", Value: bson.D{{Key: "$in", Value: ids[start:end]}}},
 				{Key: "published", Value: false},
@@ -137,7 +137,7 @@ func (a *Admin) MigrateEventOutbox(ctx context.Context, partitions map[string]in
 			}
 			_, err = a.outbox.InsertMany(sctx, docs[start:end])
 			return nil, err
-		}, txnOptions())
+		})
 		if err != nil {
 			return rep, fmt.Errorf("outbox: convert event-outbox documents %d to %d: %w", start, end, err)
 		}

@@ -20,7 +20,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/liveness"
@@ -170,9 +169,9 @@ func (a *Admin) CancelScheduled(ctx context.Context, topic, idempotencyKey strin
 		return 0, fmt.Errorf("outbox: cancel scheduled event %s/%s: start session: %w", topic, idempotencyKey, err)
 	}
 	defer sess.EndSession(context.WithoutCancel(ctx))
-	n, err := sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+	n, err := store.WithTransaction(ctx, sess, func(sctx context.Context) (any, error) {
 		return cancelStored(sctx, a.scheduled(), a.claims, topic, idempotencyKey, false, false)
-	}, options.Transaction().SetWriteConcern(writeconcern.Majority()))
+	})
 	if err != nil {
 		return 0, err
 	}

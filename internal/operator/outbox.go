@@ -8,7 +8,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/internal/store"
@@ -175,9 +174,9 @@ func (o Outbox) Discard(ctx context.Context, f FailedFilter, ids []string, dryRu
 		defer sess.EndSession(context.WithoutCancel(ctx))
 		var total int64
 		for {
-			n, err := sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+			n, err := store.WithTransaction(ctx, sess, func(sctx context.Context) (any, error) {
 				return o.discardSome(sctx, q)
-			}, options.Transaction().SetWriteConcern(writeconcern.Majority()))
+			})
 			if err != nil {
 				return total, fmt.Errorf("outbox: discard failed events: %w", err)
 			}

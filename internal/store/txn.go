@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // One-attempt transactions.
@@ -58,4 +60,20 @@ func IsWriteConflict(err error) bool {
 func HasLabel(err error, label string) bool {
 	var le mongo.LabeledError
 	return errors.As(err, &le) && le.HasErrorLabel(label)
+}
+
+// WithTransaction runs fn in a transaction of sess with the driver's
+// retries (majority write concern), but stops retrying once ctx has ended:
+// the driver retries a TransientTransactionError for up to 120 s and
+// ignores cancellation between attempts, and an operation cut short by the
+// end of ctx, or one that found no server, is itself labelled transient.
+// Without this check a caller's deadline (an operator command's -timeout,
+// a request's context) would be outlived by two minutes.
+func WithTransaction(ctx context.Context, sess *mongo.Session, fn func(ctx context.Context) (any, error)) (any, error) {
+	return sess.WithTransaction(ctx, func(sctx context.Context) (any, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return fn(sctx)
+	}, options.Transaction().SetWriteConcern(writeconcern.Majority()))
 }
