@@ -54,7 +54,8 @@ type FailedEvent struct {
 	FailedAt       time.Time `json:"failed_at"`
 	Attempts       int32     `json:"attempts"`
 	Error          string    `json:"error"`
-	// PayloadSize is the size of the event's JSON in bytes.
+	// PayloadSize is the size of the event's JSON in bytes, whether stored
+	// in its outbox document or out of band (Config.ClaimCheck).
 	PayloadSize int `json:"payload_size"`
 }
 

@@ -111,6 +111,11 @@ func failedOf(raw bson.Raw) Failed {
 		e := Failed{ID: d.ID.Hex(), Topic: d.Topic, Partition: d.Partition, PartitionKey: d.Key,
 			ContentSchema: d.Schema, IdempotencyKey: d.IdempotencyKey, CreatedAt: d.CreatedAt,
 			Attempts: d.Attempts, Error: d.Error, PayloadSize: len(d.Payload)}
+		if d.PayloadRef != nil {
+			// Stored out of band: the document's payload is empty and its
+			// payload_size is the payload's length.
+			e.PayloadSize = int(d.PayloadSize)
+		}
 		if d.FailedAt != nil {
 			e.FailedAt = *d.FailedAt
 		}
@@ -134,8 +139,23 @@ func failedOf(raw bson.Raw) Failed {
 	if t, ok := raw.Lookup(store.OutboxFailedAt).TimeOK(); ok {
 		e.FailedAt = t.UTC()
 	}
-	e.PayloadSize = len(raw.Lookup(store.OutboxPayload).Value)
+	e.PayloadSize = rawPayloadSize(raw)
 	return e
+}
+
+// rawPayloadSize returns the payload's length of an outbox document that
+// cannot be decoded: its payload_size when it has one (a payload stored out
+// of band), else the length of its payload string, else the size of the
+// payload's BSON value.
+func rawPayloadSize(raw bson.Raw) int {
+	if n, ok := raw.Lookup(store.OutboxPayloadSize).AsInt64OK(); ok && n > 0 {
+		return int(n)
+	}
+	v := raw.Lookup(store.OutboxPayload)
+	if s, ok := v.StringValueOK(); ok {
+		return len(s)
+	}
+	return len(v.Value)
 }
 
 // Retry clears the failed mark of the selected failed events (those of f,
