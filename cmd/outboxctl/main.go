@@ -126,6 +126,7 @@ type cliOptions struct {
 	words                   []string // command words and ids
 	// ui only
 	addr, brokers, services       string
+	claimCheckDBs                 string
 	actions, findIndexes          bool
 	allowedHosts, consolePassword string
 	secureCookies                 bool
@@ -158,6 +159,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated: ui, for the partitions page; doctor; migrate, to check -partitions (default $KAFKA_BROKERS)")
 	fs.StringVar(&o.topicPrefix, "topic-prefix", "", "migrate: the service's Config.TopicPrefix, to find its Kafka topics")
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
+	fs.StringVar(&o.claimCheckDBs, "claim-check-db", "", "ui: the services' claim-check databases (Config.ClaimCheck.Database) on the -uri cluster, comma-separated, one per -db database or one for all (default each service's own database)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
 	fs.StringVar(&o.allowedHosts, "allowed-hosts", "", "ui: host names, comma-separated, the console answers to besides localhost and IP addresses (the name operators open it by)")
@@ -181,7 +183,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] outbox failed list
   outboxctl [flags] outbox failed retry (<id>... | -all)
   outboxctl [flags] outbox failed discard (<id>... | -all)
-  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
+  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-claim-check-db ...] [-allowed-hosts ...] [-actions]
   outboxctl [flags] doctor [-brokers ...] [-group ...] [-outage 72h] [-json]
 flags:
 `)
