@@ -119,6 +119,7 @@ func usagef(format string, args ...any) error {
 type cliOptions struct {
 	uri, db, outbox, inbox  string
 	json, dryRun, all       bool
+	scheduled               bool
 	topic, schema, before   string
 	limit                   int
 	timeout                 time.Duration
@@ -151,6 +152,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.BoolVar(&o.dryRun, "dry-run", false, "change nothing; report what would change")
 	fs.BoolVar(&o.all, "all", false, "act on every selected event")
 	fs.StringVar(&o.topic, "topic", "", "only events of this topic")
+	fs.BoolVar(&o.scheduled, "scheduled", false, "outbox failed list, discard: the scheduled events whose promotion was refused, not the outbox's failed events")
 	fs.StringVar(&o.schema, "schema", "", "only events of this content schema")
 	fs.StringVar(&o.before, "before", "", "only events parked before this RFC 3339 time, or this long ago (e.g. 24h)")
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
@@ -180,9 +182,9 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] parked list
   outboxctl [flags] parked redrive (<id>... | -all)
   outboxctl [flags] parked purge (<id>... | -all)
-  outboxctl [flags] outbox failed list
+  outboxctl [flags] outbox failed list [-scheduled]
   outboxctl [flags] outbox failed retry (<id>... | -all)
-  outboxctl [flags] outbox failed discard (<id>... | -all)
+  outboxctl [flags] outbox failed discard [-scheduled] (<id>... | -all)
   outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-claim-check-db ...] [-allowed-hosts ...] [-actions]
   outboxctl [flags] doctor [-brokers ...] [-group ...] [-outage 72h] [-json]
 flags:
@@ -601,7 +603,7 @@ func (o *cliOptions) missing(command, what string, ids []string) error {
 }
 
 func (o *cliOptions) failedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
-	events, err := admin.FailedEvents(ctx, outbox.FailedFilter{Topic: o.topic, Limit: o.limit})
+	events, err := admin.FailedEvents(ctx, outbox.FailedFilter{Topic: o.topic, Limit: o.limit, Scheduled: o.scheduled})
 	if err != nil {
 		return err
 	}
@@ -626,8 +628,11 @@ func (o *cliOptions) failedChange(ctx context.Context, admin *outbox.Admin, w io
 	change, what := admin.RetryFailed, "retrying %d failed event(s): the publisher tries them again at its next scan (the events their keys held follow, in order)"
 	if action == "discard" {
 		change, what = admin.DiscardFailed, "discarded %d failed event(s): the events their keys held are published, in order"
+		if o.scheduled {
+			what = "discarded %d failed scheduled event(s)"
+		}
 	}
-	f := outbox.FailedFilter{Topic: o.topic}
+	f := outbox.FailedFilter{Topic: o.topic, Scheduled: o.scheduled}
 	missing, err := o.unmatched(ids, func(i int) (int64, error) {
 		return change(ctx, f, ids[i:i+1], true)
 	})

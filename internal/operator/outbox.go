@@ -34,6 +34,10 @@ type FailedFilter struct {
 	Topic string
 	// Limit caps the events Failed returns; 0 is no limit.
 	Limit int
+	// Scheduled: the root selects the collection (Outbox.Coll) by it;
+	// the query is the same, as a scheduled event refused at promotion
+	// is marked failed as an outbox event is.
+	Scheduled bool
 }
 
 // query is the filter of f, served by the partial index outbox_failed.
