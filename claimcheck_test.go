@@ -745,30 +745,9 @@ func TestClaimCheckHeldEventReleasedWithAnotherClient(t *testing.T) {
 // chunks unmarked.
 func TestClaimCheckAdminCancelScheduledMarksPayload(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	ctx := context.Background()
-	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
-	require.NoError(t, c.EnsureIndexes(ctx))
-	payloads := b.db.Collection(store.PayloadsCollection)
-	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
-		for i, key := range []string{"cancelled", "kept"} {
-			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
-			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-	refOf := func(key string) bson.ObjectID {
-		var d store.ScheduledDoc
-		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
-		require.NotNil(t, d.PayloadRef, key)
-		return *d.PayloadRef
-	}
-	cancelled, kept := refOf("cancelled"), refOf("kept")
-	marked := func(ref bson.ObjectID) int64 {
-		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
-	}
+	c, docs, marked := scheduledOutOfBand(t, "cancelled", "kept")
+	cancelled, kept := *docs["cancelled"].PayloadRef, *docs["kept"].PayloadRef
 
 	n, err := c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", true)
 	require.NoError(t, err)
@@ -792,34 +771,13 @@ func TestClaimCheckAdminCancelScheduledMarksPayload(t *testing.T) {
 // transaction; retrying them is refused, and other events are untouched.
 func TestClaimCheckDiscardFailedScheduledMarksPayload(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	ctx := context.Background()
-	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
-	require.NoError(t, c.EnsureIndexes(ctx))
-	payloads := b.db.Collection(store.PayloadsCollection)
-	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
-		for i, key := range []string{"refused", "kept"} {
-			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
-			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-	docOf := func(key string) store.ScheduledDoc {
-		var d store.ScheduledDoc
-		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
-		require.NotNil(t, d.PayloadRef, key)
-		return d
-	}
-	refused, kept := docOf("refused"), docOf("kept")
+	c, docs, marked := scheduledOutOfBand(t, "refused", "kept")
+	refused, kept := docs["refused"], docs["kept"]
 	// As a promotion refused for a duplicate idempotency key marks it.
 	_, err := c.scheduled.UpdateOne(ctx, bson.D{{Key: store.OutboxID, Value: refused.ID}},
 		store.MarkFailedUpdate("promotion refused: duplicate", time.Now(), true))
 	require.NoError(t, err)
-	marked := func(ref bson.ObjectID) int64 {
-		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
-	}
 	a := c.Admin()
 	sched := FailedFilter{Scheduled: true}
 
@@ -847,4 +805,37 @@ func TestClaimCheckDiscardFailedScheduledMarksPayload(t *testing.T) {
 	require.Zero(t, marked(*kept.PayloadRef), "and no other event's")
 	require.Zero(t, count(t, c.scheduled, bson.D{{Key: store.OutboxID, Value: refused.ID}}))
 	require.EqualValues(t, 1, count(t, c.scheduled, bson.D{{Key: store.OutboxID, Value: kept.ID}}))
+}
+
+// scheduledOutOfBand starts a producer whose payloads above 1000 bytes go
+// out of band, records an event scheduled an hour ahead for each of keys,
+// and returns the client, their scheduled documents by key, and a count of
+// the published-marked chunks of a ref.
+func scheduledOutOfBand(t *testing.T, keys ...string) (*Client, map[string]store.ScheduledDoc, func(bson.ObjectID) int64) {
+	t.Helper()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		for i, key := range keys {
+			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
+			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	docs := map[string]store.ScheduledDoc{}
+	for _, key := range keys {
+		var d store.ScheduledDoc
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
+		require.NotNil(t, d.PayloadRef, key)
+		docs[key] = d
+	}
+	payloads := b.db.Collection(store.PayloadsCollection)
+	marked := func(ref bson.ObjectID) int64 {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
+	}
+	return c, docs, marked
 }
