@@ -745,30 +745,9 @@ func TestClaimCheckHeldEventReleasedWithAnotherClient(t *testing.T) {
 // chunks unmarked.
 func TestClaimCheckAdminCancelScheduledMarksPayload(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	ctx := context.Background()
-	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
-	require.NoError(t, c.EnsureIndexes(ctx))
-	payloads := b.db.Collection(store.PayloadsCollection)
-	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
-		for i, key := range []string{"cancelled", "kept"} {
-			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
-			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-	refOf := func(key string) bson.ObjectID {
-		var d store.ScheduledDoc
-		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
-		require.NotNil(t, d.PayloadRef, key)
-		return *d.PayloadRef
-	}
-	cancelled, kept := refOf("cancelled"), refOf("kept")
-	marked := func(ref bson.ObjectID) int64 {
-		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
-	}
+	c, docs, marked := scheduledOutOfBand(t, "cancelled", "kept")
+	cancelled, kept := *docs["cancelled"].PayloadRef, *docs["kept"].PayloadRef
 
 	n, err := c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", true)
 	require.NoError(t, err)
@@ -784,4 +763,79 @@ func TestClaimCheckAdminCancelScheduledMarksPayload(t *testing.T) {
 
 	_, err = c.Admin().CancelScheduled(ctx, ordersTopic, "cancelled", false)
 	require.ErrorIs(t, err, ErrNotScheduled)
+}
+
+// The operator lists and discards the scheduled events whose promotion was
+// refused (FailedFilter.Scheduled): the discard deletes the scheduled
+// document and marks its out-of-band payload to expire in the same
+// transaction; retrying them is refused, and other events are untouched.
+func TestClaimCheckDiscardFailedScheduledMarksPayload(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, docs, marked := scheduledOutOfBand(t, "refused", "kept")
+	refused, kept := docs["refused"], docs["kept"]
+	// As a promotion refused for a duplicate idempotency key marks it.
+	_, err := c.scheduled.UpdateOne(ctx, bson.D{{Key: store.OutboxID, Value: refused.ID}},
+		store.MarkFailedUpdate("promotion refused: duplicate", time.Now(), true))
+	require.NoError(t, err)
+	a := c.Admin()
+	sched := FailedFilter{Scheduled: true}
+
+	evs, err := a.FailedEvents(ctx, sched)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, refused.ID.Hex(), evs[0].ID)
+	require.Equal(t, int(refused.PayloadSize), evs[0].PayloadSize)
+	require.Contains(t, evs[0].Error, "promotion refused")
+	evs, err = a.FailedEvents(ctx, FailedFilter{})
+	require.NoError(t, err)
+	require.Empty(t, evs, "not an outbox failed event")
+
+	_, err = a.RetryFailed(ctx, sched, nil, false)
+	require.ErrorContains(t, err, "cannot be retried")
+	n, err := a.DiscardFailed(ctx, sched, nil, true)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Zero(t, marked(*refused.PayloadRef), "a dry run marks nothing")
+
+	n, err = a.DiscardFailed(ctx, sched, []string{refused.ID.Hex()}, false)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Positive(t, marked(*refused.PayloadRef), "the discard marked the refused event's chunks")
+	require.Zero(t, marked(*kept.PayloadRef), "and no other event's")
+	require.Zero(t, count(t, c.scheduled, bson.D{{Key: store.OutboxID, Value: refused.ID}}))
+	require.EqualValues(t, 1, count(t, c.scheduled, bson.D{{Key: store.OutboxID, Value: kept.ID}}))
+}
+
+// scheduledOutOfBand starts a producer whose payloads above 1000 bytes go
+// out of band, records an event scheduled an hour ahead for each of keys,
+// and returns the client, their scheduled documents by key, and a count of
+// the published-marked chunks of a ref.
+func scheduledOutOfBand(t *testing.T, keys ...string) (*Client, map[string]store.ScheduledDoc, func(bson.ObjectID) int64) {
+	t.Helper()
+	b := setup(t)
+	ctx := context.Background()
+	c := b.client(t, claimPub(b, ClaimCheck{Threshold: 1000}))
+	require.NoError(t, c.EnsureIndexes(ctx))
+	require.NoError(t, c.Transact(ctx, func(ctx context.Context) error {
+		for i, key := range keys {
+			o := paddedOrder{orderPlaced: orderPlaced{Run: b.run, OrderID: key, Amount: 1, Seq: i}, Pad: pad(5000)}
+			if err := Record(ctx, o, WithIdempotencyKey(key), WithDelay(time.Hour)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	docs := map[string]store.ScheduledDoc{}
+	for _, key := range keys {
+		var d store.ScheduledDoc
+		require.NoError(t, c.scheduled.FindOne(ctx, bson.D{{Key: store.OutboxIdempotencyKey, Value: key}}).Decode(&d))
+		require.NotNil(t, d.PayloadRef, key)
+		docs[key] = d
+	}
+	payloads := b.db.Collection(store.PayloadsCollection)
+	marked := func(ref bson.ObjectID) int64 {
+		return count(t, payloads, bson.D{{Key: store.PayloadRef, Value: ref}, {Key: store.PayloadPublished, Value: true}})
+	}
+	return c, docs, marked
 }

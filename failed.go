@@ -7,6 +7,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/event-outbox/outbox/internal/operator"
@@ -37,6 +38,17 @@ func (a *Admin) heldCounts(ctx context.Context, st *StoreStatus, byTopic map[str
 // failed runs the operator's actions on the outbox.
 func (a *Admin) failed() operator.Outbox { return operator.Outbox{Coll: a.outbox, Claims: a.claims} }
 
+// failedOf runs the operator's actions on the failed events f selects: the
+// outbox's, or with f.Scheduled the scheduled events' collection, whose
+// failed documents are the events whose promotion was refused (their
+// fields are an outbox document's).
+func (a *Admin) failedOf(f FailedFilter) operator.Outbox {
+	if f.Scheduled {
+		return operator.Outbox{Coll: a.scheduled(), Claims: a.claims}
+	}
+	return a.failed()
+}
+
 // FailedEvent is an outbox event Kafka refused for good, sent on its own
 // (for example larger than the topic's maximum message size). It stays in
 // the outbox, unpublished, until an operator retries (RetryFailed) or
@@ -54,7 +66,8 @@ type FailedEvent struct {
 	FailedAt       time.Time `json:"failed_at"`
 	Attempts       int32     `json:"attempts"`
 	Error          string    `json:"error"`
-	// PayloadSize is the size of the event's JSON in bytes.
+	// PayloadSize is the size of the event's JSON in bytes, whether stored
+	// in its outbox document or out of band (Config.ClaimCheck).
 	PayloadSize int `json:"payload_size"`
 }
 
@@ -64,11 +77,20 @@ type FailedFilter struct {
 	Topic string
 	// Limit caps the events returned. Defaults to no limit.
 	Limit int
+	// Scheduled selects, instead of the outbox's failed events, the
+	// scheduled events (WithPublishAt, WithDelay) whose promotion was
+	// refused for good (StoreStatus.ScheduledFailed: a duplicate
+	// idempotency key under Config.UniqueIdempotencyKeys): FailedEvents
+	// lists them and DiscardFailed deletes them; RetryFailed refuses them,
+	// as their promotion would be refused again. Their IDs are the
+	// scheduled documents' _id. Selecting them reads the whole scheduled
+	// events' collection (no index serves failed there). Defaults to false.
+	Scheduled bool
 }
 
 // FailedEvents lists failed outbox events, oldest failure first.
 func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent, error) {
-	evs, err := a.failed().Failed(ctx, operator.FailedFilter(f))
+	evs, err := a.failedOf(f).Failed(ctx, operator.FailedFilter(f))
 	if err != nil {
 		return nil, err
 	}
@@ -88,12 +110,16 @@ func (a *Admin) FailedEvents(ctx context.Context, f FailedFilter) ([]FailedEvent
 // its key that waited behind it, in order; under SkipEvent after the events
 // of its key published meanwhile. With dryRun it only counts them. It returns how many events were (or would be) retried.
 func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
+	if f.Scheduled {
+		return 0, errors.New("outbox: failed scheduled events cannot be retried: their promotion would be refused again; discard them (DiscardFailed)")
+	}
 	return a.failed().Retry(ctx, operator.FailedFilter(f), ids, dryRun)
 }
 
 // DiscardFailed deletes the selected failed events (those of f, Limit
 // ignored, narrowed to ids when not empty) from the outbox: they are never
-// published. The payloads of those stored out of band (Config.ClaimCheck)
+// published (with f.Scheduled: the scheduled events whose promotion was
+// refused). The payloads of those stored out of band (Config.ClaimCheck)
 // are marked in the same transaction to expire as a published event's
 // (OutboxRetention plus ClaimCheck.Margin from now); an Admin from
 // NewAdmin looks for them in the outbox_payloads collection of its
@@ -105,5 +131,5 @@ func (a *Admin) RetryFailed(ctx context.Context, f FailedFilter, ids []string, d
 // within seconds. With dryRun it only counts them. It returns how many
 // events were (or would be) discarded.
 func (a *Admin) DiscardFailed(ctx context.Context, f FailedFilter, ids []string, dryRun bool) (int64, error) {
-	return a.failed().Discard(ctx, operator.FailedFilter(f), ids, dryRun)
+	return a.failedOf(f).Discard(ctx, operator.FailedFilter(f), ids, dryRun)
 }

@@ -119,6 +119,7 @@ func usagef(format string, args ...any) error {
 type cliOptions struct {
 	uri, db, outbox, inbox  string
 	json, dryRun, all       bool
+	scheduled               bool
 	topic, schema, before   string
 	limit                   int
 	timeout                 time.Duration
@@ -126,6 +127,7 @@ type cliOptions struct {
 	words                   []string // command words and ids
 	// ui only
 	addr, brokers, services       string
+	claimCheckDBs                 string
 	actions, findIndexes          bool
 	allowedHosts, consolePassword string
 	secureCookies                 bool
@@ -150,6 +152,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.BoolVar(&o.dryRun, "dry-run", false, "change nothing; report what would change")
 	fs.BoolVar(&o.all, "all", false, "act on every selected event")
 	fs.StringVar(&o.topic, "topic", "", "only events of this topic")
+	fs.BoolVar(&o.scheduled, "scheduled", false, "outbox failed list, discard: the scheduled events whose promotion was refused, not the outbox's failed events")
 	fs.StringVar(&o.schema, "schema", "", "only events of this content schema")
 	fs.StringVar(&o.before, "before", "", "only events parked before this RFC 3339 time, or this long ago (e.g. 24h)")
 	fs.IntVar(&o.limit, "limit", 100, "list at most this many events (0: all)")
@@ -158,6 +161,7 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
 	fs.StringVar(&o.brokers, "brokers", getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated: ui, for the partitions page; doctor; migrate, to check -partitions (default $KAFKA_BROKERS)")
 	fs.StringVar(&o.topicPrefix, "topic-prefix", "", "migrate: the service's Config.TopicPrefix, to find its Kafka topics")
 	fs.StringVar(&o.services, "service", "", "ui: service names, comma-separated, one per -db database (default the database names)")
+	fs.StringVar(&o.claimCheckDBs, "claim-check-db", "", "ui: the services' claim-check databases (Config.ClaimCheck.Database) on the -uri cluster, comma-separated, one per -db database or one for all (default each service's own database)")
 	fs.BoolVar(&o.actions, "actions", false, "ui: enable re-drive, purge, retry and discard")
 	fs.BoolVar(&o.findIndexes, "find-indexes", false, "ui: create the indexes of the find page first")
 	fs.StringVar(&o.allowedHosts, "allowed-hosts", "", "ui: host names, comma-separated, the console answers to besides localhost and IP addresses (the name operators open it by)")
@@ -178,10 +182,10 @@ func parse(args []string, stderr io.Writer, getenv func(string) string) (*cliOpt
   outboxctl [flags] parked list
   outboxctl [flags] parked redrive (<id>... | -all)
   outboxctl [flags] parked purge (<id>... | -all)
-  outboxctl [flags] outbox failed list
+  outboxctl [flags] outbox failed list [-scheduled]
   outboxctl [flags] outbox failed retry (<id>... | -all)
-  outboxctl [flags] outbox failed discard (<id>... | -all)
-  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-allowed-hosts ...] [-actions]
+  outboxctl [flags] outbox failed discard [-scheduled] (<id>... | -all)
+  outboxctl [flags] ui [-addr host:port] [-brokers ...] [-service ...] [-claim-check-db ...] [-allowed-hosts ...] [-actions]
   outboxctl [flags] doctor [-brokers ...] [-group ...] [-outage 72h] [-json]
 flags:
 `)
@@ -599,7 +603,7 @@ func (o *cliOptions) missing(command, what string, ids []string) error {
 }
 
 func (o *cliOptions) failedList(ctx context.Context, admin *outbox.Admin, w io.Writer) error {
-	events, err := admin.FailedEvents(ctx, outbox.FailedFilter{Topic: o.topic, Limit: o.limit})
+	events, err := admin.FailedEvents(ctx, outbox.FailedFilter{Topic: o.topic, Limit: o.limit, Scheduled: o.scheduled})
 	if err != nil {
 		return err
 	}
@@ -624,8 +628,11 @@ func (o *cliOptions) failedChange(ctx context.Context, admin *outbox.Admin, w io
 	change, what := admin.RetryFailed, "retrying %d failed event(s): the publisher tries them again at its next scan (the events their keys held follow, in order)"
 	if action == "discard" {
 		change, what = admin.DiscardFailed, "discarded %d failed event(s): the events their keys held are published, in order"
+		if o.scheduled {
+			what = "discarded %d failed scheduled event(s)"
+		}
 	}
-	f := outbox.FailedFilter{Topic: o.topic}
+	f := outbox.FailedFilter{Topic: o.topic, Scheduled: o.scheduled}
 	missing, err := o.unmatched(ids, func(i int) (int64, error) {
 		return change(ctx, f, ids[i:i+1], true)
 	})

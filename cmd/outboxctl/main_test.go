@@ -453,3 +453,29 @@ func TestChangeWithUnmatchedIDsFails(t *testing.T) {
 	require.Contains(t, errOut, "no failed outbox event with id "+unknown)
 	require.Zero(t, c.count("outbox", failed))
 }
+
+// -scheduled lists and discards the scheduled events whose promotion was
+// refused, not the outbox's failed events.
+func TestOutboxFailedScheduled(t *testing.T) {
+	t.Parallel()
+	c := newCtl(t)
+	c.seed()
+	id := bson.NewObjectID()
+	now := time.Now().UTC()
+	_, err := c.db.Collection("outbox_scheduled").InsertOne(context.Background(), bson.D{{Key: "_id", Value: id},
+		{Key: "topic", Value: "orders"}, {Key: "partition", Value: int32(0)}, {Key: "schema", Value: "OrderPlaced.v1"},
+		{Key: "payload", Value: "{}"}, {Key: "created_at", Value: now}, {Key: "due_at", Value: now}, {Key: "promoted", Value: false},
+		{Key: "published", Value: false}, {Key: "failed", Value: true}, {Key: "failed_at", Value: now},
+		{Key: "error", Value: "promotion refused: duplicate"}})
+	require.NoError(t, err)
+	code, out, errOut := c.run("-scheduled", "outbox", "failed", "list")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, id.Hex())
+	require.NotContains(t, out, "MESSAGE_TOO_LARGE", "the outbox's failed event is not listed")
+
+	code, out, errOut = c.run("-scheduled", "outbox", "failed", "discard", "-all")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "discarded 1")
+	require.Zero(t, c.count("outbox_scheduled", bson.D{}))
+	require.EqualValues(t, 1, c.count("outbox", bson.D{{Key: "failed", Value: true}}), "the outbox's failed event stays")
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,8 +25,13 @@ import (
 // the same order (their Kafka groups derive from the names as in
 // outbox.Config) and defaults to the database names. -brokers (default
 // $KAFKA_BROKERS) feeds the partitions page; without it that page says
-// Kafka is not configured. -find-indexes creates the indexes of the find
-// page first.
+// Kafka is not configured. -claim-check-db names the databases, on the
+// -uri cluster, whose outbox_payloads collection holds the payloads the
+// services stored out of band (Config.ClaimCheck.Database): one per -db
+// database in the same order, or one for all; it defaults to each
+// service's own database, the default of Config.ClaimCheck.Database. The
+// event pages read an out-of-band payload's stored size and publication
+// mark there. -find-indexes creates the indexes of the find page first.
 //
 // The console answers only to localhost, IP addresses and the names given
 // with -allowed-hosts (the name operators open it by, through a proxy or
@@ -49,6 +55,16 @@ func (o *cliOptions) ui(ctx context.Context, stdout io.Writer) error {
 	if len(names) != len(dbs) {
 		return usagef("ui: -service names %d services but -db lists %d databases", len(names), len(dbs))
 	}
+	claimDBs := splitList(o.claimCheckDBs)
+	switch len(claimDBs) {
+	case 0:
+		claimDBs = dbs
+	case 1:
+		claimDBs = slices.Repeat(claimDBs, len(dbs))
+	case len(dbs):
+	default:
+		return usagef("ui: -claim-check-db lists %d databases but -db lists %d: give one per -db database, or one for all", len(claimDBs), len(dbs))
+	}
 	if o.actions && len(o.consolePassword) < 8 {
 		return usagef("ui -actions needs an operator password of at least 8 characters in $%s: operators sign in with it before any action", envConsolePassword)
 	}
@@ -63,7 +79,8 @@ func (o *cliOptions) ui(ctx context.Context, stdout io.Writer) error {
 		opts.OperatorPassword = o.consolePassword
 	}
 	for i, db := range dbs {
-		s := console.Service{Name: names[i], Database: mc.Database(db), OutboxCollection: o.outbox, InboxCollection: o.inbox}
+		s := console.Service{Name: names[i], Database: mc.Database(db), OutboxCollection: o.outbox, InboxCollection: o.inbox,
+			ClaimCheckDatabase: mc.Database(claimDBs[i])}
 		if o.findIndexes {
 			ictx, cancel := context.WithTimeout(ctx, o.timeout)
 			err := console.EnsureFindIndexes(ictx, s)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/event-outbox/outbox/internal/claimcheck"
 	"github.com/event-outbox/outbox/kafkax/kafkatest"
 )
 
@@ -146,4 +147,50 @@ func startUI(t *testing.T, args []string, getenv func(string) string) (line stri
 	}
 	t.Cleanup(stop)
 	return line, stop
+}
+
+// The event page of an outbox event whose payload is stored out of band
+// reads the payload's chunks in the claim-check database -claim-check-db
+// names, by default the service's own; -claim-check-db lists one database
+// per -db database, or one for all.
+func TestUIClaimCheckDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := newCtl(t)
+	other := c.db.Client().Database(c.db.Name() + "_cc")
+	t.Cleanup(func() { _ = other.Drop(context.Background()) })
+	ref := bson.NewObjectID()
+	payload := []byte(`{"big":"` + strings.Repeat("x", 100) + `"}`)
+	_, err := c.db.Collection("outbox").InsertOne(ctx, bson.D{{Key: "_id", Value: ref}, {Key: "topic", Value: "orders"},
+		{Key: "partition", Value: int32(0)}, {Key: "schema", Value: "OrderPlaced.v1"}, {Key: "payload", Value: ""},
+		{Key: "payload_ref", Value: ref}, {Key: "payload_size", Value: int64(len(payload))},
+		{Key: "created_at", Value: time.Now().UTC()}, {Key: "published", Value: false}, {Key: "failed", Value: false}})
+	require.NoError(t, err)
+	get := func(args ...string) string {
+		t.Helper()
+		line, stop := startUI(t, append([]string{"-uri", c.uri, "-db", c.db.Name()}, append(args, "ui", "-addr", "127.0.0.1:0")...), c.getenv)
+		defer stop()
+		m := regexp.MustCompile(`on (http://\S+/)`).FindStringSubmatch(line)
+		require.NotNil(t, m, line)
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Get(m[1] + "outbox-event?id=" + ref.Hex())
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		return string(body)
+	}
+	want := func(db string) string { return "bytes in 1 chunk(s) in " + db + ".outbox_payloads" }
+
+	_, err = other.Collection("outbox_payloads").InsertMany(ctx, claimcheck.Chunks(ref, payload))
+	require.NoError(t, err)
+	require.Contains(t, get("-claim-check-db", other.Name()), want(other.Name()))
+	require.Contains(t, get(), "not found in "+c.db.Name()+".outbox_payloads", "defaults to the service's database")
+	_, err = c.db.Collection("outbox_payloads").InsertMany(ctx, claimcheck.Chunks(ref, payload))
+	require.NoError(t, err)
+	require.Contains(t, get(), want(c.db.Name()))
+
+	code, _, errOut := c.run("-claim-check-db", "a,b", "ui")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "-claim-check-db lists 2 databases but -db lists 1")
 }

@@ -353,3 +353,30 @@ func TestHeldCounts(t *testing.T) {
 	require.Equal(t, Held{Keys: 2, Events: 3}, all)
 	require.Equal(t, map[string]Held{"a": {Keys: 1, Events: 2}, "b": {Keys: 1, Events: 1}}, byTopic)
 }
+
+// A failed event whose payload is stored out of band is listed with the
+// payload's length (its payload_size), not that of its empty payload
+// field, whether or not the rest of the document can be decoded.
+func TestFailedEventsOutOfBandSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	coll := mongotest.Start(t).DB(t).Collection("outbox")
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	good, odd := bson.NewObjectID(), bson.NewObjectID()
+	_, err := coll.InsertMany(ctx, []any{
+		bson.D{{Key: store.OutboxID, Value: good}, {Key: store.OutboxTopic, Value: "a"}, {Key: store.OutboxPayload, Value: ""},
+			{Key: store.OutboxPayloadRef, Value: good}, {Key: store.OutboxPayloadSize, Value: int64(3 << 20)},
+			{Key: store.OutboxPublished, Value: false}, {Key: store.OutboxFailed, Value: true}, {Key: store.OutboxFailedAt, Value: at}},
+		bson.D{{Key: store.OutboxID, Value: odd}, {Key: store.OutboxTopic, Value: "a"}, {Key: store.OutboxPartition, Value: "not a number"},
+			{Key: store.OutboxPayloadRef, Value: odd}, {Key: store.OutboxPayloadSize, Value: int64(5 << 20)},
+			{Key: store.OutboxPublished, Value: false}, {Key: store.OutboxFailed, Value: true}, {Key: store.OutboxFailedAt, Value: at.Add(time.Second)}},
+	})
+	require.NoError(t, err)
+	got, err := Outbox{Coll: coll}.Failed(ctx, FailedFilter{})
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.Equal(t, good.Hex(), got[0].ID)
+	require.Equal(t, 3<<20, got[0].PayloadSize)
+	require.Equal(t, odd.Hex(), got[1].ID)
+	require.Equal(t, 5<<20, got[1].PayloadSize, "read field by field")
+}

@@ -33,6 +33,10 @@ type FailedFilter struct {
 	Topic string
 	// Limit caps the events Failed returns; 0 is no limit.
 	Limit int
+	// Scheduled: the root selects the collection (Outbox.Coll) by it;
+	// the query is the same, as a scheduled event refused at promotion
+	// is marked failed as an outbox event is.
+	Scheduled bool
 }
 
 // query is the filter of f, served by the partial index outbox_failed.
@@ -110,6 +114,11 @@ func failedOf(raw bson.Raw) Failed {
 		e := Failed{ID: d.ID.Hex(), Topic: d.Topic, Partition: d.Partition, PartitionKey: d.Key,
 			ContentSchema: d.Schema, IdempotencyKey: d.IdempotencyKey, CreatedAt: d.CreatedAt,
 			Attempts: d.Attempts, Error: d.Error, PayloadSize: len(d.Payload)}
+		if d.PayloadRef != nil {
+			// Stored out of band: the document's payload is empty and its
+			// payload_size is the payload's length.
+			e.PayloadSize = int(d.PayloadSize)
+		}
 		if d.FailedAt != nil {
 			e.FailedAt = *d.FailedAt
 		}
@@ -133,8 +142,23 @@ func failedOf(raw bson.Raw) Failed {
 	if t, ok := raw.Lookup(store.OutboxFailedAt).TimeOK(); ok {
 		e.FailedAt = t.UTC()
 	}
-	e.PayloadSize = len(raw.Lookup(store.OutboxPayload).Value)
+	e.PayloadSize = rawPayloadSize(raw)
 	return e
+}
+
+// rawPayloadSize returns the payload's length of an outbox document that
+// cannot be decoded: its payload_size when it has one (a payload stored out
+// of band), else the length of its payload string, else the size of the
+// payload's BSON value.
+func rawPayloadSize(raw bson.Raw) int {
+	if n, ok := raw.Lookup(store.OutboxPayloadSize).AsInt64OK(); ok && n > 0 {
+		return int(n)
+	}
+	v := raw.Lookup(store.OutboxPayload)
+	if s, ok := v.StringValueOK(); ok {
+		return len(s)
+	}
+	return len(v.Value)
 }
 
 // Retry clears the failed mark of the selected failed events (those of f,
